@@ -1,0 +1,1 @@
+"""Instruments: what runs on the training thread (DataLoader wrapper, optimizer hook, timers)."""

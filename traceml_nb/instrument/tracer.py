@@ -1,0 +1,209 @@
+"""Step segmentation: turns DataLoader fetches, optimizer steps and markers into step rows.
+
+A step of a loader is ``[enter of fetch k, enter of fetch k+1)``: the wait for batch k plus
+everything the loop did with it. Its data wait is the time inside ``__next__`` for batch k.
+The exhausting fetch (``StopIteration``) closes the last step of an epoch and is not a step.
+
+Each loader keeps its own steps (its slot is the row's ``source``). Which loader is the
+training loader is decided later, from which loader was fetched last when ``optimizer.step()``
+ran; eval loaders iterated in between never add to training steps: the training step they
+interrupted is flagged ``FLAG_INTERLEAVED`` and their own batches are their own phase.
+
+With no DataLoader, the steps are the intervals between the first optimizer's ``step()``
+calls (several optimizers, as in a GAN, make one step); explicit markers
+(``traceml_nb.step()``) make steps of their own and take precedence in the analysis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..record import (
+    FLAG_EPOCH_START,
+    FLAG_INTERLEAVED,
+    FLAG_OPTIMIZER_STEP,
+    FLAG_TRUNCATED,
+    MAX_LOADERS,
+    SOURCE_MARKER,
+    SOURCE_OPTIMIZER,
+    LoaderInfo,
+    RunRecord,
+)
+from .batch import batch_size_of
+from .gpu_events import GpuStallTimer
+
+
+class _LoaderState:
+    __slots__ = ("slot", "info", "sampler_ref", "open_start", "open_wait", "open_batch", "open_flags", "ev_enter", "ev_exit")
+
+    def __init__(self, slot: int, info: LoaderInfo, sampler_ref: Any) -> None:
+        self.slot = slot
+        self.info = info
+        self.sampler_ref = sampler_ref  # keeps id(sampler) unique for the run
+        self.open_start = -1  # -1: no step open
+        self.open_wait = 0
+        self.open_batch = -1
+        self.open_flags = 0
+        self.ev_enter: Any = None
+        self.ev_exit: Any = None
+
+
+def loader_info_from_iterator(slot: int, it: Any) -> LoaderInfo:
+    """The loader's settings as seen by its iterator (the iterator keeps no loader reference)."""
+    sampler = getattr(it, "_index_sampler", None)
+    dataset = getattr(it, "_dataset", None)
+    try:
+        dataset_len: int | None = len(dataset)  # type: ignore[arg-type]
+    except Exception:
+        dataset_len = None
+    kind = getattr(it, "_dataset_kind", 0)
+    return LoaderInfo(
+        slot=slot,
+        num_workers=int(getattr(it, "_num_workers", 0) or 0),
+        pin_memory=bool(getattr(it, "_pin_memory", False)),
+        prefetch_factor=getattr(it, "_prefetch_factor", None),
+        persistent_workers=bool(getattr(it, "_persistent_workers", False)),
+        batch_size=getattr(sampler, "batch_size", None),
+        dataset_type=type(dataset).__name__,
+        dataset_len=dataset_len,
+        iterable=bool(kind == 1),
+    )
+
+
+class StepTracer:
+    """Receives the instrumented events of one run and writes step rows into its record."""
+
+    def __init__(
+        self,
+        record: RunRecord,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        gpu: GpuStallTimer | None = None,
+    ) -> None:
+        self.record = record
+        self.clock = clock
+        self.gpu = gpu
+        self.t0 = record.t0_ns
+        self._states: dict[int, _LoaderState] = {}
+        self._current: _LoaderState | None = None
+        self._lead_optimizer: int | None = None
+        self._opt_prev = 0
+        self._opt_wait = 0
+        self._marker_prev = 0
+        self._marker_wait = 0
+        self._last_batch = -1
+
+    # --- DataLoader -----------------------------------------------------------------------
+    def fetch(self, it: Any, next_fn: Callable[[Any], Any]) -> Any:
+        """Run the loader's real ``__next__`` (``next_fn``) and account for it. The hot path."""
+        clock = self.clock
+        gpu = self.gpu
+        first = getattr(it, "_num_yielded", 1) == 0
+        t_enter = clock()
+        ev_enter = gpu.mark() if gpu is not None else None
+        try:
+            batch = next_fn(it)
+        except StopIteration:
+            self._close_epoch(it, t_enter, ev_enter)
+            raise
+        t_exit = clock()
+        ev_exit = gpu.mark() if gpu is not None else None
+
+        st = self._states.get(id(getattr(it, "_index_sampler", it)))
+        if st is None:
+            st = self._new_loader(it)
+            if st is None:  # too many loaders: count nothing rather than mislabel
+                return batch
+        cur = self._current
+        if cur is not st:
+            if cur is not None and cur.open_start >= 0:
+                cur.open_flags |= FLAG_INTERLEAVED
+            self._current = st
+        if st.open_start >= 0:
+            self._close(st, t_enter, 0, ev_enter)
+        wait = t_exit - t_enter
+        info = st.info
+        info.fetches += 1
+        if first:
+            info.epochs += 1
+            if info.fetches == 1:
+                self.record.first_fetch_wait_ns[st.slot] = wait
+        size = batch_size_of(batch)
+        st.open_start = t_enter
+        st.open_wait = wait
+        st.open_batch = size
+        st.open_flags = FLAG_EPOCH_START if first else 0
+        st.ev_enter = ev_enter
+        st.ev_exit = ev_exit
+        self._opt_wait += wait
+        self._marker_wait += wait
+        self._last_batch = size
+        return batch
+
+    def _new_loader(self, it: Any) -> _LoaderState | None:
+        slot = len(self.record.loaders)
+        if slot >= MAX_LOADERS:
+            return None
+        sampler = getattr(it, "_index_sampler", it)
+        info = loader_info_from_iterator(slot, it)
+        self.record.loaders.append(info)
+        st = _LoaderState(slot, info, sampler)
+        self._states[id(sampler)] = st
+        return st
+
+    def _close(self, st: _LoaderState, t_end: int, extra_flags: int, ev_next: Any) -> None:
+        start = st.open_start
+        row = self.record.steps.append(
+            start - self.t0, t_end - start, st.open_wait, st.open_batch, st.slot, st.open_flags | extra_flags
+        )
+        if self.gpu is not None and ev_next is not None and st.ev_enter is not None:
+            self.gpu.add(row, st.ev_enter, st.ev_exit, ev_next)
+        st.open_start = -1
+        st.ev_enter = st.ev_exit = None
+
+    def _close_epoch(self, it: Any, t_enter: int, ev_enter: Any) -> None:
+        st = self._states.get(id(getattr(it, "_index_sampler", it)))
+        if st is not None and st.open_start >= 0:
+            self._close(st, t_enter, 0, ev_enter)
+
+    # --- optimizer ------------------------------------------------------------------------
+    def optimizer_step(self, optimizer: Any, *_: Any) -> None:
+        """Global optimizer post-step hook."""
+        rec = self.record
+        rec.optimizer_steps += 1
+        cur = self._current
+        if cur is not None:
+            cur.info.optimizer_steps += 1
+            cur.open_flags |= FLAG_OPTIMIZER_STEP
+        if self._lead_optimizer is None:
+            self._lead_optimizer = id(optimizer)
+        if id(optimizer) != self._lead_optimizer:
+            return
+        t = self.clock()
+        start = self._opt_prev or self.t0
+        rec.steps.append(start - self.t0, t - start, self._opt_wait, self._last_batch, SOURCE_OPTIMIZER, 0)
+        self._opt_prev = t
+        self._opt_wait = 0
+
+    # --- markers --------------------------------------------------------------------------
+    def marker(self) -> None:
+        """An explicit end-of-step marker."""
+        t = self.clock()
+        start = self._marker_prev or self.t0
+        self.record.markers += 1
+        self.record.steps.append(start - self.t0, t - start, self._marker_wait, self._last_batch, SOURCE_MARKER, 0)
+        self._marker_prev = t
+        self._marker_wait = 0
+
+    # --- end ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close every open step as truncated and resolve the GPU events (one sync)."""
+        t_end = self.clock()
+        for st in self._states.values():
+            if st.open_start >= 0:
+                self._close(st, t_end, FLAG_TRUNCATED, None)
+            st.sampler_ref = None
+        self._current = None
+        if self.gpu is not None:
+            self.gpu.finish()

@@ -1,0 +1,215 @@
+"""The run record: columnar, bounded tables that the instruments write and every reader reads.
+
+Writers (the training thread for steps, the sampler thread for samples) only append rows or
+fill in a value that was pending. Readers (the live view thread, the analysis at the end) take
+a :meth:`snapshot`, which copies the rows present at that moment; under the GIL a slice of an
+``array.array`` is atomic, so a reader never blocks the writer and never sees half a row.
+
+Missing values are ``NaN`` inside the tables and ``None`` in everything handed to users.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+NAN = float("nan")
+
+# --- step sources: who closed the step -------------------------------------------------------
+#: Loader slots are 0..MAX_LOADERS-1; the special sources below mark the other step kinds.
+MAX_LOADERS = 250
+SOURCE_MARKER = 253  #: explicit ``traceml_nb.step()`` / ``run.step()`` markers
+SOURCE_OPTIMIZER = 254  #: ``optimizer.step()`` boundaries (used when no DataLoader is seen)
+
+# --- step flags (bit field) -------------------------------------------------------------------
+FLAG_EPOCH_START = 1  #: first batch of a fresh iterator (its wait includes worker start-up)
+FLAG_INTERLEAVED = 2  #: another loader was iterated inside this step (e.g. an eval loop)
+FLAG_TRUNCATED = 4  #: closed by the end of the run, not by the next batch
+FLAG_OPTIMIZER_STEP = 8  #: at least one ``optimizer.step()`` ran inside this step
+
+
+class StepTable:
+    """One row per step, ~38 bytes a row.
+
+    Columns (all times are nanoseconds of ``time.perf_counter_ns`` relative to the run start,
+    GPU figures are milliseconds on the GPU timeline, ``NaN`` while pending or unavailable):
+
+    ``start_ns``  when the step began (the loader's ``__next__`` was entered)
+    ``wall_ns``   step duration: this batch's fetch plus everything until the next fetch
+    ``wait_ns``   host time spent inside the loader's ``__next__`` (data wait)
+    ``batch``     batch size read from the batch, -1 when it could not be read
+    ``gpu_stall_ms`` time the GPU sat idle waiting for this batch (CUDA events)
+    ``gpu_span_ms``  time on the GPU timeline from the batch's arrival to the next fetch
+    ``source``    loader slot (0..249) or ``SOURCE_MARKER`` / ``SOURCE_OPTIMIZER``
+    ``flags``     ``FLAG_*`` bits
+    """
+
+    COLUMNS = ("start_ns", "wall_ns", "wait_ns", "batch", "gpu_stall_ms", "gpu_span_ms", "source", "flags")
+    TYPECODES = ("q", "q", "q", "i", "f", "f", "B", "B")
+
+    def __init__(self) -> None:
+        self.start_ns = array("q")
+        self.wall_ns = array("q")
+        self.wait_ns = array("q")
+        self.batch = array("i")
+        self.gpu_stall_ms = array("f")
+        self.gpu_span_ms = array("f")
+        self.source = array("B")
+        self.flags = array("B")
+
+    def append(self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int) -> int:
+        """Append one step (GPU columns pending) and return its row index."""
+        self.start_ns.append(start_ns)
+        self.wall_ns.append(wall_ns)
+        self.wait_ns.append(wait_ns)
+        self.batch.append(batch)
+        self.gpu_stall_ms.append(NAN)
+        self.gpu_span_ms.append(NAN)
+        self.source.append(source)
+        self.flags.append(flags)  # appended last: a row is complete once ``flags`` has it
+        return len(self.flags) - 1
+
+    def __len__(self) -> int:
+        return len(self.flags)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the columns' buffers, in bytes."""
+        return sum(col.buffer_info()[1] * col.itemsize for col in self._columns())
+
+    def _columns(self) -> list[array]:
+        return [getattr(self, name) for name in self.COLUMNS]
+
+    def snapshot(self, start: int = 0) -> StepColumns:
+        """Copy rows ``start..`` as they are now; safe to call from any thread."""
+        n = len(self.flags)
+        return StepColumns(start, *(col[start:n] for col in self._columns()))
+
+
+@dataclass
+class StepColumns:
+    """An immutable copy of a range of :class:`StepTable` rows (see there for the units)."""
+
+    offset: int
+    start_ns: array
+    wall_ns: array
+    wait_ns: array
+    batch: array
+    gpu_stall_ms: array
+    gpu_span_ms: array
+    source: array
+    flags: array
+
+    def __len__(self) -> int:
+        return len(self.flags)
+
+    def select(self, rows: Sequence[int]) -> StepColumns:
+        """The subset of rows given by (local) indices, in that order."""
+        cols = []
+        for name, code in zip(StepTable.COLUMNS, StepTable.TYPECODES):
+            src = getattr(self, name)
+            cols.append(array(code, (src[i] for i in rows)))
+        return StepColumns(0, *cols)
+
+
+class SampleTable:
+    """A time series of periodic samples with named float columns (``NaN`` = unavailable).
+
+    Bounded: past ``cap`` rows every other row is dropped and from then on only every second
+    sample is kept, so a run of any length holds at most ``cap`` rows, evenly spread.
+    """
+
+    def __init__(self, columns: Iterable[str], cap: int = 20_000) -> None:
+        self.names: tuple[str, ...] = ("t",) + tuple(columns)
+        self.cap = cap
+        self.stride = 1
+        self._seen = 0
+        self._cols: dict[str, array] = {name: array("d") for name in self.names}
+
+    def append(self, t: float, values: dict[str, float | int | None]) -> None:
+        """Add a sample taken ``t`` seconds after the run start; missing keys are unavailable."""
+        self._seen += 1
+        if (self._seen - 1) % self.stride:
+            return
+        if len(self) >= self.cap:
+            self._decimate()
+        cols = self._cols
+        for name in self.names[1:]:
+            v = values.get(name)
+            cols[name].append(NAN if v is None else float(v))
+        cols["t"].append(t)  # last: the row is complete once ``t`` has it
+
+    def _decimate(self) -> None:
+        for name, col in list(self._cols.items()):
+            self._cols[name] = col[::2]
+        self.stride *= 2
+
+    def __len__(self) -> int:
+        return len(self._cols["t"])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.buffer_info()[1] * c.itemsize for c in self._cols.values())
+
+    def snapshot(self, start: int = 0) -> dict[str, array]:
+        """Copy of the rows ``start..`` per column; safe to call from any thread."""
+        cols = self._cols
+        n = len(cols["t"])
+        return {name: cols[name][start:n] for name in self.names}
+
+    def column(self, name: str) -> list[float | None]:
+        """One column as a list with ``None`` where the value was unavailable."""
+        return [None if math.isnan(v) else v for v in self.snapshot()[name]]
+
+
+@dataclass
+class LoaderInfo:
+    """What we learned about one DataLoader seen in the run (its settings, for the advice)."""
+
+    slot: int
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: int | None
+    persistent_workers: bool
+    batch_size: int | None
+    dataset_type: str
+    dataset_len: int | None
+    iterable: bool
+    fetches: int = 0
+    epochs: int = 0
+    optimizer_steps: int = 0  #: optimizer steps taken while this loader was the last one fetched
+
+    @property
+    def is_training(self) -> bool:
+        """A loader is a training loader when optimizer steps follow its batches."""
+        return self.optimizer_steps > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class RunRecord:
+    """Everything measured in one run; the input of the analysis and the views."""
+
+    steps: StepTable = field(default_factory=StepTable)
+    host: SampleTable | None = None
+    gpus: dict[int, SampleTable] = field(default_factory=dict)  #: keyed by CUDA device index
+    loaders: list[LoaderInfo] = field(default_factory=list)
+    optimizer_steps: int = 0
+    markers: int = 0
+    first_fetch_wait_ns: dict[int, int] = field(default_factory=dict)
+    t0_ns: int = 0  #: ``perf_counter_ns`` at the run start
+    t0_wall: float = 0.0  #: ``time.time()`` at the run start
+    elapsed_ns: int = 0  #: run duration, set when the run ends (live: 0)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the tables, in bytes."""
+        total = self.steps.nbytes
+        if self.host is not None:
+            total += self.host.nbytes
+        return total + sum(t.nbytes for t in self.gpus.values())

@@ -1,0 +1,46 @@
+"""Samplers: GPU (NVML) and host (psutil) sources read by one background collector thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..capabilities import Capabilities
+from ..record import RunRecord
+from .collector import Collector, SampleSource, SourceLost
+
+__all__ = ["Collector", "SampleSource", "SourceLost", "open_sources"]
+
+
+def open_sources(
+    record: RunRecord,
+    capabilities: Capabilities,
+    cuda_devices: list[int],
+    *,
+    nvml: Any = None,
+    host: bool = True,
+    gpu: bool = True,
+) -> list[SampleSource]:
+    """Open the sources a run needs and attach their tables to ``record``.
+
+    ``nvml`` injects an NVML backend (tests); by default the real library is tried and every
+    failure becomes a reason in ``capabilities``.
+    """
+    sources: list[SampleSource] = []
+    if host:
+        from .host import open_host_source
+
+        src = open_host_source(capabilities)
+        if src is not None:
+            record.host = src.table
+            sources.append(src)
+    else:
+        capabilities.set("host", False, "host sampling switched off")
+    if gpu:
+        from .gpu import open_gpu_sources
+
+        for index, src in open_gpu_sources(cuda_devices, capabilities, nvml=nvml).items():
+            record.gpus[index] = src.table
+            sources.append(src)
+    else:
+        capabilities.set("nvml", False, "GPU sampling switched off")
+    return sources
