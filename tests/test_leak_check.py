@@ -1,0 +1,25 @@
+"""The leak check itself can fail."""
+
+import threading
+
+from conftest import ORIGINAL_NEXT, leak_report
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from traceml_nb.instrument import patches
+
+
+def test_leak_report_sees_a_patch_and_a_thread():
+    _BaseDataLoaderIter.__next__ = lambda self: None
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="traceml-test-leak", daemon=True)
+    t.start()
+    try:
+        problems = leak_report()
+    finally:
+        _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
+        stop.set()
+        t.join()
+    assert any("patched" in p for p in problems)
+    assert any("threads" in p for p in problems)
+    assert leak_report() == []
+    assert not patches.is_installed()

@@ -1,0 +1,121 @@
+"""The analysis results: plain data, JSON-able, shared by the report, the history and ``-o``.
+
+Units are in the field names (``_ms``, ``_s``, ``_mb``, ``_share`` = fraction 0..1,
+``_pct`` = percent 0..100). ``None`` means unavailable; the reason is in ``unavailable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    """Build dataclass ``cls`` from ``data``, ignoring unknown keys (forward compatible)."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class PhaseSummary:
+    """A phase other than the measured steps (an eval loader, an extra loader)."""
+
+    name: str  #: e.g. "eval (loader 1)"
+    batches: int
+    total_s: float  #: wall time of the phase's steps
+    data_wait_share: float | None
+
+
+@dataclass
+class Summary:
+    """Steady-state statistics of one run (warm-up steps excluded, reported separately)."""
+
+    step_source: str  #: "dataloader", "optimizer", "marker" or "none"
+    total_steps: int  #: all steps of the measured phase
+    warmup_steps: int  #: leading steps excluded as warm-up / compile
+    steady_steps: int
+    elapsed_s: float  #: wall time of the run
+    warmup_s: float  #: wall time of the warm-up steps
+    step_ms_median: float | None
+    step_ms_p10: float | None
+    step_ms_p90: float | None
+    step_ms_mean: float | None
+    data_wait_ms_median: float | None
+    compute_ms_median: float | None
+    data_wait_share: float | None  #: sum(data wait) / sum(step time), steady steps
+    first_fetch_ms: float | None  #: first batch of the run (worker start-up)
+    batch_size: int | None  #: median batch size
+    samples_per_s: float | None
+    steps_per_s: float | None
+    gpu_stall_share: float | None  #: sum(GPU input stall) / sum(step time), CUDA events
+    gpu_util_median_pct: float | None  #: NVML, during the steady steps
+    gpu_mem_peak_mb: float | None
+    gpu_mem_total_mb: float | None
+    process_cpu_median_pct: float | None  #: main process, 100 = one core
+    workers_cpu_median_pct: float | None  #: DataLoader workers, summed, 100 = one core
+    system_cpu_median_pct: float | None  #: whole machine, 0..100
+    cpus_available: int | None
+    phases: list[PhaseSummary] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)  #: metric -> why
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        obj = _from_dict(cls, data)
+        obj.phases = [p if isinstance(p, PhaseSummary) else _from_dict(PhaseSummary, p) for p in obj.phases]
+        return obj
+
+
+@dataclass
+class Evidence:
+    """One number behind a verdict, e.g. ``Evidence("data wait", 0.44, "44% of step time")``."""
+
+    label: str
+    value: float | None
+    text: str  #: the value as shown, or "unavailable (why)"
+
+
+@dataclass
+class Diagnosis:
+    """The verdict on a run, with its evidence and the concrete fix."""
+
+    verdict: str  #: one of VERDICTS
+    title: str  #: one line for humans
+    confidence: str  #: "high", "medium" or "low"
+    cause: str | None = None  #: sub-cause, e.g. "too few DataLoader workers"
+    evidence: list[Evidence] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)  #: concrete changes, from the user's loader
+    wont_help: list[str] = field(default_factory=list)  #: what will not help, and why
+    saving_bound_share: float | None = None  #: fixing the cause saves at most this share of wall time
+    saving_text: str | None = None
+    secondary: list[str] = field(default_factory=list)  #: other findings (memory pressure, throttling)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
+        obj = _from_dict(cls, data)
+        obj.evidence = [e if isinstance(e, Evidence) else _from_dict(Evidence, e) for e in obj.evidence]
+        return obj
+
+
+VERDICTS = (
+    "input-bound",
+    "host-bound",
+    "compute-bound",
+    "throttled",
+    "memory-pressure",
+    "insufficient-data",
+)
+
+
+@dataclass
+class Analysis:
+    summary: Summary
+    diagnosis: Diagnosis
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary.to_dict(), "diagnosis": self.diagnosis.to_dict()}
