@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up a virtual environment in .venv with traceml_nb installed (editable).
+#   bash scripts/setup.sh          # the package and what the demo needs
+#   bash scripts/setup.sh --test   # plus the test tools and Debian's chromium (browser tests)
+# TORCH_SPEC overrides the torch that is installed when none is present (default: the CPU
+# build torch==2.13.0, installed first so that no multi-GB CUDA build is pulled in).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+extras="demo"
+if [[ "${1:-}" == "--test" ]]; then extras="demo,test"; fi
+
+if [[ ! -x .venv/bin/python ]]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  .venv/bin/python -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
+fi
+.venv/bin/python -m pip install --quiet -e ".[${extras}]"
+# the kernel that notebooks and tests run in is this venv's python
+.venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (traceml_nb)" >/dev/null
+
+if [[ "$extras" == *test* && ! -x /usr/bin/chromium ]]; then
+  if [[ "$(id -u)" == 0 ]]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "note: /usr/bin/chromium is missing and this is not root: browser tests will be skipped" >&2
+  fi
+fi
+echo "traceml_nb is set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

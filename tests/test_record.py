@@ -1,0 +1,90 @@
+"""The run record: compact columns, thread-safe snapshots, bounded samples."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from traceml_nb.capabilities import Capabilities
+from traceml_nb.record import RunRecord, SampleTable, StepTable
+
+
+def test_a_step_row_costs_under_100_bytes() -> None:
+    table = StepTable()
+    for i in range(200_000):
+        table.append(i, 10, 3, 8, 0, 0)
+    per_row = table.nbytes / len(table)
+    assert per_row < 100
+    assert sum(col.itemsize for col in table._columns()) == 38
+
+
+def test_snapshot_is_a_consistent_copy_while_a_writer_appends() -> None:
+    table = StepTable()
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            table.append(i, i, i, i % 100, 0, 0)
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        seen = 0
+        for _ in range(200):
+            snap = table.snapshot(seen)
+            n = len(snap)
+            assert len(snap.start_ns) == len(snap.wall_ns) == len(snap.batch) == n
+            assert list(snap.start_ns) == list(range(seen, seen + n))
+            seen += n
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_pending_gpu_values_are_nan_until_filled() -> None:
+    table = StepTable()
+    row = table.append(0, 5, 1, 4, 0, 0)
+    assert math.isnan(table.gpu_stall_ms[row])
+    table.gpu_stall_ms[row] = 1.5
+    assert table.snapshot().gpu_stall_ms[0] == 1.5
+
+
+def test_samples_are_downsampled_past_the_cap_and_keep_the_whole_run() -> None:
+    table = SampleTable(["util"], cap=1000)
+    for i in range(100_000):
+        table.append(i * 0.1, {"util": i % 100})
+    assert len(table) <= 1000
+    t = table.snapshot()["t"]
+    assert t[0] == 0.0 and t[-1] > 9000  # spread over the whole run
+    gaps = {round(t[i + 1] - t[i], 6) for i in range(len(t) - 1)}
+    assert len(gaps) == 1  # evenly spread
+
+
+def test_unavailable_sample_values_are_none_never_zero() -> None:
+    table = SampleTable(["util", "power"])
+    table.append(0.0, {"util": 50, "power": None})
+    table.append(0.1, {"util": 0})
+    assert table.column("util") == [50.0, 0.0]
+    assert table.column("power") == [None, None]
+
+
+def test_capabilities_round_trip_and_reasons() -> None:
+    caps = Capabilities()
+    caps.set("nvml", False, "NVML library not found")
+    caps.set("steps", True)
+    caps.note("GPU lost at t=3.0s")
+    caps.note("GPU lost at t=3.0s")
+    assert caps.why("nvml") == "NVML library not found" and caps.why("steps") == ""
+    assert caps.why("never-set") == "not measured in this run"
+    again = Capabilities.from_dict(caps.to_dict())
+    assert again == caps and again.notes == ["GPU lost at t=3.0s"]
+
+
+def test_record_bytes_include_every_table() -> None:
+    rec = RunRecord()
+    rec.host = SampleTable(["cpu"])
+    rec.host.append(0.0, {"cpu": 1.0})
+    rec.steps.append(0, 1, 0, 1, 0, 0)
+    assert rec.nbytes >= 38 + 16

@@ -1,0 +1,269 @@
+"""Step segmentation with real torch DataLoaders and optimizers on the CPU."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+import traceml_nb
+from traceml_nb.record import (
+    FLAG_EPOCH_START,
+    FLAG_INTERLEAVED,
+    FLAG_OPTIMIZER_STEP,
+    FLAG_TRUNCATED,
+    SOURCE_MARKER,
+    SOURCE_OPTIMIZER,
+)
+
+SLEEP_S = 0.002
+BATCH = 8
+
+
+class SleepyDataset(Dataset):
+    """Each item costs a known ``sleep_s`` of wall time, like a slow decode."""
+
+    def __init__(self, n: int = 64, sleep_s: float = SLEEP_S) -> None:
+        self.n = n
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.sleep_s)
+        return torch.randn(16), i % 2
+
+
+def model_and_opt():
+    model = torch.nn.Linear(16, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train_step(model, opt, x, y, compute_s: float = 0.0) -> None:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if compute_s:
+        time.sleep(compute_s)
+
+
+def rows(run, source):
+    s = run.record.steps
+    return [i for i in range(len(s)) if s.source[i] == source]
+
+
+def test_num_workers_0_data_wait_is_sleep_times_batch() -> None:
+    model, opt = model_and_opt()
+    loader = DataLoader(SleepyDataset(), batch_size=BATCH)
+    with traceml_nb.Run("nw0", sample=False) as run:
+        for x, y in loader:
+            train_step(model, opt, x, y)
+    train = rows(run, 0)
+    assert len(train) == len(loader)  # the exhausting StopIteration fetch is not a step
+    waits_ms = [run.record.steps.wait_ns[i] / 1e6 for i in train]
+    expected = SLEEP_S * BATCH * 1e3
+    assert statistics.median(waits_ms) == pytest.approx(expected, rel=0.2)
+    for i in train:
+        assert run.record.steps.wall_ns[i] >= run.record.steps.wait_ns[i]
+        assert run.record.steps.batch[i] == BATCH
+    info = run.record.loaders[0]
+    assert (info.num_workers, info.batch_size, info.is_training) == (0, BATCH, True)
+
+
+def test_num_workers_2_with_prefetch_waits_much_less() -> None:
+    model, opt = model_and_opt()
+    loader = DataLoader(SleepyDataset(), batch_size=BATCH, num_workers=2, prefetch_factor=4)
+    with traceml_nb.Run("nw2", sample=False) as run:
+        for x, y in loader:
+            train_step(model, opt, x, y, compute_s=0.012)  # workers keep up behind the compute
+    waits_ms = [run.record.steps.wait_ns[i] / 1e6 for i in rows(run, 0)[2:]]
+    assert statistics.median(waits_ms) < 0.25 * SLEEP_S * BATCH * 1e3
+    assert run.record.loaders[0].num_workers == 2
+    assert run.record.loaders[0].prefetch_factor == 4
+
+
+def test_eval_loader_is_its_own_phase() -> None:
+    model, opt = model_and_opt()
+    train = DataLoader(SleepyDataset(32, 0.0005), batch_size=BATCH)
+    evals = DataLoader(SleepyDataset(48, 0.003), batch_size=BATCH)
+    with traceml_nb.Run("eval", sample=False) as run:
+        for i, (x, y) in enumerate(train):
+            train_step(model, opt, x, y)
+            if i == 1:  # an eval pass in the middle of the epoch
+                with torch.no_grad():
+                    for ex, _ in evals:
+                        model(ex)
+    t_rows, e_rows = rows(run, 0), rows(run, 1)
+    assert len(t_rows) == len(train) and len(e_rows) == len(evals)
+    loaders = run.record.loaders
+    assert loaders[0].is_training and not loaders[1].is_training
+    flags = run.record.steps.flags
+    interleaved = [i for i in t_rows if flags[i] & FLAG_INTERLEAVED]
+    assert interleaved == [t_rows[1]]  # only the step the eval pass ran inside
+    # eval fetches never add to the training steps' data wait
+    train_wait = [run.record.steps.wait_ns[i] / 1e6 for i in t_rows]
+    assert max(train_wait) < 0.5 * 0.003 * BATCH * 1e3
+
+
+def test_gradient_accumulation_counts_batches_not_optimizer_steps() -> None:
+    model, opt = model_and_opt()
+    loader = DataLoader(SleepyDataset(64, 0.0), batch_size=BATCH)
+    k = 4
+    with traceml_nb.Run("accum", sample=False) as run:
+        for i, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.cross_entropy(model(x), y) / k
+            loss.backward()
+            if (i + 1) % k == 0:
+                opt.step()
+                opt.zero_grad()
+    assert len(rows(run, 0)) == 8
+    assert run.record.optimizer_steps == 2
+    assert run.record.loaders[0].is_training
+    stepped = [i for i in rows(run, 0) if run.record.steps.flags[i] & FLAG_OPTIMIZER_STEP]
+    assert len(stepped) == 2
+
+
+def test_no_dataloader_counts_optimizer_steps() -> None:
+    model, opt = model_and_opt()
+    x, y = torch.randn(8, 16), torch.randint(0, 2, (8,))
+    with traceml_nb.Run("opt", sample=False) as run:
+        for _ in range(25):
+            train_step(model, opt, x, y)
+    assert len(rows(run, SOURCE_OPTIMIZER)) == 25
+    assert run.record.loaders == []
+
+
+def test_several_optimizers_make_one_step_gan_style() -> None:
+    gen, opt_g = model_and_opt()
+    disc, opt_d = model_and_opt()
+    x, y = torch.randn(8, 16), torch.randint(0, 2, (8,))
+    with traceml_nb.Run("gan", sample=False) as run:
+        for _ in range(10):
+            train_step(disc, opt_d, x, y)
+            train_step(gen, opt_g, x, y)
+    assert len(rows(run, SOURCE_OPTIMIZER)) == 10
+    assert run.record.optimizer_steps == 20
+
+
+def test_explicit_markers() -> None:
+    with traceml_nb.Run("markers", sample=False) as run:
+        for _ in range(12):
+            time.sleep(0.001)
+            traceml_nb.step()
+    m = rows(run, SOURCE_MARKER)
+    assert len(m) == 12 and run.record.markers == 12
+    assert all(run.record.steps.wall_ns[i] >= 1_000_000 for i in m)
+    traceml_nb.step()  # no active run: a harmless no-op
+
+
+def test_markers_carry_the_data_wait_of_their_step() -> None:
+    loader = DataLoader(SleepyDataset(32, 0.001), batch_size=4)
+    with traceml_nb.Run("markers+loader", sample=False) as run:
+        for _x, _y in loader:
+            run.step()
+    m = rows(run, SOURCE_MARKER)
+    assert len(m) == len(loader)
+    waits = [run.record.steps.wait_ns[i] / 1e6 for i in m]
+    assert statistics.median(waits) == pytest.approx(4.0, rel=0.3)
+
+
+def test_epochs_and_break() -> None:
+    model, opt = model_and_opt()
+    loader = DataLoader(SleepyDataset(32, 0.0), batch_size=BATCH)
+    with traceml_nb.Run("epochs", sample=False) as run:
+        for _epoch in range(3):
+            for x, y in loader:
+                train_step(model, opt, x, y)
+        for i, (x, y) in enumerate(loader):  # a half-consumed iterator abandoned by break
+            train_step(model, opt, x, y)
+            if i == 1:
+                break
+    t = rows(run, 0)
+    flags = run.record.steps.flags
+    assert len(t) == 3 * 4 + 2
+    assert sum(1 for i in t if flags[i] & FLAG_EPOCH_START) == 4
+    assert flags[t[-1]] & FLAG_TRUNCATED
+    assert run.record.loaders[0].epochs == 4
+
+
+def test_iterable_dataset_and_dict_batches() -> None:
+    class Stream(IterableDataset):
+        def __iter__(self):
+            for i in range(20):
+                yield {"input": torch.randn(3), "label": i}
+
+    loader = DataLoader(Stream(), batch_size=5)
+    with traceml_nb.Run("iterable", sample=False) as run:
+        for batch in loader:
+            assert set(batch) == {"input", "label"}
+    t = rows(run, 0)
+    assert len(t) == 4
+    assert [run.record.steps.batch[i] for i in t] == [5, 5, 5, 5]
+    assert run.record.loaders[0].iterable
+
+
+def test_the_users_batches_are_untouched() -> None:
+    data = TensorDataset(torch.arange(20.0).view(10, 2), torch.arange(10))
+    plain = [tuple(t.clone() for t in b) for b in DataLoader(data, batch_size=3)]
+    with traceml_nb.Run("same", sample=False):
+        traced = list(DataLoader(data, batch_size=3))
+    assert len(plain) == len(traced)
+    for a, b in zip(plain, traced):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+def test_exception_in_the_loop_propagates_and_cleans_up() -> None:
+    loader = DataLoader(SleepyDataset(32, 0.0), batch_size=4)
+    with pytest.raises(ValueError, match="boom"):
+        with traceml_nb.Run("fails", sample=False) as run:
+            for i, _ in enumerate(loader):
+                if i == 3:
+                    raise ValueError("boom")
+    assert run.status == "failed" and run.error == "ValueError: boom"
+    assert len(rows(run, 0)) == 4
+
+
+def test_keyboard_interrupt_propagates_and_is_recorded() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        with traceml_nb.Run("stop", sample=False) as run:
+            raise KeyboardInterrupt
+    assert run.status == "interrupted"
+
+
+def test_runs_cannot_overlap() -> None:
+    with traceml_nb.Run("outer", sample=False):
+        with pytest.raises(traceml_nb.RunAlreadyActiveError, match="outer"):
+            with traceml_nb.Run("inner", sample=False):
+                pass
+        assert traceml_nb.active_run().name == "outer"
+
+
+def test_a_users_own_wrapper_keeps_working_after_the_run() -> None:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    calls = []
+    loader = DataLoader(SleepyDataset(8, 0.0), batch_size=4)
+    try:
+        with traceml_nb.Run("wrapped", sample=False) as run:
+            ours = _BaseDataLoaderIter.__next__
+
+            def users_wrapper(self):
+                calls.append(1)
+                return ours(self)
+
+            _BaseDataLoaderIter.__next__ = users_wrapper
+            list(loader)
+        assert len(rows(run, 0)) == 2
+        assert any("another wrapper" in n for n in run.capabilities.notes)
+        list(loader)  # after the run: the user's wrapper works, ours is inert
+        assert len(calls) == 6
+        assert len(run.record.steps) == 2
+    finally:
+        from conftest import ORIGINAL_NEXT
+
+        _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
