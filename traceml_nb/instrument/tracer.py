@@ -8,6 +8,8 @@ Each loader keeps its own steps (its slot is the row's ``source``). Which loader
 training loader is decided later, from which loader was fetched last when ``optimizer.step()``
 ran; eval loaders iterated in between never add to training steps: the training step they
 interrupted is flagged ``FLAG_INTERLEAVED`` and their own batches are their own phase.
+A fetch from one loader inside another loader's open step also adds its wait to that step,
+so loaders consumed together (``zip(a, b)``) each carry the whole data wait of the step.
 
 With no DataLoader, the steps are the intervals between the first optimizer's ``step()``
 calls (several optimizers, as in a GAN, make one step); explicit markers
@@ -36,7 +38,18 @@ from .gpu_events import GpuStallTimer
 
 
 class _LoaderState:
-    __slots__ = ("slot", "info", "sampler_ref", "open_start", "open_wait", "open_batch", "open_flags", "ev_enter", "ev_exit")
+    __slots__ = (
+        "slot",
+        "info",
+        "sampler_ref",
+        "open_start",
+        "open_wait",
+        "open_batch",
+        "open_flags",
+        "ev_enter",
+        "ev_exit",
+        "since_opt",
+    )
 
     def __init__(self, slot: int, info: LoaderInfo, sampler_ref: Any) -> None:
         self.slot = slot
@@ -48,6 +61,7 @@ class _LoaderState:
         self.open_flags = 0
         self.ev_enter: Any = None
         self.ev_exit: Any = None
+        self.since_opt = 0  # fetches since the last optimizer step
 
 
 def loader_info_from_iterator(slot: int, it: Any) -> LoaderInfo:
@@ -115,14 +129,17 @@ class StepTracer:
             st = self._new_loader(it)
             if st is None:  # too many loaders: count nothing rather than mislabel
                 return batch
-        cur = self._current
-        if cur is not st:
-            if cur is not None and cur.open_start >= 0:
-                cur.open_flags |= FLAG_INTERLEAVED
-            self._current = st
         if st.open_start >= 0:
             self._close(st, t_enter, 0, ev_enter)
         wait = t_exit - t_enter
+        if self._current is not st:
+            self._current = st
+        if len(self._states) > 1:
+            for other in self._states.values():
+                if other is not st and other.open_start >= 0:
+                    other.open_flags |= FLAG_INTERLEAVED
+                    other.open_wait += wait  # its step waited for this batch too
+        st.since_opt += 1
         info = st.info
         info.fetches += 1
         if first:
@@ -174,8 +191,14 @@ class StepTracer:
         rec.optimizer_steps += 1
         cur = self._current
         if cur is not None:
-            cur.info.optimizer_steps += 1
-            cur.open_flags |= FLAG_OPTIMIZER_STEP
+            # The loader fetched last is a training loader, and so is any other loader
+            # fetched alongside it in this step (``zip(a, b)``), but not an eval loop that
+            # ran since the last optimizer step (more batches than the training loader's).
+            for st in self._states.values():
+                if st is cur or (0 < st.since_opt <= cur.since_opt and st.open_start >= 0):
+                    st.info.optimizer_steps += 1
+                    st.open_flags |= FLAG_OPTIMIZER_STEP
+                st.since_opt = 0
         if self._lead_optimizer is None:
             self._lead_optimizer = id(optimizer)
         if id(optimizer) != self._lead_optimizer:
