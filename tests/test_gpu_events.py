@@ -38,7 +38,12 @@ def make(timeline: FakeTimeline, lag: int = 2) -> tuple[StepTracer, GpuStallTime
     return StepTracer(rec, clock=timeline.clock, gpu=timer), timer
 
 
-def drive(timeline: FakeTimeline, tracer: StepTracer, it: FakeIter, steps: list[tuple[float, float, float]]) -> None:
+def drive(
+    timeline: FakeTimeline,
+    tracer: StepTracer,
+    it: FakeIter,
+    steps: list[tuple[float, float, float]],
+) -> None:
     """Each step: (data wait ms, GPU work ms, host work ms after launching)."""
     for wait, gpu, host in steps:
         it.wait_ms = wait
@@ -67,7 +72,13 @@ CASES = {
     "input-bound: GPU idle while waiting": [(10.0, 2.0, 0.5)] * 8,
     "compute-bound: GPU busy through the wait": [(1.0, 20.0, 0.5)] * 8,
     "partly hidden": [(6.0, 4.0, 0.5)] * 8,
-    "mixed": [(5.0, 1.0, 0.2), (0.5, 30.0, 0.1), (12.0, 3.0, 0.2), (0.1, 0.1, 0.1), (8.0, 8.0, 8.0)],
+    "mixed": [
+        (5.0, 1.0, 0.2),
+        (0.5, 30.0, 0.1),
+        (12.0, 3.0, 0.2),
+        (0.1, 0.1, 0.1),
+        (8.0, 8.0, 8.0),
+    ],
 }
 
 
@@ -82,7 +93,7 @@ def test_stall_matches_the_timeline(name: str) -> None:
     table = tracer.record.steps
     assert len(table) == len(steps)
     got = list(table.gpu_stall_ms)
-    for g, e in zip(got, expected_stalls(steps)):
+    for g, e in zip(got, expected_stalls(steps), strict=False):
         assert g == pytest.approx(e, abs=1e-3)
     assert all(not math.isnan(v) for v in table.gpu_span_ms)
 
@@ -181,7 +192,7 @@ def test_real_cuda_path_is_chosen_automatically(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(ge, "cuda_event_factory", factory)
-    monkeypatch.setattr(ge, "cuda_stream_getter", lambda device: (lambda: None))
+    monkeypatch.setattr(ge, "cuda_stream_getter", lambda device: lambda: None)
     run = Run("cuda", sample=False)
     assert run.device_kind == "cuda" and run.cuda_index == 0
     with run:

@@ -26,7 +26,9 @@ class FailingDataset(Dataset):
 
 
 def tiny_loader(n: int = 64, batch: int = 8, **kw) -> DataLoader:
-    return DataLoader(TensorDataset(torch.randn(n, 4), torch.zeros(n, dtype=torch.long)), batch_size=batch, **kw)
+    return DataLoader(
+        TensorDataset(torch.randn(n, 4), torch.zeros(n, dtype=torch.long)), batch_size=batch, **kw
+    )
 
 
 def fit(loader, model=None, opt=None, stop_after: int | None = None) -> int:
@@ -57,10 +59,9 @@ def test_an_exception_inside_a_worker_reaches_the_user_unchanged() -> None:
 
 
 def test_system_exit_propagates() -> None:
-    with pytest.raises(SystemExit):
-        with traceml_nb.Run("exit", sample=True) as run:
-            fit(tiny_loader(), stop_after=2)
-            raise SystemExit(3)
+    with pytest.raises(SystemExit), traceml_nb.Run("exit", sample=True) as run:
+        fit(tiny_loader(), stop_after=2)
+        raise SystemExit(3)
     assert run.status == "failed" and run.error == "SystemExit: 3"
 
 
@@ -98,9 +99,8 @@ def test_coexists_with_torch_profiler() -> None:
 def test_profiler_started_inside_a_run() -> None:
     from torch.profiler import profile
 
-    with traceml_nb.Run("profiler-inside", sample=False) as run:
-        with profile():
-            fit(tiny_loader())
+    with traceml_nb.Run("profiler-inside", sample=False) as run, profile():
+        fit(tiny_loader())
     assert sum(1 for s in run.record.steps.source if s == 0) == 8
 
 

@@ -16,7 +16,14 @@ from typing import Any
 from .run import Run, RunAlreadyActiveError, active_run, step
 
 __version__ = "0.1.0"
-__all__ = ["Run", "RunAlreadyActiveError", "active_run", "step", "load_ipython_extension", "__version__"]
+__all__ = [
+    "Run",
+    "RunAlreadyActiveError",
+    "active_run",
+    "step",
+    "load_ipython_extension",
+    "__version__",
+]
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -53,7 +53,11 @@ class Capabilities:
             self.notes.append(message)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"available": dict(self.available), "reasons": dict(self.reasons), "notes": list(self.notes)}
+        return {
+            "available": dict(self.available),
+            "reasons": dict(self.reasons),
+            "notes": list(self.notes),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Capabilities:

@@ -47,7 +47,16 @@ class StepTable:
     ``flags``     ``FLAG_*`` bits
     """
 
-    COLUMNS = ("start_ns", "wall_ns", "wait_ns", "batch", "gpu_stall_ms", "gpu_span_ms", "source", "flags")
+    COLUMNS = (
+        "start_ns",
+        "wall_ns",
+        "wait_ns",
+        "batch",
+        "gpu_stall_ms",
+        "gpu_span_ms",
+        "source",
+        "flags",
+    )
     TYPECODES = ("q", "q", "q", "i", "f", "f", "B", "B")
 
     def __init__(self) -> None:
@@ -60,7 +69,9 @@ class StepTable:
         self.source = array("B")
         self.flags = array("B")
 
-    def append(self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int) -> int:
+    def append(
+        self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int
+    ) -> int:
         """Append one step (GPU columns pending) and return its row index."""
         self.start_ns.append(start_ns)
         self.wall_ns.append(wall_ns)
@@ -109,7 +120,7 @@ class StepColumns:
     def select(self, rows: Sequence[int]) -> StepColumns:
         """The subset of rows given by (local) indices, in that order."""
         cols = []
-        for name, code in zip(StepTable.COLUMNS, StepTable.TYPECODES):
+        for name, code in zip(StepTable.COLUMNS, StepTable.TYPECODES, strict=False):
             src = getattr(self, name)
             cols.append(array(code, (src[i] for i in rows)))
         return StepColumns(0, *cols)

@@ -194,7 +194,11 @@ class Run:
         if self.device_kind != "cuda":
             import torch
 
-            why = "no CUDA device in this run (CPU-only)" if not torch.cuda.is_available() else "run set to device cpu"
+            why = (
+                "no CUDA device in this run (CPU-only)"
+                if not torch.cuda.is_available()
+                else "run set to device cpu"
+            )
             self.capabilities.set("gpu_events", False, why)
             self.capabilities.set("gpu_memory", False, why)
             return None
@@ -205,21 +209,29 @@ class Run:
             return None
         self.capabilities.set("gpu_events", True)
         assert self.cuda_index is not None
-        return GpuStallTimer(self.record.steps, cuda_event_factory(), cuda_stream_getter(self.cuda_index))
+        return GpuStallTimer(
+            self.record.steps, cuda_event_factory(), cuda_stream_getter(self.cuda_index)
+        )
 
     def _start_sampling(self) -> None:
         from .sampling import Collector, open_sources
 
-        devices = [self.cuda_index] if self.device_kind == "cuda" and self.cuda_index is not None else []
+        devices = (
+            [self.cuda_index] if self.device_kind == "cuda" and self.cuda_index is not None else []
+        )
         if not devices:
             self.capabilities.set("nvml", False, "no CUDA device in this run (CPU-only)")
             self.capabilities.set("gpu_utilisation", False, "no CUDA device in this run (CPU-only)")
         try:
-            sources = open_sources(self.record, self.capabilities, devices, nvml=self._nvml, gpu=bool(devices))
+            sources = open_sources(
+                self.record, self.capabilities, devices, nvml=self._nvml, gpu=bool(devices)
+            )
         except Exception as exc:  # never let a sampler stop the run
             self.capabilities.note(f"samplers failed to start: {type(exc).__name__}: {exc}")
             return
-        self._collector = Collector(sources, self.interval, self.capabilities, self.record.t0_ns / 1e9)
+        self._collector = Collector(
+            sources, self.interval, self.capabilities, self.record.t0_ns / 1e9
+        )
         self._collector.start()
 
     def step(self) -> None:
@@ -263,7 +275,9 @@ class Run:
                     if self._tracer is not None:
                         self._tracer.close()
                 except Exception as exc:
-                    self.capabilities.note(f"GPU events could not be resolved: {type(exc).__name__}: {exc}")
+                    self.capabilities.note(
+                        f"GPU events could not be resolved: {type(exc).__name__}: {exc}"
+                    )
                 finally:
                     self.record.elapsed_ns = time.perf_counter_ns() - self.record.t0_ns
                     with _active_lock:

@@ -1,0 +1,29 @@
+"""Pure analysis of a run record: summary, warm-up, diagnosis, comparison of runs.
+
+Nothing here touches torch, threads or the display; every function takes plain data and returns
+the dataclasses of :mod:`traceml_nb.analysis.model`.
+"""
+
+from __future__ import annotations
+
+from .comparison import Comparison, ComparisonRow, compare
+from .model import VERDICTS, Analysis, Diagnosis, Evidence, PhaseSummary, Summary
+from .pipeline import analyze, steady_step_ms
+from .steps import select_steps
+from .warmup import detect_warmup
+
+__all__ = [
+    "VERDICTS",
+    "Analysis",
+    "Comparison",
+    "ComparisonRow",
+    "Diagnosis",
+    "Evidence",
+    "PhaseSummary",
+    "Summary",
+    "analyze",
+    "compare",
+    "detect_warmup",
+    "select_steps",
+    "steady_step_ms",
+]

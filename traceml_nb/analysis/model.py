@@ -64,7 +64,9 @@ class Summary:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
         obj = _from_dict(cls, data)
-        obj.phases = [p if isinstance(p, PhaseSummary) else _from_dict(PhaseSummary, p) for p in obj.phases]
+        obj.phases = [
+            p if isinstance(p, PhaseSummary) else _from_dict(PhaseSummary, p) for p in obj.phases
+        ]
         return obj
 
 
@@ -88,9 +90,13 @@ class Diagnosis:
     evidence: list[Evidence] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)  #: concrete changes, from the user's loader
     wont_help: list[str] = field(default_factory=list)  #: what will not help, and why
-    saving_bound_share: float | None = None  #: fixing the cause saves at most this share of wall time
+    saving_bound_share: float | None = (
+        None  #: fixing the cause saves at most this share of wall time
+    )
     saving_text: str | None = None
-    secondary: list[str] = field(default_factory=list)  #: other findings (memory pressure, throttling)
+    secondary: list[str] = field(
+        default_factory=list
+    )  #: other findings (memory pressure, throttling)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,7 +104,9 @@ class Diagnosis:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
         obj = _from_dict(cls, data)
-        obj.evidence = [e if isinstance(e, Evidence) else _from_dict(Evidence, e) for e in obj.evidence]
+        obj.evidence = [
+            e if isinstance(e, Evidence) else _from_dict(Evidence, e) for e in obj.evidence
+        ]
         return obj
 
 

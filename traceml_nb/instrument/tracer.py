@@ -172,7 +172,12 @@ class StepTracer:
     def _close(self, st: _LoaderState, t_end: int, extra_flags: int, ev_next: Any) -> None:
         start = st.open_start
         row = self.record.steps.append(
-            start - self.t0, t_end - start, st.open_wait, st.open_batch, st.slot, st.open_flags | extra_flags
+            start - self.t0,
+            t_end - start,
+            st.open_wait,
+            st.open_batch,
+            st.slot,
+            st.open_flags | extra_flags,
         )
         if self.gpu is not None and ev_next is not None and st.ev_enter is not None:
             self.gpu.add(row, st.ev_enter, st.ev_exit, ev_next)
@@ -205,7 +210,9 @@ class StepTracer:
             return
         t = self.clock()
         start = self._opt_prev or self.t0
-        rec.steps.append(start - self.t0, t - start, self._opt_wait, self._last_batch, SOURCE_OPTIMIZER, 0)
+        rec.steps.append(
+            start - self.t0, t - start, self._opt_wait, self._last_batch, SOURCE_OPTIMIZER, 0
+        )
         self._opt_prev = t
         self._opt_wait = 0
 
@@ -215,7 +222,9 @@ class StepTracer:
         t = self.clock()
         start = self._marker_prev or self.t0
         self.record.markers += 1
-        self.record.steps.append(start - self.t0, t - start, self._marker_wait, self._last_batch, SOURCE_MARKER, 0)
+        self.record.steps.append(
+            start - self.t0, t - start, self._marker_wait, self._last_batch, SOURCE_MARKER, 0
+        )
         self._marker_prev = t
         self._marker_wait = 0
 

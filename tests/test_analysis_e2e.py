@@ -1,0 +1,172 @@
+"""End to end on CPU: real torch DataLoaders measured by a real Run, then analysed and compared.
+
+The input-bound loop loads 8 items per batch with a 2 ms ``sleep`` each (~17 ms per batch).
+Each step trains a small model, then waits until 25 ms have passed, as a host waits for a GPU,
+so the verdicts do not depend on this machine's speed or load:
+
+* ``num_workers=0``: the main process loads every batch: ~17 ms of each ~42 ms step waits;
+* ``num_workers=2``: two workers deliver a batch every ~8.5 ms, faster than the 25 ms the
+  loop consumes one, so after the first batch the loop waits only for the hand-over of each
+  batch from the worker process (~1 ms here).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import traceml_nb
+from traceml_nb.analysis import analyze, compare
+from traceml_nb.analysis.thresholds import WARMUP_MAX_SHARE
+from traceml_nb.history import History, entry_from
+
+ITEM_SLEEP_S = 0.002
+BATCH = 8
+STEPS = 50
+COMPUTE_MS = 25.0
+CPUS = 2  # what a Colab T4 has; passed explicitly so the advice does not depend on this machine
+
+
+class SlowDataset(Dataset):
+    """A dataset whose ``__getitem__`` costs ~2 ms (think JPEG decoding), not CPU-bound."""
+
+    def __len__(self) -> int:
+        return BATCH * STEPS * 2
+
+    def __getitem__(self, i: int):
+        time.sleep(ITEM_SLEEP_S)
+        return torch.full((32,), float(i % 7)), i % 4
+
+
+def small_model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def train(loader: DataLoader, name: str, *, compute_ms: float = COMPUTE_MS, steps: int = STEPS):
+    """The same training loop every time; each step takes at least ``compute_ms``."""
+    model, opt = small_model()
+    w = torch.randn(96, 96) / 10
+    with traceml_nb.Run(name, sample=True) as run:
+        for k, (x, y) in enumerate(loader):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            w = torch.tanh(w @ w)
+            # the rest of the step's compute happens elsewhere (as on a GPU): the host waits
+            time.sleep(max(0.0, compute_ms / 1e3 - (time.perf_counter() - t0)))
+            if k + 1 >= steps:
+                break
+    return run
+
+
+@pytest.fixture(scope="module")
+def history_of_the_story():
+    """Run the baseline and the tuned loader once for all tests of this module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers need the second core of a 2-core machine
+    history = History()
+    analyses = {}
+    runs = {}
+    try:
+        for name, workers in (("baseline", 0), ("workers2", 2), ("workers2-again", 2)):
+            loader = DataLoader(SlowDataset(), batch_size=BATCH, num_workers=workers)
+            run = train(loader, name)
+            analysis = analyze(run.record, run.capabilities, cpus_available=CPUS)
+            history.add(entry_from(run, analysis, cell_key="cell-1"))
+            analyses[name], runs[name] = analysis, run
+    finally:
+        torch.set_num_threads(threads)
+    return history, analyses, runs
+
+
+def test_num_workers_0_with_an_expensive_getitem_is_input_bound(history_of_the_story):
+    _, analyses, runs = history_of_the_story
+    a = analyses["baseline"]
+    assert runs["baseline"].status == "completed"
+    assert a.summary.step_source == "dataloader"
+    assert a.summary.steady_steps >= STEPS * (1 - WARMUP_MAX_SHARE) - 1
+    assert a.summary.batch_size == BATCH
+    # the injected sleep: 8 × 2 ms per batch at least (a sleep never ends early), plus the
+    # collation and whatever a loaded machine adds to each sleep
+    sleeps_ms = BATCH * ITEM_SLEEP_S * 1e3
+    assert sleeps_ms <= a.summary.data_wait_ms_median <= 1.5 * sleeps_ms
+    d = a.diagnosis
+    assert d.verdict == "input-bound"
+    assert d.cause == "too few DataLoader workers"
+    assert d.advice[0] == (
+        "Change the training DataLoader: num_workers=0 \u2192 num_workers=2, "
+        "persistent_workers=True, prefetch_factor=4"
+    )
+    assert "pin_memory" not in d.advice[0]  # no GPU here
+    # the bound covers the whole run: about the steady share of waiting, never more than all
+    assert d.saving_bound_share == pytest.approx(a.summary.data_wait_share, abs=0.1)
+    gpu = {e.label: e.text for e in d.evidence}["GPU utilisation"]
+    assert gpu.startswith("unavailable (")
+
+
+def test_num_workers_2_is_not_input_bound(history_of_the_story):
+    _, analyses, _ = history_of_the_story
+    for name in ("workers2", "workers2-again"):
+        d = analyses[name].diagnosis
+        assert d.verdict == "compute-bound", (name, d.title, d.evidence)
+        assert analyses[name].summary.data_wait_share < 0.15
+
+
+def test_the_fix_is_faster_significant_and_within_the_predicted_bound(history_of_the_story):
+    history, analyses, runs = history_of_the_story
+    before, after = history.get("baseline"), history.get("workers2")
+    assert history.previous_of(after) is before
+    c = compare(before, after)
+    assert c.verdict == "faster"
+    assert c.headline.endswith(", faster, significant)")
+    assert c.ci_high < 1
+    bound = analyses["baseline"].diagnosis.saving_bound_share
+    measured = 1 - runs["workers2"].elapsed_s / runs["baseline"].elapsed_s
+    assert measured > 0.3
+    assert measured <= bound + 0.05
+
+
+def test_two_identical_reruns_are_no_significant_change(history_of_the_story):
+    history, _, _ = history_of_the_story
+    c = compare(history.get("workers2"), history.get("workers2-again"))
+    assert c.verdict == "no significant change", c.headline
+    assert c.headline.endswith("no significant change)")
+
+
+def test_a_compute_heavy_loop_on_a_cheap_dataset_is_not_input_bound():
+    data = TensorDataset(torch.randn(512, 256), torch.randint(0, 4, (512,)))
+    loader = DataLoader(data, batch_size=BATCH)
+    weight = torch.randn(256, 256, requires_grad=True)
+    opt = torch.optim.SGD([weight], lr=1e-4)
+    with traceml_nb.Run("matmul", sample=True) as run:
+        for x, _ in loader:
+            opt.zero_grad()
+            h = x @ weight
+            for _ in range(40):
+                h = torch.tanh(h @ weight)
+            h.sum().backward()
+            opt.step()
+    a = analyze(run.record, run.capabilities, cpus_available=CPUS)
+    assert a.summary.steady_steps >= 50
+    assert a.diagnosis.verdict == "compute-bound", a.diagnosis.title
+    assert a.summary.data_wait_ms_median < 1.0
+
+
+def test_a_tiny_model_on_an_in_memory_dataset_is_not_input_bound():
+    data = TensorDataset(torch.randn(2048, 4), torch.randn(2048, 1))
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with traceml_nb.Run("tiny", sample=False) as run:
+        for x, y in DataLoader(data, batch_size=BATCH):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    a = analyze(run.record, run.capabilities, cpus_available=CPUS)
+    assert a.summary.steady_steps >= 200
+    assert a.diagnosis.verdict != "input-bound", a.diagnosis.title

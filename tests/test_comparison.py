@@ -1,0 +1,233 @@
+"""Comparing two runs: the bootstrap interval, the practical-effect floor, the rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from traceml_nb.analysis import ComparisonRow, analyze, compare
+from traceml_nb.analysis.comparison import bootstrap_ratio_ci, step_verdict
+from traceml_nb.analysis.model import Diagnosis, Summary
+from traceml_nb.analysis.synthetic import RecordBuilder, cpu_capabilities
+from traceml_nb.analysis.thresholds import BOOTSTRAP_RESAMPLES, MIN_PRACTICAL_EFFECT
+from traceml_nb.history import RunEntry
+
+
+def steps_around(median: float, n: int = 201, spread: float = 0.05, seed: int = 1) -> list[float]:
+    """``n`` step times whose median is exactly ``median`` (symmetric noise around it)."""
+    rng = np.random.default_rng(seed)
+    half = np.abs(rng.normal(0, spread * median, n // 2))
+    values = np.concatenate([median - half, [median], median + half])
+    rng.shuffle(values)
+    return [float(v) for v in values]
+
+
+def entry(
+    run_id: int,
+    step_ms: list[float],
+    *,
+    batch: int | None = 64,
+    wait: float | None = 0.1,
+    util: float | None = 90.0,
+    mem: float | None = 8192.0,
+    verdict: str = "compute-bound",
+) -> RunEntry:
+    median = float(np.median(step_ms)) if step_ms else None
+    per_s = 1000 / median if median else None
+    summary = Summary(
+        step_source="dataloader",
+        total_steps=len(step_ms) + 1,
+        warmup_steps=1,
+        steady_steps=len(step_ms),
+        elapsed_s=sum(step_ms) / 1000,
+        warmup_s=0.5,
+        step_ms_median=median,
+        step_ms_p10=None,
+        step_ms_p90=None,
+        step_ms_mean=None,
+        data_wait_ms_median=None,
+        compute_ms_median=None,
+        data_wait_share=wait,
+        first_fetch_ms=None,
+        batch_size=batch,
+        samples_per_s=per_s * batch if per_s and batch else None,
+        steps_per_s=per_s,
+        gpu_stall_share=None,
+        gpu_util_median_pct=util,
+        gpu_mem_peak_mb=mem,
+        gpu_mem_total_mb=16384.0,
+        process_cpu_median_pct=None,
+        workers_cpu_median_pct=None,
+        system_cpu_median_pct=None,
+        cpus_available=2,
+    )
+    diagnosis = Diagnosis(verdict=verdict, title=verdict, confidence="high")
+    return RunEntry(
+        id=run_id,
+        name=f"run{run_id}",
+        cell_key=None,
+        source=None,
+        status="completed",
+        error=None,
+        started_at=0.0,
+        elapsed_s=summary.elapsed_s,
+        summary=summary,
+        diagnosis=diagnosis,
+        step_ms=step_ms,
+    )
+
+
+def test_the_motivating_comparison():
+    before = entry(1, steps_around(316.0), wait=0.44, util=51.0, mem=6000.0, verdict="input-bound")
+    after = entry(2, steps_around(179.0, seed=2), wait=0.02, util=93.0, mem=6100.0)
+    c = compare(before, after)
+    assert (c.baseline_id, c.candidate_id) == (1, 2)
+    assert c.verdict == "faster"
+    assert c.significant
+    assert c.headline == "step time 316 ms \u2192 179 ms (\u221243%, faster, significant)"
+    assert c.step_ratio == pytest.approx(179 / 316)
+    assert c.ci_low < c.step_ratio < c.ci_high < 1
+    assert c.rows == [
+        ComparisonRow("median step time", "316 ms", "179 ms", "\u221243%", "good"),
+        ComparisonRow("throughput", "203 samples/s", "358 samples/s", "+77%", "good"),
+        ComparisonRow("data wait", "44%", "2%", "\u221242 pts", "good"),
+        ComparisonRow("GPU utilisation", "51%", "93%", "+42 pts", "good"),
+        ComparisonRow("peak GPU memory", "5.9 GiB", "6.0 GiB", "+2%", "neutral"),
+        ComparisonRow("verdict", "input-bound", "compute-bound", "changed", "good"),
+    ]
+    text = c.to_text()
+    assert (
+        text.splitlines()[0]
+        == "#2 vs #1: step time 316 ms \u2192 179 ms (\u221243%, faster, significant)"
+    )
+    assert c.to_dict()["rows"][0] == {
+        "label": "median step time",
+        "before": "316 ms",
+        "after": "179 ms",
+        "delta": "\u221243%",
+        "direction": "good",
+    }
+
+
+def test_slower():
+    c = compare(
+        entry(1, steps_around(100.0)), entry(2, steps_around(130.0, seed=3), verdict="host-bound")
+    )
+    assert c.verdict == "slower"
+    assert c.headline == "step time 100 ms \u2192 130 ms (+30%, slower, significant)"
+    assert c.rows[0].direction == "bad"
+    assert c.rows[1].direction == "bad"
+    assert c.rows[-1] == ComparisonRow("verdict", "compute-bound", "host-bound", "changed", "bad")
+
+
+def test_identical_runs_are_no_significant_change():
+    values = steps_around(50.0)
+    c = compare(entry(1, values), entry(2, list(values)))
+    assert c.verdict == "no significant change"
+    assert not c.significant
+    assert c.headline == "step time 50 ms \u2192 50 ms (\u00b10%, no significant change)"
+    assert c.ci_low <= 1 <= c.ci_high
+    assert [r.direction for r in c.rows] == ["neutral"] * 6
+    assert c.rows[-1].delta == "same"
+
+
+def test_practical_effect_floor_both_sides():
+    base = steps_around(100.0, spread=0.001)
+    just_below = [v * (1 + MIN_PRACTICAL_EFFECT - 0.002) for v in base]
+    c = compare(entry(1, base), entry(2, just_below))
+    assert c.ci_low > 1  # the interval alone would call it slower...
+    assert c.verdict == "no significant change"  # ...but the change is below the floor
+    just_above = [v * (1 + MIN_PRACTICAL_EFFECT + 0.002) for v in base]
+    assert compare(entry(1, base), entry(2, just_above)).verdict == "slower"
+    faster = [v * (1 - MIN_PRACTICAL_EFFECT - 0.002) for v in base]
+    assert compare(entry(1, base), entry(2, faster)).verdict == "faster"
+
+
+def test_a_wide_interval_is_no_significant_change():
+    rng = np.random.default_rng(5)
+    noisy_a = list(rng.lognormal(np.log(100), 0.8, 15))
+    noisy_b = [v * 1.1 for v in rng.lognormal(np.log(100), 0.8, 15)]
+    c = compare(entry(1, noisy_a), entry(2, noisy_b))
+    assert c.ci_low <= 1 <= c.ci_high
+    assert c.verdict == "no significant change"
+
+
+def test_step_verdict_rule():
+    assert step_verdict(0.8, 0.75, 0.85) == "faster"
+    assert step_verdict(1.2, 1.1, 1.3) == "slower"
+    assert step_verdict(0.8, 0.7, 1.01) == "no significant change"
+    assert step_verdict(0.96, 0.95, 0.97) == "no significant change"
+
+
+def test_bootstrap_is_deterministic_and_uses_enough_resamples():
+    assert BOOTSTRAP_RESAMPLES >= 1000
+    a = np.array(steps_around(10.0, n=4000))
+    b = np.array(steps_around(9.0, n=4000, seed=7))
+    first = bootstrap_ratio_ci(a, b)
+    assert first == bootstrap_ratio_ci(a, b)
+    low, high = first
+    assert low < 0.9 < high
+
+
+def test_unavailable_metrics_are_neutral_dashes():
+    a = entry(1, steps_around(20.0), batch=None, util=None, mem=None, wait=None)
+    b = entry(2, steps_around(10.0), batch=None, util=None, mem=None, wait=None)
+    c = compare(a, b)
+    assert c.rows[1] == ComparisonRow("throughput", "50 steps/s", "100 steps/s", "+100%", "good")
+    assert c.rows[2] == ComparisonRow(
+        "data wait", "unavailable", "unavailable", "\u2014", "neutral"
+    )
+    assert c.rows[3] == ComparisonRow(
+        "GPU utilisation", "unavailable", "unavailable", "\u2014", "neutral"
+    )
+    assert c.rows[4] == ComparisonRow(
+        "peak GPU memory", "unavailable", "unavailable", "\u2014", "neutral"
+    )
+
+
+def test_small_share_changes_are_neutral():
+    a = entry(1, steps_around(20.0), wait=0.10, util=90.0)
+    b = entry(2, steps_around(20.0, seed=4), wait=0.11, util=91.0)
+    c = compare(a, b)
+    assert c.rows[2].direction == "neutral"
+    assert c.rows[3].direction == "neutral"
+
+
+def test_runs_without_steady_steps_are_not_comparable():
+    c = compare(entry(1, steps_around(20.0)), entry(2, []))
+    assert c.verdict == "no significant change"
+    assert c.step_ratio is None and c.ci_low is None
+    assert c.headline == "step time not comparable: #2 has no steady steps"
+    assert c.rows[0] == ComparisonRow(
+        "median step time", "20 ms", "unavailable", "\u2014", "neutral"
+    )
+    c = compare(entry(1, []), entry(2, [1.0]))
+    assert c.headline == "step time not comparable: #1 and #2 have no steady steps"
+
+
+def test_compare_entries_built_from_analyses():
+    from types import SimpleNamespace
+
+    from traceml_nb.history import entry_from
+
+    def run(wait_ms: float, caps):
+        b = RecordBuilder()
+        b.loader(num_workers=0, batch_size=8)
+        b.steps(60, 10.0 + wait_ms, wait_ms)
+        record = b.finish()
+        analysis = analyze(record, caps, cpus_available=2)
+        run_like = SimpleNamespace(
+            name="run", status="completed", error=None, started_at=0.0, elapsed_s=1.0, record=record
+        )
+        return analysis, entry_from(run_like, analysis)
+
+    _, slow = run(10.0, cpu_capabilities())
+    _, fast = run(0.2, cpu_capabilities())
+    slow.id, fast.id = 1, 2
+    c = compare(slow, fast)
+    assert c.verdict == "faster"
+    assert c.rows[2] == ComparisonRow("data wait", "50%", "2%", "\u221248 pts", "good")
+    assert c.rows[3] == ComparisonRow(
+        "GPU utilisation", "unavailable", "unavailable", "\u2014", "neutral"
+    )
+    assert c.rows[5] == ComparisonRow("verdict", "input-bound", "compute-bound", "changed", "good")

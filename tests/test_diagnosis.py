@@ -1,0 +1,678 @@
+"""Every verdict and every threshold of the diagnosis, on both sides, on hand-built records."""
+
+from __future__ import annotations
+
+import pytest
+
+from traceml_nb.analysis import analyze
+from traceml_nb.analysis.advice import Change, loader_changes, more_workers, worker_target
+from traceml_nb.analysis.diagnosis import (
+    CAUSE_CPU_SATURATED,
+    CAUSE_PAGEABLE,
+    CAUSE_STORAGE,
+    CAUSE_TOO_FEW_WORKERS,
+    CAUSE_UNKNOWN,
+    confidence,
+)
+from traceml_nb.analysis.model import VERDICTS, Analysis, Diagnosis
+from traceml_nb.analysis.synthetic import (
+    CPU_ONLY,
+    RecordBuilder,
+    cpu_capabilities,
+    gpu_capabilities,
+)
+from traceml_nb.analysis.thresholds import (
+    CONFIDENT_STEPS,
+    FIRST_EPOCH_FACTOR,
+    GPU_BUSY_PCT,
+    INPUT_BOUND_SHARE,
+    INPUT_MINOR_SHARE,
+    MAX_SUGGESTED_WORKERS,
+    MEMORY_PRESSURE_SHARE,
+    MIN_INPUT_WAIT_MS,
+    MIN_STEADY_STEPS,
+    SMALL_BATCH,
+    STRONG_FACTOR,
+    SYSTEM_SATURATED_PCT,
+    THROTTLE_CLOCK_RATIO,
+    THROTTLE_MIN_SHARE,
+    THROTTLE_MIN_STEPS,
+    THROTTLE_STEP_FACTOR,
+    WORKER_SATURATED_PCT,
+)
+from traceml_nb.capabilities import Capabilities
+from traceml_nb.record import SOURCE_MARKER, SOURCE_OPTIMIZER, LoaderInfo
+
+STEP_MS = 30.0
+IDLE_HOST = {"proc_cpu_pct": 100.0, "sys_cpu_pct": 50.0, "workers_cpu_pct": 0.0}
+HEALTHY_GPU = {
+    "util_gpu_pct": 96.0,
+    "mem_used_mb": 4096.0,
+    "mem_total_mb": 16384.0,
+    "sm_clock_mhz": 1590.0,
+    "sm_clock_max_mhz": 1590.0,
+    "throttle_reasons": 0.0,
+}
+
+
+def cpu_run(
+    wait_share: float,
+    *,
+    step_ms: float = STEP_MS,
+    steps: int = 100,
+    workers: int = 0,
+    cpus: int | None = 2,
+    host: dict | None = None,
+    batch: int = 8,
+) -> Analysis:
+    """A CPU-only run whose steps wait ``wait_share`` of their time for data (no warm-up)."""
+    b = RecordBuilder()
+    b.loader(num_workers=workers, batch_size=batch)
+    b.steps(steps, step_ms, step_ms * wait_share, batch=batch)
+    if host is not None:
+        b.samples("host", **host)
+    return analyze(
+        b.finish(), cpu_capabilities(host=host is not None), warmup=0, cpus_available=cpus
+    )
+
+
+def gpu_run(
+    stall_share: float,
+    util: float | None = 96.0,
+    *,
+    wait_share: float | None = None,
+    steps: int = 100,
+    workers: int = 0,
+    pin: bool = False,
+    persistent: bool = False,
+    cpus: int | None = 2,
+    host: dict | None = None,
+    gpu: dict | None = None,
+    batch: int = 64,
+    caps: Capabilities | None = None,
+) -> Analysis:
+    """A CUDA run whose GPU sat idle waiting for input ``stall_share`` of the step time."""
+    b = RecordBuilder()
+    b.loader(num_workers=workers, pin_memory=pin, persistent_workers=persistent, batch_size=batch)
+    wait = stall_share if wait_share is None else wait_share
+    b.steps(steps, STEP_MS, STEP_MS * wait, stall_ms=STEP_MS * stall_share, batch=batch)
+    b.samples("host", **(host if host is not None else {**IDLE_HOST, "workers": workers}))
+    b.samples("gpu", **{**HEALTHY_GPU, "util_gpu_pct": util, **(gpu or {})})
+    return analyze(b.finish(), caps or gpu_capabilities(), warmup=0, cpus_available=cpus)
+
+
+def evidence(d: Diagnosis, label: str) -> str:
+    [text] = [e.text for e in d.evidence if e.label == label]
+    return text
+
+
+# --- insufficient data ----------------------------------------------------------------------------
+def test_min_steady_steps_both_sides():
+    assert cpu_run(0.6, steps=MIN_STEADY_STEPS).diagnosis.verdict == "input-bound"
+    d = cpu_run(0.6, steps=MIN_STEADY_STEPS - 1).diagnosis
+    assert d.verdict == "insufficient-data"
+    assert d.title == "Not enough steady steps to judge: 9 (at least 10 needed after 0 warm-up)"
+    assert d.confidence == "low"
+    assert d.saving_bound_share is None
+
+
+def test_no_steps_at_all():
+    b = RecordBuilder()
+    d = analyze(b.finish(), cpu_capabilities()).diagnosis
+    assert d.verdict == "insufficient-data"
+    assert d.title == (
+        "No training steps seen: no DataLoader batches, optimizer steps or traceml_nb.step() markers"
+    )
+
+
+def test_nothing_tells_input_from_compute():
+    b = RecordBuilder()
+    b.steps(50, 10.0, source=SOURCE_MARKER)
+    d = analyze(b.finish(), cpu_capabilities(), warmup=0).diagnosis
+    assert d.verdict == "insufficient-data"
+    assert d.title == "Cannot judge: no DataLoader was iterated and no GPU utilisation was measured"
+
+
+# --- input-bound on CPU: the share and the absolute floor -----------------------------------------
+def test_input_bound_share_both_sides():
+    d = cpu_run(INPUT_BOUND_SHARE).diagnosis
+    assert d.verdict == "input-bound"
+    assert d.title == "Input-bound: the training loop waits for data 15% of the time"
+    d = cpu_run(INPUT_BOUND_SHARE - 0.001).diagnosis
+    assert d.verdict == "compute-bound"
+    assert d.title == (
+        "Compute-bound: the steps spend their time computing, not waiting for data "
+        "(input stalls 15% of step time)"
+    )
+    assert d.secondary[0] == (
+        "Minor input stalls: data wait is 15% of step time (input-bound from 15%)."
+    )
+
+
+def test_absolute_wait_floor_both_sides():
+    share = 0.5
+    at_floor = MIN_INPUT_WAIT_MS / share  # step time whose wait is exactly the floor
+    assert cpu_run(share, step_ms=at_floor).diagnosis.verdict == "input-bound"
+    d = cpu_run(share, step_ms=at_floor * 0.99).diagnosis
+    assert d.verdict == "compute-bound"
+    assert d.secondary[0] == (
+        "The data wait is 50% of a very short step (0.99 ms per step, below the 1 ms floor): "
+        "not an input problem."
+    )
+
+
+def test_tiny_model_on_an_in_memory_dataset_is_not_input_bound():
+    # TensorDataset + a tiny model: 0.05 ms of 0.15 ms per step is "waiting", a third of it
+    d = cpu_run(1 / 3, step_ms=0.15).diagnosis
+    assert d.verdict == "compute-bound"
+    assert d.secondary[0] == (
+        "The data wait is 33% of a very short step (0.05 ms per step, below the 1 ms floor): "
+        "not an input problem."
+    )
+
+
+def test_minor_share_both_sides():
+    assert cpu_run(INPUT_MINOR_SHARE).diagnosis.secondary[0].startswith("Minor input stalls: ")
+    d = cpu_run(INPUT_MINOR_SHARE - 0.001).diagnosis
+    assert not any(s.startswith("Minor input stalls") for s in d.secondary)
+
+
+def test_cpu_only_input_bound_full_diagnosis():
+    d = cpu_run(0.6, host={**IDLE_HOST, "workers": 0}).diagnosis
+    assert d.verdict == "input-bound"
+    assert d.confidence == "high"
+    assert d.cause == CAUSE_TOO_FEW_WORKERS
+    assert d.advice == [
+        "Change the training DataLoader: num_workers=0 \u2192 num_workers=2, "
+        "persistent_workers=True, prefetch_factor=4",
+        "With num_workers=0 the main process loads every batch while the training loop waits; "
+        "2 workers (one per CPU available: 2) load batches in parallel with the compute.",
+        "persistent_workers=True keeps the workers alive between epochs instead of starting them "
+        "again (each start costs the first-batch wait again).",
+        "prefetch_factor=4 keeps 4 batches per worker in flight, which absorbs slow samples.",
+    ]
+    assert d.wont_help == ["More than 2 workers: only 2 CPUs are available to this process."]
+    assert d.saving_bound_share == pytest.approx(0.6)
+    assert d.saving_text == (
+        "Data waits took 60% of this run (1.8 s of 3 s): without them it would take at most "
+        "60% less time."
+    )
+    assert d.secondary == [
+        "GPU evidence unavailable (no CUDA device in this run (CPU-only)): judged on host timings."
+    ]
+    texts = {e.label: e.text for e in d.evidence}
+    assert texts == {
+        "steady steps": "100 (0 warm-up steps excluded)",
+        "step time": "median 30 ms (p10 30 ms, p90 30 ms)",
+        "data wait": "60% of step time (18 ms per step)",
+        "GPU input stall": f"unavailable ({CPU_ONLY})",
+        "GPU utilisation": f"unavailable ({CPU_ONLY})",
+        "DataLoader": "num_workers=0, pin_memory=False, prefetch_factor=None, "
+        "persistent_workers=False, batch_size=8",
+        "CPUs available": "2",
+        "worker CPU": "no worker processes (num_workers=0): the main process loads the data",
+        "main process CPU": "median 100% (100% = one core)",
+        "system CPU": "median 50% of all CPUs",
+        "SM clock": f"unavailable ({CPU_ONLY})",
+        "throttling": f"unavailable ({CPU_ONLY})",
+        "GPU memory": f"unavailable ({CPU_ONLY})",
+        "batch size": "8",
+    }
+    assert [e.label for e in d.evidence][:4] == [
+        "steady steps",
+        "step time",
+        "data wait",
+        "GPU input stall",
+    ]
+
+
+def test_saving_bound_counts_warmup_waits_and_time_outside_steps():
+    b = RecordBuilder()
+    b.loader()
+    b.steps(1, 500.0, 400.0)
+    b.steps(99, 20.0, 10.0)
+    record = b.finish(tail_ms=1510.0)  # 3.99 s in all, 1.39 s of it waiting
+    d = analyze(record, cpu_capabilities(), cpus_available=2).diagnosis
+    assert d.saving_bound_share == pytest.approx(1.39 / 3.99)
+    assert d.saving_text == (
+        "Data waits took 35% of this run (1.39 s of 3.99 s): without them it would take at most "
+        "35% less time."
+    )
+
+
+# --- confidence -------------------------------------------------------------------------------------
+def test_strong_factor_and_confident_steps_both_sides():
+    assert cpu_run(STRONG_FACTOR * INPUT_BOUND_SHARE).diagnosis.confidence == "high"
+    assert cpu_run(STRONG_FACTOR * INPUT_BOUND_SHARE - 0.01).diagnosis.confidence == "medium"
+    assert cpu_run(0.6, steps=CONFIDENT_STEPS).diagnosis.confidence == "high"
+    assert cpu_run(0.6, steps=CONFIDENT_STEPS - 1).diagnosis.confidence == "medium"
+    assert confidence(False, CONFIDENT_STEPS - 1, weaker=1) == "low"
+
+
+# --- input-bound on CUDA and its sub-causes ---------------------------------------------------------
+def test_gpu_input_bound_too_few_workers_colab():
+    d = gpu_run(0.44, 51.0).diagnosis
+    assert d.verdict == "input-bound"
+    assert d.title == "Input-bound: the GPU waits for data 44% of the time"
+    assert d.cause == CAUSE_TOO_FEW_WORKERS
+    assert d.advice[0] == (
+        "Change the training DataLoader: num_workers=0 \u2192 num_workers=2, pin_memory=True, "
+        "persistent_workers=True, prefetch_factor=4"
+    )
+    assert d.advice[2] == (
+        "pin_memory=True puts batches in page-locked memory, so copying them to the GPU with "
+        ".to(device, non_blocking=True) overlaps the compute."
+    )
+    assert d.saving_text == (
+        "GPU input stalls took 44% of this run (1.32 s of 3 s): without them it would take at "
+        "most 44% less time."
+    )
+    assert evidence(d, "GPU input stall") == "44% of step time (13.2 ms per step)"
+    assert evidence(d, "GPU utilisation") == "median 51% during the steady steps"
+    assert evidence(d, "SM clock") == "median 1590 of 1590 MHz (100%)"
+    assert evidence(d, "throttling") == "none during the steady steps"
+    assert evidence(d, "GPU memory") == "peak 4.0 GiB of 16.0 GiB (25%)"
+    assert d.secondary == []
+
+
+def test_gpu_kaggle_four_cpus_two_workers():
+    d = gpu_run(
+        0.3, 60.0, workers=2, cpus=4, host={"workers_cpu_pct": 190.0, "workers": 2}
+    ).diagnosis
+    assert d.cause == CAUSE_TOO_FEW_WORKERS
+    assert d.advice[0] == (
+        "Change the training DataLoader: num_workers=2 \u2192 num_workers=4, pin_memory=True, "
+        "persistent_workers=True, prefetch_factor=2 \u2192 prefetch_factor=4"
+    )
+    assert d.wont_help == ["More than 4 workers: only 4 CPUs are available to this process."]
+
+
+def test_gpu_stall_decides_not_the_host_wait():
+    # the host waits 40% of the time but the GPU still had queued work: not input-bound
+    d = gpu_run(0.02, 96.0, wait_share=0.4).diagnosis
+    assert d.verdict == "compute-bound"
+    assert evidence(d, "data wait") == "40% of step time (12 ms per step)"
+
+
+def test_gpu_run_without_cuda_events_falls_back_on_data_wait():
+    d = gpu_run(0.44, 51.0, caps=gpu_capabilities(events=False)).diagnosis
+    assert d.verdict == "input-bound"
+    assert d.title == "Input-bound: the training loop waits for data 44% of the time"
+    assert d.confidence == "medium"  # one level lower: indirect evidence
+    assert d.secondary[0] == (
+        "GPU input stalls were not measured (CUDA events failed): judged on host data wait, "
+        "which can overstate what the GPU lost."
+    )
+    assert d.saving_text.startswith("Data waits took 44% of this run")
+
+
+def saturated_host(per_worker: float, system: float = 50.0, workers: int = 2) -> dict:
+    return {"workers_cpu_pct": per_worker * workers, "workers": workers, "sys_cpu_pct": system}
+
+
+def test_workers_cpu_saturated_both_sides():
+    d = gpu_run(0.44, 51.0, workers=2, host=saturated_host(WORKER_SATURATED_PCT)).diagnosis
+    assert d.cause == CAUSE_CPU_SATURATED
+    assert d.advice[0] == "Change the training DataLoader: pin_memory=True, persistent_workers=True"
+    assert d.advice[1] == (
+        "The input pipeline is CPU-bound: the 2 workers use 170% CPU (85% each) and the system "
+        "CPU is at 50%. Make each sample cheaper: store images pre-resized, cache decoded "
+        "tensors, or run the augmentations on the GPU (e.g. torchvision.transforms.v2 on CUDA "
+        "tensors)."
+    )
+    assert d.wont_help == [
+        "More workers than the 2 CPUs available: the workers already saturate them (num_workers=2).",
+        "A larger prefetch_factor: a deeper queue does not make saturated workers faster.",
+    ]
+    below = saturated_host(WORKER_SATURATED_PCT - 0.5)
+    assert gpu_run(0.44, 51.0, workers=2, host=below).diagnosis.cause == CAUSE_PAGEABLE
+
+
+def test_system_cpu_saturated_both_sides():
+    host = saturated_host(20.0, system=SYSTEM_SATURATED_PCT)
+    assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_CPU_SATURATED
+    host = saturated_host(20.0, system=SYSTEM_SATURATED_PCT - 0.1)
+    assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_PAGEABLE
+
+
+def test_saturated_cores_count():
+    host = {**saturated_host(20.0), "cores_saturated": 2.0}
+    assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_CPU_SATURATED
+    host = {**saturated_host(20.0), "cores_saturated": 1.0}
+    assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_PAGEABLE
+
+
+def test_pageable_copies():
+    d = gpu_run(0.44, 51.0, workers=2, host=saturated_host(20.0)).diagnosis
+    assert d.cause == CAUSE_PAGEABLE
+    assert d.advice[0] == (
+        "Change the training DataLoader: pin_memory=True, persistent_workers=True, "
+        "prefetch_factor=2 \u2192 prefetch_factor=4"
+    )
+    assert d.wont_help == [
+        "More CPU: the 2 workers use 40% CPU (20% each) and the system CPU is at 50%, not saturated."
+    ]
+
+
+def test_idle_workers_wait_on_storage():
+    d = gpu_run(
+        0.44, 51.0, workers=2, pin=True, persistent=True, host=saturated_host(20.0)
+    ).diagnosis
+    assert d.cause == CAUSE_STORAGE
+    assert d.advice == [
+        "Change the training DataLoader: prefetch_factor=2 \u2192 prefetch_factor=4",
+        "The workers are mostly idle (the 2 workers use 40% CPU (20% each) and the system CPU is "
+        "at 50%) yet cannot keep up: they wait on storage. Copy the dataset to local disk or "
+        "memory, or use fewer, larger files.",
+        "prefetch_factor=4 keeps 4 batches per worker in flight, which absorbs slow samples.",
+    ]
+    assert d.wont_help == [
+        "More CPU or more workers than the 2 CPUs available: the workers are not CPU-bound."
+    ]
+
+
+def test_unknown_cause_without_host_sampling():
+    d = gpu_run(0.44, 51.0, workers=2, pin=True, persistent=True, host={}).diagnosis
+    assert d.cause == CAUSE_UNKNOWN
+    assert d.advice[1] == (
+        "The loader already has a worker per CPU; whether its workers are CPU- or "
+        "storage-bound is unknown (worker CPU unavailable: workers_cpu_pct is not reported by "
+        "this sampler)."
+    )
+
+
+def first_epoch_run(first_share: float, later_share: float) -> Diagnosis:
+    b = RecordBuilder()
+    b.loader(num_workers=2, pin_memory=True, persistent_workers=True)
+    b.steps(50, STEP_MS, STEP_MS * first_share, flags=0, epoch_len=50)
+    b.steps(100, STEP_MS, STEP_MS * later_share, epoch_len=50)
+    b.samples("host", **saturated_host(20.0))
+    return analyze(b.finish(), cpu_capabilities(), warmup=0, cpus_available=2).diagnosis
+
+
+def test_first_epoch_factor_both_sides():
+    later = 0.14
+    d = first_epoch_run(FIRST_EPOCH_FACTOR * later + 0.01, later)
+    assert d.verdict == "input-bound"
+    assert d.cause == CAUSE_STORAGE
+    assert d.advice == [
+        "The first epoch waited 29% of its step time, later epochs only 14%: the first pass "
+        "reads from slow storage and later ones from the page cache. Copy the dataset to local "
+        "disk or memory before training, or cache decoded samples."
+    ]
+    assert d.wont_help == [
+        "More DataLoader workers: the later epochs already keep up with the current ones."
+    ]
+    d = first_epoch_run(FIRST_EPOCH_FACTOR * later - 0.02, later)
+    assert d.verdict == "input-bound"
+    assert d.cause == CAUSE_STORAGE  # the idle workers, not the first epoch
+    assert d.advice[1].startswith("The workers are mostly idle")
+
+
+def test_first_epoch_pattern_needs_later_epochs_below_the_input_share():
+    d = first_epoch_run(0.9, INPUT_BOUND_SHARE)
+    assert d.verdict == "input-bound"
+    assert not any(line.startswith("The first epoch") for line in d.advice)
+
+
+# --- host-bound and compute-bound -----------------------------------------------------------------
+def test_gpu_busy_threshold_both_sides():
+    d = gpu_run(0.02, GPU_BUSY_PCT).diagnosis
+    assert d.verdict == "compute-bound"
+    assert d.title == (
+        "Compute-bound (healthy): the GPU is busy (median utilisation 80%), input stalls 2% of step time"
+    )
+    assert d.advice == [
+        "The GPU is the limit: speed-ups come from the model side (mixed precision with "
+        "torch.autocast, channels_last, torch.compile)."
+    ]
+    assert d.wont_help == [
+        "DataLoader tuning (workers, pin_memory, prefetch): GPU input stall is only 2% of step time."
+    ]
+    assert d.confidence == "high"
+    d = gpu_run(0.02, GPU_BUSY_PCT - 0.1, batch=SMALL_BATCH).diagnosis
+    assert d.verdict == "host-bound"
+    assert d.title == (
+        "Host-bound: input stalls 2% of step time, but the GPU is idle much of the time "
+        "(median utilisation 80%)"
+    )
+    assert d.advice == [
+        "Remove per-step host syncs: .item(), .cpu(), float(loss), printing tensors; accumulate "
+        "metrics on the GPU and read them every N steps.",
+        'Cut launch overhead: torch.compile(model), or CUDA graphs via torch.compile(mode="reduce-overhead").',
+    ]
+    assert d.saving_bound_share == pytest.approx(0.201)
+    assert d.saving_text == (
+        "The GPU was idle about 20% of the time: removing host overhead saves at most 20%."
+    )
+
+
+def test_small_batch_advice_both_sides():
+    d = gpu_run(0.02, 40.0, batch=SMALL_BATCH - 1).diagnosis
+    assert d.verdict == "host-bound"
+    assert d.advice[1] == (
+        "Batch size 31 is small: a larger batch (e.g. 124) gives the GPU more work per kernel launch."
+    )
+    assert len(gpu_run(0.02, 40.0, batch=SMALL_BATCH).diagnosis.advice) == 2
+
+
+def test_gpu_utilisation_unavailable_cannot_tell_host_from_compute():
+    d = gpu_run(0.02, None, caps=gpu_capabilities(utilisation=False)).diagnosis
+    assert d.verdict == "compute-bound"
+    assert d.confidence == "low"
+    assert d.title == (
+        "Not input-bound (input stalls 2% of step time); GPU utilisation unavailable "
+        "(utilisation is not supported on MIG devices), so host- and compute-bound cannot be "
+        "told apart"
+    )
+
+
+def test_cpu_compute_bound():
+    d = cpu_run(0.01).diagnosis
+    assert d.verdict == "compute-bound"
+    assert d.confidence == "high"
+    assert d.advice == [
+        "The CPU computing the model is the limit: a GPU, or a smaller model or inputs, is what "
+        "makes it faster."
+    ]
+
+
+# --- throttled ------------------------------------------------------------------------------------
+def throttle_run(
+    throttled_steps: int,
+    slowdown: float,
+    *,
+    steps: int = 100,
+    ratio: float = 0.75,
+    reasons: float | None = 0x4,
+) -> Diagnosis:
+    """``throttled_steps`` trailing steps run at clock ``ratio`` and take ``slowdown``× as long."""
+    b = RecordBuilder()
+    b.loader(num_workers=2, pin_memory=True)
+    normal = steps - throttled_steps
+    b.steps(normal, 100.0, 0.0, stall_ms=0.0)
+    boundary = normal * 0.1
+    b.steps(throttled_steps, 100.0 * slowdown, 0.0, stall_ms=0.0)
+    b.samples("host", **saturated_host(20.0))
+    gpu = {
+        **HEALTHY_GPU,
+        "sm_clock_mhz": lambda t: 1600.0 * ratio if t >= boundary else 1600.0,
+        "sm_clock_max_mhz": 1600.0,
+        "throttle_reasons": (lambda t: reasons if t >= boundary else 0.0)
+        if reasons is not None
+        else None,
+    }
+    b.samples("gpu", interval_s=0.01, **gpu)
+    return analyze(b.finish(), gpu_capabilities(), warmup=0, cpus_available=2).diagnosis
+
+
+def test_throttled_verdict():
+    d = throttle_run(30, 1.25)
+    assert d.verdict == "throttled"
+    assert d.title == (
+        "Throttled: steps take 1.25\u00d7 as long while the GPU clock is reduced (software power cap)"
+    )
+    assert d.confidence == "high"
+    assert d.saving_bound_share == pytest.approx(30 * 25.0 / (70 * 100 + 30 * 125))
+    assert d.saving_text == (
+        "The throttled steps (30% of the steps) cost about 7% of the steady time over steps at "
+        "full clock."
+    )
+    assert (
+        evidence(d, "throttling")
+        == "30% of the steps (software power cap), 1.25\u00d7 as long as the others"
+    )
+
+
+def test_throttle_step_factor_both_sides():
+    assert throttle_run(30, THROTTLE_STEP_FACTOR + 0.001).verdict == "throttled"
+    d = throttle_run(30, THROTTLE_STEP_FACTOR - 0.01)
+    assert d.verdict == "compute-bound"
+
+
+def test_throttle_min_share_both_sides():
+    n = 100
+    at = round(THROTTLE_MIN_SHARE * n)
+    assert throttle_run(at, 1.5, steps=n).verdict == "throttled"
+    assert throttle_run(at - 1, 1.5, steps=n).verdict == "compute-bound"
+
+
+def test_throttle_min_steps_both_sides():
+    # a short run: the share is met but each group needs THROTTLE_MIN_STEPS steps
+    assert throttle_run(THROTTLE_MIN_STEPS, 1.5, steps=20).verdict == "throttled"
+    assert throttle_run(THROTTLE_MIN_STEPS - 1, 1.5, steps=12).verdict == "compute-bound"
+
+
+def test_throttle_clock_ratio_both_sides():
+    assert throttle_run(30, 1.3, ratio=THROTTLE_CLOCK_RATIO - 0.01).verdict == "throttled"
+    assert throttle_run(30, 1.3, ratio=THROTTLE_CLOCK_RATIO).verdict == "compute-bound"
+
+
+def test_idle_clock_reason_is_not_throttling():
+    assert throttle_run(30, 1.3, reasons=0x1).verdict == "compute-bound"
+
+
+def test_low_clock_counts_when_no_reasons_are_reported():
+    d = throttle_run(30, 1.3, reasons=None)
+    assert d.verdict == "throttled"
+    assert d.title.endswith("(reduced clock)")
+    assert d.confidence == "medium"
+
+
+def test_clock_low_for_the_whole_run_is_a_note():
+    d = gpu_run(
+        0.02,
+        97.0,
+        gpu={"sm_clock_mhz": 1200.0, "sm_clock_max_mhz": 1590.0, "throttle_reasons": 4.0},
+    )
+    assert d.diagnosis.verdict == "compute-bound"
+    assert d.diagnosis.secondary == [
+        "The SM clock ran at 75% of its maximum during the steady steps (software power cap); steps would "
+        "be faster at full clock."
+    ]
+
+
+# --- memory pressure ------------------------------------------------------------------------------
+def test_memory_pressure_both_sides():
+    total = 16384.0
+    d = gpu_run(0.02, 97.0, gpu={"mem_used_mb": total * MEMORY_PRESSURE_SHARE}).diagnosis
+    assert d.verdict == "memory-pressure"
+    assert d.title == "Memory pressure: GPU memory peaked at 95% of 16.0 GiB"
+    assert d.confidence == "high"
+    d = gpu_run(0.02, 97.0, gpu={"mem_used_mb": total * (MEMORY_PRESSURE_SHARE - 0.001)}).diagnosis
+    assert d.verdict == "compute-bound"
+
+
+def test_memory_pressure_is_secondary_to_a_problem():
+    d = gpu_run(0.02, 40.0, gpu={"mem_used_mb": 16000.0}).diagnosis
+    assert d.verdict == "host-bound"
+    assert d.secondary == [
+        "Memory pressure: GPU memory peaked at 98% of 16.0 GiB; a larger batch will not fit."
+    ]
+
+
+def test_memory_from_the_torch_allocator_when_nvml_memory_is_missing():
+    d = gpu_run(0.02, 97.0, gpu={"mem_used_mb": None, "torch_peak_mb": 16000.0}).diagnosis
+    assert d.verdict == "memory-pressure"
+
+
+# --- advice unit rules ------------------------------------------------------------------------------
+def loader(**kw) -> LoaderInfo:
+    base = dict(
+        slot=0,
+        num_workers=0,
+        pin_memory=False,
+        prefetch_factor=None,
+        persistent_workers=False,
+        batch_size=8,
+        dataset_type="D",
+        dataset_len=None,
+        iterable=False,
+    )
+    return LoaderInfo(**{**base, **kw})
+
+
+def test_worker_target():
+    assert worker_target(2, gpu=True) == 2
+    assert worker_target(4, gpu=False) == 4
+    assert worker_target(64, gpu=True) == MAX_SUGGESTED_WORKERS
+    assert worker_target(None, gpu=True) == 2
+    assert worker_target(1, gpu=True) == 1
+    assert worker_target(1, gpu=False) == 0  # a worker would only compete for the one CPU
+    assert more_workers(loader(num_workers=2), 2, gpu=True) is None
+    assert more_workers(loader(num_workers=0), 1, gpu=False) is None
+
+
+def test_pin_memory_only_with_a_gpu():
+    cpu = [str(c) for c in loader_changes(loader(), workers=2, gpu=False)]
+    assert cpu == [
+        "num_workers=0 \u2192 num_workers=2",
+        "persistent_workers=True",
+        "prefetch_factor=4",
+    ]
+    gpu = [str(c) for c in loader_changes(loader(), workers=2, gpu=True)]
+    assert "pin_memory=True" in gpu
+    assert loader_changes(loader(num_workers=0), workers=None, gpu=False) == []
+    assert loader_changes(loader(num_workers=4, prefetch_factor=8), workers=None, gpu=False) == [
+        Change("persistent_workers", True)
+    ]
+
+
+def test_system_cpu_evidence_names_the_busiest_core():
+    d = cpu_run(0.6, host={**IDLE_HOST, "max_core_pct": 100.0}).diagnosis
+    assert evidence(d, "system CPU") == "median 50% of all CPUs (busiest core 100%)"
+
+
+def test_throttle_reason_names_match_the_gpu_sampler():
+    from traceml_nb.analysis.thresholds import THROTTLE_REASON_NAMES
+    from traceml_nb.sampling.gpu import CLOCK_EVENT_BITS
+
+    for bit, name in THROTTLE_REASON_NAMES.items():
+        assert CLOCK_EVENT_BITS[bit] == name
+
+
+def test_every_verdict_is_reachable():
+    reached = {
+        cpu_run(0.6).diagnosis.verdict,
+        cpu_run(0.6, steps=3).diagnosis.verdict,
+        gpu_run(0.02, 40.0).diagnosis.verdict,
+        gpu_run(0.02, 96.0).diagnosis.verdict,
+        gpu_run(0.02, 96.0, gpu={"mem_used_mb": 16300.0}).diagnosis.verdict,
+        throttle_run(30, 1.5).verdict,
+    }
+    assert reached == set(VERDICTS)
+
+
+def test_diagnosis_round_trips_through_a_dict():
+    d = gpu_run(0.44, 51.0).diagnosis
+    assert Diagnosis.from_dict(d.to_dict()) == d
+
+
+def test_optimizer_steps_on_cpu_with_a_loader():
+    b = RecordBuilder()
+    b.loader(training=False)
+    b.steps(5, 1.0, 0.5)
+    b.steps(50, 20.0, 15.0, source=SOURCE_OPTIMIZER)
+    d = analyze(b.finish(), cpu_capabilities(), warmup=0, cpus_available=2).diagnosis
+    assert d.verdict == "input-bound"
+    assert d.cause == CAUSE_TOO_FEW_WORKERS

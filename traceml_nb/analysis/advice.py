@@ -1,0 +1,123 @@
+"""Concrete DataLoader changes, read from the user's own loader and the CPUs really available."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..record import LoaderInfo
+from .thresholds import MAX_SUGGESTED_WORKERS, SUGGESTED_PREFETCH
+
+TORCH_DEFAULT_PREFETCH = 2
+
+
+def describe_loader(loader: LoaderInfo) -> str:
+    """The loader's settings as the user would write them."""
+    return (
+        f"num_workers={loader.num_workers}, pin_memory={loader.pin_memory}, "
+        f"prefetch_factor={loader.prefetch_factor}, persistent_workers={loader.persistent_workers}, "
+        f"batch_size={loader.batch_size}"
+    )
+
+
+def worker_target(cpus: int | None, gpu: bool) -> int:
+    """How many workers to suggest: one per CPU this process may use, at most
+    ``MAX_SUGGESTED_WORKERS``; without a CPU count, 2. With a single CPU and no GPU, a worker
+    only competes with the training loop for that CPU, so 0."""
+    if cpus is None:
+        return 2
+    if cpus <= 1 and not gpu:
+        return 0
+    return max(1, min(cpus, MAX_SUGGESTED_WORKERS))
+
+
+def more_workers(loader: LoaderInfo, cpus: int | None, gpu: bool) -> int | None:
+    """The worker count to suggest, or ``None`` when more workers would not find a free CPU."""
+    target = worker_target(cpus, gpu)
+    return target if loader.num_workers < target else None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One DataLoader argument to change: ``num_workers=0 → num_workers=2`` or ``pin_memory=True``."""
+
+    setting: str
+    new: object
+    old: object = None  #: shown as ``old → new`` when set
+
+    def __str__(self) -> str:
+        if self.old is None:
+            return f"{self.setting}={self.new}"
+        return f"{self.setting}={self.old} \u2192 {self.setting}={self.new}"
+
+
+def loader_changes(
+    loader: LoaderInfo,
+    *,
+    workers: int | None,
+    gpu: bool,
+    prefetch: bool = True,
+    persistent: bool = True,
+) -> list[Change]:
+    """The settings to change, in the order they are shown.
+
+    ``workers``: new worker count (``None`` keeps it). ``pin_memory`` only when a GPU is in use
+    (pinned memory only speeds up host-to-GPU copies); ``persistent_workers`` and
+    ``prefetch_factor`` only when the loader will have workers.
+    """
+    changes = []
+    if workers is not None and workers != loader.num_workers:
+        changes.append(Change("num_workers", workers, loader.num_workers))
+    effective_workers = workers if workers is not None else loader.num_workers
+    if gpu and not loader.pin_memory:
+        changes.append(Change("pin_memory", True))
+    if persistent and effective_workers > 0 and not loader.persistent_workers:
+        changes.append(Change("persistent_workers", True))
+    current = loader.prefetch_factor if loader.num_workers > 0 else None
+    if (
+        prefetch
+        and effective_workers > 0
+        and (current or TORCH_DEFAULT_PREFETCH) < SUGGESTED_PREFETCH
+    ):
+        changes.append(Change("prefetch_factor", SUGGESTED_PREFETCH, current))
+    return changes
+
+
+def change_line(changes: list[Change]) -> str:
+    """The one-line instruction shown first in the advice."""
+    return "Change the training DataLoader: " + ", ".join(str(c) for c in changes)
+
+
+def explain_changes(
+    loader: LoaderInfo, changes: list[Change], cpus: int | None, gpu: bool
+) -> list[str]:
+    """One sentence per change saying why it helps."""
+    lines = []
+    for change in changes:
+        if change.setting == "num_workers":
+            nw = loader.num_workers
+            if nw == 0:
+                who = "the main process loads every batch"
+            else:
+                who = f"{nw} worker{'s' if nw != 1 else ''} cannot keep up"
+            waiter = "the GPU" if gpu else "the training loop"
+            cpu_text = f" (one per CPU available: {cpus})" if cpus is not None else ""
+            lines.append(
+                f"With num_workers={nw} {who} while {waiter} waits; {change.new} workers"
+                f"{cpu_text} load batches in parallel with the compute."
+            )
+        elif change.setting == "pin_memory":
+            lines.append(
+                "pin_memory=True puts batches in page-locked memory, so copying them to the GPU "
+                "with .to(device, non_blocking=True) overlaps the compute."
+            )
+        elif change.setting == "persistent_workers":
+            lines.append(
+                "persistent_workers=True keeps the workers alive between epochs instead of "
+                "starting them again (each start costs the first-batch wait again)."
+            )
+        elif change.setting == "prefetch_factor":
+            lines.append(
+                f"prefetch_factor={change.new} keeps {change.new} batches per worker in flight, "
+                "which absorbs slow samples."
+            )
+    return lines

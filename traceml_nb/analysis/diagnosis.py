@@ -1,0 +1,484 @@
+"""The verdict on a run: the rules, in the order they are tried (docs/diagnosis.md explains them).
+
+1. ``insufficient-data``: fewer than ``MIN_STEADY_STEPS`` steady steps, or nothing that tells
+   input waits from compute.
+2. ``input-bound``: input stall share ≥ ``INPUT_BOUND_SHARE`` and ≥ ``MIN_INPUT_WAIT_MS`` per
+   step, with a sub-cause and the loader changes that address it.
+3. ``throttled``: steps during reduced-clock samples clearly slower than the others.
+4. ``host-bound``: a GPU run whose GPU utilisation is below ``GPU_BUSY_PCT``.
+5. ``memory-pressure``: peak GPU memory ≥ ``MEMORY_PRESSURE_SHARE`` of the device.
+6. ``compute-bound``: none of the above: the GPU (or, CPU-only, the CPU) is busy computing.
+
+Findings of a later rule that also hold are listed in ``Diagnosis.secondary``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..capabilities import Capabilities
+from ..record import LoaderInfo
+from .advice import change_line, explain_changes, loader_changes, more_workers
+from .evidence import InputSignal, collect, input_signal, memory_share
+from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share
+from .model import Diagnosis, Summary
+from .summary import Measurements
+from .thresholds import (
+    CONFIDENT_STEPS,
+    FIRST_EPOCH_FACTOR,
+    GPU_BUSY_PCT,
+    INPUT_BOUND_SHARE,
+    INPUT_MINOR_SHARE,
+    MEMORY_PRESSURE_SHARE,
+    MIN_INPUT_WAIT_MS,
+    MIN_STEADY_STEPS,
+    SMALL_BATCH,
+    STRONG_FACTOR,
+    SYSTEM_SATURATED_PCT,
+    THROTTLE_CLOCK_RATIO,
+    WORKER_SATURATED_PCT,
+)
+from .throttle import ThrottleFinding, find_throttling
+
+CAUSE_TOO_FEW_WORKERS = "too few DataLoader workers"
+CAUSE_CPU_SATURATED = "DataLoader workers CPU-saturated (decode/augmentation bound)"
+CAUSE_PAGEABLE = "host-to-device copies from pageable memory"
+CAUSE_STORAGE = "slow storage / first epoch"
+CAUSE_UNKNOWN = "input pipeline too slow (worker CPU unavailable)"
+
+LEVELS = ("low", "medium", "high")
+
+
+def confidence(strong: bool, steady_steps: int, *, weaker: int = 0) -> str:
+    """ "high" for strong evidence, "medium" otherwise; one level lower below
+    ``CONFIDENT_STEPS`` steady steps and one per ``weaker`` (indirect evidence)."""
+    level = (2 if strong else 1) - (steady_steps < CONFIDENT_STEPS) - weaker
+    return LEVELS[max(0, min(2, level))]
+
+
+@dataclass
+class _Facts:
+    """What the rules look at, gathered once."""
+
+    summary: Summary
+    m: Measurements
+    signal: InputSignal
+    throttle: ThrottleFinding | None
+    memory_share: float | None
+
+    @property
+    def gpu(self) -> bool:
+        return self.m.gpu_in_use
+
+    @property
+    def util(self) -> float | None:
+        return self.summary.gpu_util_median_pct
+
+    @property
+    def input_bound(self) -> bool:
+        s = self.signal
+        return (
+            s.share is not None
+            and s.per_step_ms is not None
+            and s.share >= INPUT_BOUND_SHARE
+            and s.per_step_ms >= MIN_INPUT_WAIT_MS
+        )
+
+    @property
+    def memory_pressure(self) -> bool:
+        return self.memory_share is not None and self.memory_share >= MEMORY_PRESSURE_SHARE
+
+    @property
+    def throttled(self) -> bool:
+        return self.throttle is not None and self.throttle.aligned
+
+    def saving_of_input(self) -> tuple[float | None, str | None]:
+        """Upper bound of the saving of removing every input stall, as a share of the run."""
+        s = self.signal
+        elapsed = self.m.elapsed_s
+        if s.run_s is None or elapsed <= 0:
+            return None, None
+        share = min(1.0, s.run_s / elapsed)
+        what = "GPU input stalls" if s.kind == "gpu" else "Data waits"
+        text = (
+            f"{what} took {fmt_share(share)} of this run ({fmt_s(s.run_s)} of {fmt_s(elapsed)}): "
+            f"without them it would take at most {fmt_share(share)} less time."
+        )
+        return share, text
+
+
+def diagnose(summary: Summary, m: Measurements, capabilities: Capabilities) -> Diagnosis:
+    """The verdict on a run from its summary and measurements."""
+    signal = input_signal(summary, m)
+    throttle = find_throttling(m.gpu, m.start_s, m.wall_ms) if m.gpu_in_use else None
+    facts = _Facts(summary, m, signal, throttle, memory_share(summary))
+    evidence = collect(summary, m, signal, throttle)
+    diagnosis = _verdict(facts)
+    diagnosis.evidence = evidence
+    diagnosis.secondary = _secondary(facts, diagnosis.verdict) + diagnosis.secondary
+    if not m.gpu_in_use:
+        why = capabilities.why("gpu_events") or "no GPU in this run"
+        diagnosis.secondary.append(f"GPU evidence unavailable ({why}): judged on host timings.")
+    return diagnosis
+
+
+def _verdict(f: _Facts) -> Diagnosis:
+    if f.m.steady < MIN_STEADY_STEPS:
+        return _insufficient(f)
+    if f.input_bound:
+        return _input_bound(f)
+    if f.signal.kind is None and (not f.gpu or f.util is None):
+        return Diagnosis(
+            verdict="insufficient-data",
+            title="Cannot judge: no DataLoader was iterated and no GPU utilisation was measured",
+            confidence="low",
+            advice=["Iterate a torch DataLoader in the cell, or run on a GPU, to get a verdict."],
+        )
+    if f.throttled:
+        return _throttled(f)
+    if f.gpu and f.util is not None and f.util < GPU_BUSY_PCT:
+        return _host_bound(f)
+    if f.memory_pressure:
+        return _memory_pressure(f)
+    return _compute_bound(f)
+
+
+def _insufficient(f: _Facts) -> Diagnosis:
+    s = f.summary
+    if s.total_steps == 0:
+        title = "No training steps seen: no DataLoader batches, optimizer steps or traceml_nb.step() markers"
+    else:
+        title = (
+            f"Not enough steady steps to judge: {s.steady_steps} "
+            f"(at least {MIN_STEADY_STEPS} needed after {s.warmup_steps} warm-up)"
+        )
+    return Diagnosis(verdict="insufficient-data", title=title, confidence="low")
+
+
+# --- input-bound --------------------------------------------------------------------------------
+def _epoch_pattern(m: Measurements) -> tuple[float, float] | None:
+    """(first-epoch wait share, later epochs' wait share) when the first epoch waited far more."""
+    if m.selection.source != "dataloader":
+        return None
+    epochs = m.epoch_ids()
+    if not len(epochs) or epochs.max() < 1:
+        return None
+    first = epochs == 0
+    first_wall, later_wall = m.wall_ms[first].sum(), m.wall_ms[~first].sum()
+    if first_wall <= 0 or later_wall <= 0:
+        return None
+    first_share = float(m.wait_ms[first].sum() / first_wall)
+    later_share = float(m.wait_ms[~first].sum() / later_wall)
+    if later_share < INPUT_BOUND_SHARE and first_share >= FIRST_EPOCH_FACTOR * later_share:
+        return first_share, later_share
+    return None
+
+
+@dataclass
+class _Saturation:
+    known: bool  #: at least one CPU reading was available
+    saturated: bool
+    text: str  #: what the readings say, for the advice
+
+
+def _saturation(m: Measurements, loader: LoaderInfo) -> _Saturation:
+    r = m.host_readings
+    workers_cpu = r["workers_cpu_pct"].value
+    workers = r["workers"].value or loader.num_workers
+    system = r["sys_cpu_pct"].value
+    cores = r["cores_saturated"].value
+    parts, saturated = [], False
+    if workers_cpu is not None and loader.num_workers > 0:
+        per_worker = workers_cpu / max(1.0, workers)
+        saturated |= per_worker >= WORKER_SATURATED_PCT
+        parts.append(
+            f"the {workers:.0f} workers use {fmt_pct(workers_cpu)} CPU ({fmt_pct(per_worker)} each)"
+        )
+    if system is not None:
+        saturated |= system >= SYSTEM_SATURATED_PCT
+        parts.append(f"the system CPU is at {fmt_pct(system)}")
+    if cores is not None and m.cpus:
+        saturated |= cores >= m.cpus
+    known = workers_cpu is not None or system is not None or cores is not None
+    return _Saturation(known, saturated, " and ".join(parts))
+
+
+def _input_bound(f: _Facts) -> Diagnosis:
+    s, m, sig = f.summary, f.m, f.signal
+    assert sig.share is not None
+    loader = m.loader
+    waiter = "the GPU waits" if sig.kind == "gpu" else "the training loop waits"
+    title = f"Input-bound: {waiter} for data {fmt_share(sig.share)} of the time"
+    saving, saving_text = f.saving_of_input()
+    strong = sig.share >= STRONG_FACTOR * INPUT_BOUND_SHARE
+    d = Diagnosis(
+        verdict="input-bound",
+        title=title,
+        confidence=confidence(strong, m.steady, weaker=int(sig.fallback)),
+        saving_bound_share=saving,
+        saving_text=saving_text,
+    )
+    if sig.fallback:
+        d.secondary.append(
+            "GPU input stalls were not measured "
+            f"({s.unavailable.get('gpu_stall_share', 'unavailable')}): judged on host data wait, "
+            "which can overstate what the GPU lost."
+        )
+    if loader is None:
+        d.cause = CAUSE_UNKNOWN
+        return d
+    _input_cause(f, d, loader)
+    return d
+
+
+def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
+    m, gpu = f.m, f.gpu
+    cpus = m.cpus
+    epochs = _epoch_pattern(m)
+    workers = more_workers(loader, cpus, gpu)
+    sat = _saturation(m, loader)
+    cpu_text = f"the {cpus} CPUs available" if cpus is not None else "the CPUs"
+    if epochs is not None:
+        first, later = epochs
+        d.cause = CAUSE_STORAGE
+        d.advice.append(
+            f"The first epoch waited {fmt_share(first)} of its step time, later epochs only "
+            f"{fmt_share(later)}: the first pass reads from slow storage and later ones from the "
+            "page cache. Copy the dataset to local disk or memory before training, or cache "
+            "decoded samples."
+        )
+        changes = loader_changes(loader, workers=None, gpu=gpu, prefetch=False)
+        if changes:
+            d.advice.insert(0, change_line(changes))
+            d.advice.extend(explain_changes(loader, changes, cpus, gpu))
+        d.wont_help.append(
+            "More DataLoader workers: the later epochs already keep up with the current ones."
+        )
+        return
+    if workers is not None:
+        d.cause = CAUSE_TOO_FEW_WORKERS
+        changes = loader_changes(loader, workers=workers, gpu=gpu)
+        d.advice.append(change_line(changes))
+        d.advice.extend(explain_changes(loader, changes, cpus, gpu))
+        if cpus is not None:
+            d.wont_help.append(
+                f"More than {workers} workers: only {cpus} CPU{'s are' if cpus != 1 else ' is'} "
+                "available to this process."
+            )
+        return
+    if sat.known and sat.saturated:
+        d.cause = CAUSE_CPU_SATURATED
+        d.advice.append(
+            f"The input pipeline is CPU-bound: {sat.text}. Make each sample cheaper: store images "
+            "pre-resized, cache decoded tensors, or run the augmentations on the GPU "
+            "(e.g. torchvision.transforms.v2 on CUDA tensors)."
+        )
+        changes = loader_changes(loader, workers=None, gpu=gpu, prefetch=False)
+        if changes:
+            d.advice.insert(0, change_line(changes))
+            d.advice.extend(explain_changes(loader, changes, cpus, gpu))
+        d.wont_help.append(
+            f"More workers than {cpu_text}: the workers already saturate them "
+            f"(num_workers={loader.num_workers})."
+        )
+        d.wont_help.append(
+            "A larger prefetch_factor: a deeper queue does not make saturated workers faster."
+        )
+        return
+    if gpu and not loader.pin_memory:
+        d.cause = CAUSE_PAGEABLE
+        changes = loader_changes(loader, workers=None, gpu=gpu)
+        d.advice.append(change_line(changes))
+        d.advice.extend(explain_changes(loader, changes, cpus, gpu))
+        if sat.known:
+            d.wont_help.append(f"More CPU: {sat.text}, not saturated.")
+        return
+    changes = loader_changes(loader, workers=None, gpu=gpu)
+    if sat.known:
+        d.cause = CAUSE_STORAGE
+        d.advice.append(
+            f"The workers are mostly idle ({sat.text}) yet cannot keep up: they wait on storage. "
+            "Copy the dataset to local disk or memory, or use fewer, larger files."
+        )
+        d.wont_help.append(
+            f"More CPU or more workers than {cpu_text}: the workers are not CPU-bound."
+        )
+    else:
+        d.cause = CAUSE_UNKNOWN
+        why = f.summary.unavailable.get("workers_cpu_median_pct", "host sampling unavailable")
+        d.advice.append(
+            f"The loader already has a worker per CPU; whether its workers are CPU- or "
+            f"storage-bound is unknown (worker CPU unavailable: {why})."
+        )
+    if changes:
+        d.advice.insert(0, change_line(changes))
+        d.advice.extend(explain_changes(loader, changes, cpus, gpu))
+
+
+# --- the other verdicts -------------------------------------------------------------------------
+def _not_input_text(f: _Facts) -> str:
+    sig = f.signal
+    if sig.share is None:
+        return f"input waits unavailable ({sig.why})"
+    return f"input stalls {fmt_share(sig.share)} of step time"
+
+
+def _wont_help_input(f: _Facts) -> list[str]:
+    sig = f.signal
+    if sig.share is None:
+        return []
+    return [
+        f"DataLoader tuning (workers, pin_memory, prefetch): {sig.label} is only {fmt_share(sig.share)} of step time."
+    ]
+
+
+def _throttled(f: _Facts) -> Diagnosis:
+    t = f.throttle
+    assert t is not None and t.slowdown is not None
+    reasons = ", ".join(t.reasons) or "reduced clock"
+    return Diagnosis(
+        verdict="throttled",
+        title=f"Throttled: steps take {t.slowdown:.2f}\u00d7 as long while the GPU clock is reduced ({reasons})",
+        confidence=confidence(bool(t.reasons) and t.clock_ratio_median is not None, f.m.steady),
+        advice=[
+            "The GPU lowers its clock for power or heat: check cooling and the power limit "
+            "(nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE). On a shared cloud GPU this is "
+            "outside your code."
+        ],
+        wont_help=_wont_help_input(f),
+        saving_bound_share=t.excess_share,
+        saving_text=(
+            f"The throttled steps ({fmt_share(t.share)} of the steps) cost about "
+            f"{fmt_share(t.excess_share)} of the steady time over steps at full clock."
+        ),
+    )
+
+
+def _host_bound(f: _Facts) -> Diagnosis:
+    s, m = f.summary, f.m
+    util = f.util
+    assert util is not None
+    advice = [
+        "Remove per-step host syncs: .item(), .cpu(), float(loss), printing tensors; "
+        "accumulate metrics on the GPU and read them every N steps.",
+    ]
+    if s.batch_size is not None and s.batch_size < SMALL_BATCH:
+        advice.append(
+            f"Batch size {s.batch_size} is small: a larger batch (e.g. {s.batch_size * 4}) gives "
+            "the GPU more work per kernel launch."
+        )
+    advice.append(
+        'Cut launch overhead: torch.compile(model), or CUDA graphs via torch.compile(mode="reduce-overhead").'
+    )
+    idle = 1 - util / 100
+    share = f.signal.share
+    strong = util < GPU_BUSY_PCT / 2 and (share is None or share < INPUT_MINOR_SHARE)
+    return Diagnosis(
+        verdict="host-bound",
+        title=(
+            f"Host-bound: {_not_input_text(f)}, but the GPU is idle much of the time "
+            f"(median utilisation {fmt_pct(util)})"
+        ),
+        confidence=confidence(strong, m.steady, weaker=int(f.signal.kind != "gpu")),
+        advice=advice,
+        wont_help=_wont_help_input(f),
+        saving_bound_share=idle,
+        saving_text=(
+            f"The GPU was idle about {fmt_share(idle)} of the time: removing host overhead saves "
+            f"at most {fmt_share(idle)}."
+        ),
+    )
+
+
+def _memory_pressure(f: _Facts) -> Diagnosis:
+    s = f.summary
+    share = f.memory_share
+    assert share is not None
+    return Diagnosis(
+        verdict="memory-pressure",
+        title=f"Memory pressure: GPU memory peaked at {fmt_share(share)} of {fmt_mb(s.gpu_mem_total_mb)}",
+        confidence="high",
+        advice=[
+            "No headroom: a larger batch will not fit and the allocator may free and retry. "
+            "Free memory with mixed precision (torch.autocast), gradient checkpointing or a "
+            "smaller batch; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation.",
+        ],
+        wont_help=_wont_help_input(f),
+    )
+
+
+def _compute_bound(f: _Facts) -> Diagnosis:
+    m, sig = f.m, f.signal
+    share = sig.share
+    quiet = share is not None and share < INPUT_MINOR_SHARE
+    if f.gpu and f.util is not None:
+        title = (
+            f"Compute-bound (healthy): the GPU is busy (median utilisation {fmt_pct(f.util)}), "
+            f"{_not_input_text(f)}"
+        )
+        advice = [
+            "The GPU is the limit: speed-ups come from the model side (mixed precision with "
+            "torch.autocast, channels_last, torch.compile)."
+        ]
+        conf = confidence(quiet, m.steady, weaker=int(sig.kind != "gpu"))
+    elif f.gpu:
+        why = f.summary.unavailable.get("gpu_util_median_pct", "not measured")
+        title = (
+            f"Not input-bound ({_not_input_text(f)}); GPU utilisation unavailable ({why}), "
+            "so host- and compute-bound cannot be told apart"
+        )
+        advice = []
+        conf = "low"
+    else:
+        title = f"Compute-bound: the steps spend their time computing, not waiting for data ({_not_input_text(f)})"
+        advice = [
+            "The CPU computing the model is the limit: a GPU, or a smaller model or inputs, is what makes it faster."
+        ]
+        conf = confidence(quiet, m.steady)
+    return Diagnosis(
+        verdict="compute-bound",
+        title=title,
+        confidence=conf,
+        advice=advice,
+        wont_help=_wont_help_input(f),
+    )
+
+
+# --- secondary findings -----------------------------------------------------------------------
+def _secondary(f: _Facts, verdict: str) -> list[str]:
+    out: list[str] = []
+    if verdict == "insufficient-data":
+        return out
+    sig = f.signal
+    if verdict != "input-bound" and sig.share is not None and sig.per_step_ms is not None:
+        if sig.share >= INPUT_BOUND_SHARE and sig.per_step_ms < MIN_INPUT_WAIT_MS:
+            out.append(
+                f"The {sig.label} is {fmt_share(sig.share)} of a very short step "
+                f"({fmt_ms(sig.per_step_ms)} per step, below the {fmt_ms(MIN_INPUT_WAIT_MS)} floor): "
+                "not an input problem."
+            )
+        elif sig.share >= INPUT_MINOR_SHARE:
+            out.append(
+                f"Minor input stalls: {sig.label} is {fmt_share(sig.share)} of step time "
+                f"(input-bound from {fmt_share(INPUT_BOUND_SHARE)})."
+            )
+    if verdict != "throttled" and f.throttle is not None:
+        t = f.throttle
+        if t.aligned and t.slowdown is not None:
+            out.append(
+                f"Throttling: {fmt_share(t.share)} of the steps ran at a reduced clock "
+                f"({', '.join(t.reasons) or 'clock below its maximum'}) and took {t.slowdown:.2f}\u00d7 as long."
+            )
+        elif t.clock_ratio_median is not None and t.clock_ratio_median < THROTTLE_CLOCK_RATIO:
+            reasons = ", ".join(t.reasons_whole_window) or "no reason reported"
+            out.append(
+                f"The SM clock ran at {fmt_share(t.clock_ratio_median)} of its maximum during the "
+                f"steady steps ({reasons}); steps would be faster at full clock."
+            )
+    if verdict != "memory-pressure" and f.memory_pressure:
+        assert f.memory_share is not None
+        out.append(
+            f"Memory pressure: GPU memory peaked at {fmt_share(f.memory_share)} of "
+            f"{fmt_mb(f.summary.gpu_mem_total_mb)}; a larger batch will not fit."
+        )
+    return out

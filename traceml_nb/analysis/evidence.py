@@ -1,0 +1,215 @@
+"""The numbers behind a verdict, each measured or "unavailable (why)", in a fixed order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .advice import describe_loader
+from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_share
+from .model import Evidence, Summary
+from .summary import Measurements
+from .throttle import ThrottleFinding
+
+
+@dataclass
+class InputSignal:
+    """How much the steps waited for input, by the best measure this run has.
+
+    On CUDA that is the GPU input stall (CUDA events); otherwise the host data wait. ``fallback``
+    marks a GPU run judged on host data wait (which overstates what the GPU lost, because the
+    GPU may still be busy with queued work while the host waits).
+    """
+
+    kind: str | None  #: "gpu", "host" or None (nothing measured)
+    share: float | None  #: of the steady step time
+    per_step_ms: float | None  #: mean over the steady steps
+    run_s: float | None  #: over every measured step of the run, warm-up included
+    fallback: bool = False
+    why: str = ""
+
+    @property
+    def label(self) -> str:
+        return "GPU input stall" if self.kind == "gpu" else "data wait"
+
+
+def input_signal(summary: Summary, m: Measurements) -> InputSignal:
+    if m.gpu_in_use and summary.gpu_stall_share is not None:
+        resolved = m.stall_ms[np.isfinite(m.stall_ms)]
+        per_step = float(resolved.mean()) if len(resolved) else None
+        return InputSignal("gpu", summary.gpu_stall_share, per_step, m.run_stall_s)
+    if summary.data_wait_share is not None:
+        per_step = float(m.wait_ms.mean())
+        return InputSignal("host", summary.data_wait_share, per_step, m.run_wait_s, m.gpu_in_use)
+    why = summary.unavailable.get("data_wait_share", "not measured")
+    return InputSignal(None, None, None, None, why=why)
+
+
+def _unavailable(label: str, why: str) -> Evidence:
+    return Evidence(label, None, f"unavailable ({why})")
+
+
+def _share_evidence(label: str, share: float | None, per_step: float | None, why: str) -> Evidence:
+    if share is None:
+        return _unavailable(label, why)
+    return Evidence(label, share, f"{fmt_share(share)} of step time ({fmt_ms(per_step)} per step)")
+
+
+def collect(
+    summary: Summary, m: Measurements, signal: InputSignal, throttle: ThrottleFinding | None
+) -> list[Evidence]:
+    """The evidence list shown with every verdict."""
+    s = summary
+    why = s.unavailable
+    ev = [
+        Evidence(
+            "steady steps",
+            float(s.steady_steps),
+            f"{s.steady_steps} ({s.warmup_steps} warm-up step{'s' if s.warmup_steps != 1 else ''} excluded)",
+        )
+    ]
+    if s.step_ms_median is None:
+        ev.append(_unavailable("step time", why.get("step_ms_median", "no steady steps")))
+    else:
+        ev.append(
+            Evidence(
+                "step time",
+                s.step_ms_median,
+                f"median {fmt_ms(s.step_ms_median)} (p10 {fmt_ms(s.step_ms_p10)}, p90 {fmt_ms(s.step_ms_p90)})",
+            )
+        )
+    wait_per_step = float(m.wait_ms.mean()) if m.steady else None
+    ev.append(
+        _share_evidence(
+            "data wait", s.data_wait_share, wait_per_step, why.get("data_wait_share", "")
+        )
+    )
+    stall_per_step = signal.per_step_ms if signal.kind == "gpu" else None
+    ev.append(
+        _share_evidence(
+            "GPU input stall", s.gpu_stall_share, stall_per_step, why.get("gpu_stall_share", "")
+        )
+    )
+    if s.gpu_util_median_pct is None:
+        ev.append(_unavailable("GPU utilisation", why.get("gpu_util_median_pct", "")))
+    else:
+        ev.append(
+            Evidence(
+                "GPU utilisation",
+                s.gpu_util_median_pct,
+                f"median {fmt_pct(s.gpu_util_median_pct)} during the steady steps",
+            )
+        )
+    loader = m.loader
+    if loader is None:
+        ev.append(Evidence("DataLoader", None, "no DataLoader seen"))
+    else:
+        ev.append(Evidence("DataLoader", float(loader.num_workers), describe_loader(loader)))
+    if m.cpus is None:
+        ev.append(_unavailable("CPUs available", "the CPU count could not be read"))
+    else:
+        ev.append(Evidence("CPUs available", float(m.cpus), str(m.cpus)))
+    ev.append(_worker_cpu(s, m))
+    if s.process_cpu_median_pct is None:
+        ev.append(_unavailable("main process CPU", why.get("process_cpu_median_pct", "")))
+    else:
+        ev.append(
+            Evidence(
+                "main process CPU",
+                s.process_cpu_median_pct,
+                f"median {fmt_pct(s.process_cpu_median_pct)} (100% = one core)",
+            )
+        )
+    ev.append(_system_cpu(s, m))
+    ev.extend(_clock_evidence(throttle, m))
+    ev.append(_memory_evidence(s))
+    if s.batch_size is None:
+        ev.append(_unavailable("batch size", "the batch size could not be read from the batches"))
+    else:
+        ev.append(Evidence("batch size", float(s.batch_size), str(s.batch_size)))
+    return ev
+
+
+def _system_cpu(s: Summary, m: Measurements) -> Evidence:
+    label = "system CPU"
+    if s.system_cpu_median_pct is None:
+        return _unavailable(label, s.unavailable.get("system_cpu_median_pct", ""))
+    text = f"median {fmt_pct(s.system_cpu_median_pct)} of all CPUs"
+    busiest = m.host_readings["max_core_pct"].value
+    if busiest is not None:
+        text += f" (busiest core {fmt_pct(busiest)})"
+    return Evidence(label, s.system_cpu_median_pct, text)
+
+
+def _worker_cpu(s: Summary, m: Measurements) -> Evidence:
+    label = "worker CPU"
+    if m.loader is not None and m.loader.num_workers == 0:
+        return Evidence(
+            label, None, "no worker processes (num_workers=0): the main process loads the data"
+        )
+    if s.workers_cpu_median_pct is None:
+        return _unavailable(label, s.unavailable.get("workers_cpu_median_pct", ""))
+    workers = m.host_readings["workers"].value
+    if workers is None and m.loader is not None:
+        workers = m.loader.num_workers
+    count = f" across {workers:.0f} workers" if workers is not None else ""
+    return Evidence(
+        label,
+        s.workers_cpu_median_pct,
+        f"median {fmt_pct(s.workers_cpu_median_pct)}{count} (100% = one core)",
+    )
+
+
+def _clock_evidence(throttle: ThrottleFinding | None, m: Measurements) -> list[Evidence]:
+    if throttle is None or not throttle.available:
+        why = throttle.why if throttle is not None else m.gpu.median("sm_clock_mhz").why
+        return [_unavailable("SM clock", why), _unavailable("throttling", why)]
+    out = []
+    if throttle.clock_ratio_median is None:
+        out.append(
+            _unavailable("SM clock", m.gpu.median("sm_clock_mhz").why or "clock not reported")
+        )
+    else:
+        out.append(
+            Evidence(
+                "SM clock",
+                throttle.clock_ratio_median,
+                f"median {throttle.clock_mhz_median:.0f} of {throttle.clock_max_mhz:.0f} MHz "
+                f"({fmt_share(throttle.clock_ratio_median)})",
+            )
+        )
+    if not throttle.throttled_steps:
+        out.append(Evidence("throttling", 0.0, "none during the steady steps"))
+    else:
+        reasons = ", ".join(throttle.reasons) or "clock below its maximum"
+        slower = (
+            f", {throttle.slowdown:.2f}\u00d7 as long as the others" if throttle.slowdown else ""
+        )
+        out.append(
+            Evidence(
+                "throttling",
+                throttle.share,
+                f"{fmt_share(throttle.share)} of the steps ({reasons}){slower}",
+            )
+        )
+    return out
+
+
+def memory_share(s: Summary) -> float | None:
+    """Peak GPU memory as a share of the device's memory."""
+    if s.gpu_mem_peak_mb is None or not s.gpu_mem_total_mb:
+        return None
+    return s.gpu_mem_peak_mb / s.gpu_mem_total_mb
+
+
+def _memory_evidence(s: Summary) -> Evidence:
+    share = memory_share(s)
+    if share is None:
+        key = "gpu_mem_peak_mb" if s.gpu_mem_peak_mb is None else "gpu_mem_total_mb"
+        return _unavailable("GPU memory", s.unavailable.get(key, "not measured"))
+    return Evidence(
+        "GPU memory",
+        share,
+        f"peak {fmt_mb(s.gpu_mem_peak_mb)} of {fmt_mb(s.gpu_mem_total_mb)} ({fmt_share(share)})",
+    )

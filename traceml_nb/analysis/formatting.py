@@ -1,0 +1,70 @@
+"""How numbers are written in verdicts, comparisons and the history table (one place)."""
+
+from __future__ import annotations
+
+MINUS = "\u2212"  #: the typographic minus sign used in deltas
+
+
+def fmt_ms(ms: float | None) -> str:
+    """A duration in milliseconds with three significant digits: 316 ms, 31.6 ms, 3.16 ms."""
+    if ms is None:
+        return "unavailable"
+    if abs(ms) >= 100:
+        return f"{ms:.0f} ms"
+    return f"{ms:.3g} ms"
+
+
+def fmt_s(seconds: float) -> str:
+    """A duration in seconds: 0.84 s, 12.3 s, 633 s."""
+    if abs(seconds) >= 100:
+        return f"{seconds:.0f} s"
+    return f"{seconds:.3g} s"
+
+
+def fmt_share(share: float | None) -> str:
+    """A fraction 0..1 as a percentage: 44%, 0.4%."""
+    if share is None:
+        return "unavailable"
+    pct = share * 100
+    if 0 < abs(pct) < 1:
+        return f"{pct:.1f}%"
+    return f"{pct:.0f}%"
+
+
+def fmt_pct(pct: float | None) -> str:
+    """A percentage 0..100 (or more for CPU, 100 = one core): 51%."""
+    return "unavailable" if pct is None else f"{pct:.0f}%"
+
+
+def signed_pct(change: float) -> str:
+    """A relative change (0.76 = +76%) with a sign: +76%, −43%, ±0%."""
+    pct = round(change * 100)
+    if pct == 0:
+        return "\u00b10%"
+    return f"+{pct}%" if pct > 0 else f"{MINUS}{-pct}%"
+
+
+def signed_points(points: float) -> str:
+    """A change of a percentage, in percentage points: +42 pts, −3 pts."""
+    value = round(points)
+    if value == 0:
+        return "\u00b10 pts"
+    return f"+{value} pts" if value > 0 else f"{MINUS}{-value} pts"
+
+
+def fmt_mb(mb: float | None) -> str:
+    """Memory in MiB: 512 MiB, 14.6 GiB."""
+    if mb is None:
+        return "unavailable"
+    if mb >= 1024:
+        return f"{mb / 1024:.1f} GiB"
+    return f"{mb:.0f} MiB"
+
+
+def fmt_rate(value: float | None, unit: str) -> str:
+    """A rate with three significant digits: 25.3 samples/s, 1234 samples/s."""
+    if value is None:
+        return "unavailable"
+    if value >= 100:
+        return f"{value:.0f} {unit}"
+    return f"{value:.3g} {unit}"

@@ -1,0 +1,97 @@
+"""Reading the sampler tables (host, GPU) over the steady window, with honest gaps.
+
+Each reading is either a number or ``None`` with the reason it is missing: the sampler was not
+running, the column was not reported, every value in the window was unavailable, or no sample
+fell inside the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..capabilities import Capabilities
+from ..record import SampleTable
+
+#: The capability that explains a missing column of each table.
+GPU_COLUMN_CAPABILITY = {
+    "util_gpu_pct": "gpu_utilisation",
+    "mem_used_mb": "gpu_memory",
+    "mem_total_mb": "gpu_memory",
+    "torch_peak_mb": "gpu_memory",
+}
+GPU_DEFAULT_CAPABILITY = "nvml"
+HOST_CAPABILITY = "host"
+
+
+@dataclass
+class Reading:
+    """A value from a sample table (``None`` = unavailable, ``why`` says why)."""
+
+    value: float | None
+    why: str = ""
+
+
+class Window:
+    """The rows of one sample table whose time lies inside ``[t0, t1]`` (seconds)."""
+
+    def __init__(
+        self,
+        table: SampleTable | None,
+        t0: float,
+        t1: float,
+        capabilities: Capabilities,
+        kind: str,
+    ) -> None:
+        self.kind = kind  # "host" or "gpu"
+        self.capabilities = capabilities
+        self.columns: dict[str, np.ndarray] = {}
+        self.all_columns: dict[str, np.ndarray] = {}
+        self.missing_table = table is None
+        if table is None:
+            return
+        snap = table.snapshot()
+        t = np.frombuffer(snap["t"], dtype="f8") if len(snap["t"]) else np.zeros(0)
+        inside = (t >= t0) & (t <= t1)
+        for name, col in snap.items():
+            values = np.frombuffer(col, dtype="f8") if len(col) else np.zeros(0)
+            self.all_columns[name] = values
+            self.columns[name] = values[inside]
+
+    def _capability(self, column: str) -> str:
+        if self.kind == "host":
+            return HOST_CAPABILITY
+        return GPU_COLUMN_CAPABILITY.get(column, GPU_DEFAULT_CAPABILITY)
+
+    def _why_missing(self, column: str, whole_run: bool) -> str:
+        why = self.capabilities.why(self._capability(column))
+        if self.missing_table:
+            return why or "no samples were taken in this run"
+        if column not in self.columns:
+            return why or f"{column} is not reported by this sampler"
+        if not whole_run and not len(self.columns["t"]):
+            return "no sample fell inside the steady steps (run too short for the sampler)"
+        return why or f"{column} was unavailable in every sample"
+
+    def values(self, column: str, whole_run: bool = False) -> np.ndarray:
+        """The finite values of ``column`` (inside the window, or over the whole run)."""
+        source = self.all_columns if whole_run else self.columns
+        col = source.get(column)
+        if col is None:
+            return np.zeros(0)
+        return col[np.isfinite(col)]
+
+    def _reduce(self, column: str, how: str, whole_run: bool) -> Reading:
+        values = self.values(column, whole_run)
+        if len(values):
+            return Reading(float(np.median(values) if how == "median" else values.max()))
+        return Reading(None, self._why_missing(column, whole_run))
+
+    def median(self, column: str) -> Reading:
+        """Median of ``column`` over the steady window."""
+        return self._reduce(column, "median", whole_run=False)
+
+    def peak(self, column: str) -> Reading:
+        """Largest value of ``column`` over the whole run."""
+        return self._reduce(column, "max", whole_run=True)

@@ -1,0 +1,260 @@
+"""Steady-state statistics of a run: the :class:`Summary`, and the measurements behind it that the
+diagnosis reads (:class:`Measurements`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..capabilities import Capabilities
+from ..record import FLAG_EPOCH_START, LoaderInfo, RunRecord, StepColumns
+from .model import Summary
+from .samples import Reading, Window
+from .steps import StepSelection, phases, select_rows, training_loader
+from .warmup import WarmupSpec, detect_warmup
+
+NO_STEPS = "no steady steps yet"
+NO_LOADER = "no DataLoader was iterated: data loading outside a torch DataLoader is not measured"
+MARKER_STALLS = (
+    "GPU input stalls are measured per DataLoader batch, and these steps are not batches"
+)
+
+
+@dataclass
+class Measurements:
+    """Everything the diagnosis needs beyond the :class:`Summary` (not serialised)."""
+
+    columns: StepColumns  #: the snapshot of every step row the analysis worked on
+    selection: StepSelection
+    warmup: int  #: leading steps excluded
+    wall_ms: np.ndarray  #: steady steps
+    wait_ms: np.ndarray
+    stall_ms: np.ndarray  #: GPU input stall, NaN where unresolved
+    start_s: np.ndarray
+    flags: np.ndarray
+    host: Window
+    gpu: Window
+    gpu_index: int | None
+    gpu_in_use: bool
+    loader: LoaderInfo | None
+    cpus: int | None
+    elapsed_s: float
+    run_wait_s: float  #: data wait of every measured step, warm-up included
+    run_stall_s: float | None  #: GPU input stall of every measured step (None: unavailable)
+    gpu_stall_why: str  #: why the GPU input stall is unavailable ('' when available)
+    host_readings: dict[str, Reading]
+    gpu_util: Reading
+    mem_peak: Reading
+    mem_total: Reading
+
+    @property
+    def steady(self) -> int:
+        return len(self.wall_ms)
+
+    def epoch_ids(self) -> np.ndarray:
+        """Epoch number of each steady step (0 = the epoch the steady steps started in)."""
+        return np.cumsum((self.flags & FLAG_EPOCH_START) != 0) - int(
+            (self.flags[:1] & FLAG_EPOCH_START).any()
+        )
+
+
+def resolve_cpus(cpus_available: int | None, host: Window) -> int | None:
+    """CPUs this process may use: the argument, else the host sampler's, else the affinity mask."""
+    if cpus_available is not None:
+        return int(cpus_available)
+    sampled = host.values("cpus_available", whole_run=True)
+    if len(sampled):
+        return int(np.median(sampled))
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def _elapsed_s(record: RunRecord, steps: StepColumns) -> float:
+    """The run's duration; while it runs, up to the end of its last step row."""
+    if record.elapsed_ns > 0:
+        return record.elapsed_ns / 1e9
+    if not len(steps):
+        return 0.0
+    ends = np.frombuffer(steps.start_ns, "i8") + np.frombuffer(steps.wall_ns, "i8")
+    return float(ends.max()) / 1e9
+
+
+def _gpu_stall_why(capabilities: Capabilities, sel: StepSelection, stall: np.ndarray) -> str:
+    if not capabilities.ok("gpu_events"):
+        return capabilities.why("gpu_events")
+    if sel.source in ("marker", "optimizer"):
+        return MARKER_STALLS
+    if not np.isfinite(stall).any():
+        return "no GPU input stall was resolved yet"
+    return ""
+
+
+def measure(
+    record: RunRecord,
+    capabilities: Capabilities,
+    warmup: WarmupSpec = "auto",
+    cpus_available: int | None = None,
+) -> Measurements:
+    """Select the steps, exclude the warm-up and read the samplers over the steady window."""
+    sel, cols = select_rows(record)
+    n_warm = detect_warmup(sel.wall_ms, warmup)
+    steady = slice(n_warm, None)
+    start_s = sel.start_s[steady]
+    wall = sel.wall_ms[steady]
+    if len(wall):
+        t0, t1 = float(start_s[0]), float((start_s + wall / 1e3).max())
+    else:
+        t0, t1 = np.inf, -np.inf
+    gpu_index = min(record.gpus) if record.gpus else None
+    host = Window(record.host, t0, t1, capabilities, "host")
+    gpu = Window(
+        record.gpus.get(gpu_index) if gpu_index is not None else None, t0, t1, capabilities, "gpu"
+    )
+    stall = sel.gpu_stall_ms[steady]
+    stall_why = _gpu_stall_why(capabilities, sel, stall)
+    all_stall = sel.gpu_stall_ms
+    host_readings = {
+        name: host.median(name)
+        for name in (
+            "proc_cpu_pct",
+            "workers_cpu_pct",
+            "workers",
+            "sys_cpu_pct",
+            "max_core_pct",
+            "cores_saturated",
+        )
+    }
+    mem_peak = gpu.peak("mem_used_mb")
+    if mem_peak.value is None:
+        torch_peak = gpu.peak("torch_peak_mb")
+        if torch_peak.value is not None:
+            mem_peak = torch_peak
+    return Measurements(
+        columns=cols,
+        selection=sel,
+        warmup=n_warm,
+        wall_ms=wall,
+        wait_ms=sel.wait_ms[steady],
+        stall_ms=stall,
+        start_s=start_s,
+        flags=sel.flags[steady],
+        host=host,
+        gpu=gpu,
+        gpu_index=gpu_index,
+        gpu_in_use=capabilities.ok("gpu_events") or bool(record.gpus),
+        loader=training_loader(record, sel),
+        cpus=resolve_cpus(cpus_available, host),
+        elapsed_s=_elapsed_s(record, cols),
+        run_wait_s=float(sel.wait_ms.sum()) / 1e3,
+        run_stall_s=None if stall_why else float(np.nansum(all_stall)) / 1e3,
+        gpu_stall_why=stall_why,
+        host_readings=host_readings,
+        gpu_util=gpu.median("util_gpu_pct"),
+        mem_peak=mem_peak,
+        mem_total=gpu.peak("mem_total_mb"),
+    )
+
+
+def _share(part: np.ndarray, whole: np.ndarray) -> float | None:
+    total = float(whole.sum())
+    return float(part.sum()) / total if total > 0 else None
+
+
+def gpu_stall_share(m: Measurements) -> float | None:
+    """Sum of GPU input stall / sum of step time, over the steady steps whose stall resolved."""
+    if m.gpu_stall_why:
+        return None
+    ok = np.isfinite(m.stall_ms)
+    return _share(m.stall_ms[ok], m.wall_ms[ok])
+
+
+def _batch_size(m: Measurements, batches: np.ndarray) -> int | None:
+    known = batches[batches >= 0]
+    if len(known):
+        return int(np.median(known))
+    if m.loader is not None and m.loader.batch_size:
+        return int(m.loader.batch_size)
+    return None
+
+
+def summarize(record: RunRecord, m: Measurements) -> Summary:
+    """The :class:`Summary` of ``record`` from its measurements."""
+    sel = m.selection
+    wall, wait = m.wall_ms, m.wait_ms
+    unavailable: dict[str, str] = {}
+    n = m.steady
+    has_loader = bool(record.loaders)
+    batches = sel.batch[m.warmup :]
+    batch_size = _batch_size(m, batches)
+    total_s = float(wall.sum()) / 1e3
+    steps_per_s = n / total_s if n and total_s > 0 else None
+    samples_per_s: float | None = None
+    if n and total_s > 0:
+        if len(batches) and (batches >= 0).all():
+            samples_per_s = float(batches.sum()) / total_s
+        elif batch_size is not None and steps_per_s is not None:
+            samples_per_s = batch_size * steps_per_s
+    if not n:
+        for key in ("step_ms_median", "data_wait_share", "samples_per_s"):
+            unavailable[key] = NO_STEPS
+    elif samples_per_s is None:
+        unavailable["samples_per_s"] = "the batch size could not be read from the batches"
+    if not has_loader:
+        unavailable["data_wait_share"] = NO_LOADER
+    stall_share = gpu_stall_share(m) if n else None
+    if stall_share is None:
+        unavailable["gpu_stall_share"] = m.gpu_stall_why or NO_STEPS
+
+    def reading(key: str, r: Reading) -> float | None:
+        if r.value is None:
+            unavailable[key] = r.why
+        return r.value
+
+    first_fetch = None
+    if record.first_fetch_wait_ns:
+        slot = m.loader.slot if m.loader is not None else min(record.first_fetch_wait_ns)
+        ns = record.first_fetch_wait_ns.get(slot)
+        first_fetch = ns / 1e6 if ns is not None else None
+    if first_fetch is None:
+        unavailable["first_fetch_ms"] = NO_LOADER
+
+    median = p10 = p90 = mean = None
+    if n:
+        median, p10, p90 = (float(v) for v in np.percentile(wall, [50, 10, 90]))
+        mean = float(wall.mean())
+    loader_stats = has_loader and n > 0
+    return Summary(
+        step_source=sel.source,
+        total_steps=len(sel),
+        warmup_steps=m.warmup,
+        steady_steps=n,
+        elapsed_s=m.elapsed_s,
+        warmup_s=float(sel.wall_ms[: m.warmup].sum()) / 1e3,
+        step_ms_median=median,
+        step_ms_p10=p10,
+        step_ms_p90=p90,
+        step_ms_mean=mean,
+        data_wait_ms_median=float(np.median(wait)) if loader_stats else None,
+        compute_ms_median=float(np.median(wall - wait)) if loader_stats else None,
+        data_wait_share=_share(wait, wall) if loader_stats else None,
+        first_fetch_ms=first_fetch,
+        batch_size=batch_size,
+        samples_per_s=samples_per_s,
+        steps_per_s=steps_per_s,
+        gpu_stall_share=stall_share,
+        gpu_util_median_pct=reading("gpu_util_median_pct", m.gpu_util),
+        gpu_mem_peak_mb=reading("gpu_mem_peak_mb", m.mem_peak),
+        gpu_mem_total_mb=reading("gpu_mem_total_mb", m.mem_total),
+        process_cpu_median_pct=reading("process_cpu_median_pct", m.host_readings["proc_cpu_pct"]),
+        workers_cpu_median_pct=reading(
+            "workers_cpu_median_pct", m.host_readings["workers_cpu_pct"]
+        ),
+        system_cpu_median_pct=reading("system_cpu_median_pct", m.host_readings["sys_cpu_pct"]),
+        cpus_available=m.cpus,
+        phases=phases(record, m.columns, sel),
+        unavailable=unavailable,
+    )

@@ -1,0 +1,101 @@
+"""Every threshold of the analysis, in one place, each with its unit and the reason for its value.
+
+docs/diagnosis.md explains them for users; tests/test_diagnosis.py tests each one on both
+sides. Shares are fractions 0..1, percentages 0..100 (CPU: 100 = one core busy).
+"""
+
+from __future__ import annotations
+
+# --- warm-up ----------------------------------------------------------------------------------
+#: With at least this many steps, the first step is always warm-up (it includes the first
+#: fetch: worker start-up, lazy CUDA init, cuDNN autotuning, ``torch.compile``).
+WARMUP_MIN_STEPS = 5
+#: Following leading steps slower than this × the steady median are warm-up too.
+WARMUP_SLOW_FACTOR = 1.5
+#: At most this share of the steps is ever excluded as warm-up, so a run that slows down as a
+#: whole is not explained away.
+WARMUP_MAX_SHARE = 0.2
+
+# --- enough data ------------------------------------------------------------------------------
+#: Fewer steady steps than this: verdict ``insufficient-data``.
+MIN_STEADY_STEPS = 10
+#: Fewer steady steps than this lowers the confidence of any verdict by one level.
+CONFIDENT_STEPS = 30
+
+# --- input-bound ------------------------------------------------------------------------------
+#: Input stall share (GPU input stall on CUDA, host data wait on CPU) at or above which the run
+#: is input-bound: roughly one step in seven spent waiting for data.
+INPUT_BOUND_SHARE = 0.15
+#: Input stall share at or above which a non-input-bound run gets a "minor input stalls" note.
+INPUT_MINOR_SHARE = 0.05
+#: Mean input stall per step (ms) below which a run is never input-bound, whatever the share:
+#: a tiny model on an in-memory dataset waits microseconds per step; a large share of a tiny
+#: step is no input problem.
+MIN_INPUT_WAIT_MS = 1.0
+#: Evidence this many times past its threshold gives a "high" confidence.
+STRONG_FACTOR = 2.0
+
+# --- input-bound sub-causes -------------------------------------------------------------------
+#: A DataLoader worker using at least this much CPU (percent of one core) is saturated.
+WORKER_SATURATED_PCT = 85.0
+#: The machine is saturated when the system CPU (0..100) is at least this.
+SYSTEM_SATURATED_PCT = 90.0
+#: "Slow storage / first epoch": the first epoch's data-wait share is at least this many times
+#: that of the later epochs (which then hit the page cache or a warm storage layer).
+FIRST_EPOCH_FACTOR = 2.0
+#: Largest number of workers the advice ever suggests (beyond it the returns are small and
+#: every worker holds a copy of the dataset object).
+MAX_SUGGESTED_WORKERS = 8
+#: prefetch_factor the advice suggests (torch's default is 2).
+SUGGESTED_PREFETCH = 4
+
+# --- host-bound / compute-bound ----------------------------------------------------------------
+#: Median NVML GPU utilisation (percent of time a kernel was running) at or above which the GPU
+#: is busy (compute-bound, healthy); below it with little input stall the run is host-bound.
+GPU_BUSY_PCT = 80.0
+#: Batches smaller than this are called small in the host-bound advice.
+SMALL_BATCH = 32
+
+# --- throttled --------------------------------------------------------------------------------
+#: A sample is "at reduced clock" when the SM clock is below this share of its maximum.
+THROTTLE_CLOCK_RATIO = 0.9
+#: Steps during throttling must be at least this many times slower than the others.
+THROTTLE_STEP_FACTOR = 1.1
+#: ...and make at least this share of the steady steps...
+THROTTLE_MIN_SHARE = 0.1
+#: ...with at least this many steps in each group (throttled and not).
+THROTTLE_MIN_STEPS = 5
+
+#: NVML clock-event (throttle) reason bits that slow a busy GPU down, named as the GPU sampler
+#: names them (``traceml_nb.sampling.gpu.CLOCK_EVENT_BITS``). Idle, the applications clocks
+#: setting, sync boost and the display clock are not counted.
+THROTTLE_REASON_NAMES = {
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+}
+THROTTLE_REASON_MASK = sum(THROTTLE_REASON_NAMES)
+
+# --- memory pressure --------------------------------------------------------------------------
+#: Peak GPU memory at or above this share of the device's memory: memory pressure (the
+#: allocator starts freeing and retrying, and a larger batch will not fit).
+MEMORY_PRESSURE_SHARE = 0.95
+
+# --- comparison -------------------------------------------------------------------------------
+#: Bootstrap resamples for the confidence interval of the ratio of median step times.
+BOOTSTRAP_RESAMPLES = 2000
+#: Fixed seed: the same two runs always give the same interval.
+BOOTSTRAP_SEED = 20240601
+#: Two-sided confidence level of the interval.
+CONFIDENCE_LEVEL = 0.95
+#: A change is significant only when the interval excludes 1 AND the median moved by at least
+#: this share: steps of one run are not independent, so the interval alone is too narrow, and
+#: identical code rerun on a shared VM moves a few percent.
+MIN_PRACTICAL_EFFECT = 0.05
+#: Changes of a share (data wait, GPU utilisation) smaller than this many percentage points are
+#: shown as neutral.
+NEUTRAL_POINTS = 2.0
+#: At most this many steady step times are kept per run in the history (evenly downsampled).
+MAX_STORED_STEPS = 4000
