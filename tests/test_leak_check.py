@@ -2,7 +2,7 @@
 
 import threading
 
-from conftest import ORIGINAL_NEXT, leak_report
+from leakcheck import ORIGINAL_NEXT, leak_report
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from traceml_nb.instrument import patches

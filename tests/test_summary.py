@@ -287,7 +287,7 @@ def test_samples_are_read_over_the_steady_window_only():
 
 def test_missing_sample_columns_are_unavailable_with_a_reason():
     b = RecordBuilder()
-    b.loader()
+    b.loader(num_workers=2)
     b.steps(50, 20.0, 1.0)
     b.samples("host", proc_cpu_pct=None, sys_cpu_pct=40.0)  # proc CPU never read
     b.samples("gpu", util_gpu_pct=None, mem_used_mb=500.0)
@@ -354,3 +354,13 @@ def test_summary_round_trips_through_json_types():
         if isinstance(value, float):
             assert math.isfinite(value), key
     assert type(s).from_dict(data) == s
+
+
+def test_worker_cpu_without_workers_is_unavailable_not_zero():
+    b = RecordBuilder()
+    b.loader(num_workers=0)
+    b.steps(50, 20.0, 1.0)
+    b.samples("host", proc_cpu_pct=90.0, workers_cpu_pct=0.0, sys_cpu_pct=40.0)
+    s = analyze(b.finish(), cpu_capabilities(), cpus_available=2).summary
+    assert s.workers_cpu_median_pct is None
+    assert "num_workers=0" in s.unavailable["workers_cpu_median_pct"]

@@ -268,7 +268,7 @@ def test_a_users_own_wrapper_keeps_working_after_the_run() -> None:
         assert len(calls) == 6
         assert len(run.record.steps) == 2
     finally:
-        from conftest import ORIGINAL_NEXT
+        from leakcheck import ORIGINAL_NEXT
 
         _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
 

@@ -65,10 +65,15 @@ def resolve_device(device: str | int | None) -> tuple[str, int | None]:
         return "cpu", None
     if text == "cuda":
         return "cuda", 0 if not torch.cuda.is_available() else torch.cuda.current_device()
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return "cuda", int(text[5:])
-    if text.isdigit():
-        return "cuda", int(text)
+    index = int(text[5:]) if text.startswith("cuda:") and text[5:].isdigit() else None
+    if index is None and text.isdigit():
+        index = int(text)
+    if index is not None:
+        if torch.cuda.is_available() and index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device cuda:{index} does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
+            )
+        return "cuda", index
     raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
 
@@ -116,6 +121,7 @@ class Run:
         on_end: Callable[[Run], None] | None = None,
     ) -> None:
         self.name = name or "run"
+        self._named = name is not None
         self.interval = validate_interval(interval)
         self.device_kind, self.cuda_index = resolve_device(device)
         self.sample = sample
@@ -140,9 +146,8 @@ class Run:
         self.start()
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self.stop(exc)
-        return False
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop(exc)  # the user's exception, if any, goes on unchanged
 
     def start(self) -> None:
         global _active
@@ -285,6 +290,18 @@ class Run:
                             _active = None
 
     # --- reading --------------------------------------------------------------------------
+    def result(self) -> Any:
+        """The analysed result (:class:`traceml_nb.result.RunResult`) of an ended run.
+
+        The first call analyses the run, compares it with the earlier runs of the same name
+        and adds it to the session history (``%traceml history``); later calls return the same.
+        """
+        if self._result is None:
+            from .result import conclude_run
+
+            self._result = conclude_run(self, named=self._named, source=self.source)
+        return self._result
+
     @property
     def elapsed_s(self) -> float:
         """Seconds since the start (live) or the run's duration (ended)."""

@@ -222,6 +222,14 @@ def summarize(record: RunRecord, m: Measurements) -> Summary:
     if first_fetch is None:
         unavailable["first_fetch_ms"] = NO_LOADER
 
+    if m.loader is not None and m.loader.num_workers == 0:
+        workers_cpu = None  # not a 0% reading: there is nothing to read
+        unavailable["workers_cpu_median_pct"] = (
+            "no DataLoader workers (num_workers=0): batches are loaded in the main process"
+        )
+    else:
+        workers_cpu = reading("workers_cpu_median_pct", m.host_readings["workers_cpu_pct"])
+
     median = p10 = p90 = mean = None
     if n:
         median, p10, p90 = (float(v) for v in np.percentile(wall, [50, 10, 90]))
@@ -250,9 +258,7 @@ def summarize(record: RunRecord, m: Measurements) -> Summary:
         gpu_mem_peak_mb=reading("gpu_mem_peak_mb", m.mem_peak),
         gpu_mem_total_mb=reading("gpu_mem_total_mb", m.mem_total),
         process_cpu_median_pct=reading("process_cpu_median_pct", m.host_readings["proc_cpu_pct"]),
-        workers_cpu_median_pct=reading(
-            "workers_cpu_median_pct", m.host_readings["workers_cpu_pct"]
-        ),
+        workers_cpu_median_pct=workers_cpu,
         system_cpu_median_pct=reading("system_cpu_median_pct", m.host_readings["sys_cpu_pct"]),
         cpus_available=m.cpus,
         phases=phases(record, m.columns, sel),

@@ -1,0 +1,48 @@
+"""What of traceml_nb is still installed or running after a test (used by conftest.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch.optim.optimizer as optim_mod
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+ORIGINAL_NEXT = _BaseDataLoaderIter.__dict__["__next__"]
+
+
+def our_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("traceml") and t.is_alive()]
+
+
+def leak_report(grace_s: float = 3.0) -> list[str]:
+    """What of ours is still installed or running; [] when clean."""
+    from traceml_nb import run as run_mod
+    from traceml_nb.instrument import patches
+
+    problems = []
+    deadline = time.monotonic() + grace_s
+    while our_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if our_threads():
+        problems.append(f"threads left running: {[t.name for t in our_threads()]}")
+    if _BaseDataLoaderIter.__dict__["__next__"] is not ORIGINAL_NEXT:
+        problems.append("_BaseDataLoaderIter.__next__ is still patched")
+    hooks = getattr(optim_mod, "_global_optimizer_post_hooks", {})
+    if any(getattr(h, "__self__", None).__class__.__name__ == "StepTracer" for h in hooks.values()):
+        problems.append("optimizer step hook left registered")
+    if patches.is_installed():
+        problems.append("tracer still installed")
+    if run_mod.active_run() is not None:
+        problems.append(f"run still active: {run_mod.active_run()!r}")
+    return problems
+
+
+def force_clean() -> None:
+    """Undo whatever was left, so that one leak does not fail every following test."""
+    from traceml_nb import run as run_mod
+    from traceml_nb.instrument import patches
+
+    patches.uninstall()
+    _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
+    run_mod._active = None

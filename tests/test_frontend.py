@@ -1,0 +1,217 @@
+"""Frontend detection, the live-view choice per frontend, and the display-handle fallback view."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from ipykernel.zmqshell import ZMQInteractiveShell
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.terminal.interactiveshell import TerminalInteractiveShell
+from torch.utils.data import DataLoader, TensorDataset
+
+import traceml_nb
+from traceml_nb.magic import start_live_view
+from traceml_nb.views.frontend import (
+    COLAB,
+    IPYTHON,
+    JUPYTER,
+    KAGGLE,
+    PLAIN,
+    TERMINAL,
+    Frontend,
+    choose_live_view,
+    detect_frontend,
+    prepare_widgets,
+)
+from traceml_nb.views.handle import MIN_TICK_S, THREAD_NAME, HandleView
+
+
+def bare(cls):
+    """An instance of a real shell class without starting it (detection reads only its type)."""
+    return object.__new__(cls)
+
+
+class FakeColabOutput:
+    """Stands in for ``google.colab.output``, which only exists inside Colab."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls = 0
+
+    def enable_custom_widget_manager(self) -> None:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("not in a Colab frontend")
+
+
+@pytest.mark.parametrize(
+    ("shell", "environ", "modules", "expected"),
+    [
+        (None, {}, {}, Frontend(PLAIN, widgets=False, rich=False, interactive=False)),
+        (bare(TerminalInteractiveShell), {}, {}, Frontend(TERMINAL, False, False, True)),
+        (bare(ZMQInteractiveShell), {}, {}, Frontend(JUPYTER, True, True, True)),
+        (
+            bare(ZMQInteractiveShell),
+            {},
+            {"google.colab": object()},
+            Frontend(COLAB, False, True, True),
+        ),
+        (
+            bare(ZMQInteractiveShell),
+            {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"},
+            {},
+            Frontend(KAGGLE, False, True, True),
+        ),
+        (
+            bare(ZMQInteractiveShell),
+            {"KAGGLE_KERNEL_RUN_TYPE": "Batch"},
+            {},
+            Frontend(KAGGLE, False, True, False),
+        ),
+        (bare(InteractiveShell), {}, {}, Frontend(IPYTHON, False, False, True)),
+    ],
+    ids=["plain", "terminal", "jupyter", "colab", "kaggle", "kaggle-batch", "ipython"],
+)
+def test_detect_frontend(shell, environ, modules, expected):
+    assert detect_frontend(shell, environ=environ, modules=modules) == expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "auto"),
+    [(JUPYTER, "live"), (COLAB, "html"), (KAGGLE, "html"), (TERMINAL, "none"), (PLAIN, "none")],
+)
+def test_auto_view_per_frontend(kind, auto):
+    shells = {
+        JUPYTER: bare(ZMQInteractiveShell),
+        COLAB: bare(ZMQInteractiveShell),
+        KAGGLE: bare(ZMQInteractiveShell),
+        TERMINAL: bare(TerminalInteractiveShell),
+        PLAIN: None,
+    }
+    modules = {"google.colab": object()} if kind == COLAB else {}
+    environ = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"} if kind == KAGGLE else {}
+    frontend = detect_frontend(shells[kind], environ=environ, modules=modules)
+    assert choose_live_view("auto", frontend) == auto
+    # the explicit choices hold everywhere
+    assert choose_live_view("live", frontend) == "live"
+    assert choose_live_view("html", frontend) == "html"
+    assert choose_live_view("text", frontend) == "none"
+    assert choose_live_view("none", frontend) == "none"
+
+
+def test_kaggle_batch_run_gets_no_live_view():
+    frontend = detect_frontend(
+        bare(ZMQInteractiveShell), environ={"KAGGLE_KERNEL_RUN_TYPE": "Batch"}, modules={}
+    )
+    assert choose_live_view("auto", frontend) == "none"
+
+
+def test_unknown_view_is_rejected():
+    with pytest.raises(ValueError, match="unknown view 'fancy'"):
+        choose_live_view("fancy", Frontend(JUPYTER, True, True, True))
+
+
+def test_colab_custom_widget_manager_is_enabled_and_failures_become_notes():
+    colab = Frontend(COLAB, False, True, True)
+    output = FakeColabOutput()
+    assert prepare_widgets(colab, modules={"google.colab.output": output}) is None
+    assert output.calls == 1
+    broken = FakeColabOutput(fail=True)
+    note = prepare_widgets(colab, modules={"google.colab.output": broken})
+    assert note == (
+        "could not enable Colab's custom widget manager: RuntimeError: not in a Colab frontend"
+    )
+    # elsewhere nothing is called; outside Colab the import would fail and is never tried
+    assert prepare_widgets(Frontend(JUPYTER, True, True, True), modules={}) is None
+
+
+def test_importing_the_package_does_not_import_ipython():
+    code = (
+        "import sys, traceml_nb, traceml_nb.views.report, traceml_nb.result\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('IPython', 'bokeh')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    )
+    assert out.stdout.strip() == "[]"
+
+
+# --- the display-handle view --------------------------------------------------------------------
+def loader(n: int = 32) -> DataLoader:
+    import torch
+
+    return DataLoader(TensorDataset(torch.zeros(n, 4)), batch_size=4)
+
+
+def test_handle_view_reports_the_steps_and_stops_its_thread():
+    run = traceml_nb.Run("handled", sample=False)
+    view = HandleView(run, tick_s=0.1, display=False)
+    assert view.tick_s == MIN_TICK_S  # never more than one update a second
+    with run:
+        view.start()
+        assert any(t.name == THREAD_NAME for t in threading.enumerate())
+        for _ in loader():
+            pass
+    view.stop()
+    view.stop()  # twice is harmless
+    status = view.status()
+    assert status.state == "completed"
+    assert status.steps == 8
+    assert len(status.recent_wall_ms) == 8
+    assert status.headline().startswith('traceml · "handled" · completed; the report follows · ')
+    assert " · 8 steps · step " in status.headline()
+    assert "<svg" in status._repr_html_()
+    assert view.updates >= 1  # the final update
+
+
+def test_handle_view_before_any_step():
+    run = traceml_nb.Run("idle", sample=False)
+    with run:
+        status = HandleView(run, display=False).status()
+    assert status.steps == 0 and status.step_ms is None and status.data_wait_share is None
+    assert "<svg" not in status._repr_html_()
+    assert status.headline().endswith(" · 0 steps")
+
+
+def test_live_view_falls_back_to_the_handle_view_when_bokeh_view_cannot_load(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "traceml_nb.views.live", None)  # import now fails
+    run = traceml_nb.Run("fallback", sample=False)
+    with run:
+        view = start_live_view(run, "live", Frontend(JUPYTER, True, True, True))
+        assert isinstance(view, HandleView)
+    view.stop()
+    assert any("showing the HTML view" in note for note in run.capabilities.notes)
+    assert 'traceml · "fallback"' in capsys.readouterr().out  # displayed (as text: no frontend)
+
+
+def test_a_view_that_fails_to_start_is_a_note_not_an_error(monkeypatch):
+    def broken_start(self):
+        raise RuntimeError("no display here")
+
+    monkeypatch.setattr(HandleView, "start", broken_start)
+    run = traceml_nb.Run("broken", sample=False)
+    with run:
+        assert start_live_view(run, "html", Frontend(COLAB, False, True, True)) is None
+    assert "live view failed to start: RuntimeError: no display here" in run.capabilities.notes
+
+
+def test_no_view_for_none_and_text():
+    run = traceml_nb.Run("quiet", sample=False)
+    with run:
+        for option in ("none", "text"):
+            assert start_live_view(run, option, Frontend(JUPYTER, True, True, True)) is None
+
+
+def test_colab_live_option_enables_the_widget_manager(monkeypatch):
+    output = FakeColabOutput()
+    monkeypatch.setitem(sys.modules, "google.colab.output", output)
+    monkeypatch.setitem(sys.modules, "traceml_nb.views.live", None)
+    run = traceml_nb.Run("colab", sample=False)
+    with run:
+        view = start_live_view(run, "live", Frontend(COLAB, False, True, True))
+    view.stop()
+    assert output.calls == 1

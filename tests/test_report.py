@@ -1,0 +1,410 @@
+"""The final report's renderers, on hand-built analyses: exact strings, honest gaps, valid HTML."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from traceml_nb.analysis import compare
+from traceml_nb.analysis.model import Analysis, Diagnosis, Evidence, PhaseSummary, Summary
+from traceml_nb.capabilities import Capabilities
+from traceml_nb.views.report import (
+    MAX_BARS,
+    ComparisonView,
+    HistoryTable,
+    LabelledComparison,
+    Report,
+    RunMeta,
+    StepChart,
+    downsample,
+    render_html,
+    step_chart_svg,
+)
+from traceml_nb.views.text import metric_lines, render_text
+
+CPU_ONLY = "no CUDA device in this run (CPU-only)"
+
+
+def make_summary(**changes) -> Summary:
+    values: dict[str, Any] = dict(
+        step_source="dataloader",
+        total_steps=200,
+        warmup_steps=5,
+        steady_steps=195,
+        elapsed_s=63.2,
+        warmup_s=2.1,
+        step_ms_median=316.0,
+        step_ms_p10=301.0,
+        step_ms_p90=342.0,
+        step_ms_mean=318.0,
+        data_wait_ms_median=139.0,
+        compute_ms_median=177.0,
+        data_wait_share=0.44,
+        first_fetch_ms=1250.0,
+        batch_size=64,
+        samples_per_s=201.0,
+        steps_per_s=3.14,
+        gpu_stall_share=None,
+        gpu_util_median_pct=None,
+        gpu_mem_peak_mb=None,
+        gpu_mem_total_mb=None,
+        process_cpu_median_pct=98.0,
+        workers_cpu_median_pct=None,
+        system_cpu_median_pct=55.0,
+        cpus_available=8,
+        phases=[PhaseSummary("eval (loader 1)", 20, 3.5, 0.1)],
+        unavailable={
+            "gpu_stall_share": CPU_ONLY,
+            "gpu_util_median_pct": CPU_ONLY,
+            "gpu_mem_peak_mb": CPU_ONLY,
+            "workers_cpu_median_pct": "no DataLoader workers (num_workers=0)",
+        },
+    )
+    values.update(changes)
+    return Summary(**values)
+
+
+def make_diagnosis(**changes) -> Diagnosis:
+    values: dict[str, Any] = dict(
+        verdict="input-bound",
+        title="The training waits for data 44% of the time",
+        confidence="high",
+        cause="too few DataLoader workers",
+        evidence=[Evidence("data wait", 0.44, "44% of step time")],
+        advice=["DataLoader(num_workers=0 → 4, pin_memory=False → True)"],
+        wont_help=["a bigger GPU: it already waits"],
+        saving_bound_share=0.44,
+        saving_text="Fixing the input pipeline saves at most 44% of the wall time.",
+    )
+    values.update(changes)
+    return Diagnosis(**values)
+
+
+def make_capabilities() -> Capabilities:
+    caps = Capabilities()
+    caps.set("steps", True)
+    caps.set("data_wait", True)
+    caps.set("gpu_events", False, CPU_ONLY)
+    caps.set("gpu_utilisation", False, CPU_ONLY)
+    caps.set("host", True)
+    return caps
+
+
+def make_report(meta: RunMeta | None = None, summary: Summary | None = None, **changes) -> Report:
+    chart = StepChart([1250.0] + [316.0] * 199, [1200.0] + [139.0] * 199, warmup_steps=5)
+    return Report(
+        meta=meta or RunMeta("baseline", "completed", None, 63.2, "cpu"),
+        analysis=Analysis(summary or make_summary(), make_diagnosis(**changes)),
+        capabilities=make_capabilities(),
+        chart=chart,
+        notes=["the sampler ran at 10 Hz"],
+    )
+
+
+EXPECTED_TEXT = """\
+traceml report: "baseline" completed in 63.2 s, 200 steps (5 warm-up, 195 measured)
+Verdict: input-bound (high confidence): The training waits for data 44% of the time
+  cause: too few DataLoader workers
+Evidence:
+  - data wait: 44% of step time
+Advice:
+  - DataLoader(num_workers=0 → 4, pin_memory=False → True)
+Will not help:
+  - a bigger GPU: it already waits
+Saving bound: Fixing the input pipeline saves at most 44% of the wall time.
+Metrics:
+  step time (median)             316 ms (p10 301 ms, p90 342 ms)
+  data wait (median)             139 ms
+  rest of the step (median)      177 ms
+  data wait share                44%
+  throughput                     201 samples/s
+  steps per second               3.14 steps/s
+  batch size                     64
+  first batch (worker start-up)  1.25 s
+  main process CPU               98% (100% = one core)
+  system CPU                     55%
+  CPUs available                 8
+  GPU input stall share, GPU utilisation (median), GPU memory peak: unavailable (no CUDA device in this run (CPU-only))
+  DataLoader workers CPU: unavailable (no DataLoader workers (num_workers=0))
+  eval (loader 1): 20 batches, 3.5 s
+Notes:
+  - the sampler ran at 10 Hz"""
+
+
+class TagChecker(HTMLParser):
+    """Fails on a closing tag that does not match the open one; records the tags seen."""
+
+    VOID = {"br", "hr", "img", "meta", "input", "link"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.seen: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.seen.append(tag)
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.seen.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1:]}>"
+        self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse_html(markup: str) -> TagChecker:
+    checker = TagChecker()
+    checker.feed(markup)
+    checker.close()
+    assert checker.stack == [], f"unclosed tags: {checker.stack}"
+    return checker
+
+
+def test_text_report_exact():
+    assert render_text(make_report()) == EXPECTED_TEXT
+
+
+def test_unavailable_metrics_say_why_and_never_zero():
+    summary = make_summary(gpu_util_median_pct=None, unavailable={})
+    caps = make_capabilities()
+    lines = {m.label: m for m in metric_lines(summary, caps)}
+    # no reason in the summary: the capability's reason is used
+    assert lines["GPU utilisation (median)"].text == f"unavailable ({CPU_ONLY})"
+    # neither gives one: a generic reason, still not a number
+    assert lines["GPU memory peak"].text == "unavailable (not measured in this run)"
+    for line in lines.values():
+        if not line.available:
+            assert line.text.startswith("unavailable (") and line.text.endswith(")")
+            assert not re.search(r"\b0(\.0+)?\b", line.text)
+
+
+def test_a_measured_zero_is_shown_as_zero():
+    summary = make_summary(data_wait_share=0.0)
+    lines = {m.label: m.text for m in metric_lines(summary, make_capabilities())}
+    assert lines["data wait share"] == "0%"
+
+
+def test_html_is_well_formed_and_has_the_chart_and_no_script():
+    markup = render_html(make_report())
+    checker = parse_html(markup)
+    assert "svg" in checker.seen and "path" in checker.seen
+    assert "script" not in checker.seen
+    text = " ".join(checker.text)
+    assert "input-bound" in text
+    assert "The training waits for data 44% of the time" in text
+    assert f"unavailable ({CPU_ONLY})" in text
+    assert "Fixing the input pipeline saves at most 44% of the wall time." in text
+    assert "DataLoader(num_workers=0 → 4, pin_memory=False → True)" in text
+
+
+def test_html_escapes_user_text():
+    meta = RunMeta("<script>alert(1)</script>", "failed", "ValueError: a < b & c", 1.0, "cpu")
+    markup = render_html(make_report(meta=meta))
+    assert "<script>" not in markup
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in markup
+    assert "ValueError: a &lt; b &amp; c" in markup
+    parse_html(markup)
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "expected"),
+    [
+        (
+            "failed",
+            "ValueError: boom",
+            "Partial report: the cell failed (ValueError: boom); "
+            "the numbers cover the 200 steps measured before it stopped.",
+        ),
+        (
+            "interrupted",
+            "KeyboardInterrupt",
+            "Partial report: the cell was interrupted; "
+            "the numbers cover the 200 steps measured before it stopped.",
+        ),
+    ],
+)
+def test_partial_report_for_failed_and_interrupted_runs(status, error, expected):
+    report = make_report(meta=RunMeta("r", status, error, 5.0, "cpu"))
+    assert render_text(report).splitlines()[1] == expected
+    assert expected in " ".join(parse_html(render_html(report)).text)
+
+
+def test_completed_run_has_no_partial_warning():
+    assert "Partial report" not in render_text(make_report())
+    assert "Partial report" not in render_html(make_report())
+
+
+def test_insufficient_data_without_steps():
+    summary = make_summary(
+        total_steps=0,
+        warmup_steps=0,
+        steady_steps=0,
+        step_ms_median=None,
+        step_ms_p10=None,
+        step_ms_p90=None,
+        data_wait_ms_median=None,
+        compute_ms_median=None,
+        data_wait_share=None,
+        unavailable={"step_ms_median": "no training steps seen"},
+    )
+    report = Report(
+        RunMeta("empty", "completed", None, 0.5, "cpu"),
+        Analysis(summary, Diagnosis("insufficient-data", "No training steps were seen", "low")),
+        make_capabilities(),
+        chart=StepChart([], []),
+    )
+    text = render_text(report)
+    assert (
+        text.splitlines()[0] == 'traceml report: "empty" completed in 0.5 s, no training steps seen'
+    )
+    assert "  step time (median): unavailable (no training steps seen)" in text
+    markup = render_html(report)
+    assert "<svg" not in markup  # no steps, no chart
+    parse_html(markup)
+
+
+def test_downsample_keeps_at_most_max_bars_and_the_means():
+    wall = [float(i % 10) + 10 for i in range(1000)]
+    wait = [1.0] * 1000
+    bars = downsample(wall, wait)
+    assert len(bars.wall_ms) == MAX_BARS
+    assert bars.steps_per_bar == 2.5
+    # buckets of 2 or 3 steps, each bar the mean of its bucket: the time adds up
+    sizes = [b - a for a, b in zip(bars.first_step, [*bars.first_step[1:], 1001], strict=True)]
+    assert set(sizes) == {2, 3} and sum(sizes) == 1000
+    weighted = sum(m * n for m, n in zip(bars.wall_ms, sizes, strict=True))
+    assert weighted == pytest.approx(sum(wall))
+    short = downsample([5.0, 6.0], [1.0, 2.0])
+    assert short.wall_ms == [5.0, 6.0] and short.data_wait_ms == [1.0, 2.0]
+
+
+def test_chart_draws_one_bar_per_bucket():
+    svg = step_chart_svg(StepChart([100.0] * 5000, [40.0] * 5000))
+    compute_path = re.search(r'<path d="([^"]*)" fill="#4c78a8"', svg)
+    wait_path = re.search(r'<path d="([^"]*)" fill="#e8833a"', svg)
+    assert compute_path and wait_path
+    assert compute_path.group(1).count("M") == MAX_BARS
+    assert wait_path.group(1).count("M") == MAX_BARS
+    assert "each bar: mean of 12.5 steps" in svg
+    assert "step 5,000" in svg
+    parse_html(svg)
+
+
+def test_chart_clips_an_outlier_and_shades_warmup():
+    svg = step_chart_svg(StepChart([5000.0] + [100.0] * 99, [4900.0] + [10.0] * 99, warmup_steps=3))
+    assert "bars above 200 ms clipped" in svg  # 1.5 × 100 ms, rounded up to a nice 200 ms
+    assert 'fill="#222222"' in svg  # the clipped bar's cap
+    assert ">warm-up</text>" in svg
+    no_outlier = step_chart_svg(StepChart([100.0] * 100, [10.0] * 100))
+    assert "clipped" not in no_outlier and "warm-up" not in no_outlier
+
+
+def test_report_displays_as_one_output_with_html_and_text():
+    from IPython.core.formatters import DisplayFormatter
+
+    data, _ = DisplayFormatter().format(make_report())
+    assert set(data) >= {"text/html", "text/plain"}
+    assert data["text/plain"] == EXPECTED_TEXT
+    assert "<svg" in data["text/html"]
+
+
+def history_row(run_id: int, name: str, **changes) -> dict:
+    row = dict(
+        id=run_id,
+        label=f"#{run_id} {name}",
+        name=name,
+        status="completed",
+        started_at=0.0,
+        started="12:00:00",
+        elapsed_s=63.2,
+        steady_steps=195,
+        step_ms_median=316.0,
+        samples_per_s=201.0,
+        data_wait_share=0.44,
+        gpu_util_median_pct=None,
+        gpu_mem_peak_mb=None,
+        verdict="input-bound",
+        cause=None,
+        previous_id=None,
+        step_change=None,
+    )
+    row.update(changes)
+    return row
+
+
+def test_history_table_html_cells():
+    rows = [
+        history_row(1, "baseline"),
+        history_row(2, "4 workers", step_ms_median=179.0, previous_id=1, step_change=-0.4335),
+    ]
+    table = HistoryTable(rows, "the text version")
+    assert repr(table) == "the text version"
+    checker = parse_html(table._repr_html_())
+    assert checker.seen.count("tr") == 3
+    cells = [c for c in checker.text if c.strip()]
+    assert cells[:11] == [
+        "run",
+        "status",
+        "started",
+        "time",
+        "steps",
+        "step",
+        "throughput",
+        "data wait",
+        "GPU util",
+        "verdict",
+        "vs",
+    ]
+    assert cells[21:27] == ["#2 4 workers", "completed", "12:00:00", "63.2 s", "195", "179 ms"]
+    assert "\u221243% vs #1" in cells  # typographic minus
+    assert "\u2014" in cells  # GPU utilisation not measured: a dash, never 0%
+    empty = HistoryTable([], "No traceml_nb runs in this session yet.")
+    assert "No traceml_nb runs" in empty._repr_html_()
+
+
+def run_like(run_id: int, step_ms: float, verdict: str, share: float) -> SimpleNamespace:
+    """What ``compare`` reads from a history entry, built by hand (steady steps ±1%)."""
+    steps = [step_ms * (1 + 0.01 * ((i % 5) - 2)) for i in range(60)]
+    summary = make_summary(
+        step_ms_median=step_ms, data_wait_share=share, samples_per_s=64000 / step_ms
+    )
+    return SimpleNamespace(
+        id=run_id, summary=summary, diagnosis=make_diagnosis(verdict=verdict), step_ms=steps
+    )
+
+
+def test_report_shows_the_comparison_with_previous_and_best():
+    before = run_like(1, 316.0, "input-bound", 0.44)
+    best = run_like(2, 150.0, "compute-bound", 0.02)
+    after = run_like(3, 179.0, "compute-bound", 0.05)
+    report = make_report()
+    report.comparisons = [
+        LabelledComparison("previous run #1 baseline", compare(before, after)),
+        LabelledComparison("best run #2 fast", compare(best, after)),
+    ]
+    text = render_text(report)
+    assert (
+        "vs previous run #1 baseline: "
+        "step time 316 ms \u2192 179 ms (\u221243%, faster, significant)" in text
+    )
+    assert "vs best run #2 fast: step time 150 ms \u2192 179 ms (+19%, slower, significant)" in text
+    checker = parse_html(render_html(report))
+    joined = " ".join(checker.text)
+    assert "step time 316 ms \u2192 179 ms (\u221243%, faster, significant)" in joined
+    assert "input-bound" in joined and "compute-bound" in joined  # the verdict row
+    view = ComparisonView("#1 baseline", "#3 tuned", compare(before, after))
+    assert repr(view).splitlines()[0] == (
+        "#3 tuned vs #1 baseline: step time 316 ms \u2192 179 ms (\u221243%, faster, significant)"
+    )
+    assert "  median step time: 316 ms \u2192 179 ms (\u221243%)" in repr(view)
+    parse_html(view._repr_html_())

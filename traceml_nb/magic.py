@@ -1,0 +1,620 @@
+"""``%%traceml`` (measure a cell) and ``%traceml`` (the session's runs): a thin shell over Run.
+
+The cell runs the way ``%%time`` runs it, only closer to a normal cell: IPython's input
+transforms and AST transformers, compiled by the shell's compiler under the cell's own name
+(so a traceback shows ``Cell In[n], line k`` with the user's line), executed in the user
+namespace, the trailing expression shown by the shell's displayhook exactly as a plain cell
+would (``Out[n]``, ``_``, a trailing ``;`` silences it). The magic's own frames are hidden
+from tracebacks; every exception, ``KeyboardInterrupt`` included, leaves the magic unchanged
+after the run has been stopped, reported and recorded.
+
+The magic only sets things up and tears them down: nothing here runs per training step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import keyword
+import shlex
+import sys
+import textwrap
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any
+
+from IPython.core.displayhook import DisplayHook
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from .run import (
+    MAX_INTERVAL_S,
+    MIN_INTERVAL_S,
+    Run,
+    RunAlreadyActiveError,
+    resolve_device,
+    validate_interval,
+)
+from .views.frontend import (
+    VIEW_CHOICES,
+    Frontend,
+    choose_live_view,
+    detect_frontend,
+    prepare_widgets,
+)
+
+NAME_MAX_CHARS = 60
+
+
+# --- arguments ---------------------------------------------------------------------------------
+def _interval(text: str) -> float:
+    try:
+        return validate_interval(text)  # type: ignore[arg-type]  # it parses strings too
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _warmup(text: str) -> str | int:
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be 'auto' or a number of steps, got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _identifier(text: str) -> str:
+    if not text.isidentifier() or keyword.iskeyword(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid Python variable name")
+    return text
+
+
+def _device(text: str) -> str:
+    try:
+        kind, index = resolve_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if kind == "cuda" and index is not None:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count and index >= count:
+            # caught here: a bad index would otherwise fail inside the user's training loop
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
+    return text
+
+
+@dataclass(frozen=True)
+class CellOptions:
+    """The parsed ``%%traceml`` line."""
+
+    name: str | None
+    interval: float
+    view: str
+    warmup: str | int
+    out: str | None
+    device: str
+    compare: bool
+
+
+def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
+    """Parse ``line`` with ``magic``'s parser; any problem is a UsageError showing the usage."""
+    parser = magic.parser  # type: ignore[attr-defined]
+    try:
+        args = parser.parse_argstring(line)
+    except (UsageError, ValueError) as exc:
+        usage = " ".join(parser.format_usage().replace("::", "").split())
+        raise UsageError(f"usage: {usage}\n%%traceml: {exc}") from None
+    return CellOptions(
+        name=args.name,
+        interval=args.interval,
+        view=args.view,
+        warmup=args.warmup,
+        out=args.out,
+        device=args.device,
+        compare=not args.no_compare,
+    )
+
+
+# --- the cell ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CellContext:
+    """Where the cell comes from: its execution count, frontend cell id and full raw text."""
+
+    number: int
+    cell_id: str | None
+    raw_cell: str | None
+    silent: bool = False
+
+
+def cell_context(shell: Any) -> CellContext:
+    """What the shell knows about the cell being executed (IPython 8+ and ipykernel 6+)."""
+    exec_result = getattr(shell.displayhook, "exec_result", None)
+    info = getattr(exec_result, "info", None)
+    number = getattr(exec_result, "execution_count", None) or shell.execution_count
+    cell_id = getattr(info, "cell_id", None) or _parent_cell_id(shell)
+    return CellContext(
+        number=int(number),
+        cell_id=str(cell_id) if cell_id else None,
+        raw_cell=getattr(info, "raw_cell", None),
+        silent=bool(getattr(info, "silent", False)),
+    )
+
+
+def _parent_cell_id(shell: Any) -> str | None:
+    """The frontend's cell id in the execute_request metadata (JupyterLab, Notebook 7, VS Code)."""
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return None
+    try:
+        parent = kernel.get_parent("shell")
+    except TypeError:  # ipykernel < 6
+        parent = kernel.get_parent()
+    except Exception:
+        return None
+    metadata = (parent or {}).get("metadata") or {}
+    return metadata.get("cellId") or metadata.get("cell_id")
+
+
+def default_name(cell: str, number: int) -> str:
+    """The cell's leading comment (``# ResNet-18, 4 workers``), else ``cell [n]``."""
+    for line in cell.splitlines():
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("#"):
+            label = text.lstrip("#").strip()
+            if label:
+                return textwrap.shorten(label, NAME_MAX_CHARS, placeholder="…")
+            continue
+        break
+    return f"cell [{number}]"
+
+
+@dataclass(frozen=True)
+class CompiledCell:
+    """The cell body as code objects: ``statements`` run with ``exec``, then each of
+    ``displayed`` (compiled in ``'single'`` mode, so its value goes to the displayhook)."""
+
+    statements: CodeType
+    displayed: list[CodeType]
+    filename: str
+
+
+def _body_offset(raw_cell: str | None, body: str) -> int:
+    """How many lines of the raw cell precede the body (the ``%%traceml`` line: 1), or -1."""
+    if not raw_cell:
+        return -1
+    lines = raw_cell.splitlines(keepends=True)
+    for i in range(1, min(len(lines), 4) + 1):
+        if "".join(lines[i:]).rstrip("\n") == body.rstrip("\n"):
+            return i
+    return -1
+
+
+def _split_interactive(
+    nodes: list[ast.stmt], interactivity: str
+) -> tuple[list[ast.stmt], list[ast.stmt]]:
+    """Which trailing nodes show their value, following IPython's ``ast_node_interactivity``."""
+    if not nodes or interactivity == "none":
+        return nodes, []
+    if interactivity == "last_expr_or_assign":
+        last = nodes[-1]
+        target: ast.expr | None = None
+        if isinstance(last, (ast.AugAssign, ast.AnnAssign)):
+            target = last.target
+        elif isinstance(last, ast.Assign) and len(last.targets) == 1:
+            target = last.targets[0]
+        if isinstance(target, ast.Name):
+            shown = ast.Expr(ast.Name(target.id, ast.Load()))
+            ast.copy_location(shown, last)
+            ast.fix_missing_locations(shown)
+            nodes = [*nodes, shown]
+        interactivity = "last_expr"
+    if interactivity == "last_expr":
+        return (nodes[:-1], nodes[-1:]) if isinstance(nodes[-1], ast.Expr) else (nodes, [])
+    if interactivity == "last":
+        return nodes[:-1], nodes[-1:]
+    if interactivity == "all":
+        return [], nodes
+    return nodes, []
+
+
+def compile_cell(shell: Any, cell: str, context: CellContext) -> CompiledCell:
+    """Transform and compile ``cell`` like IPython compiles a plain cell.
+
+    The full raw cell (``%%traceml`` line included) is put in the line cache under the
+    cell's name and the body's line numbers are shifted past the magic line, so tracebacks
+    show the user's own lines with the numbers the notebook shows.
+    """
+    transformed = shell.transform_cell(cell)
+    offset = _body_offset(context.raw_cell, cell)
+    if offset >= 0 and context.raw_cell is not None:
+        filename = shell.compile.cache(context.raw_cell, context.number, raw_code=context.raw_cell)
+    else:
+        offset = 0
+        filename = shell.compile.cache(transformed, context.number, raw_code=cell)
+    try:
+        tree = shell.compile.ast_parse(transformed, filename=filename)
+    except SyntaxError as exc:
+        if exc.lineno is not None:
+            exc.lineno += offset
+        raise
+    ast.increment_lineno(tree, offset)
+    tree = shell.transform_ast(tree)
+    interactivity = "none" if context.silent else shell.ast_node_interactivity
+    if DisplayHook.semicolon_at_end_of_expression(transformed):
+        interactivity = "none"
+    statements, displayed = _split_interactive(list(tree.body), interactivity)
+    return CompiledCell(
+        statements=shell.compile(ast.Module(statements, type_ignores=[]), filename, "exec"),
+        displayed=[
+            shell.compile(ast.Interactive([node]), filename, "single") for node in displayed
+        ],
+        filename=filename,
+    )
+
+
+def execute(compiled: CompiledCell, namespace: dict[str, Any]) -> None:
+    """Run the compiled cell in ``namespace``; the last expression goes to the displayhook."""
+    __tracebackhide__ = True  # noqa: F841 (read by IPython's traceback formatter)
+    exec(compiled.statements, namespace)
+    for code in compiled.displayed:
+        exec(code, namespace)
+
+
+# --- the magics --------------------------------------------------------------------------------
+LINE_HELP = """\
+%traceml: the runs measured in this kernel session.
+
+  %traceml history          table of the runs (name, status, verdict, step time...)
+  %traceml compare A B      compare run A (before) with run B (after); A and B as listed
+                            by %traceml history (number or name)
+  %traceml save PATH        write the history to a JSON file
+  %traceml load PATH        replace the history with the runs saved in PATH
+  %traceml clear            forget every run of this session
+  %traceml help             this text
+
+Measure a cell with %%traceml on its first line; see %%traceml? for its options.
+"""
+
+
+@magics_class
+class TraceMLMagics(Magics):
+    """The ``%%traceml`` cell magic and the ``%traceml`` line magic."""
+
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        assert self.shell is not None
+        return self.shell.user_ns
+
+    @magic_arguments(name="%traceml")
+    @argument(
+        "--name",
+        metavar="LABEL",
+        default=None,
+        help="label of the run in the report and the history "
+        "(default: the cell's leading comment, else 'cell [n]')",
+    )
+    @argument(
+        "--interval",
+        metavar="SEC",
+        type=_interval,
+        default=0.1,
+        help=f"sampler period in seconds, {MIN_INTERVAL_S} to {MAX_INTERVAL_S} "
+        "(default 0.1 = 10 Hz)",
+    )
+    @argument(
+        "--view",
+        metavar="VIEW",
+        choices=VIEW_CHOICES,
+        default="auto",
+        help="live view: auto (pick for this frontend), live (Bokeh widget), html (an HTML "
+        "output updated once a second), text (no live view, the report as plain text), none "
+        "(no live view; the final report is still shown). Default: auto",
+    )
+    @argument(
+        "--warmup",
+        metavar="N",
+        type=_warmup,
+        default="auto",
+        help="leading steps excluded from the statistics as warm-up: a number, or auto "
+        "(default: detected from the step times)",
+    )
+    @argument(
+        "-o",
+        "--out",
+        metavar="VAR",
+        type=_identifier,
+        default=None,
+        help="store the RunResult in the variable VAR of the user namespace",
+    )
+    @argument(
+        "--device",
+        metavar="DEVICE",
+        type=_device,
+        default="auto",
+        help="device to watch: auto, cpu, cuda or cuda:N (default: auto = the current CUDA "
+        "device when there is one)",
+    )
+    @argument(
+        "--no-compare",
+        action="store_true",
+        help="do not compare with earlier runs of this cell",
+    )
+    @cell_magic("traceml")  # type: ignore[arg-type]
+    def traceml_cell(self, line: str, cell: str) -> None:
+        """Measure the training in this cell: live charts while it runs, a diagnosis at the end.
+
+        Put ``%%traceml`` on the first line of a cell that trains a PyTorch model; the code
+        itself needs no change. Every DataLoader batch is a step (without a DataLoader:
+        every ``optimizer.step()``; custom loops: call ``traceml_nb.step()``). While the cell
+        runs a live chart shows step time, data wait and GPU/CPU use; when it ends, however
+        it ends, a report says whether the run was input-bound, host-bound, compute-bound or
+        throttled, with the evidence, the fix taken from your DataLoader settings, an upper
+        bound of what the fix saves, and a comparison with the previous and the best run of
+        the same cell. The run is added to the session history (``%traceml history``).
+
+        The cell behaves like a plain cell: variables it assigns stay defined, its last
+        expression is shown as ``Out[n]``, an exception stops the notebook as usual (after
+        the partial report). Metrics that cannot be measured here (no GPU, no NVML, ...) are
+        shown as "unavailable" with the reason, never as 0. Top-level ``await`` is not
+        supported in a ``%%traceml`` cell (put the loop in a function and call it).
+
+        Examples::
+
+            %%traceml
+            for x, y in train_loader:
+                loss = loss_fn(model(x.cuda()), y.cuda())
+                loss.backward(); opt.step(); opt.zero_grad()
+
+            %%traceml --name "4 workers, pinned" -o res
+            train(model, loader, epochs=1)
+
+            res.diagnosis.verdict, res.to_dataframe()   # in a later cell
+            %traceml history                            # every run of the session
+            %traceml compare 1 2                        # run 2 against run 1
+
+            %%traceml --view none --warmup 20 --interval 0.05 --device cuda:1
+            ...
+        """
+        __tracebackhide__ = True  # noqa: F841 (read by IPython's traceback formatter)
+        options = parse_options(self.traceml_cell, line)
+        if not cell.strip():
+            raise UsageError("%%traceml: the cell is empty; put the training code under %%traceml")
+        context = cell_context(self.shell)
+        compiled = compile_cell(self.shell, cell, context)
+        name = options.name or default_name(cell, context.number)
+        cell_key = context.cell_id
+        run = Run(
+            name, interval=options.interval, device=options.device, source=cell, cell_id=cell_key
+        )
+        frontend = detect_frontend(self.shell)
+        try:
+            run.start()
+        except RunAlreadyActiveError as exc:
+            raise UsageError(f"%%traceml: {exc}") from None
+        view = None
+        try:
+            view = start_live_view(run, options.view, frontend)
+            execute(compiled, self.user_ns)
+        except BaseException as exc:
+            self._finish(run, view, options, context, cell, exc)
+            raise
+        self._finish(run, view, options, context, cell, None)
+
+    def _finish(
+        self,
+        run: Run,
+        view: Any,
+        options: CellOptions,
+        context: CellContext,
+        cell: str,
+        exc: BaseException | None,
+    ) -> None:
+        """Stop the run and the view, then report and record the run, whatever happened."""
+        __tracebackhide__ = True  # noqa: F841
+        try:
+            run.stop(exc)
+        finally:
+            if view is not None:
+                try:
+                    view.stop()
+                except Exception as view_exc:
+                    run.capabilities.note(
+                        f"live view failed: {type(view_exc).__name__}: {view_exc}"
+                    )
+        try:
+            from .result import conclude_run
+
+            result = conclude_run(
+                run,
+                warmup=options.warmup,
+                compare=options.compare,
+                cell_key=context.cell_id,
+                source=cell,
+                named=options.name is not None,
+            )
+        except Exception as report_exc:  # a broken report must not hide the cell's own outcome
+            where = traceback.extract_tb(report_exc.__traceback__)[-1]
+            print(
+                f"traceml: the report could not be made ({type(report_exc).__name__}: "
+                f"{report_exc}, at {where.filename}:{where.lineno}); the cell itself "
+                f"{'completed' if exc is None else 'raised the error shown below'}",
+                file=sys.stderr,
+            )
+            return
+        if options.view == "text":
+            print(result.report)
+        else:
+            from IPython.display import display
+
+            display(result.report)
+        if options.out:
+            self.user_ns[options.out] = result
+
+    @line_magic("traceml")  # type: ignore[arg-type]
+    def traceml_line(self, line: str) -> None:
+        """The runs measured in this session: history, compare A B, save PATH, load PATH, clear.
+
+        ::
+
+          %traceml history          table of the runs (name, status, verdict, step time...)
+          %traceml compare A B      compare run A (before) with run B (after)
+          %traceml save PATH        write the history to a JSON file
+          %traceml load PATH        replace the history with the runs saved in PATH
+          %traceml clear            forget every run of this session
+          %traceml help             the commands
+        """
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%traceml: {exc}") from None
+        command, args = (words[0], words[1:]) if words else ("help", [])
+        handler = _LINE_COMMANDS.get(command)
+        if handler is None:
+            raise UsageError(f"%traceml: unknown command {command!r}\n\n{LINE_HELP}")
+        arity = _LINE_ARITY[command]
+        if len(args) != arity:
+            raise UsageError(
+                f"%traceml {command}: expected {arity} argument(s), got {len(args)}\n\n{LINE_HELP}"
+            )
+        handler(*args)
+
+
+def start_live_view(run: Run, view_option: str, frontend: Frontend) -> Any:
+    """Start the live view the option and the frontend call for; ``None`` for no view.
+
+    A view that fails to start is noted in the run's capabilities and the run goes on.
+    """
+    kind = choose_live_view(view_option, frontend)
+    if kind == "none":
+        return None
+    view: Any = None
+    try:
+        if kind == "live":
+            note = prepare_widgets(frontend)
+            if note:
+                run.capabilities.note(note)
+            try:
+                from .views.live import LiveView
+            except ImportError as exc:
+                run.capabilities.note(f"live Bokeh view unavailable ({exc}); showing the HTML view")
+                kind = "html"
+            else:
+                view = LiveView(run)
+        if kind == "html":
+            from .views.handle import HandleView
+
+            view = HandleView(run)
+        view.start()
+    except Exception as exc:
+        run.capabilities.note(f"live view failed to start: {type(exc).__name__}: {exc}")
+        if view is not None:
+            try:
+                view.stop()
+            except Exception:
+                pass
+        return None
+    return view
+
+
+# --- %traceml commands ------------------------------------------------------------------------
+def _history() -> Any:
+    from .history import session_history
+
+    return session_history()
+
+
+def _cmd_help() -> None:
+    print(LINE_HELP)
+
+
+def _cmd_history() -> None:
+    from IPython.display import display
+
+    from .history import history_table, render_history_text
+    from .views.report import HistoryTable
+
+    history = _history()
+    display(HistoryTable(history_table(history), render_history_text(history)))
+
+
+def _get_entry(history: Any, ref: str) -> Any:
+    try:
+        return history.get(ref)
+    except KeyError as exc:
+        raise UsageError(f"%traceml: {exc.args[0]}") from None
+
+
+def _cmd_compare(ref_a: str, ref_b: str) -> None:
+    from IPython.display import display
+
+    from .analysis import compare
+    from .views.report import ComparisonView
+
+    history = _history()
+    before, after = _get_entry(history, ref_a), _get_entry(history, ref_b)
+    display(ComparisonView(before.label, after.label, compare(before, after)))
+
+
+def _cmd_save(path: str) -> None:
+    history = _history()
+    try:
+        history.save(path)
+    except OSError as exc:
+        raise UsageError(f"%traceml save: cannot write {path!r}: {exc}") from None
+    print(f"traceml: saved {len(history.entries)} run(s) to {path}")
+
+
+def _cmd_load(path: str) -> None:
+    from .history import HistoryFileError
+
+    history = _history()
+    try:
+        loaded = history.load(path)
+    except HistoryFileError as exc:
+        raise UsageError(f"%traceml load: {exc} (the history is unchanged)") from None
+    print(f"traceml: loaded {loaded} run(s) from {path}")
+
+
+def _cmd_clear() -> None:
+    history = _history()
+    n = len(history.entries)
+    history.clear()
+    print(f"traceml: cleared {n} run(s) from the history")
+
+
+_LINE_COMMANDS: dict[str, Callable[..., None]] = {
+    "help": _cmd_help,
+    "history": _cmd_history,
+    "compare": _cmd_compare,
+    "save": _cmd_save,
+    "load": _cmd_load,
+    "clear": _cmd_clear,
+}
+_LINE_ARITY = {"help": 0, "history": 0, "compare": 2, "save": 1, "load": 1, "clear": 0}
+
+
+# --- extension hooks ----------------------------------------------------------------------------
+def register(ipython: Any) -> None:
+    """Register the magics with ``ipython`` (``%load_ext traceml_nb``)."""
+    ipython.register_magics(TraceMLMagics)
+
+
+def unregister(ipython: Any) -> None:
+    """Remove the magics (``%unload_ext traceml_nb``)."""
+    magics = ipython.magics_manager.magics
+    for kind in ("line", "cell"):
+        magics[kind].pop("traceml", None)
+    ipython.magics_manager.registry.pop(TraceMLMagics.__name__, None)

@@ -1,0 +1,278 @@
+"""``RunResult``: what ``%%traceml -o VAR`` stores, a run's numbers as plain Python data.
+
+It holds the summary, the diagnosis, the comparison with the previous run of the cell, the
+capabilities, the per-step arrays and the sampler columns. It shows itself as the report in a
+notebook and converts to a dict, JSON or a pandas DataFrame.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any
+
+from .analysis.model import Analysis, Diagnosis, Summary
+from .capabilities import Capabilities
+from .record import RunRecord, SampleTable
+
+#: Phase names of the measured steps (other loaders keep their phase name, e.g. "eval (loader 1)").
+PHASE_WARMUP = "warmup"
+PHASE_TRAIN = "train"
+
+
+@dataclass
+class StepArrays:
+    """One entry per step, in time order. Times are milliseconds.
+
+    ``wall_ms`` step duration; ``data_wait_ms`` time inside the DataLoader's ``__next__``;
+    ``compute_ms`` the rest of the step; ``batch`` batch size (``None`` when it could not be
+    read); ``gpu_stall_ms`` GPU input stall from CUDA events (``None`` where unavailable);
+    ``phase`` ``"warmup"``/``"train"`` for the measured steps, else the loader's phase name;
+    ``start_s`` seconds from the run start to the step's start.
+    """
+
+    start_s: list[float] = field(default_factory=list)
+    wall_ms: list[float] = field(default_factory=list)
+    data_wait_ms: list[float] = field(default_factory=list)
+    compute_ms: list[float] = field(default_factory=list)
+    batch: list[int | None] = field(default_factory=list)
+    gpu_stall_ms: list[float | None] = field(default_factory=list)
+    phase: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.wall_ms)
+
+    def to_dict(self) -> dict[str, list[Any]]:
+        return {name: list(values) for name, values in asdict(self).items()}
+
+
+def _maybe(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+def step_arrays(record: RunRecord, warmup_steps: int) -> StepArrays:
+    """The measured steps (first ``warmup_steps`` of them warm-up) and the other loaders' steps.
+
+    Rows that are another segmentation of the same time (optimizer-step rows when the steps
+    are DataLoader batches, loader rows inside explicit markers) are left out, so the step
+    times never count the same interval twice.
+    """
+    from .analysis.steps import phases, select_rows
+
+    selection, cols = select_rows(record)
+    rows: list[tuple[float, float, float, int, float, str]] = []
+    for i in range(len(selection)):
+        phase = PHASE_WARMUP if i < warmup_steps else PHASE_TRAIN
+        rows.append(
+            (
+                float(selection.start_s[i]),
+                float(selection.wall_ms[i]),
+                float(selection.wait_ms[i]),
+                int(selection.batch[i]),
+                float(selection.gpu_stall_ms[i]),
+                phase,
+            )
+        )
+    phase_names = {p.name for p in phases(record, cols, selection)}
+    for info in record.loaders:
+        names = {f"eval (loader {info.slot})", f"loader {info.slot}"} & phase_names
+        if not names:
+            continue
+        name = names.pop()
+        for j, source in enumerate(cols.source):
+            if source == info.slot:
+                rows.append(
+                    (
+                        cols.start_ns[j] / 1e9,
+                        cols.wall_ns[j] / 1e6,
+                        cols.wait_ns[j] / 1e6,
+                        cols.batch[j],
+                        cols.gpu_stall_ms[j],
+                        name,
+                    )
+                )
+    rows.sort(key=lambda r: r[0])
+    out = StepArrays()
+    for start, wall, wait, batch, stall, phase in rows:
+        out.start_s.append(start)
+        out.wall_ms.append(wall)
+        out.data_wait_ms.append(wait)
+        out.compute_ms.append(wall - wait)
+        out.batch.append(batch if batch >= 0 else None)
+        out.gpu_stall_ms.append(_maybe(stall))
+        out.phase.append(phase)
+    return out
+
+
+def sample_columns(record: RunRecord) -> dict[str, dict[str, list[float | None]]]:
+    """Sampler columns by source (``"host"``, ``"gpu:0"``...); ``t`` is seconds from the start."""
+    tables: dict[str, SampleTable] = {}
+    if record.host is not None:
+        tables["host"] = record.host
+    for index, table in sorted(record.gpus.items()):
+        tables[f"gpu:{index}"] = table
+    return {name: {col: table.column(col) for col in table.names} for name, table in tables.items()}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-able Python data: objects with ``to_dict`` and dataclasses to dicts,
+    NaN to None, numpy scalars to Python numbers."""
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict) and not isinstance(value, type):
+        return _plain(to_dict())
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+@dataclass
+class RunResult:
+    """The outcome of one measured run.
+
+    ``comparison`` is the comparison with the previous run of the same cell (``None`` for the
+    first run or with ``--no-compare``), ``comparison_best`` the one with its best run when
+    that is another run. ``samples`` maps a sampler source to its columns (see
+    :func:`sample_columns`).
+    """
+
+    name: str
+    status: str  #: "completed", "failed" or "interrupted"
+    error: str | None
+    elapsed_s: float
+    run_id: int | None  #: number in the session history (``%traceml compare``)
+    summary: Summary
+    diagnosis: Diagnosis
+    capabilities: Capabilities
+    steps: StepArrays
+    samples: dict[str, dict[str, list[float | None]]]
+    comparison: Any = None
+    comparison_best: Any = None
+    report: Any = None  #: the :class:`~traceml_nb.views.report.Report` shown at the end
+
+    @property
+    def analysis(self) -> Analysis:
+        return Analysis(self.summary, self.diagnosis)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as JSON-able data (unavailable values are ``None``)."""
+        return {
+            "name": self.name,
+            "status": self.status,
+            "error": self.error,
+            "elapsed_s": self.elapsed_s,
+            "run_id": self.run_id,
+            "summary": _plain(self.summary),
+            "diagnosis": _plain(self.diagnosis),
+            "comparison": _plain(self.comparison),
+            "comparison_best": _plain(self.comparison_best),
+            "capabilities": self.capabilities.to_dict(),
+            "steps": _plain(self.steps.to_dict()),
+            "samples": _plain(self.samples),
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def to_dataframe(self, table: str = "steps") -> Any:
+        """The steps (default) or one sampler source (``"host"``, ``"gpu:0"``) as a DataFrame."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError(
+                "RunResult.to_dataframe() needs pandas, which is not installed: "
+                "`pip install pandas`, or use .to_dict() / .steps instead"
+            ) from None
+        if table == "steps":
+            return pd.DataFrame(self.steps.to_dict())
+        if table not in self.samples:
+            known = ", ".join(["steps", *self.samples]) or "steps"
+            raise KeyError(f"no table {table!r} in this run; choose one of: {known}")
+        return pd.DataFrame(self.samples[table])
+
+    def __repr__(self) -> str:
+        from .views.text import format_ms
+
+        step = self.summary.step_ms_median
+        step_text = f", step {format_ms(step)} (median)" if step is not None else ""
+        return (
+            f"<traceml_nb.RunResult #{self.run_id} {self.name!r} {self.status}: "
+            f"{self.diagnosis.verdict}, {self.summary.total_steps} steps{step_text}>"
+        )
+
+    def _repr_html_(self) -> str | None:
+        return self.report._repr_html_() if self.report is not None else None
+
+
+def conclude_run(
+    run: Any,
+    *,
+    warmup: str | int = "auto",
+    compare: bool = True,
+    cell_key: str | None = None,
+    source: str | None = None,
+    named: bool = False,
+) -> RunResult:
+    """Analyse an ended run, compare it with the earlier runs of its cell, add it to the
+    session history and return its :class:`RunResult` (whose ``report`` is ready to show).
+
+    ``named``: the run's name was given by the user (``--name``), not derived from the cell.
+    """
+    from .analysis import analyze
+    from .analysis import compare as compare_runs
+    from .history import entry_from, session_history
+    from .views.report import LabelledComparison, Report, RunMeta, StepChart
+
+    analysis = analyze(run.record, run.capabilities, warmup=warmup)
+    history = session_history()
+    entry = history.add(entry_from(run, analysis, cell_key=cell_key, source=source, named=named))
+    with_previous = with_best = None
+    comparisons: list[LabelledComparison] = []
+    if compare:
+        previous = history.previous_of(entry)
+        best = history.best_of(entry)
+        if previous is not None:
+            with_previous = compare_runs(previous, entry)
+            comparisons.append(LabelledComparison(f"previous run {previous.label}", with_previous))
+        if best is not None and best is not previous:
+            with_best = compare_runs(best, entry)
+            comparisons.append(LabelledComparison(f"best run {best.label}", with_best))
+
+    steps = step_arrays(run.record, analysis.summary.warmup_steps)
+    measured = [i for i, phase in enumerate(steps.phase) if phase in (PHASE_WARMUP, PHASE_TRAIN)]
+    chart = StepChart(
+        wall_ms=[steps.wall_ms[i] for i in measured],
+        data_wait_ms=[steps.data_wait_ms[i] for i in measured],
+        warmup_steps=analysis.summary.warmup_steps,
+    )
+    device = "cpu"
+    if run.device_kind == "cuda":
+        usable = run.capabilities.ok("gpu_events")
+        device = f"cuda:{run.cuda_index}" + ("" if usable else " (not available)")
+    meta = RunMeta(run.name, run.status, run.error, run.elapsed_s, device, entry.id)
+    report = Report(
+        meta, analysis, run.capabilities, comparisons, chart, list(run.capabilities.notes)
+    )
+    return RunResult(
+        name=run.name,
+        status=run.status,
+        error=run.error,
+        elapsed_s=run.elapsed_s,
+        run_id=entry.id,
+        summary=analysis.summary,
+        diagnosis=analysis.diagnosis,
+        capabilities=run.capabilities,
+        steps=steps,
+        samples=sample_columns(run.record),
+        comparison=with_previous,
+        comparison_best=with_best,
+        report=report,
+    )

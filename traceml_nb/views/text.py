@@ -1,0 +1,286 @@
+"""Numbers as the report shows them, the metric lines, and the plain-text report.
+
+Everything here is pure: values in, strings out. A value that was not measured is shown as
+``unavailable (why)``, never as 0. The HTML report (:mod:`.report`) uses the same formatting
+and the same metric lines, so the two versions always say the same thing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
+from ..analysis.model import Summary
+from ..capabilities import Capabilities
+
+if TYPE_CHECKING:
+    from .report import Report, RunMeta
+
+
+# --- numbers (the analysis' formatting, so every part of the product writes numbers alike) ---
+def _finite(value: float | None) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration given in seconds: ``0.84 s``, ``12.3 s``, ``633 s``, ``1 h 02 min``."""
+    if seconds >= 3600:
+        hours, rest = divmod(int(round(seconds)), 3600)
+        return f"{hours} h {rest // 60:02d} min"
+    return fmt_s(seconds)
+
+
+def format_ms(ms: float) -> str:
+    """A duration given in milliseconds: ``3.16 ms``, ``316 ms``, ``1.23 s`` from 1 s on."""
+    return format_seconds(ms / 1000) if ms >= 1000 else fmt_ms(ms)
+
+
+def format_value(value: Any) -> str:
+    """A comparison cell: strings as given, numbers with 3 significant digits."""
+    if value is None:
+        return "unavailable"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "unavailable"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def unavailable(reason: str) -> str:
+    return f"unavailable ({reason})"
+
+
+# --- the metric lines ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MetricLine:
+    """One line of the metrics table: ``text`` is the value or ``unavailable (why)``."""
+
+    label: str
+    text: str
+    available: bool
+
+
+@dataclass(frozen=True)
+class _Metric:
+    label: str
+    field: str
+    capability: str  #: where the reason comes from when the summary gives none
+    render: Callable[[Summary, Any], str]
+
+
+def _ms_with_spread(s: Summary, v: float) -> str:
+    text = format_ms(v)
+    if _finite(s.step_ms_p10) and _finite(s.step_ms_p90):
+        assert s.step_ms_p10 is not None and s.step_ms_p90 is not None
+        text += f" (p10 {format_ms(s.step_ms_p10)}, p90 {format_ms(s.step_ms_p90)})"
+    return text
+
+
+def _memory(s: Summary, v: float) -> str:
+    if _finite(s.gpu_mem_total_mb) and s.gpu_mem_total_mb:
+        return f"{fmt_mb(v)} of {fmt_mb(s.gpu_mem_total_mb)}"
+    return fmt_mb(v)
+
+
+METRICS: tuple[_Metric, ...] = (
+    _Metric("step time (median)", "step_ms_median", "steps", _ms_with_spread),
+    _Metric("data wait (median)", "data_wait_ms_median", "data_wait", lambda s, v: format_ms(v)),
+    _Metric("rest of the step (median)", "compute_ms_median", "steps", lambda s, v: format_ms(v)),
+    _Metric("data wait share", "data_wait_share", "data_wait", lambda s, v: fmt_share(v)),
+    _Metric("GPU input stall share", "gpu_stall_share", "gpu_events", lambda s, v: fmt_share(v)),
+    _Metric(
+        "GPU utilisation (median)",
+        "gpu_util_median_pct",
+        "gpu_utilisation",
+        lambda s, v: fmt_pct(v),
+    ),
+    _Metric("GPU memory peak", "gpu_mem_peak_mb", "gpu_memory", _memory),
+    _Metric("throughput", "samples_per_s", "steps", lambda s, v: fmt_rate(v, "samples/s")),
+    _Metric("steps per second", "steps_per_s", "steps", lambda s, v: fmt_rate(v, "steps/s")),
+    _Metric("batch size", "batch_size", "steps", lambda s, v: f"{v:,}"),
+    _Metric(
+        "first batch (worker start-up)", "first_fetch_ms", "data_wait", lambda s, v: format_ms(v)
+    ),
+    _Metric(
+        "main process CPU",
+        "process_cpu_median_pct",
+        "host",
+        lambda s, v: f"{fmt_pct(v)} (100% = one core)",
+    ),
+    _Metric(
+        "DataLoader workers CPU",
+        "workers_cpu_median_pct",
+        "host",
+        lambda s, v: f"{fmt_pct(v)} (all workers, 100% = one core)",
+    ),
+    _Metric("system CPU", "system_cpu_median_pct", "host", lambda s, v: fmt_pct(v)),
+    _Metric("CPUs available", "cpus_available", "host", lambda s, v: f"{v}"),
+)
+
+
+def unavailable_reason(
+    summary: Summary, field: str, capability: str, capabilities: Capabilities
+) -> str:
+    """Why ``field`` has no value: the analysis' reason, else the capability's, else generic."""
+    reason = summary.unavailable.get(field)
+    if reason:
+        return reason
+    if not capabilities.ok(capability) and capability in capabilities.reasons:
+        return capabilities.why(capability)
+    return "not measured in this run"
+
+
+def metric_lines(summary: Summary, capabilities: Capabilities) -> list[MetricLine]:
+    """The metrics table of the report, in order; every metric appears, measured or not."""
+    lines = []
+    for metric in METRICS:
+        value = getattr(summary, metric.field)
+        if _finite(value):
+            lines.append(MetricLine(metric.label, metric.render(summary, value), True))
+        else:
+            reason = unavailable_reason(summary, metric.field, metric.capability, capabilities)
+            lines.append(MetricLine(metric.label, unavailable(reason), False))
+    return lines
+
+
+# --- the report's sentences, shared by the text and HTML versions ----------------------------
+def steps_phrase(summary: Summary) -> str:
+    """``200 steps (5 warm-up, 195 measured)``, or why there are none."""
+    if summary.total_steps == 0:
+        return "no training steps seen"
+    noun = "step" if summary.total_steps == 1 else "steps"
+    return (
+        f"{summary.total_steps:,} {noun} ({summary.warmup_steps:,} warm-up, "
+        f"{summary.steady_steps:,} measured)"
+    )
+
+
+def status_sentence(status: str, error: str | None, summary: Summary) -> str | None:
+    """The partial-report warning for a failed or interrupted run (None when it completed)."""
+    if summary.total_steps:
+        covered = f"the numbers cover the {summary.total_steps:,} steps measured before it stopped"
+    else:
+        covered = "no step was measured before it stopped"
+    if status == "failed":
+        return f"Partial report: the cell failed ({error or 'an exception'}); {covered}."
+    if status == "interrupted":
+        return f"Partial report: the cell was interrupted; {covered}."
+    if status not in ("completed", "running"):
+        return f"Partial report: the run ended as {status!r}."
+    return None
+
+
+def saving_sentence(saving_text: str | None, saving_bound_share: float | None) -> str | None:
+    """The upper bound of what the fix saves, as one sentence."""
+    if saving_text:
+        return saving_text
+    if _finite(saving_bound_share):
+        assert saving_bound_share is not None
+        return f"Fixing the cause saves at most {fmt_share(saving_bound_share)} of the wall time."
+    return None
+
+
+# --- the plain-text report -------------------------------------------------------------------
+def run_label(meta: RunMeta) -> str:
+    """``#3 "baseline"``, or ``"baseline"`` before the run has a number."""
+    name = f'"{meta.name}"'
+    return f"#{meta.run_id} {name}" if meta.run_id is not None else name
+
+
+def _bullets(title: str, items: Sequence[str]) -> list[str]:
+    if not items:
+        return []
+    return [f"{title}:"] + [f"  - {item}" for item in items]
+
+
+def _metrics_text(metrics: Sequence[MetricLine]) -> list[str]:
+    """Measured metrics one a line; unavailable ones grouped by their reason, to stay compact."""
+    measured = [m for m in metrics if m.available]
+    lines = ["Metrics:"]
+    if measured:
+        width = max(len(m.label) for m in measured)
+        lines += [f"  {m.label.ljust(width)}  {m.text}" for m in measured]
+    by_reason: dict[str, list[str]] = {}
+    for m in metrics:
+        if not m.available:
+            by_reason.setdefault(m.text, []).append(m.label)
+    lines += [f"  {', '.join(labels)}: {text}" for text, labels in by_reason.items()]
+    return lines
+
+
+def render_text(report: Report) -> str:
+    """The whole report as plain text (the ``text/plain`` version, and what a terminal shows)."""
+    meta, summary, diagnosis = report.meta, report.analysis.summary, report.analysis.diagnosis
+    lines = [
+        f"traceml report: {run_label(meta)} {meta.status} in {format_seconds(meta.elapsed_s)}, "
+        f"{steps_phrase(summary)}"
+    ]
+    warning = status_sentence(meta.status, meta.error, summary)
+    if warning:
+        lines.append(warning)
+    lines.append(
+        f"Verdict: {diagnosis.verdict} ({diagnosis.confidence} confidence): {diagnosis.title}"
+    )
+    if diagnosis.cause:
+        lines.append(f"  cause: {diagnosis.cause}")
+    lines += _bullets("Evidence", [f"{e.label}: {e.text}" for e in diagnosis.evidence])
+    lines += _bullets("Advice", diagnosis.advice)
+    lines += _bullets("Will not help", diagnosis.wont_help)
+    saving = saving_sentence(diagnosis.saving_text, diagnosis.saving_bound_share)
+    if saving:
+        lines.append(f"Saving bound: {saving}")
+    lines += _bullets("Also", diagnosis.secondary)
+    for item in report.comparisons:
+        lines.append(f"vs {item.title}: {item.comparison.headline}")
+    lines += _metrics_text(metric_lines(summary, report.capabilities))
+    lines += [
+        f"  {p.name}: {p.batches:,} batches, {format_seconds(p.total_s)}" for p in summary.phases
+    ]
+    lines += _bullets("Notes", report.notes)
+    return "\n".join(lines)
+
+
+# --- %traceml history and %traceml compare -----------------------------------------------------
+def history_cells(row: dict[str, Any]) -> dict[str, str]:
+    """One row of ``traceml_nb.history.history_table`` as the table cells the HTML shows
+    (the same columns as ``render_history_text``)."""
+
+    def maybe(value: Any, fmt: Callable[[Any], str]) -> str:
+        return "\u2014" if value is None else fmt(value)
+
+    vs = ""
+    if row.get("previous_id") is not None and row.get("step_change") is not None:
+        vs = f"{signed_pct(row['step_change'])} vs #{row['previous_id']}"
+    return {
+        "run": str(row["label"]),
+        "status": str(row["status"]),
+        "started": str(row["started"]),
+        "time": fmt_s(row["elapsed_s"]),
+        "steps": f"{row['steady_steps']:,}",
+        "step": maybe(row.get("step_ms_median"), fmt_ms),
+        "throughput": maybe(row.get("samples_per_s"), lambda v: fmt_rate(v, "samples/s")),
+        "data wait": maybe(row.get("data_wait_share"), fmt_share),
+        "GPU util": maybe(row.get("gpu_util_median_pct"), fmt_pct),
+        "verdict": str(row["verdict"]),
+        "vs": vs,
+    }
+
+
+def comparison_lines(comparison: Any) -> list[str]:
+    """A comparison's rows as ``label: before → after (delta)`` lines."""
+    out = []
+    for label, before, after, delta, _direction in comparison.rows:
+        change = f"{format_value(before)} \u2192 {format_value(after)} ({format_value(delta)})"
+        out.append(f"  {label}: {change}")
+    return out
+
+
+def render_comparison_text(title: str, comparison: Any) -> str:
+    return "\n".join([f"{title}: {comparison.headline}", *comparison_lines(comparison)])
