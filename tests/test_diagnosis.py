@@ -38,6 +38,7 @@ from traceml_nb.analysis.thresholds import (
     THROTTLE_MIN_SHARE,
     THROTTLE_MIN_STEPS,
     THROTTLE_STEP_FACTOR,
+    WORKER_BUSY_PCT,
     WORKER_SATURATED_PCT,
 )
 from traceml_nb.capabilities import Capabilities
@@ -329,16 +330,25 @@ def test_workers_cpu_saturated_both_sides():
 
 
 def test_system_cpu_saturated_both_sides():
-    host = saturated_host(20.0, system=SYSTEM_SATURATED_PCT)
+    busy = WORKER_BUSY_PCT
+    host = saturated_host(busy, system=SYSTEM_SATURATED_PCT)
     assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_CPU_SATURATED
-    host = saturated_host(20.0, system=SYSTEM_SATURATED_PCT - 0.1)
+    host = saturated_host(busy, system=SYSTEM_SATURATED_PCT - 0.1)
     assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_PAGEABLE
 
 
-def test_saturated_cores_count():
-    host = {**saturated_host(20.0), "cores_saturated": 2.0}
+def test_a_busy_machine_with_idle_workers_is_not_worker_saturation_both_sides():
+    """Something else takes the CPU (another program, the loop itself) while the workers wait."""
+    host = saturated_host(WORKER_BUSY_PCT - 0.5, system=100.0)
+    assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_PAGEABLE
+    host = saturated_host(WORKER_BUSY_PCT, system=100.0)
     assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_CPU_SATURATED
-    host = {**saturated_host(20.0), "cores_saturated": 1.0}
+
+
+def test_saturated_cores_count():
+    host = {**saturated_host(WORKER_BUSY_PCT), "cores_saturated": 2.0}
+    assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_CPU_SATURATED
+    host = {**saturated_host(WORKER_BUSY_PCT), "cores_saturated": 1.0}
     assert gpu_run(0.44, 51.0, workers=2, host=host).diagnosis.cause == CAUSE_PAGEABLE
 
 
@@ -359,16 +369,17 @@ def test_idle_workers_wait_on_storage():
         0.44, 51.0, workers=2, pin=True, persistent=True, host=saturated_host(20.0)
     ).diagnosis
     assert d.cause == CAUSE_STORAGE
-    assert d.advice == [
-        "Change the training DataLoader: prefetch_factor=2 \u2192 prefetch_factor=4",
+    assert d.advice[0] == (
+        "Change the training DataLoader: num_workers=2 \u2192 num_workers=4, "
+        "prefetch_factor=2 \u2192 prefetch_factor=4"
+    )
+    assert d.advice[1] == (
         "The workers are mostly idle (the 2 workers use 40% CPU (20% each) and the system CPU is "
-        "at 50%) yet cannot keep up: they wait on storage. Copy the dataset to local disk or "
-        "memory, or use fewer, larger files.",
-        "prefetch_factor=4 keeps 4 batches per worker in flight, which absorbs slow samples.",
-    ]
-    assert d.wont_help == [
-        "More CPU or more workers than the 2 CPUs available: the workers are not CPU-bound."
-    ]
+        "at 50%) yet cannot keep up: they wait on storage. Waiting workers need little CPU, so "
+        "more workers than CPUs overlap more reads; better still, copy the dataset to local disk "
+        "or memory, or use fewer, larger files."
+    )
+    assert d.wont_help == ["A faster CPU: the workers are not CPU-bound."]
 
 
 def test_unknown_cause_without_host_sampling():

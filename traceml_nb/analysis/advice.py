@@ -100,7 +100,12 @@ def explain_changes(
             else:
                 who = f"{nw} worker{'s' if nw != 1 else ''} cannot keep up"
             waiter = "the GPU" if gpu else "the training loop"
-            cpu_text = f" (one per CPU available: {cpus})" if cpus is not None else ""
+            if cpus is None:
+                cpu_text = ""
+            elif int(str(change.new)) <= cpus:
+                cpu_text = f" (one per CPU available: {cpus})"
+            else:
+                cpu_text = f" (more than the {cpus} CPUs: workers that wait need little CPU)"
             lines.append(
                 f"With num_workers={nw} {who} while {waiter} waits; {change.new} workers"
                 f"{cpu_text} load batches in parallel with the compute."

@@ -29,6 +29,7 @@ from .thresholds import (
     GPU_BUSY_PCT,
     INPUT_BOUND_SHARE,
     INPUT_MINOR_SHARE,
+    MAX_SUGGESTED_WORKERS,
     MEMORY_PRESSURE_SHARE,
     MIN_INPUT_WAIT_MS,
     MIN_STEADY_STEPS,
@@ -36,6 +37,7 @@ from .thresholds import (
     STRONG_FACTOR,
     SYSTEM_SATURATED_PCT,
     THROTTLE_CLOCK_RATIO,
+    WORKER_BUSY_PCT,
     WORKER_SATURATED_PCT,
 )
 from .throttle import ThrottleFinding, find_throttling
@@ -187,7 +189,8 @@ def _saturation(m: Measurements, loader: LoaderInfo) -> _Saturation:
     workers = r["workers"].value or loader.num_workers
     system = r["sys_cpu_pct"].value
     cores = r["cores_saturated"].value
-    parts, saturated = [], False
+    parts, saturated, machine_busy = [], False, False
+    per_worker: float | None = None
     if workers_cpu is not None and loader.num_workers > 0:
         per_worker = workers_cpu / max(1.0, workers)
         saturated |= per_worker >= WORKER_SATURATED_PCT
@@ -195,10 +198,12 @@ def _saturation(m: Measurements, loader: LoaderInfo) -> _Saturation:
             f"the {workers:.0f} workers use {fmt_pct(workers_cpu)} CPU ({fmt_pct(per_worker)} each)"
         )
     if system is not None:
-        saturated |= system >= SYSTEM_SATURATED_PCT
+        machine_busy |= system >= SYSTEM_SATURATED_PCT
         parts.append(f"the system CPU is at {fmt_pct(system)}")
     if cores is not None and m.cpus:
-        saturated |= cores >= m.cpus
+        machine_busy |= cores >= m.cpus
+    # a busy machine starves the workers only if they are the ones using it
+    saturated |= machine_busy and (per_worker is None or per_worker >= WORKER_BUSY_PCT)
     known = workers_cpu is not None or system is not None or cores is not None
     return _Saturation(known, saturated, " and ".join(parts))
 
@@ -293,17 +298,21 @@ def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
         if sat.known:
             d.wont_help.append(f"More CPU: {sat.text}, not saturated.")
         return
-    changes = loader_changes(loader, workers=None, gpu=gpu)
     if sat.known:
         d.cause = CAUSE_STORAGE
+        # waiting workers use little CPU: more of them than CPUs overlap more reads
+        extra = min(MAX_SUGGESTED_WORKERS, 2 * loader.num_workers)
+        changes = loader_changes(
+            loader, workers=extra if extra > loader.num_workers else None, gpu=gpu
+        )
         d.advice.append(
             f"The workers are mostly idle ({sat.text}) yet cannot keep up: they wait on storage. "
-            "Copy the dataset to local disk or memory, or use fewer, larger files."
+            "Waiting workers need little CPU, so more workers than CPUs overlap more reads; "
+            "better still, copy the dataset to local disk or memory, or use fewer, larger files."
         )
-        d.wont_help.append(
-            f"More CPU or more workers than {cpu_text}: the workers are not CPU-bound."
-        )
+        d.wont_help.append("A faster CPU: the workers are not CPU-bound.")
     else:
+        changes = loader_changes(loader, workers=None, gpu=gpu)
         d.cause = CAUSE_UNKNOWN
         why = f.summary.unavailable.get("workers_cpu_median_pct", "host sampling unavailable")
         d.advice.append(

@@ -40,6 +40,10 @@ STRONG_FACTOR = 2.0
 WORKER_SATURATED_PCT = 85.0
 #: The machine is saturated when the system CPU (0..100) is at least this.
 SYSTEM_SATURATED_PCT = 90.0
+#: A saturated machine (``SYSTEM_SATURATED_PCT`` or every core busy) makes the workers the
+#: bottleneck only when they use at least this much CPU each (percent of one core); below it
+#: they mostly wait (on storage, a remote source, a lock) while something else takes the CPU.
+WORKER_BUSY_PCT = 50.0
 #: "Slow storage / first epoch": the first epoch's data-wait share is at least this many times
 #: that of the later epochs (which then hit the page cache or a warm storage layer).
 FIRST_EPOCH_FACTOR = 2.0
