@@ -1,6 +1,6 @@
 """Every threshold of the analysis, in one place, each with its unit and the reason for its value.
 
-docs/diagnosis.md explains them for users; tests/test_diagnosis.py tests each one on both
+The README section "How the diagnosis works" explains them for users; tests/test_diagnosis.py tests each one on both
 sides. Shares are fractions 0..1, percentages 0..100 (CPU: 100 = one core busy).
 """
 
