@@ -29,18 +29,18 @@ def open_sources(
     if host:
         from .host import open_host_source
 
-        src = open_host_source(capabilities)
-        if src is not None:
-            record.host = src.table
-            sources.append(src)
+        host_source = open_host_source(capabilities)
+        if host_source is not None:
+            record.host = host_source.table
+            sources.append(host_source)
     else:
         capabilities.set("host", False, "host sampling switched off")
     if gpu:
         from .gpu import open_gpu_sources
 
-        for index, src in open_gpu_sources(cuda_devices, capabilities, nvml=nvml).items():
-            record.gpus[index] = src.table
-            sources.append(src)
-    else:
+        for index, gpu_source in open_gpu_sources(cuda_devices, capabilities, nvml=nvml).items():
+            record.gpus[index] = gpu_source.table
+            sources.append(gpu_source)
+    elif "nvml" not in capabilities.available:  # keep a reason the caller already gave
         capabilities.set("nvml", False, "GPU sampling switched off")
     return sources

@@ -56,15 +56,24 @@ class Collector:
     def start(self) -> None:
         if not self.sources:
             return
-        self.sample_once()  # a first sample at t≈0, so short runs have one
         self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
+        """Sample at once (so short runs have a sample at t≈0), then every ``interval`` on a
+        fixed schedule: the time a read takes does not stretch the period. Every read happens on
+        this thread, never on the training thread."""
         try:
-            while not self._stop.wait(self.interval):
+            due = time.monotonic()
+            while True:
                 self.sample_once()
                 if not self.sources:
+                    return
+                due += self.interval
+                now = time.monotonic()
+                if due <= now:  # a slow read overran the period: skip the ticks it missed
+                    due = now + self.interval
+                if self._stop.wait(due - now):
                     return
         except BaseException as exc:  # never let the thread die silently
             self.capabilities.note(f"sampler stopped: {type(exc).__name__}: {exc}")
@@ -79,7 +88,9 @@ class Collector:
                 self._drop(src, f"{src.name} lost at t={t:.1f}s: {exc}")
                 continue
             except Exception as exc:
-                self._drop(src, f"{src.name} sampler failed at t={t:.1f}s: {type(exc).__name__}: {exc}")
+                self._drop(
+                    src, f"{src.name} sampler failed at t={t:.1f}s: {type(exc).__name__}: {exc}"
+                )
                 continue
             src.table.append(t, values)
         self.ticks += 1

@@ -1,0 +1,753 @@
+"""The GPU sample source: NVML counters and the PyTorch allocator for one CUDA device.
+
+Layers, as in nvitop: :mod:`.nvml_binding` calls NVML and converts units; this module decides
+what each failure means for a sample (the error policy), which NVML device a CUDA index is
+(:func:`match_cuda_device`, a pure function) and what the run's capabilities say.
+
+Columns of the table (``None``/NaN = unavailable, never 0):
+
+=================== ===============================================================
+``util_gpu_pct``    % of the last NVML sample period in which a kernel was running
+``util_mem_pct``    % of the last NVML sample period in which device memory was read/written
+``mem_used_mb``     device memory in use, all processes (MiB)
+``mem_total_mb``    device memory (MiB; a MIG instance's own share on MIG)
+``power_w``         board power draw (W)
+``power_limit_w``   power limit the driver enforces (W)
+``sm_clock_mhz``    current SM clock (MHz)
+``sm_clock_max_mhz`` maximum SM clock (MHz)
+``temp_c``          GPU temperature (°C)
+``pcie_rx_mbps``    PCIe traffic into the GPU (MiB/s), averaged since the previous PCIe read
+``pcie_tx_mbps``    PCIe traffic out of the GPU (MiB/s); both read at most every 0.2 s
+``throttle_reasons`` NVML clock-event reason bits (see :func:`describe_clock_events`)
+``torch_alloc_mb``  memory held by tensors of this process (MiB, ``memory_allocated``)
+``torch_reserved_mb`` memory the caching allocator holds (MiB, ``memory_reserved``)
+``torch_peak_mb``   peak of ``torch_alloc_mb`` since the last reset (``max_memory_allocated``)
+=================== ===============================================================
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..capabilities import Capabilities
+from ..record import SampleTable
+from . import nvml_binding as nb
+from .collector import SourceLost
+
+COLUMNS = (
+    "util_gpu_pct",
+    "util_mem_pct",
+    "mem_used_mb",
+    "mem_total_mb",
+    "power_w",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "temp_c",
+    "pcie_rx_mbps",
+    "pcie_tx_mbps",
+    "throttle_reasons",
+    "torch_alloc_mb",
+    "torch_reserved_mb",
+    "torch_peak_mb",
+)
+
+#: Ticks in a row with an unexplained NVML error ("Unknown Error") before the GPU counts as lost.
+FLAKY_TICKS_LOST = 3
+#: ``nvmlDeviceGetPcieThroughput`` blocks ~20 ms per direction, so where the cheap byte
+#: counters are missing it is read at most this often (s); the ticks between have no value.
+PCIE_THROUGHPUT_PERIOD_S = 1.0
+#: NVML's PCIe byte counters cost ~80 µs of CPU per direction and read on an H200 (~300 under
+#: load), so they are read at most this often (s); the ticks between have no PCIe value. They
+#: are 32-bit on that driver: more than 4 GiB between two reads (20 GiB/s at this period) wraps
+#: more than once and is undercounted.
+PCIE_COUNTER_PERIOD_S = 0.2
+
+CLOCK_EVENT_BITS = {
+    0x1: "GPU idle",
+    0x2: "applications clocks setting",
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+    0x100: "display clock setting",
+}
+
+
+def describe_clock_events(mask: float | int | None) -> list[str]:
+    """The names of the clock-event (throttle) reasons set in an NVML bit mask."""
+    if mask is None or mask != mask:  # None or NaN
+        return []
+    bits = int(mask)
+    names = [label for bit, label in CLOCK_EVENT_BITS.items() if bits & bit]
+    unknown = bits & ~sum(CLOCK_EVENT_BITS)
+    if unknown:
+        names.append(f"other (0x{unknown:x})")
+    return names
+
+
+# --- which NVML device is CUDA device i ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NvmlDevice:
+    """One device NVML lists: a physical GPU, or a MIG instance on one (``mig_index`` set)."""
+
+    index: int  #: NVML index of the physical GPU
+    uuid: str  #: as NVML writes it: ``GPU-…`` or ``MIG-…``
+    pci_bus_id: str | None = None
+    mig_index: int | None = None
+    mig_enabled: bool = False  #: MIG mode is on (for an instance: on its GPU)
+    name: str = ""
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig_index is not None
+
+    @property
+    def label(self) -> str:
+        where = f"GPU {self.index}" + (f" MIG {self.mig_index}" if self.is_mig else "")
+        return f"{where} ({self.name})" if self.name else where
+
+
+@dataclass(frozen=True)
+class CudaDeviceIds:
+    """What PyTorch says about a CUDA device (``None`` where it does not say)."""
+
+    uuid: str | None = None  #: ``torch.cuda.get_device_properties(i).uuid``, no prefix
+    pci_bus_id: str | None = None  #: ``domain:bus:device.0`` from the same properties
+
+
+@dataclass(frozen=True)
+class DeviceMatch:
+    device: NvmlDevice
+    method: str  #: "uuid", "pci_bus_id", "CUDA_VISIBLE_DEVICES", "only GPU" or "position"
+    note: str = ""  #: a caveat for the capabilities notes ('' when the match is certain)
+
+
+_HEX = re.compile(r"[^0-9a-f]")
+
+
+def normalise_uuid(value: str) -> str:
+    """A UUID reduced to its hex digits: ``GPU-``/``MIG-`` prefix, dashes and case dropped."""
+    text = value.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    return _HEX.sub("", text)
+
+
+def parse_pci_bus_id(value: str | None) -> tuple[int, int, int] | None:
+    """``(domain, bus, device)`` from ``0000:01:00.0`` or NVML's ``00000000:01:00.0``."""
+    if not value:
+        return None
+    m = re.fullmatch(
+        r"\s*(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.[0-7])?\s*", value
+    )
+    if m is None:
+        return None
+    domain, bus, device = m.groups()
+    return int(domain or "0", 16), int(bus, 16), int(device, 16)
+
+
+def _match_visible_token(token: str, devices: list[NvmlDevice]) -> NvmlDevice | None:
+    gpus = [d for d in devices if not d.is_mig]
+    if re.fullmatch(r"\d+", token):
+        found = [d for d in gpus if d.index == int(token)]
+        return found[0] if found else None
+    low = token.lower()
+    if low.startswith("gpu-"):
+        pool, prefix = gpus, normalise_uuid(token)
+    elif low.startswith("mig-") and "/" not in token:
+        pool, prefix = [d for d in devices if d.is_mig], normalise_uuid(token)
+    else:  # legacy "MIG-GPU-<uuid>/<gi>/<ci>" or anything CUDA would reject
+        return None
+    if not prefix:
+        return None
+    found = [d for d in pool if normalise_uuid(d.uuid).startswith(prefix)]
+    return found[0] if len(found) == 1 else None
+
+
+def match_cuda_device(
+    cuda_index: int,
+    ids: CudaDeviceIds,
+    devices: list[NvmlDevice],
+    visible_devices: str | None,
+    device_order: str | None = None,
+) -> DeviceMatch | None:
+    """Which NVML device CUDA device ``cuda_index`` (as PyTorch numbers it) is, and how we know.
+
+    Tried in order: the UUID PyTorch reports (also MIG instances); its PCI bus id; the
+    ``cuda_index``-th entry of ``CUDA_VISIBLE_DEVICES`` (integers, ``GPU-``/``MIG-`` UUID
+    prefixes; CUDA ignores the list from the first entry it cannot use); the only GPU there
+    is; the NVML device with the same index (the position — a guess, said in ``note``).
+    ``None`` when none of these can be trusted.
+    """
+    if ids.uuid:
+        want = normalise_uuid(ids.uuid)
+        for dev in devices:
+            if want and normalise_uuid(dev.uuid) == want:
+                return DeviceMatch(dev, "uuid")
+    pci = parse_pci_bus_id(ids.pci_bus_id)
+    if pci is not None:
+        for dev in devices:
+            if not dev.is_mig and parse_pci_bus_id(dev.pci_bus_id) == pci:
+                note = ""
+                if dev.mig_enabled:
+                    note = (
+                        f"cuda:{cuda_index} is a MIG instance of {dev.label} that could not be "
+                        "identified: NVML memory figures are for the whole GPU"
+                    )
+                return DeviceMatch(dev, "pci_bus_id", note)
+    gpus = [d for d in devices if not d.is_mig]
+    if visible_devices is not None:
+        tokens = [t.strip() for t in visible_devices.split(",")]
+        resolved: list[NvmlDevice] = []
+        for token in tokens[: cuda_index + 1]:
+            visible = _match_visible_token(token, devices)
+            if visible is None:
+                break
+            resolved.append(visible)
+        if len(resolved) == cuda_index + 1:
+            chosen = resolved[-1]
+            note = ""
+            if tokens[cuda_index].isdigit() and device_order != "PCI_BUS_ID" and len(gpus) > 1:
+                note = (
+                    f"cuda:{cuda_index} was matched to NVML {chosen.label} through "
+                    f"CUDA_VISIBLE_DEVICES={visible_devices!r}, which assumes CUDA numbers GPUs "
+                    "like NVML does (set CUDA_DEVICE_ORDER=PCI_BUS_ID to be sure)"
+                )
+            return DeviceMatch(chosen, "CUDA_VISIBLE_DEVICES", note)
+    if len(gpus) == 1 and len(devices) == 1:
+        return DeviceMatch(gpus[0], "only GPU")
+    if visible_devices is None:
+        found = [d for d in gpus if d.index == cuda_index]
+        if found:
+            note = (
+                f"cuda:{cuda_index} could not be identified (no UUID or PCI bus id from PyTorch, "
+                f"CUDA_VISIBLE_DEVICES unset): assumed to be NVML {found[0].label} by position"
+            )
+            return DeviceMatch(found[0], "position", note)
+    return None
+
+
+def list_nvml_devices(nvml: Any) -> tuple[list[NvmlDevice], dict[NvmlDevice, Any]]:
+    """Every GPU NVML sees and, on MIG-enabled GPUs, every MIG instance, with their handles."""
+    devices: list[NvmlDevice] = []
+    handles: dict[NvmlDevice, Any] = {}
+    for index in range(int(nvml.nvmlDeviceGetCount())):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            pci: str | None = nb.pci_bus_id(nvml, handle)
+        except Exception as exc:
+            if not nb.is_nvml_error(nvml, exc) or nb.classify(exc) == nb.LOST:
+                raise
+            pci = None
+        try:
+            label = nb.name(nvml, handle)
+        except Exception:
+            label = ""
+        mig = nb.mig_enabled(nvml, handle)
+        gpu = NvmlDevice(index, nb.uuid(nvml, handle), pci, None, mig, label)
+        devices.append(gpu)
+        handles[gpu] = handle
+        if mig:
+            for mig_index, mig_handle in nb.mig_handles(nvml, handle):
+                inst = NvmlDevice(index, nb.uuid(nvml, mig_handle), pci, mig_index, True, label)
+                devices.append(inst)
+                handles[inst] = mig_handle
+    return devices, handles
+
+
+# --- PyTorch's side ---------------------------------------------------------------------------
+
+
+def _torch_cuda() -> Any:
+    """``torch.cuda`` when CUDA is usable in this process, else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        return torch.cuda if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def torch_device_ids(cuda_index: int) -> CudaDeviceIds:
+    """UUID and PCI bus id of a CUDA device from ``torch.cuda.get_device_properties``."""
+    cuda = _torch_cuda()
+    if cuda is None:
+        return CudaDeviceIds()
+    try:
+        props = cuda.get_device_properties(cuda_index)
+    except Exception:
+        return CudaDeviceIds()
+    raw_uuid = getattr(props, "uuid", None)
+    uuid = str(raw_uuid) if raw_uuid is not None else None
+    pci = None
+    bus = getattr(props, "pci_bus_id", None)
+    if isinstance(bus, int):
+        domain = getattr(props, "pci_domain_id", 0) or 0
+        device = getattr(props, "pci_device_id", 0) or 0
+        pci = f"{domain:04x}:{bus:02x}:{device:02x}.0"
+    return CudaDeviceIds(uuid or None, pci)
+
+
+AllocatorReader = Callable[[], tuple[float, float, float]]
+
+
+def torch_allocator_reader(cuda_index: int) -> AllocatorReader | None:
+    """A function giving ``(allocated, reserved, peak)`` MiB of PyTorch's caching allocator on
+    ``cuda_index``, or None when CUDA is not usable (a CPU build would answer 0 for them).
+
+    Meant for the sampler thread: these calls read counters under the allocator's lock and
+    never synchronise the device.
+    """
+    cuda = _torch_cuda()
+    if cuda is None:
+        return None
+
+    def read() -> tuple[float, float, float]:
+        # one call for the three numbers: memory_allocated() & co. each flatten and sort the
+        # whole statistics dict (~130 µs apiece)
+        stats = cuda.memory_stats_as_nested_dict(cuda_index)
+        if not stats:  # CUDA not initialised yet in this process: PyTorch holds nothing
+            return 0.0, 0.0, 0.0
+        allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+        return (
+            allocated["current"] / nb.MIB,
+            reserved["current"] / nb.MIB,
+            allocated["peak"] / nb.MIB,
+        )
+
+    return read
+
+
+# --- the source -------------------------------------------------------------------------------
+
+
+class _NvmlSession:
+    """One ``nvmlInit`` shared by the sources of a run; ``nvmlShutdown`` when the last closes."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self._users = 1  # the opener's reference, released when it has opened the sources
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users > 0 or self._closed:
+                return
+            self._closed = True
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass  # a lost GPU or a dead driver: nothing left to shut down
+
+
+@dataclass
+class _Group:
+    """Columns that one NVML call fills."""
+
+    key: str
+    columns: tuple[str, ...]
+    read: Callable[[], tuple[float | None, ...]]
+
+
+class GpuSource:
+    """Samples one CUDA device: NVML counters (when NVML works) and PyTorch's allocator.
+
+    ``read`` never raises for a missing value: an unsupported counter is ``None`` (and not asked
+    again), a timeout is ``None`` for that tick; a lost GPU or a dead NVML raises
+    :class:`SourceLost`, on which the collector drops the source.
+    """
+
+    def __init__(
+        self,
+        cuda_index: int,
+        capabilities: Capabilities,
+        *,
+        session: _NvmlSession | None = None,
+        device: NvmlDevice | None = None,
+        handle: Any = None,
+        parent_handle: Any = None,
+        allocator: AllocatorReader | None = None,
+        pcie_throughput_period_s: float = PCIE_THROUGHPUT_PERIOD_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cuda_index = cuda_index
+        self.device = device
+        self.name = f"GPU cuda:{cuda_index}" + (f" = NVML {device.label}" if device else "")
+        self.table = SampleTable(COLUMNS)
+        self.capabilities = capabilities
+        self.unsupported: dict[str, str] = {}  #: group key -> why NVML cannot give it
+        self.static: dict[str, float | None] = {
+            "mem_total_mb": None,
+            "power_limit_w": None,
+            "sm_clock_max_mhz": None,
+        }
+        self._session = session
+        self._nvml = session.nvml if session is not None else None
+        self._allocator = allocator
+        self._groups: list[_Group] = []
+        self._flaky_ticks = 0
+        self._closed = False
+        self._clock = clock
+        self._pcie_period = pcie_throughput_period_s
+        self.pcie_counter_period_s = PCIE_COUNTER_PERIOD_S
+        self._pcie_last_read = -float("inf")
+        self._pcie_prev: nb.PcieCounters | None = None
+        self.pcie_method = ""  #: "byte counters", "throughput" or "" (none)
+        self._probing = False
+        if session is not None:
+            session.acquire()
+            try:
+                self._open_nvml(handle, parent_handle if parent_handle is not None else handle)
+            except BaseException:
+                self.close()
+                raise
+
+    # --- opening --------------------------------------------------------------------------
+    def _open_nvml(self, handle: Any, parent: Any) -> None:
+        nvml = self._nvml
+        dev = self.device
+        if dev is not None and (dev.is_mig or dev.mig_enabled):
+            where = "this MIG instance" if dev.is_mig else f"{dev.label}"
+            self.unsupported["utilisation"] = (
+                f"MIG mode is enabled on {where}: NVML does not report utilisation for MIG devices"
+            )
+        self._groups = [
+            _Group(
+                "utilisation",
+                ("util_gpu_pct", "util_mem_pct"),
+                lambda: nb.utilisation(nvml, handle),
+            ),
+            _Group("memory", ("mem_used_mb",), lambda: (nb.memory_mib(nvml, handle)[0],)),
+            _Group("power", ("power_w",), lambda: (nb.power_w(nvml, parent),)),
+            _Group("sm_clock", ("sm_clock_mhz",), lambda: (nb.sm_clock_mhz(nvml, parent),)),
+            _Group("temperature", ("temp_c",), lambda: (nb.temperature_c(nvml, parent),)),
+            _Group("pcie", ("pcie_rx_mbps", "pcie_tx_mbps"), lambda: self._read_pcie(parent)),
+            _Group(
+                "clock_events",
+                ("throttle_reasons",),
+                lambda: (float(nb.clock_event_reasons(nvml, parent)),),
+            ),
+        ]
+        self.static["mem_total_mb"] = self._read_static(
+            "memory total", lambda: nb.memory_mib(nvml, handle)[1]
+        )
+        self.static["power_limit_w"] = self._read_static(
+            "power limit", lambda: nb.power_limit_w(nvml, parent)
+        )
+        self.static["sm_clock_max_mhz"] = self._read_static(
+            "max SM clock", lambda: nb.sm_clock_max_mhz(nvml, parent)
+        )
+        self._choose_pcie_method(parent)
+        self._probing = True
+        try:
+            self._read_nvml()  # a probe: learns what is unsupported before the thread starts
+        finally:
+            self._probing = False
+
+    def _read_static(self, what: str, read: Callable[[], float]) -> float | None:
+        try:
+            return float(read())
+        except Exception as exc:
+            if not nb.is_nvml_error(self._nvml, exc):
+                raise
+            if nb.classify(exc) == nb.LOST:
+                raise SourceLost(f"{nb.error_text(exc)} while reading the {what}") from None
+            return None
+
+    def _choose_pcie_method(self, parent: Any) -> None:
+        nvml = self._nvml
+        try:
+            self._pcie_prev = nb.pcie_byte_counters(nvml, parent)
+            self.pcie_method = "byte counters"
+            return
+        except Exception as exc:
+            if not nb.is_nvml_error(nvml, exc) and not isinstance(exc, AttributeError):
+                raise
+            if nb.is_nvml_error(nvml, exc) and nb.classify(exc) == nb.LOST:
+                raise SourceLost(f"{nb.error_text(exc)} while reading PCIe counters") from None
+        if hasattr(nvml, "nvmlDeviceGetPcieThroughput"):
+            self.pcie_method = "throughput"
+        else:
+            self.unsupported["pcie"] = "this NVML binding has no PCIe throughput"
+
+    def _pcie_due(self, period: float) -> bool:
+        """Whether ``period`` seconds (less 10% for jitter) have passed since the last read."""
+        now = self._clock()
+        if now - self._pcie_last_read < 0.9 * period:
+            return False
+        self._pcie_last_read = now
+        return True
+
+    def _read_pcie(self, parent: Any) -> tuple[float | None, float | None]:
+        if self.pcie_method == "byte counters":
+            if not self._pcie_due(self.pcie_counter_period_s):
+                return None, None
+            now = nb.pcie_byte_counters(self._nvml, parent)
+            prev, self._pcie_prev = self._pcie_prev, now
+            if prev is None or now.timestamp_us <= prev.timestamp_us:
+                return None, None  # first reading, or NVML has not refreshed the counters
+            seconds = (now.timestamp_us - prev.timestamp_us) / 1e6
+            wrap = 1 << now.bits  # the counters wrap (32 bits on the H200's driver: 4 GiB)
+            rx = (now.rx_bytes - prev.rx_bytes) % wrap
+            tx = (now.tx_bytes - prev.tx_bytes) % wrap
+            return rx / nb.MIB / seconds, tx / nb.MIB / seconds
+        if self._probing or not self._pcie_due(self._pcie_period):
+            return None, None  # (the probe at open runs on the caller's thread: not 40 ms there)
+        return nb.pcie_throughput_mib_s(self._nvml, parent)
+
+    # --- sampling -------------------------------------------------------------------------
+    def _read_nvml(self) -> dict[str, float | None]:
+        values: dict[str, float | None] = dict(self.static)
+        flaky: list[str] = []
+        for group in self._groups:
+            if group.key in self.unsupported:
+                continue
+            try:
+                read = group.read()
+            except Exception as exc:
+                if not nb.is_nvml_error(self._nvml, exc):
+                    raise
+                kind = nb.classify(exc)
+                if kind == nb.LOST:
+                    raise SourceLost(f"{nb.error_text(exc)} (reading {group.key})") from None
+                if kind == nb.UNSUPPORTED:
+                    self._mark_unsupported(group, nb.error_text(exc))
+                elif kind == nb.FLAKY:
+                    flaky.append(f"{group.key}: {nb.error_text(exc)}")
+                continue  # TRANSIENT and FLAKY: no value this tick
+            for column, value in zip(group.columns, read, strict=True):
+                values[column] = value
+        if flaky:
+            self._flaky_ticks += 1
+            if self._flaky_ticks >= FLAKY_TICKS_LOST:
+                raise SourceLost(
+                    f"NVML failed {self._flaky_ticks} samples in a row ({'; '.join(flaky)})"
+                )
+        else:
+            self._flaky_ticks = 0
+        return values
+
+    def _mark_unsupported(self, group: _Group, why: str) -> None:
+        self.unsupported[group.key] = why
+        if len(self.table):  # found mid-run: say so (found by the probe at open: summarised)
+            cols = ", ".join(group.columns)
+            self.capabilities.note(
+                f"{self.name}: {cols} unavailable from sample {len(self.table)} on ({why})"
+            )
+
+    def read(self) -> dict[str, float | int | None]:
+        """One sample (called on the collector thread)."""
+        if self._closed:
+            raise SourceLost("source closed")
+        values: dict[str, float | int | None] = dict.fromkeys(COLUMNS)
+        if self._nvml is not None:
+            values.update(self._read_nvml())
+        if self._allocator is not None:
+            try:
+                alloc, reserved, peak = self._allocator()
+            except Exception as exc:
+                self._allocator = None
+                self.capabilities.note(
+                    f"{self.name}: PyTorch allocator counters stopped ({type(exc).__name__}: {exc})"
+                )
+            else:
+                values.update(torch_alloc_mb=alloc, torch_reserved_mb=reserved, torch_peak_mb=peak)
+        return values
+
+    # --- what it can do ---------------------------------------------------------------------
+    @property
+    def has_nvml(self) -> bool:
+        return self._nvml is not None
+
+    @property
+    def has_utilisation(self) -> bool:
+        return self.has_nvml and "utilisation" not in self.unsupported
+
+    @property
+    def has_memory(self) -> bool:
+        return (self.has_nvml and "memory" not in self.unsupported) or self._allocator is not None
+
+    def unsupported_summary(self) -> str:
+        """One line naming the columns NVML does not give for this device, '' when none."""
+        if self._nvml is None:
+            return ""
+        parts = []
+        for group in self._groups:
+            if group.key in self.unsupported:
+                parts.append(f"{', '.join(group.columns)} ({self.unsupported[group.key]})")
+        for column, value in self.static.items():
+            if value is None:
+                parts.append(f"{column} (not reported)")
+        return f"{self.name}: unavailable: " + "; ".join(parts) if parts else ""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._session is not None:
+            self._session.release()
+
+
+# --- opening the sources of a run ---------------------------------------------------------------
+
+
+def _fail(capabilities: Capabilities, reason: str) -> None:
+    capabilities.set("nvml", False, reason)
+    capabilities.set("gpu_utilisation", False, reason)
+
+
+def _start_nvml(nvml: Any | None) -> tuple[Any, str]:
+    """``(nvml module, '')`` after a successful ``nvmlInit``, or ``(None, reason)``."""
+    try:
+        module = nb.load_nvml() if nvml is None else nvml
+    except ImportError as exc:
+        return None, nb.init_failure_reason(exc)
+    try:
+        module.nvmlInit()
+    except Exception as exc:
+        return None, nb.init_failure_reason(exc)
+    return module, ""
+
+
+def open_gpu_sources(
+    cuda_devices: list[int],
+    capabilities: Capabilities,
+    nvml: Any = None,
+    *,
+    device_ids: Callable[[int], CudaDeviceIds] = torch_device_ids,
+    allocator: Callable[[int], AllocatorReader | None] = torch_allocator_reader,
+    environ: Mapping[str, str] | None = None,
+    pcie_throughput_period_s: float = PCIE_THROUGHPUT_PERIOD_S,
+) -> dict[int, GpuSource]:
+    """One :class:`GpuSource` per CUDA device index, keyed by that index.
+
+    ``nvml`` injects an NVML module (tests); by default ``pynvml`` is loaded. Every failure
+    becomes a reason in ``capabilities`` ("nvml", "gpu_utilisation", "gpu_memory"): NVML
+    missing, a device that cannot be identified, MIG. Where NVML fails but PyTorch's CUDA works
+    the source still reads the allocator.
+    """
+    if not cuda_devices:
+        if "nvml" not in capabilities.available:
+            _fail(capabilities, "no CUDA device in this run")
+        return {}
+    env = os.environ if environ is None else environ
+    module, nvml_reason = _start_nvml(nvml)
+    session = _NvmlSession(module) if module is not None else None
+    sources: dict[int, GpuSource] = {}
+    reasons: list[str] = []
+    try:
+        devices: list[NvmlDevice] = []
+        handles: dict[NvmlDevice, Any] = {}
+        if session is not None:
+            try:
+                devices, handles = list_nvml_devices(module)
+            except Exception as exc:
+                nvml_reason = f"NVML could not list the GPUs ({nb.error_text(exc)})"
+                session.release()  # shuts NVML down
+                session = None
+        for index in cuda_devices:
+            src = _open_one(
+                index, capabilities, session, devices, handles, device_ids, allocator, env,
+                pcie_throughput_period_s, reasons,
+            )  # fmt: skip
+            if src is not None:
+                sources[index] = src
+    finally:
+        if session is not None:  # shuts NVML down unless a source uses it
+            session.release()
+    _set_capabilities(capabilities, sources, nvml_reason, reasons)
+    return sources
+
+
+def _open_one(
+    index: int,
+    capabilities: Capabilities,
+    session: _NvmlSession | None,
+    devices: list[NvmlDevice],
+    handles: dict[NvmlDevice, Any],
+    device_ids: Callable[[int], CudaDeviceIds],
+    allocator: Callable[[int], AllocatorReader | None],
+    env: Mapping[str, str],
+    pcie_period: float,
+    reasons: list[str],
+) -> GpuSource | None:
+    reader = allocator(index)
+    if session is None:
+        return GpuSource(index, capabilities, allocator=reader) if reader is not None else None
+    match = match_cuda_device(
+        index,
+        device_ids(index),
+        devices,
+        env.get("CUDA_VISIBLE_DEVICES"),
+        env.get("CUDA_DEVICE_ORDER"),
+    )
+    if match is None:
+        reasons.append(
+            f"cuda:{index} could not be matched to an NVML device (no UUID/PCI id from PyTorch; "
+            f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
+        return GpuSource(index, capabilities, allocator=reader) if reader is not None else None
+    if match.note:
+        capabilities.note(match.note)
+    handle = handles[match.device]
+    parent = handle
+    if match.device.is_mig:
+        parent = handles[_parent_of(devices, match.device)]
+    try:
+        src = GpuSource(
+            index, capabilities, session=session, device=match.device, handle=handle,
+            parent_handle=parent, allocator=reader, pcie_throughput_period_s=pcie_period,
+        )  # fmt: skip
+    except SourceLost as exc:
+        reasons.append(f"cuda:{index} ({match.device.label}): {exc}")
+        return GpuSource(index, capabilities, allocator=reader) if reader is not None else None
+    summary = src.unsupported_summary()
+    if summary:
+        capabilities.note(summary)
+    return src
+
+
+def _parent_of(devices: list[NvmlDevice], inst: NvmlDevice) -> NvmlDevice:
+    """The physical GPU a MIG instance lives on."""
+    return next(d for d in devices if d.index == inst.index and not d.is_mig)
+
+
+def _set_capabilities(
+    capabilities: Capabilities, sources: dict[int, GpuSource], nvml_reason: str, reasons: list[str]
+) -> None:
+    with_nvml = [s for s in sources.values() if s.has_nvml]
+    if with_nvml:
+        capabilities.set("nvml", True)
+    else:
+        capabilities.set(
+            "nvml", False, nvml_reason or "; ".join(reasons) or "NVML is not available"
+        )
+    if any(s.has_utilisation for s in with_nvml):
+        capabilities.set("gpu_utilisation", True)
+    else:
+        why = [f"{s.name}: {s.unsupported['utilisation']}" for s in with_nvml]
+        capabilities.set("gpu_utilisation", False, "; ".join(why) or capabilities.why("nvml"))
+    if any(s.has_memory for s in sources.values()):
+        capabilities.set("gpu_memory", True)
+    elif "gpu_memory" not in capabilities.available or capabilities.ok("gpu_memory"):
+        capabilities.set("gpu_memory", False, capabilities.why("nvml"))

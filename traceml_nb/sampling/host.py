@@ -1,0 +1,467 @@
+"""The host sample source (psutil): this process, its worker processes, the machine's CPUs, RAM.
+
+This is what tells "too few DataLoader workers" (workers busy, cores idle) from "CPU saturated
+by decoding" (every core busy). Columns (``None``/NaN = unavailable):
+
+=================== ===============================================================
+``proc_cpu_pct``    CPU used by this (the training) process; 100 = one core fully busy
+``workers_cpu_pct`` CPU used by all its child processes (DataLoader workers); 100 = one core
+``workers``         number of child processes alive
+``sys_cpu_pct``     whole-machine CPU use, 0..100 (100 = every core busy)
+``max_core_pct``    busiest core usable by this process (0..100)
+``cores_saturated`` cores usable by this process that were more than 90% busy
+``ram_used_mb``     machine RAM in use: total minus available (MiB)
+``ram_total_mb``    machine RAM (MiB)
+``proc_rss_mb``     resident memory of this process (MiB)
+``cpus_available``  CPUs this process may run on (its affinity mask)
+=================== ===============================================================
+
+All CPU figures are averages over the time since the previous sample, computed from the
+kernel's cumulative CPU-time counters (never psutil's module-global ``cpu_percent`` state,
+which the user's own code may share). On Linux they are read from ``/proc`` directly
+(:class:`ProcfsReader`, for the overhead budget), elsewhere through psutil
+(:class:`PsutilReader`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ..capabilities import Capabilities
+from ..record import SampleTable
+
+COLUMNS = (
+    "proc_cpu_pct",
+    "workers_cpu_pct",
+    "workers",
+    "sys_cpu_pct",
+    "max_core_pct",
+    "cores_saturated",
+    "ram_used_mb",
+    "ram_total_mb",
+    "proc_rss_mb",
+    "cpus_available",
+)
+
+MIB = 1024 * 1024
+SATURATED_PCT = 90.0  #: a core busier than this counts as saturated
+CHILDREN_REFRESH_S = 1.0  #: the list of child processes is rebuilt at most this often
+
+
+def proc_children_pids(pid: int, proc_root: Path = Path("/proc")) -> list[int] | None:
+    """All descendants of ``pid`` from Linux's ``/proc/<pid>/task/<tid>/children`` files.
+
+    Reads a handful of small files instead of scanning every process on the machine (what
+    psutil's ``children()`` does). None where those files do not exist (not Linux, or a kernel
+    without ``CONFIG_PROC_CHILDREN``).
+    """
+    if not (proc_root / str(pid) / "task").is_dir():
+        return None
+    found: list[int] = []
+    todo = [pid]
+    seen = {pid}
+    first = True
+    while todo:
+        current = todo.pop()
+        try:
+            tasks = list((proc_root / str(current) / "task").iterdir())
+        except OSError:
+            continue  # the process ended
+        for task in tasks:
+            try:
+                text = (task / "children").read_text()
+            except FileNotFoundError:
+                if first:
+                    return None  # this kernel has no children files
+                continue
+            except OSError:
+                continue
+            first = False
+            for word in text.split():
+                child = int(word)
+                if child not in seen:
+                    seen.add(child)
+                    found.append(child)
+                    todo.append(child)
+        first = False
+    return found
+
+
+def cpus_available() -> int | None:
+    """CPUs this process may run on: its affinity mask where the OS has one, else all CPUs."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        try:
+            return len(affinity(0))
+        except OSError:
+            pass
+    return os.cpu_count()
+
+
+#: Process start times have the resolution of a kernel clock tick (10 ms on most systems).
+START_TIME_RESOLUTION_S = 0.01
+
+
+class ProcessGone(Exception):
+    """The process ended (or its pid now belongs to another process)."""
+
+
+class ProcStat(NamedTuple):
+    cpu_s: float  #: user + system CPU seconds of the process itself (not of reaped children)
+    rss_bytes: int
+    started: float  #: start time, on the reader's :meth:`now` clock (s)
+
+
+class ProcfsReader:
+    """Linux: reads ``/proc`` directly, one open/read/close per file.
+
+    On the H200 test machine psutil's buffered reads (about 7 system calls a file) and parsing
+    cost ~780 µs a sample under load; this keeps the sampler inside its 1%-of-a-core budget.
+    Start times are compared on ``CLOCK_BOOTTIME``, the clock ``/proc/<pid>/stat`` uses.
+    """
+
+    def __init__(self, psutil: Any = None, proc_root: str = "/proc") -> None:
+        self._root = proc_root
+        self._psutil = psutil
+        self._tick = float(os.sysconf("SC_CLK_TCK"))
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._use_children_files = True
+        self.process_stat(os.getpid())  # fails here, not mid-run, where /proc is not Linux's
+        self.core_times()
+        self.memory()
+
+    def _read(self, path: str) -> bytes:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            chunks: list[bytes] = []
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+
+    def now(self) -> float:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    def process_stat(self, pid: int, rss: bool = True) -> ProcStat:
+        try:
+            raw = self._read(f"{self._root}/{pid}/stat")
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ProcessGone(pid) from exc
+        fields = raw[raw.rindex(b")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
+        # man 5 proc, fields 14/15 (utime, stime), 22 (starttime), 24 (rss), counted from 1
+        cpu_ticks = int(fields[11]) + int(fields[12])
+        return ProcStat(
+            cpu_ticks / self._tick, int(fields[21]) * self._page, int(fields[19]) / self._tick
+        )
+
+    def core_times(self) -> list[tuple[float, float]]:
+        cores = []
+        for line in self._read(f"{self._root}/stat").splitlines():
+            if line.startswith(b"cpu") and line[3:4].isdigit():
+                # user nice system idle iowait irq softirq steal guest guest_nice (clock ticks);
+                # guest time is already inside user/nice, as psutil counts it
+                v = [int(x) for x in line.split()[1:]]
+                total = sum(v[:8])
+                idle = v[3] + (v[4] if len(v) > 4 else 0)
+                cores.append((float(total - idle), float(total)))
+            elif cores:
+                break
+        return cores
+
+    def memory(self) -> tuple[int, int]:
+        info = {}
+        for line in self._read(f"{self._root}/meminfo").splitlines():
+            key, _, rest = line.partition(b":")
+            info[key] = int(rest.split()[0]) * 1024
+        total = info[b"MemTotal"]
+        available = info.get(b"MemAvailable")
+        if available is None:  # kernels before 3.14
+            available = info[b"MemFree"] + info.get(b"Buffers", 0) + info.get(b"Cached", 0)
+        return total, available
+
+    def main_thread_children(self, pid: int) -> list[int] | None:
+        """Direct children forked by the main thread of ``pid`` (None where not readable)."""
+        if not self._use_children_files:
+            return None
+        try:
+            return [int(w) for w in self._read(f"{self._root}/{pid}/task/{pid}/children").split()]
+        except OSError:
+            return None
+
+    def children(self, pid: int) -> list[int] | None:
+        if self._use_children_files:
+            pids = proc_children_pids(pid, Path(self._root))
+            if pids is not None:
+                return pids
+            self._use_children_files = False
+        return _psutil_children(self._psutil, pid)
+
+
+class PsutilReader:
+    """Any OS psutil supports (macOS, Windows, Linux without the fast path)."""
+
+    def __init__(self, psutil: Any) -> None:
+        self._psutil = psutil
+        self._processes: dict[int, Any] = {}
+        # On Linux psutil's create_time() is the boot time (whole seconds!) plus the start
+        # ticks: up to a second off against time.time(), exact against CLOCK_BOOTTIME.
+        self._boot_time = 0.0
+        self._now: Callable[[], float] = time.time
+        if sys.platform.startswith("linux"):
+            self._boot_time = float(psutil.boot_time())
+            self._now = lambda: time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    def now(self) -> float:
+        return self._now()
+
+    def _process(self, pid: int) -> Any:
+        proc = self._processes.get(pid)
+        if proc is None:
+            proc = self._processes[pid] = self._psutil.Process(pid)
+        return proc
+
+    def process_stat(self, pid: int, rss: bool = True) -> ProcStat:
+        try:
+            proc = self._process(pid)
+            times = proc.cpu_times()
+            rss_bytes = proc.memory_info().rss if rss else 0
+            started = float(proc.create_time()) - self._boot_time
+            return ProcStat(float(times.user + times.system), rss_bytes, started)
+        except self._psutil.Error as exc:
+            self._processes.pop(pid, None)
+            raise ProcessGone(pid) from exc
+
+    def core_times(self) -> list[tuple[float, float]]:
+        cores = []
+        for t in self._psutil.cpu_times(percpu=True):
+            total = float(sum(t)) - float(getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0))
+            idle = float(t.idle + getattr(t, "iowait", 0.0))
+            cores.append((total - idle, total))
+        return cores
+
+    def memory(self) -> tuple[int, int]:
+        mem = self._psutil.virtual_memory()
+        return int(mem.total), int(mem.available)
+
+    def main_thread_children(self, pid: int) -> list[int] | None:
+        return None  # no cheap way: new children wait for the next full refresh
+
+    def children(self, pid: int) -> list[int] | None:
+        pids = _psutil_children(self._psutil, pid)
+        if pids is not None:  # forget the processes that ended
+            alive = set(pids)
+            for gone in [p for p in self._processes if p not in alive and p != pid]:
+                del self._processes[gone]
+        return pids
+
+
+def _psutil_children(psutil: Any, pid: int) -> list[int] | None:
+    if psutil is None:
+        return None
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return None
+
+
+HostReader = ProcfsReader | PsutilReader
+
+
+class _Tracked:
+    """A child process: its start time (to notice pid reuse) and CPU seconds at the last sample."""
+
+    __slots__ = ("started", "last_cpu_s")
+
+    def __init__(self, started: float, last_cpu_s: float) -> None:
+        self.started = started
+        self.last_cpu_s = last_cpu_s
+
+
+class HostSource:
+    """Samples this process, its child processes and the machine (see the module docstring)."""
+
+    name = "host"
+
+    def __init__(
+        self,
+        reader: HostReader,
+        *,
+        pid: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        children_refresh_s: float = CHILDREN_REFRESH_S,
+    ) -> None:
+        self.table = SampleTable(COLUMNS)
+        self.reader = reader
+        self._pid = os.getpid() if pid is None else pid
+        self._clock = clock
+        self._refresh_s = children_refresh_s
+        self._cpus_available = cpus_available()
+        self._children: dict[int, _Tracked] = {}
+        self._children_ok = True
+        self._last_refresh = -float("inf")
+        self._last_t = clock()
+        self._last_start_clock = reader.now()
+        self._last_proc_cpu_s = reader.process_stat(self._pid, rss=False).cpu_s
+        self._last_cores = reader.core_times()
+        self._usable_cores = self._usable_core_indices(len(self._last_cores))
+        self._refresh_children(self._last_t, prime_all=True)
+
+    @staticmethod
+    def _usable_core_indices(n_cores: int) -> list[int] | None:
+        """Indices into the per-core list of the cores this process may use (None = all)."""
+        affinity = getattr(os, "sched_getaffinity", None)
+        if affinity is None or n_cores != os.cpu_count():
+            return None  # CPUs offline: list positions are not CPU numbers
+        try:
+            return sorted(affinity(0))
+        except OSError:
+            return None
+
+    # --- child processes ----------------------------------------------------------------------
+    def _refresh_children(self, now: float, prime_all: bool = False) -> None:
+        self._last_refresh = now
+        pids = self.reader.children(self._pid)
+        if pids is None:
+            self._children_ok = False
+            self._children.clear()
+            return
+        self._children_ok = True
+        current = set(pids)
+        for pid in list(self._children):
+            if pid not in current:
+                del self._children[pid]
+        for pid in pids:
+            if pid not in self._children:
+                self._track(pid, prime_all)
+
+    def _track(self, pid: int, prime: bool = False) -> None:
+        try:
+            stat = self.reader.process_stat(pid, rss=False)
+        except ProcessGone:
+            return  # ended before we could look at it
+        # A child started since the previous sample spent all its CPU time inside this
+        # interval: count it from 0. An older one (found late) is counted from now on.
+        born = stat.started >= self._last_start_clock - START_TIME_RESOLUTION_S
+        self._children[pid] = _Tracked(stat.started, 0.0 if born and not prime else stat.cpu_s)
+
+    def _track_new_main_thread_children(self) -> None:
+        """Between full refreshes, pick up new children of the main thread (one small read):
+        DataLoader workers are forked there, and found a second late they would lose that
+        second of CPU time."""
+        pids = self.reader.main_thread_children(self._pid)
+        for pid in pids or ():
+            if pid not in self._children:
+                self._track(pid)
+
+    def _children_cpu_s(self) -> float:
+        """CPU seconds the children used since the previous sample; ended children are dropped."""
+        used = 0.0
+        for pid, tracked in list(self._children.items()):
+            try:
+                stat = self.reader.process_stat(pid, rss=False)
+            except ProcessGone:
+                stat = None
+            if stat is None or abs(stat.started - tracked.started) > START_TIME_RESOLUTION_S:
+                del self._children[pid]  # ended (its last slice is lost) or pid reused
+                continue
+            used += max(0.0, stat.cpu_s - tracked.last_cpu_s)
+            tracked.last_cpu_s = stat.cpu_s
+        return used
+
+    # --- sampling ---------------------------------------------------------------------------
+    def read(self) -> dict[str, float | int | None]:
+        """One sample: CPU averages since the previous call, memory as it is now."""
+        reader = self.reader
+        now = self._clock()
+        elapsed = now - self._last_t
+        values: dict[str, float | int | None] = dict.fromkeys(COLUMNS)
+        values["cpus_available"] = self._cpus_available
+
+        me = reader.process_stat(self._pid)
+        if now - self._last_refresh >= self._refresh_s:
+            self._refresh_children(now)
+        elif self._children_ok:
+            self._track_new_main_thread_children()
+        children_cpu_s = self._children_cpu_s() if self._children_ok else None
+        cores = reader.core_times()
+
+        if elapsed > 0:
+            values["proc_cpu_pct"] = max(0.0, me.cpu_s - self._last_proc_cpu_s) / elapsed * 100
+            if children_cpu_s is not None and (self._children or children_cpu_s > 0):
+                # no child process: nothing to read, which is not a 0% reading
+                values["workers_cpu_pct"] = children_cpu_s / elapsed * 100
+        if self._children_ok:
+            values["workers"] = len(self._children)
+        values.update(self._core_stats(cores))
+
+        total, available = reader.memory()
+        values["ram_total_mb"] = total / MIB
+        values["ram_used_mb"] = (total - available) / MIB
+        values["proc_rss_mb"] = me.rss_bytes / MIB
+
+        self._last_t = now
+        self._last_start_clock = reader.now()
+        self._last_proc_cpu_s = me.cpu_s
+        self._last_cores = cores
+        return values
+
+    def _core_stats(self, cores: list[tuple[float, float]]) -> dict[str, float | int | None]:
+        if len(cores) != len(self._last_cores):  # a CPU went on- or offline
+            return {}
+        pcts: list[float | None] = []
+        busy_sum = total_sum = 0.0
+        for (busy, total), (last_busy, last_total) in zip(cores, self._last_cores, strict=True):
+            d_busy, d_total = busy - last_busy, total - last_total
+            busy_sum += max(0.0, d_busy)
+            total_sum += max(0.0, d_total)
+            pcts.append(min(100.0, max(0.0, d_busy / d_total * 100)) if d_total > 0 else None)
+        if total_sum <= 0:
+            return {}  # the counters have not moved yet (samples closer than a clock tick)
+        usable = pcts if self._usable_cores is None else [pcts[i] for i in self._usable_cores]
+        known = [p for p in usable if p is not None]
+        return {
+            "sys_cpu_pct": min(100.0, busy_sum / total_sum * 100),
+            "max_core_pct": max(known) if known else None,
+            "cores_saturated": sum(1 for p in known if p > SATURATED_PCT) if known else None,
+        }
+
+    def close(self) -> None:
+        self._children.clear()
+
+
+def make_reader(psutil: Any) -> HostReader:
+    """The fast ``/proc`` reader on Linux, else psutil's (``psutil`` None: Linux only)."""
+    if sys.platform.startswith("linux"):
+        try:
+            return ProcfsReader(psutil)
+        except (OSError, ValueError, IndexError, KeyError):
+            pass  # an unusual /proc (a sandbox): psutil copes
+    if psutil is None:
+        raise RuntimeError("psutil is not installed and /proc cannot be read")
+    return PsutilReader(psutil)
+
+
+def open_host_source(capabilities: Capabilities) -> HostSource | None:
+    """The host source with its CPU counters primed, or None with the reason in capabilities."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None  # Linux reads /proc without it
+    try:
+        source = HostSource(make_reader(psutil))
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        if psutil is None:
+            reason = "psutil is not installed"
+        capabilities.set("host", False, f"host CPU and RAM are not sampled ({reason})")
+        return None
+    capabilities.set("host", True)
+    return source
