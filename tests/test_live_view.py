@@ -1,0 +1,644 @@
+"""The live view: the pure chart-data functions, then ``LiveView`` against real runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from bokeh.models import ColumnDataSource
+from torch.utils.data import DataLoader, Dataset
+
+import traceml_nb
+from traceml_nb.record import SOURCE_MARKER, SOURCE_OPTIMIZER, LoaderInfo, RunRecord, SampleTable
+from traceml_nb.views.live import BatchedBokehModel, LiveView, header_html
+from traceml_nb.views.live_data import (
+    STEP_FIELDS,
+    SampleSeries,
+    SeriesUpdate,
+    StepRows,
+    StepSeries,
+    bin_samples,
+    bin_steps,
+    bucket_medians,
+    bucket_size,
+    choose_step_source,
+    recent_rate,
+)
+
+NAN = float("nan")
+MS = 1_000_000
+
+
+# --- pure functions -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [(0, 1), (1, 1), (2000, 1), (2001, 2), (4000, 2), (4001, 4), (100_000, 64)],
+)
+def test_bucket_size_is_the_smallest_power_of_two_that_fits(rows, expected):
+    assert bucket_size(rows, 2000) == expected
+    assert math.ceil(rows / expected) <= 2000
+
+
+def test_bucket_medians_ignore_unmeasured_values():
+    values = np.array([3.0, 1.0, 2.0, NAN, NAN, NAN, NAN, NAN, 4.0, 1.0, 3.0, 2.0, 7.0])
+    assert bucket_medians(values, 1, partial=False).tolist()[:3] == [3.0, 1.0, 2.0]
+    medians = bucket_medians(values, 4, partial=False)
+    assert len(medians) == 3
+    assert medians[0] == 2.0  # of 3, 1, 2: the NaN is ignored
+    assert np.isnan(medians[1])  # nothing measured: stays unmeasured, never 0
+    assert medians[2] == 2.5
+    with_tail = bucket_medians(values, 4, partial=True)
+    assert len(with_tail) == 4 and with_tail[-1] == 7.0
+    assert len(bucket_medians(np.array([]), 4, partial=True)) == 0
+
+
+def test_recent_rate():
+    assert recent_rate([]) is None
+    assert recent_rate([(1.0, 10)]) is None
+    assert recent_rate([(1.0, 10), (1.0, 12)]) is None
+    assert recent_rate([(1.0, 10), (2.0, 30), (3.0, 50)]) == 20.0
+
+
+def _rows(walls_ms, waits_ms, batch=8, start_ms=0):
+    starts, t = [], start_ms * MS
+    for w in walls_ms:
+        starts.append(t)
+        t += w * MS
+    n = len(walls_ms)
+    cols = (starts, [w * MS for w in walls_ms], [w * MS for w in waits_ms], [batch] * n)
+    return StepRows(*(np.array(c, dtype=np.int64) for c in cols))
+
+
+def test_bin_steps_exact_medians_whole_buckets_only():
+    rows = _rows([10, 20, 30, 40, 50], [1, 2, 3, 4, 5])
+    data, used = bin_steps(rows, 0, 2, partial=False, rate_window=1)
+    assert used == 4
+    assert data["step"].tolist() == [1.5, 3.5]
+    assert data["step_ms"].tolist() == [15.0, 35.0]
+    assert data["wait_ms"].tolist() == [1.5, 3.5]
+    assert data["compute_ms"].tolist() == [13.5, 31.5]
+    assert data["t_s"] == pytest.approx([0.030, 0.100])
+    assert data["steps_per_s"] == pytest.approx([2 / 0.030, 2 / 0.070])
+    assert data["samples_per_s"] == pytest.approx([16 / 0.030, 16 / 0.070])
+
+
+def test_bin_steps_partial_bucket_and_unknown_batch_size():
+    rows = _rows([10, 20, 30], [1, 2, 3], batch=-1)
+    data, used = bin_steps(rows, 100, 2, partial=True, rate_window=1)
+    assert used == 3
+    assert data["step"].tolist() == [101.5, 103.0]
+    assert data["step_ms"].tolist() == [15.0, 30.0]
+    assert np.isnan(data["samples_per_s"]).all()
+    # the partial last bucket's throughput still spans k steps: steps 2 and 3
+    assert data["steps_per_s"][1] == pytest.approx(2 / 0.050)
+
+
+def test_bin_steps_throughput_over_a_trailing_window_with_context():
+    rows = _rows([10, 10, 20, 20, 40], [0] * 5, batch=4)
+    # the first two rows were sent already: context for the throughput only
+    data, used = bin_steps(rows, 2, 1, partial=False, context=2, rate_window=3)
+    assert used == 3
+    assert data["step"].tolist() == [3.0, 4.0, 5.0]
+    assert data["step_ms"].tolist() == [20.0, 20.0, 40.0]
+    assert data["steps_per_s"] == pytest.approx([3 / 0.040, 3 / 0.050, 3 / 0.080])
+    assert data["samples_per_s"] == pytest.approx([12 / 0.040, 12 / 0.050, 12 / 0.080])
+
+
+def test_bin_samples_medians_per_column():
+    cols = {"t": [0.1, 0.2, 0.3, 0.4, 0.5], "cpu": [10.0, NAN, 30.0, 50.0, 70.0]}
+    data, used = bin_samples(cols, 2, partial=False)
+    assert used == 4
+    assert data["t"] == pytest.approx([0.15, 0.35])
+    assert data["cpu"].tolist() == [10.0, 40.0]
+    data, used = bin_samples(cols, 2, partial=True)
+    assert used == 5 and data["cpu"][-1] == 70.0
+
+
+def test_choose_step_source():
+    rec = RunRecord()
+    assert choose_step_source(rec) is None
+    rec.optimizer_steps = 3
+    assert choose_step_source(rec) == SOURCE_OPTIMIZER
+    loader = dict(num_workers=0, pin_memory=False, prefetch_factor=None, persistent_workers=False)
+    common = dict(batch_size=8, dataset_type="D", dataset_len=8, iterable=False)
+    rec.loaders.append(LoaderInfo(slot=0, fetches=50, **loader, **common))  # eval, iterated most
+    rec.loaders.append(LoaderInfo(slot=1, fetches=10, **loader, **common))
+    assert choose_step_source(rec) == 0
+    rec.loaders[1].optimizer_steps = 10
+    assert choose_step_source(rec) == 1
+    rec.markers = 1
+    assert choose_step_source(rec) == SOURCE_MARKER
+
+
+class Chart:
+    """What the browser holds for one source: applies updates like ``ColumnDataSource`` does
+    (a replacement, or a stream with rollover) and records them."""
+
+    def __init__(self, rollover: int) -> None:
+        self.rollover = rollover
+        self.data: dict[str, np.ndarray] = {}
+        self.replacements = 0
+        self.streams = 0
+        self.max_points = 0
+
+    def apply(self, update: SeriesUpdate | None) -> None:
+        if update is None:
+            return
+        if update.replace:
+            self.replacements += 1
+            self.data = {k: v.copy() for k, v in update.data.items()}
+        else:
+            self.streams += 1
+            for k, v in update.data.items():
+                self.data[k] = np.concatenate([self.data[k], v])[-self.rollover :]
+        self.max_points = max(self.max_points, len(self))
+
+    def __len__(self) -> int:
+        return len(next(iter(self.data.values()), []))
+
+
+def _synthetic_record(steps: int, *, chunk: int, series: StepSeries | None, chart: Chart | None):
+    """A record with one training loader (slot 0) whose steps interleave with optimizer rows;
+    the series is updated every ``chunk`` steps, as the view's ticks would."""
+    rec = series.record if series is not None else RunRecord()
+    t = 0
+    for i in range(steps):
+        wall = (10 + i % 7) * MS
+        wait = (i % 3) * MS
+        rec.steps.append(t, wall, wait, 32, 0, 0)
+        rec.steps.append(t, wall, wait, 32, SOURCE_OPTIMIZER, 0)
+        t += wall
+        if series is not None and chart is not None and (i + 1) % chunk == 0:
+            chart.apply(series.update())
+    return rec
+
+
+def _training_record() -> RunRecord:
+    rec = RunRecord()
+    rec.optimizer_steps = 1
+    rec.loaders.append(
+        LoaderInfo(0, 0, False, None, False, 32, "D", None, False, fetches=1, optimizer_steps=1)
+    )
+    return rec
+
+
+def test_step_series_stays_bounded_over_100k_steps_and_ends_exact():
+    rec = _training_record()
+    series = StepSeries(rec, max_points=2000)
+    chart = Chart(rollover=2000)
+    _synthetic_record(100_000, chunk=250, series=series, chart=chart)
+    rec.steps.append(0, 5 * MS, 0, 32, 0, 0)  # one more step: a partial last bucket
+    chart.apply(series.update(final=True))
+    assert series.update(final=True) is None  # finished
+
+    assert series.k == 64
+    assert chart.max_points <= 2000
+    assert series.points == len(chart) <= 2000
+    # k doubled 6 times (1 -> 64): a replacement each time, plus the first one
+    assert chart.replacements == 7
+    assert chart.streams > 300
+    # the optimizer rows were left out and every training step is in exactly one point
+    assert series.steps == 100_001
+    rows = StepRows.of_source(rec.steps.snapshot(0), 0)
+    expected, used = bin_steps(rows, 0, 64, partial=True)
+    assert used == 100_001
+    assert set(chart.data) == set(expected)
+    for name, values in expected.items():
+        np.testing.assert_array_equal(chart.data[name], values, err_msg=name)
+
+
+def test_step_series_sends_only_new_points_each_tick():
+    rec = _training_record()
+    series = StepSeries(rec)
+    chart = Chart(rollover=2000)
+    _synthetic_record(10, chunk=5, series=series, chart=chart)
+    assert chart.replacements == 1 and chart.streams == 1
+    assert chart.data["step"].tolist() == [float(i) for i in range(1, 11)]
+    assert series.update() is None  # nothing new
+
+
+def test_step_series_rebuilds_when_the_step_source_changes():
+    rec = RunRecord()
+    train_info = LoaderInfo(0, 0, False, None, False, 32, "D", None, False, fetches=3)
+    rec.loaders.append(train_info)
+    for i in range(3):
+        rec.steps.append(i * 10 * MS, 10 * MS, MS, 32, 0, 0)
+    series = StepSeries(rec)
+    first = series.update()
+    assert first is not None and first.replace and len(first) == 3
+    # an eval loader is iterated more: before any optimizer step it is the best guess
+    eval_info = LoaderInfo(1, 0, False, None, False, 32, "D", None, False, fetches=9)
+    rec.loaders.append(eval_info)
+    for i in range(9):
+        rec.steps.append(i * MS, MS, 0, 32, 1, 0)
+    upd = series.update()
+    assert upd is not None and upd.replace and len(upd) == 9 and series.source == 1
+    # the optimizer steps reveal the training loader: the chart is rebuilt from its rows
+    train_info.optimizer_steps = 3
+    upd = series.update()
+    assert upd is not None and upd.replace and upd.data["step_ms"].tolist() == [10.0, 10.0, 10.0]
+    assert series.update() is None
+
+
+def test_sample_series_bounded_through_table_decimation():
+    table = SampleTable(["util", "other"], cap=5000)
+    series = SampleSeries(table, ["util"], max_points=1000)
+    chart = Chart(rollover=1000)
+    for i in range(100_000):
+        table.append(i * 0.1, {"util": float(i % 100)})
+        if i % 500 == 0:
+            chart.apply(series.update())
+    chart.apply(series.update(final=True))
+    assert table.stride > 1  # the table halved itself on the way
+    assert set(chart.data) == {"t", "util"}  # only the columns asked for
+    assert chart.max_points <= 1000
+    assert len(chart) == series.points
+    assert chart.data["t"][-1] == pytest.approx(table.snapshot()["t"][-1], abs=30)
+    assert all(0 <= v <= 99 for v in chart.data["util"])
+
+
+def test_sample_series_keeps_unmeasured_values_unmeasured():
+    table = SampleTable(["util"])
+    for i in range(4):
+        table.append(i, {"util": None})
+    series = SampleSeries(table)
+    upd = series.update(final=True)
+    assert upd is not None and np.isnan(upd.data["util"]).all()
+
+
+def test_header_html_escapes_and_labels_the_verdict():
+    text = header_html("<mine>", "running", 1234, 12.34, 56.78, "input-bound")
+    assert "&lt;mine&gt;" in text
+    assert "1,234 steps" in text and "12.3 s" in text and "56.8 steps/s" in text
+    assert "verdict so far: input-bound" in text
+    done = header_html("r", "completed", 1, 1.0, None, "compute-bound")
+    assert "– steps/s" in done and "verdict: compute-bound" in done
+    assert "verdict" not in header_html("r", "running", 0, 0.0, None, None)
+
+
+# --- the batching widget ------------------------------------------------------------------------
+def test_batched_model_sends_one_patch_per_batch():
+    from bokeh.layouts import column
+    from bokeh.models.widgets.markups import Div
+    from bokeh.plotting import figure
+
+    a = ColumnDataSource({"x": [], "y": []})
+    b = ColumnDataSource({"x": [], "y": []})
+    fig = figure()
+    fig.line("x", "y", source=a)
+    fig.line("x", "y", source=b)
+    header = Div(text="")
+    widget = BatchedBokehModel(column(header, fig))
+    sent: list[dict] = []
+    original_send = BatchedBokehModel.send
+
+    def record(self, content, buffers=None):
+        sent.append(content)
+        original_send(self, content, buffers)
+
+    BatchedBokehModel.send = record  # type: ignore[method-assign]
+    try:
+        with widget.batch():
+            a.stream({"x": [1.0, 2.0], "y": [3.0, NAN]}, rollover=10)
+            b.stream({"x": [1.0], "y": [4.0]}, rollover=10)
+            header.text = "changed"
+        assert len(sent) == 3 == widget.sent_messages
+        events = json.loads(sent[2]["payload"])["events"]
+        assert [e["kind"] for e in events] == ["ColumnsStreamed", "ColumnsStreamed", "ModelChanged"]
+        header.text = "again"  # outside a batch: one patch per change, as BokehModel does
+        assert widget.sent_messages == 6
+    finally:
+        BatchedBokehModel.send = original_send  # type: ignore[method-assign]
+        widget.close()
+
+
+# --- LiveView against real runs ------------------------------------------------------------------
+class SleepyDataset(Dataset):
+    """Each item takes ``delay`` seconds to load, like a slow decoder."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n = n
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return torch.randn(8), torch.randn(1)
+
+
+def train(seconds: float, on_step=None) -> int:
+    """A real small training loop over a real DataLoader for about ``seconds``; steps run."""
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SleepyDataset(100_000, 0.0005), batch_size=8)
+    deadline = time.monotonic() + seconds
+    steps = 0
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+        if on_step is not None:
+            on_step(steps)
+        if time.monotonic() > deadline:
+            break
+    return steps
+
+
+@pytest.fixture
+def stream_calls(monkeypatch):
+    """Every ``ColumnDataSource.stream`` call as ``(thread name, source id)``."""
+    calls: list[tuple[str, str]] = []
+    original = ColumnDataSource.stream
+
+    def recording(self, new_data, rollover=None):
+        calls.append((threading.current_thread().name, self.id))
+        return original(self, new_data, rollover)
+
+    monkeypatch.setattr(ColumnDataSource, "stream", recording)
+    return calls
+
+
+def test_live_view_updates_from_one_thread_with_batched_messages(stream_calls):
+    with traceml_nb.Run("live-test", interval=0.05) as run:
+        view = LiveView(run, display=False, settle_s=0)
+        view.start()
+        assert [t.name for t in threading.enumerate()].count("traceml-view") == 1
+        steps = train(1.5)
+    view.stop()
+    view.stop()  # twice is fine
+    assert view.error is None, run.capabilities.notes
+    assert not view.running
+
+    # ≤ 4 ticks a second, however fast the steps come
+    assert view.ticks <= run.elapsed_s / 0.25 + 2
+    assert view.updates >= 3
+    # one PATCH-DOC (3 comm messages) per update, whatever was in it
+    assert view.messages == 3 * view.updates
+    assert view.busy_s > 0
+
+    # at most one stream call per source per tick, all from the writer thread except the
+    # final update (made by stop() in this thread)
+    writer_calls = [c for c in stream_calls if c[0] == "traceml-view"]
+    final_calls = [c for c in stream_calls if c[0] != "traceml-view"]
+    per_source: dict[str, int] = {}
+    for _, source_id in writer_calls:
+        per_source[source_id] = per_source.get(source_id, 0) + 1
+    assert writer_calls and max(per_source.values()) <= view.ticks
+    assert len(final_calls) <= len(view.charts.sample_series) + 1
+
+    # the chart holds every training step (the final update adds the last partial bucket)
+    # and no optimizer rows
+    data = view.charts.steps.data
+    assert len(data["step"]) == steps == view._step_series.steps
+    assert data["step"].tolist() == [float(i) for i in range(1, steps + 1)]
+    assert all(v >= 0 for v in data["wait_ms"])
+    assert "live-test" in view.charts.header.text
+    assert f"{steps:,} steps" in view.charts.header.text
+    assert "completed" in view.charts.header.text
+
+
+def test_live_view_on_cpu_says_why_there_is_no_gpu_chart(cpu_only_torch):
+    with traceml_nb.Run("cpu") as run:
+        view = LiveView(run, display=False)
+        view.start()
+        train(0.3)
+    view.stop()
+    texts = [
+        m.text
+        for m in view.charts.layout.references()
+        if hasattr(m, "text") and isinstance(m.text, str)
+    ]
+    expected = f"GPU unavailable: {run.capabilities.why('nvml')}"
+    assert run.capabilities.why("nvml")
+    assert any(expected in t for t in texts), texts
+    assert view.charts.gpus == {}
+
+
+def test_live_view_shows_host_samples_when_the_host_sampler_runs():
+    with traceml_nb.Run("host", interval=0.05) as run:
+        view = LiveView(run, display=False)
+        view.start()
+        train(0.8)
+    view.stop()
+    if run.record.host is None:
+        pytest.skip(f"host sampling unavailable here: {run.capabilities.why('host')}")
+    data = view.charts.host.data
+    assert set(data) == {"t", "proc_cpu_pct", "workers_cpu_pct", "sys_cpu_pct"}
+    assert len(data["t"]) == len(run.record.host)
+
+
+def test_first_seconds_send_the_whole_series_so_a_late_frontend_misses_nothing(stream_calls):
+    """The frontend drops messages that come before the widget's view exists: while settling,
+    every update replaces the whole (small) series instead of appending to it."""
+    replaced: list[int] = []
+    with traceml_nb.Run("settle") as run:
+        view = LiveView(run, display=False, settle_s=60)
+        view.start()
+        steps_source = view.charts.steps
+
+        def watch(attr, old, new):
+            replaced.append(len(new["step"]))
+
+        steps_source.on_change("data", watch)
+        train(1.2)
+    view.stop()
+    assert stream_calls == []
+    assert len(replaced) >= 2
+    assert replaced == sorted(replaced)  # each replacement holds everything sent before
+    assert replaced[-1] == len(view.charts.steps.data["step"]) == view._step_series.steps
+
+
+def _gpu_view(nvml) -> tuple[LiveView, object]:
+    with traceml_nb.Run("gpu", device="cuda:0", nvml=nvml, interval=0.02) as run:
+        view = LiveView(run, display=False)
+        view.start()
+        train(0.6)
+    view.stop()
+    return view, run
+
+
+def test_live_view_charts_gpu_utilisation_and_memory_from_nvml():
+    from fake_nvml import MIB, FakeNvml, make_gpus
+
+    view, run = _gpu_view(FakeNvml(make_gpus(1)))  # NVML faked: the hardware boundary
+    assert run.capabilities.ok("nvml"), run.capabilities.reasons
+    assert list(view.charts.gpus) == [0]
+    data = view.charts.gpus[0].data
+    assert set(data) >= {"t", "util_gpu_pct", "mem_used_mb"}
+    assert len(data["t"]) == len(run.record.gpus[0]) >= 3
+    assert set(np.asarray(data["util_gpu_pct"]).tolist()) == {87.0}
+    assert set(np.asarray(data["mem_used_mb"]).tolist()) == {16384 / 4 * MIB / MIB}
+    titles = [
+        m.title.text
+        for m in view.charts.layout.references()
+        if hasattr(m, "title") and hasattr(m.title, "text")
+    ]
+    assert "GPU utilisation" in titles and "GPU memory" in titles
+
+
+def test_live_view_says_why_gpu_utilisation_is_missing_on_mig():
+    from fake_nvml import FakeNvml, make_gpus
+
+    view, run = _gpu_view(FakeNvml(make_gpus(1, mig_on=[0])))
+    reason = run.capabilities.why("gpu_utilisation")
+    assert reason, run.capabilities.to_dict()
+    utilisation = np.asarray(view.charts.gpus[0].data["util_gpu_pct"])
+    assert np.isnan(utilisation).all()  # shown as a gap, never as 0
+    titles = [
+        m.title.text
+        for m in view.charts.layout.references()
+        if hasattr(m, "title") and hasattr(m.title, "text")
+    ]
+    assert f"GPU utilisation unavailable: {reason}" in titles
+
+
+class FailingView(LiveView):
+    """A view whose second update raises."""
+
+    def _update(self, final: bool) -> None:
+        if self.ticks >= 1:
+            raise RuntimeError("boom")
+        super()._update(final)
+
+
+def test_a_failing_view_does_not_break_training():
+    with traceml_nb.Run("failing") as run:
+        view = FailingView(run, display=False)
+        view.start()
+        steps = train(1.0)
+        assert not view.running  # it stopped itself after the failure
+    view.stop()
+    assert steps > 10 and run.status == "completed"
+    assert "live view stopped updating: RuntimeError: boom" in run.capabilities.notes
+    assert view.error == "RuntimeError: boom"
+
+
+def test_a_view_that_cannot_start_notes_why_and_raises_nothing(monkeypatch):
+    def broken(*_args, **_kwargs):
+        raise ValueError("no charts today")
+
+    monkeypatch.setattr("traceml_nb.views.live.LiveCharts", broken)
+    with traceml_nb.Run("broken") as run:
+        view = LiveView(run, display=False)
+        view.start()
+        train(0.1)
+    view.stop()
+    assert "live view failed to start: ValueError: no charts today" in run.capabilities.notes
+    assert view.widget is None and not view.running
+
+
+def test_running_verdict_comes_from_the_analysis_at_most_once_a_second(monkeypatch):
+    import traceml_nb.analysis as analysis_pkg
+    from traceml_nb.analysis.model import Analysis, Diagnosis
+
+    calls: list[float] = []
+
+    def fake_analyze(record, capabilities):  # the analysis is another module's job
+        calls.append(time.monotonic())
+        diag = Diagnosis(
+            verdict="input-bound", title="input-bound: data wait 60%", confidence="high"
+        )
+        return Analysis(summary=None, diagnosis=diag)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(analysis_pkg, "analyze", fake_analyze, raising=False)
+    with traceml_nb.Run("verdict") as run:
+        view = LiveView(run, display=False)
+        view.start()
+        train(1.6)
+    view.stop()
+    assert "verdict: input-bound: data wait 60%" in view.charts.header.text
+    assert 2 <= len(calls) <= run.elapsed_s + 2  # the running ones (≤ 1/s) and the final one
+    gaps = [b - a for a, b in zip(calls, calls[1:-1], strict=False)]
+    assert all(g >= 0.99 for g in gaps)
+
+
+def test_a_failing_analysis_drops_the_verdict_after_repeated_errors(monkeypatch):
+    import traceml_nb.analysis as analysis_pkg
+    import traceml_nb.views.live as live
+
+    calls: list[int] = []
+
+    def broken_analyze(record, capabilities):
+        calls.append(1)
+        raise ZeroDivisionError("no steady steps yet")
+
+    monkeypatch.setattr(analysis_pkg, "analyze", broken_analyze, raising=False)
+    monkeypatch.setattr(live, "ANALYSIS_MIN_INTERVAL_S", 0.0)
+    with traceml_nb.Run("no-verdict") as run:
+        view = LiveView(run, display=False)
+        view.start()
+        steps = train(1.5)
+    view.stop()
+    assert steps > 10 and view.error is None
+    assert len(calls) == live.ANALYSIS_MAX_ERRORS  # then it stops asking
+    notes = [n for n in run.capabilities.notes if n.startswith("running verdict unavailable")]
+    assert notes == ["running verdict unavailable: ZeroDivisionError: no steady steps yet"]
+    assert "traceml-verdict" not in view.charts.header.text
+
+
+def test_live_view_is_bounded_at_any_step_rate(stream_calls):
+    """A tiny ``max_points`` forces the rebinning path in a real run."""
+    with traceml_nb.Run("bounded") as run:
+        view = LiveView(run, display=False, max_points=16, settle_s=0)
+        view.start()
+        steps = train(1.0)
+    view.stop()
+    data = view.charts.steps.data
+    assert len(data["step"]) <= 16 < steps
+    assert view._step_series.k > 1
+    assert "median per" in view.charts.step_fig.title.text
+    assert set(data) == set(STEP_FIELDS) - {"step_ms"}
+
+
+def test_in_a_real_kernel_bokehjs_travels_inline_with_the_widget():
+    """In a real kernel the cell's own output holds the inline BokehJS bundle (no CDN: in
+    Colab each output is its own page) followed by the widget; its updates are comm messages."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    code = (
+        "import time, torch, traceml_nb\n"
+        "from traceml_nb.views.live import LiveView\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "loader = DataLoader(TensorDataset(torch.randn(4096, 8)), batch_size=8)\n"
+        "with traceml_nb.Run('kernel') as run:\n"
+        "    view = LiveView(run)\n"
+        "    view.start()\n"
+        "    deadline = time.monotonic() + 1.0\n"
+        "    while time.monotonic() < deadline:\n"
+        "        for (x,) in loader:\n"
+        "            time.sleep(0.001)\n"
+        "view.stop()\n"
+        "print('updates', view.updates, 'messages', view.messages, 'error', view.error)\n"
+    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    outputs = nb.cells[0].outputs
+    kinds = [next(iter(o.get("data", {"stream": 0}))) for o in outputs]
+    load = next(
+        i
+        for i, o in enumerate(outputs)
+        if "application/vnd.bokehjs_load.v0+json" in o.get("data", {})
+    )
+    widget = next(
+        i
+        for i, o in enumerate(outputs)
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    )
+    assert load < widget, kinds
+    bundle = outputs[load]["data"]["application/vnd.bokehjs_load.v0+json"]
+    assert len(bundle) > 500_000  # BokehJS itself, not a <script src=...> pointing elsewhere
+    assert "<script src=" not in bundle
+    printed = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    updates = int(printed.split("updates ")[1].split()[0])
+    messages = int(printed.split("messages ")[1].split()[0])
+    assert updates >= 2 and messages == 3 * updates and "error None" in printed
