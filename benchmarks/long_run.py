@@ -1,0 +1,78 @@
+"""A long run: 1,000,000 fast synthetic steps through the real monitor, on the CPU.
+
+    .venv/bin/python benchmarks/long_run.py [--steps N]
+
+Reports what the issue on long runs asks for: the record's memory per step and in total, the
+process's RSS growth, the live view's points held (headless writer running the whole time),
+and how long the end-of-run analysis and report take. Figures, not assertions: the test
+suite never asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+import psutil
+import torch
+from torch.utils.data import DataLoader
+
+import traceml_nb
+from traceml_nb.result import conclude_run
+from traceml_nb.views.live import LiveView
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    args = parser.parse_args()
+
+    # batch_size=None: each step fetches one item with no collation, so a step is ~10 µs and
+    # the run measures the monitor, not the loader
+    loader = DataLoader(range(args.steps), batch_size=None)
+    me = psutil.Process()
+    gc.collect()
+    rss0 = me.memory_info().rss
+    t0 = time.perf_counter()
+    with traceml_nb.Run("long run") as run:
+        view = LiveView(run, display=False)
+        view.start()
+        total = 0
+        for i in loader:
+            total += i
+        view.stop()
+    elapsed = time.perf_counter() - t0
+    rss1 = me.memory_info().rss
+
+    t1 = time.perf_counter()
+    result = conclude_run(run)
+    html = result.report._repr_html_()
+    text = repr(result.report)
+    report_s = time.perf_counter() - t1
+
+    steps = len(run.record.steps)
+    points = None
+    if view.charts is not None:  # points the browser would hold, per chart source
+        sources = [view.charts.steps, view.charts.host, *view.charts.gpus.values()]
+        points = max(len(next(iter(src.data.values()), [])) for src in sources if src is not None)
+    print(f"torch {torch.__version__}, {psutil.cpu_count()} CPUs")
+    print(
+        f"steps recorded            {steps:,} in {elapsed:.1f} s ({elapsed / steps * 1e6:.1f} µs a step)"
+    )
+    print(
+        f"record memory             {run.record.nbytes / 2**20:.1f} MiB ({run.record.nbytes / steps:.1f} bytes a step)"
+    )
+    print(f"process RSS growth        {(rss1 - rss0) / 2**20:.1f} MiB")
+    print(f"host samples kept         {len(run.record.host) if run.record.host else 0:,}")
+    if points is not None:
+        print(f"live view points held     {points:,} (largest chart source)")
+    print(f"live view updates         {view.updates} ({view.messages} comm messages)")
+    print(
+        f"analysis + report         {report_s:.2f} s ({len(html) / 1024:.0f} KiB HTML, {len(text) / 1024:.1f} KiB text)"
+    )
+    print(f"verdict                   {result.diagnosis.verdict}")
+
+
+if __name__ == "__main__":
+    main()
