@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ FLAG_OPTIMIZER_STEP = 8  #: at least one ``optimizer.step()`` ran inside this st
 
 
 class StepTable:
-    """One row per step, ~38 bytes a row.
+    """One row per step: 32 bytes a row, plus 8 when GPU figures are filled in.
 
     Columns (all times are nanoseconds of ``time.perf_counter_ns`` relative to the run start,
     GPU figures are milliseconds on the GPU timeline, ``NaN`` while pending or unavailable):
@@ -45,6 +45,11 @@ class StepTable:
     ``gpu_span_ms``  time on the GPU timeline from the batch's arrival to the next fetch
     ``source``    loader slot (0..249) or ``SOURCE_MARKER`` / ``SOURCE_OPTIMIZER``
     ``flags``     ``FLAG_*`` bits
+
+    The writer's cost is the budget of every step, so a row is one ``extend`` of four int64
+    into a single array (start, wall, wait, and batch/source/flags packed as
+    ``batch << 16 | source << 8 | flags``); the GPU columns are separate arrays that grow only
+    when a GPU value is set. Readers get plain typed columns from :meth:`snapshot`.
     """
 
     COLUMNS = (
@@ -58,46 +63,110 @@ class StepTable:
         "flags",
     )
     TYPECODES = ("q", "q", "q", "i", "f", "f", "B", "B")
+    WIDTH = 4  #: int64 slots per row in the packed array
 
     def __init__(self) -> None:
-        self.start_ns = array("q")
-        self.wall_ns = array("q")
-        self.wait_ns = array("q")
-        self.batch = array("i")
-        self.gpu_stall_ms = array("f")
-        self.gpu_span_ms = array("f")
-        self.source = array("B")
-        self.flags = array("B")
+        self._rows = array("q")
+        self._gpu_stall = array("f")
+        self._gpu_span = array("f")
 
     def append(
         self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int
     ) -> int:
         """Append one step (GPU columns pending) and return its row index."""
-        self.start_ns.append(start_ns)
-        self.wall_ns.append(wall_ns)
-        self.wait_ns.append(wait_ns)
-        self.batch.append(batch)
-        self.gpu_stall_ms.append(NAN)
-        self.gpu_span_ms.append(NAN)
-        self.source.append(source)
-        self.flags.append(flags)  # appended last: a row is complete once ``flags`` has it
-        return len(self.flags) - 1
+        rows = self._rows
+        rows.extend((start_ns, wall_ns, wait_ns, (batch << 16) | (source << 8) | flags))
+        return (len(rows) >> 2) - 1
+
+    def packed_writer(self) -> Callable[[tuple[int, int, int, int]], None]:
+        """The hot path's writer: takes ``(start_ns, wall_ns, wait_ns, meta)`` with
+        ``meta = batch << 16 | source << 8 | flags``, i.e. :meth:`append` without the call."""
+        return self._rows.extend
+
+    def set_gpu(self, row: int, stall_ms: float, span_ms: float) -> None:
+        """Fill in the GPU figures of ``row`` (resolved later than the row was written)."""
+        for col, value in ((self._gpu_stall, stall_ms), (self._gpu_span, span_ms)):
+            missing = row + 1 - len(col)
+            if missing > 0:
+                col.extend([NAN] * missing)
+            col[row] = value
 
     def __len__(self) -> int:
-        return len(self.flags)
+        return len(self._rows) >> 2
 
     @property
     def nbytes(self) -> int:
         """Memory held by the columns' buffers, in bytes."""
-        return sum(col.buffer_info()[1] * col.itemsize for col in self._columns())
-
-    def _columns(self) -> list[array]:
-        return [getattr(self, name) for name in self.COLUMNS]
+        return sum(
+            col.buffer_info()[1] * col.itemsize
+            for col in (self._rows, self._gpu_stall, self._gpu_span)
+        )
 
     def snapshot(self, start: int = 0) -> StepColumns:
         """Copy rows ``start..`` as they are now; safe to call from any thread."""
-        n = len(self.flags)
-        return StepColumns(start, *(col[start:n] for col in self._columns()))
+        import numpy as np
+
+        packed = self._rows[start * 4 :]  # one atomic copy; a row is written by one extend
+        n = len(packed) >> 2
+        packed = packed[: n * 4]
+        meta = np.frombuffer(packed[3::4], dtype=np.int64) if n else np.zeros(0, np.int64)
+        return StepColumns(
+            start,
+            packed[0::4],
+            packed[1::4],
+            packed[2::4],
+            _typed("i", (meta >> 16).astype(np.int32)),
+            self._gpu_column(self._gpu_stall, start, n),
+            self._gpu_column(self._gpu_span, start, n),
+            _typed("B", ((meta >> 8) & 0xFF).astype(np.uint8)),
+            _typed("B", (meta & 0xFF).astype(np.uint8)),
+        )
+
+    @staticmethod
+    def _gpu_column(col: array, start: int, n: int) -> array:
+        out = col[start : start + n]
+        if len(out) < n:
+            out.extend([NAN] * (n - len(out)))
+        return out
+
+    # whole columns, for readers that want one (each call copies: use snapshot() for several)
+    @property
+    def start_ns(self) -> array:
+        return self.snapshot().start_ns
+
+    @property
+    def wall_ns(self) -> array:
+        return self.snapshot().wall_ns
+
+    @property
+    def wait_ns(self) -> array:
+        return self.snapshot().wait_ns
+
+    @property
+    def batch(self) -> array:
+        return self.snapshot().batch
+
+    @property
+    def gpu_stall_ms(self) -> array:
+        return self._gpu_column(self._gpu_stall, 0, len(self))
+
+    @property
+    def gpu_span_ms(self) -> array:
+        return self._gpu_column(self._gpu_span, 0, len(self))
+
+    @property
+    def source(self) -> array:
+        return self.snapshot().source
+
+    @property
+    def flags(self) -> array:
+        return self.snapshot().flags
+
+
+def _typed(code: str, values: Any) -> array:
+    out = array(code)
+    out.frombytes(values.tobytes())
+    return out
 
 
 @dataclass

@@ -14,6 +14,7 @@ sequences (one value per step / sample) or functions of the index (steps) or tim
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -118,7 +119,8 @@ class RecordBuilder:
             if info is not None and info.fetches == 0:
                 rec.first_fetch_wait_ns[source] = wait_ns
             row = rec.steps.append(self.t_ns, wall_ns, wait_ns, int(batches[i]), source, row_flags)
-            rec.steps.gpu_stall_ms[row] = stalls[i]
+            if not math.isnan(stalls[i]):
+                rec.steps.set_gpu(row, float(stalls[i]), math.nan)
             self.t_ns += wall_ns
             if info is not None:
                 info.fetches += 1

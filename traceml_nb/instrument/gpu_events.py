@@ -77,8 +77,9 @@ class GpuStallTimer:
     def _resolve(self, item: tuple[int, EventLike, EventLike, EventLike]) -> None:
         row, enter, exit_, next_enter = item
         try:
-            self._steps.gpu_stall_ms[row] = max(0.0, enter.elapsed_time(exit_))
-            self._steps.gpu_span_ms[row] = max(0.0, exit_.elapsed_time(next_enter))
+            stall = max(0.0, enter.elapsed_time(exit_))
+            span = max(0.0, exit_.elapsed_time(next_enter))
+            self._steps.set_gpu(row, stall, span)
             self.resolved += 1
         except Exception:  # an event from a reset device: leave the row unavailable
             self.errors += 1

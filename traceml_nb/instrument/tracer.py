@@ -12,7 +12,9 @@ A fetch from one loader inside another loader's open step also adds its wait to 
 so loaders consumed together (``zip(a, b)``) each carry the whole data wait of the step.
 
 With no DataLoader, the steps are the intervals between the first optimizer's ``step()``
-calls (several optimizers, as in a GAN, make one step); explicit markers
+calls (several optimizers, as in a GAN, make one step); these rows are written only until a
+loader has closed a step of its own (then the loader's batches are the steps, and an
+optimizer row per step would only cost time and memory). Explicit markers
 (``traceml_nb.step()``) make steps of their own and take precedence in the analysis.
 """
 
@@ -45,7 +47,8 @@ class _LoaderState:
         "open_start",
         "open_wait",
         "open_batch",
-        "open_flags",
+        "open_meta",
+        "slot_meta",
         "ev_enter",
         "ev_exit",
         "since_opt",
@@ -58,7 +61,8 @@ class _LoaderState:
         self.open_start = -1  # -1: no step open
         self.open_wait = 0
         self.open_batch = -1
-        self.open_flags = 0
+        self.slot_meta = slot << 8  # the packed (source, flags) bits of this loader's rows
+        self.open_meta = self.slot_meta  # of the open step: slot << 8 | FLAG_* bits
         self.ev_enter: Any = None
         self.ev_exit: Any = None
         self.since_opt = 0  # fetches since the last optimizer step
@@ -103,17 +107,25 @@ class StepTracer:
         self._current: _LoaderState | None = None
         self._lead_optimizer: int | None = None
         self._opt_prev = 0
-        self._opt_wait = 0
+        self._opt_wait_mark = 0  # self._wait_total at the last optimizer step
         self._marker_prev = 0
-        self._marker_wait = 0
+        self._marker_wait_mark = 0  # self._wait_total at the last marker
+        self._wait_total = 0  # data wait of every fetch so far, ns
         self._last_batch = -1
+        self._loader_steps = False  # a loader has closed a step: optimizer rows are not needed
+        self._write = record.steps.packed_writer()
 
     # --- DataLoader -----------------------------------------------------------------------
     def fetch(self, it: Any, next_fn: Callable[[Any], Any]) -> Any:
-        """Run the loader's real ``__next__`` (``next_fn``) and account for it. The hot path."""
+        """Run the loader's real ``__next__`` (``next_fn``) and account for it. The hot path.
+
+        Its cost is the per-step budget, paid between a model's backward and forward, with the
+        caches cold: so it touches few objects, calls no helper on the usual path, and writes
+        the closed step with a single ``extend`` of the packed step table.
+        """
         clock = self.clock
         gpu = self.gpu
-        first = getattr(it, "_num_yielded", 1) == 0
+        first = it._num_yielded == 0
         t_enter = clock()
         ev_enter = gpu.mark() if gpu is not None else None
         try:
@@ -124,39 +136,63 @@ class StepTracer:
         t_exit = clock()
         ev_exit = gpu.mark() if gpu is not None else None
 
-        st = self._states.get(id(getattr(it, "_index_sampler", it)))
+        st = self._states.get(id(it._index_sampler))
         if st is None:
             st = self._new_loader(it)
             if st is None:  # too many loaders: count nothing rather than mislabel
                 return batch
-        if st.open_start >= 0:
-            self._close(st, t_enter, 0, ev_enter)
+        start = st.open_start
+        if start >= 0:  # close this loader's previous step
+            self._write(
+                (
+                    start - self.t0,
+                    t_enter - start,
+                    st.open_wait,
+                    (st.open_batch << 16) | st.open_meta,
+                )
+            )
+            if gpu is not None and st.ev_enter is not None and ev_enter is not None:
+                gpu.add(len(self.record.steps) - 1, st.ev_enter, st.ev_exit, ev_enter)
+            self._loader_steps = True
         wait = t_exit - t_enter
         if self._current is not st:
-            self._current = st
-        if len(self._states) > 1:
-            for other in self._states.values():
-                if other is not st and other.open_start >= 0:
-                    other.open_flags |= FLAG_INTERLEAVED
-                    other.open_wait += wait  # its step waited for this batch too
+            self._switch_to(st, wait)
         st.since_opt += 1
-        info = st.info
-        info.fetches += 1
+        st.info.fetches += 1
         if first:
-            info.epochs += 1
-            if info.fetches == 1:
-                self.record.first_fetch_wait_ns[st.slot] = wait
-        size = batch_size_of(batch)
+            self._first_of_epoch(st, wait)
+        kind = type(batch)
+        if kind is tuple or kind is list:
+            try:
+                size = int(batch[0].shape[0])
+            except Exception:
+                size = batch_size_of(batch)
+        else:
+            size = batch_size_of(batch)
         st.open_start = t_enter
         st.open_wait = wait
         st.open_batch = size
-        st.open_flags = FLAG_EPOCH_START if first else 0
+        st.open_meta = st.slot_meta | FLAG_EPOCH_START if first else st.slot_meta
         st.ev_enter = ev_enter
         st.ev_exit = ev_exit
-        self._opt_wait += wait
-        self._marker_wait += wait
+        self._wait_total += wait
         self._last_batch = size
         return batch
+
+    def _switch_to(self, st: _LoaderState, wait: int) -> None:
+        """Another loader than the last one: mark the steps it interrupts, share its wait."""
+        self._current = st
+        if len(self._states) > 1:
+            for other in self._states.values():
+                if other is not st and other.open_start >= 0:
+                    other.open_meta |= FLAG_INTERLEAVED
+                    other.open_wait += wait  # its step waited for this batch too
+
+    def _first_of_epoch(self, st: _LoaderState, wait: int) -> None:
+        info = st.info
+        info.epochs += 1
+        if info.fetches == 1:
+            self.record.first_fetch_wait_ns[st.slot] = wait
 
     def _new_loader(self, it: Any) -> _LoaderState | None:
         slot = len(self.record.loaders)
@@ -171,16 +207,16 @@ class StepTracer:
 
     def _close(self, st: _LoaderState, t_end: int, extra_flags: int, ev_next: Any) -> None:
         start = st.open_start
-        row = self.record.steps.append(
-            start - self.t0,
-            t_end - start,
-            st.open_wait,
-            st.open_batch,
-            st.slot,
-            st.open_flags | extra_flags,
+        self._write(
+            (
+                start - self.t0,
+                t_end - start,
+                st.open_wait,
+                (st.open_batch << 16) | st.open_meta | extra_flags,
+            )
         )
         if self.gpu is not None and ev_next is not None and st.ev_enter is not None:
-            self.gpu.add(row, st.ev_enter, st.ev_exit, ev_next)
+            self.gpu.add(len(self.record.steps) - 1, st.ev_enter, st.ev_exit, ev_next)
         st.open_start = -1
         st.ev_enter = st.ev_exit = None
 
@@ -202,31 +238,43 @@ class StepTracer:
             for st in self._states.values():
                 if st is cur or (0 < st.since_opt <= cur.since_opt and st.open_start >= 0):
                     st.info.optimizer_steps += 1
-                    st.open_flags |= FLAG_OPTIMIZER_STEP
+                    st.open_meta |= FLAG_OPTIMIZER_STEP
                 st.since_opt = 0
         if self._lead_optimizer is None:
             self._lead_optimizer = id(optimizer)
-        if id(optimizer) != self._lead_optimizer:
-            return
+        if id(optimizer) != self._lead_optimizer or self._loader_steps:
+            return  # with DataLoader steps, optimizer rows would only cost time and memory
         t = self.clock()
         start = self._opt_prev or self.t0
+        total = self._wait_total
         rec.steps.append(
-            start - self.t0, t - start, self._opt_wait, self._last_batch, SOURCE_OPTIMIZER, 0
+            start - self.t0,
+            t - start,
+            total - self._opt_wait_mark,
+            self._last_batch,
+            SOURCE_OPTIMIZER,
+            0,
         )
         self._opt_prev = t
-        self._opt_wait = 0
+        self._opt_wait_mark = total
 
     # --- markers --------------------------------------------------------------------------
     def marker(self) -> None:
         """An explicit end-of-step marker."""
         t = self.clock()
         start = self._marker_prev or self.t0
+        total = self._wait_total
         self.record.markers += 1
         self.record.steps.append(
-            start - self.t0, t - start, self._marker_wait, self._last_batch, SOURCE_MARKER, 0
+            start - self.t0,
+            t - start,
+            total - self._marker_wait_mark,
+            self._last_batch,
+            SOURCE_MARKER,
+            0,
         )
         self._marker_prev = t
-        self._marker_wait = 0
+        self._marker_wait_mark = total
 
     # --- end ------------------------------------------------------------------------------
     def close(self) -> None:
