@@ -139,3 +139,43 @@ def test_live_chart_updates_while_the_cell_runs(lab_server, page, notebook, tmp_
         print("screenshot of the failure:", tmp_path / "failure.png")
         print("server log:\n", lab_server.log.read_text()[-4000:])
         raise
+
+
+def test_closing_the_tab_mid_run_harms_nothing(lab_server, page, tmp_path):
+    """The user closes the browser tab while the cell runs: the kernel finishes the cell, the
+    run completes with its report and lands in the history (saved by a queued later cell)."""
+    import json
+
+    import nbformat
+    from playwright.sync_api import expect
+
+    if not magic_available():
+        pytest.skip("needs %%traceml")
+    saved = tmp_path / "history.json"
+    nb = nbformat.read(NOTEBOOKS / "traceml_magic.ipynb", as_version=4)
+    nb.cells[1].source = nb.cells[1].source.replace("TRAIN_SECONDS = 15", "TRAIN_SECONDS = 8")
+    nb.cells[2].source = nb.cells[2].source.replace("--name browser-test", "--name closed-tab")
+    nb.cells.append(nbformat.v4.new_code_cell(f"%traceml save {saved}"))
+    nbformat.write(nb, lab_server.root / "closed_tab.ipynb")
+
+    page.goto(lab_server.notebook_url("closed_tab.ipynb"))
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
+        1, timeout=90_000
+    )
+    dismiss_news(page)
+    page.locator(".jp-Notebook .jp-Cell").nth(1).click()
+    page.get_by_text("Run", exact=True).first.click()
+    page.get_by_text("Run All Cells", exact=True).first.click()
+    expect(prompt_of(page, TRAIN_CELL)).to_have_text("[*]:", timeout=60_000)
+    expect(page.locator(".traceml-steps").first).to_be_visible(timeout=60_000)
+    page.close()  # the tab goes away while the live view is still sending updates
+
+    deadline = time.monotonic() + 120
+    while not saved.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert saved.exists(), "the queued cell after the training cell never ran"
+    runs = json.loads(saved.read_text())["runs"]
+    (run,) = [r for r in runs if r["name"] == "closed-tab"]
+    assert run["status"] == "completed"
+    assert run["summary"]["total_steps"] > 10
+    assert run["diagnosis"]["verdict"] == "input-bound"
