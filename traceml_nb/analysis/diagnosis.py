@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..capabilities import Capabilities
 from ..record import LoaderInfo
-from .advice import change_line, explain_changes, loader_changes, more_workers
+from .advice import Change, change_line, explain_changes, loader_changes, more_workers
 from .evidence import InputSignal, collect, input_signal, memory_share
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share
 from .model import Diagnosis, Summary
@@ -236,6 +236,15 @@ def _input_bound(f: _Facts) -> Diagnosis:
     return d
 
 
+def _lead_with_changes(
+    d: Diagnosis, loader: LoaderInfo, changes: list[Change], cpus: int | None, gpu: bool
+) -> None:
+    """Put the loader changes (if any) first in the advice, and their explanations last."""
+    if changes:
+        d.advice.insert(0, change_line(changes))
+        d.advice.extend(explain_changes(loader, changes, cpus, gpu))
+
+
 def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
     m, gpu = f.m, f.gpu
     cpus = m.cpus
@@ -253,9 +262,7 @@ def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
             "decoded samples."
         )
         changes = loader_changes(loader, workers=None, gpu=gpu, prefetch=False)
-        if changes:
-            d.advice.insert(0, change_line(changes))
-            d.advice.extend(explain_changes(loader, changes, cpus, gpu))
+        _lead_with_changes(d, loader, changes, cpus, gpu)
         d.wont_help.append(
             "More DataLoader workers: the later epochs already keep up with the current ones."
         )
@@ -279,9 +286,7 @@ def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
             "(e.g. torchvision.transforms.v2 on CUDA tensors)."
         )
         changes = loader_changes(loader, workers=None, gpu=gpu, prefetch=False)
-        if changes:
-            d.advice.insert(0, change_line(changes))
-            d.advice.extend(explain_changes(loader, changes, cpus, gpu))
+        _lead_with_changes(d, loader, changes, cpus, gpu)
         d.wont_help.append(
             f"More workers than {cpu_text}: the workers already saturate them "
             f"(num_workers={loader.num_workers})."
@@ -319,9 +324,7 @@ def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
             f"The loader already has a worker per CPU; whether its workers are CPU- or "
             f"storage-bound is unknown (worker CPU unavailable: {why})."
         )
-    if changes:
-        d.advice.insert(0, change_line(changes))
-        d.advice.extend(explain_changes(loader, changes, cpus, gpu))
+    _lead_with_changes(d, loader, changes, cpus, gpu)
 
 
 # --- the other verdicts -------------------------------------------------------------------------
