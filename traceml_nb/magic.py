@@ -19,6 +19,7 @@ import keyword
 import shlex
 import sys
 import textwrap
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -607,9 +608,28 @@ _LINE_ARITY = {"help": 0, "history": 0, "compare": 2, "save": 1, "load": 1, "cle
 
 
 # --- extension hooks ----------------------------------------------------------------------------
+WARMUP_THREAD = "traceml-warmup"
+
+
+def _warm_up_imports() -> None:
+    """Import the live view (bokeh, jupyter_bokeh) and the analysis (numpy) ahead of the
+    first ``%%traceml`` cell, so its chart appears sooner; a failure here is left to the cell."""
+    try:
+        import traceml_nb.analysis  # noqa: F401
+        import traceml_nb.views.live  # noqa: F401
+    except Exception:
+        pass
+
+
 def register(ipython: Any) -> None:
-    """Register the magics with ``ipython`` (``%load_ext traceml_nb``)."""
+    """Register the magics with ``ipython`` (``%load_ext traceml_nb``).
+
+    In a frontend that shows widgets, the live view's imports (~0.5 s) start at once on a
+    short-lived background thread, while the user's next cells run.
+    """
     ipython.register_magics(TraceMLMagics)
+    if choose_live_view("auto", detect_frontend(ipython)) == "live":
+        threading.Thread(target=_warm_up_imports, name=WARMUP_THREAD, daemon=True).start()
 
 
 def unregister(ipython: Any) -> None:

@@ -97,11 +97,12 @@ def chromium_path() -> Path:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab_server(
     chromium_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LabServer]:
-    """A JupyterLab 4 server, started once for the session and stopped at its end."""
+    """A JupyterLab 4 server for the browser tests of one module, stopped (with its kernels)
+    when they are done, so that no process of it outlives them into other tests."""
     base = tmp_path_factory.mktemp("jupyter")
     root = base / "root"
     dirs = {name: base / name for name in ("config", "data", "runtime", "settings", "workspaces")}

@@ -164,10 +164,15 @@ def test_closing_the_tab_mid_run_harms_nothing(lab_server, page, tmp_path):
     )
     dismiss_news(page)
     page.locator(".jp-Notebook .jp-Cell").nth(1).click()
-    page.get_by_text("Run", exact=True).first.click()
-    page.get_by_text("Run All Cells", exact=True).first.click()
-    expect(prompt_of(page, TRAIN_CELL)).to_have_text("[*]:", timeout=60_000)
+    page.keyboard.press("Shift+Enter")  # the setup cell, alone
+    expect(prompt_of(page, 1)).to_have_text(re.compile(r"\[\d+\]:"), timeout=90_000)
+    started = time.monotonic()
+    page.keyboard.press("Shift+Enter")  # the training cell...
+    page.keyboard.press("Shift+Enter")  # ...and the save cell, queued behind it
     expect(page.locator(".traceml-steps").first).to_be_visible(timeout=60_000)
+    visible_after = time.monotonic() - started
+    print(f"\nlive view visible {visible_after:.2f} s after the cell was started")
+    expect(prompt_of(page, TRAIN_CELL)).to_have_text("[*]:")
     page.close()  # the tab goes away while the live view is still sending updates
 
     deadline = time.monotonic() + 120
