@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import subprocess
 import sys
@@ -80,6 +82,19 @@ class RecordingClock:
 # on a busy 2-core machine the child may get much less than a core, so no fixed share is
 # expected, only agreement within the 10 ms resolution of the kernel's counters.
 TOLERANCE_S = 0.04
+
+
+@pytest.fixture(autouse=True)
+def no_stray_children():
+    """These tests count this process's children exactly. DataLoader workers of an earlier
+    test can still be alive here: IPython keeps the last traceback, whose frames hold the
+    loader's iterator (a plain cell does the same). End them, so that the counts start at 0."""
+    gc.collect()
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    psutil.wait_procs(psutil.Process().children(), timeout=5)
+    yield
 
 
 def test_first_sample_has_every_column():
