@@ -186,7 +186,7 @@ def test_cpu_only_input_bound_full_diagnosis():
     assert d.advice == [
         "Change the training DataLoader: num_workers=0 \u2192 num_workers=2, "
         "persistent_workers=True, prefetch_factor=4",
-        "With num_workers=0 the main process loads every batch while the training loop waits; "
+        "With num_workers=0, the main process loads every batch while the training loop waits; "
         "2 workers (one per CPU available: 2) load batches in parallel with the compute.",
         "persistent_workers=True keeps the workers alive between epochs instead of starting them "
         "again (each start costs the first-batch wait again).",

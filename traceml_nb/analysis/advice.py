@@ -107,7 +107,7 @@ def explain_changes(
             else:
                 cpu_text = f" (more than the {cpus} CPUs: workers that wait need little CPU)"
             lines.append(
-                f"With num_workers={nw} {who} while {waiter} waits; {change.new} workers"
+                f"With num_workers={nw}, {who} while {waiter} waits; {change.new} workers"
                 f"{cpu_text} load batches in parallel with the compute."
             )
         elif change.setting == "pin_memory":
