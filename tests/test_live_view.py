@@ -601,28 +601,45 @@ def test_live_view_is_bounded_at_any_step_rate(stream_calls):
 
 def test_in_a_real_kernel_bokehjs_travels_inline_with_the_widget():
     """In a real kernel the cell's own output holds the inline BokehJS bundle (no CDN: in
-    Colab each output is its own page) followed by the widget; its updates are comm messages."""
+    Colab each output is its own page) followed by the widget; its updates are comm messages.
+    When the run is over the bundle's outputs are emptied, so the saved notebook stays small."""
+    import copy
+
     import nbformat
     from nbclient import NotebookClient
 
-    code = (
+    start = (
         "import time, torch, traceml_nb\n"
         "from traceml_nb.views.live import LiveView\n"
         "from torch.utils.data import DataLoader, TensorDataset\n"
         "loader = DataLoader(TensorDataset(torch.randn(4096, 8)), batch_size=8)\n"
-        "with traceml_nb.Run('kernel') as run:\n"
-        "    view = LiveView(run)\n"
-        "    view.start()\n"
+        "run = traceml_nb.Run('kernel')\n"
+        "run.start()\n"
+        "view = LiveView(run)\n"
+        "view.start()\n"
+    )
+    train = (
+        "try:\n"
         "    deadline = time.monotonic() + 1.0\n"
         "    while time.monotonic() < deadline:\n"
         "        for (x,) in loader:\n"
         "            time.sleep(0.001)\n"
+        "finally:\n"
+        "    run.stop()\n"
         "view.stop()\n"
         "print('updates', view.updates, 'messages', view.messages, 'error', view.error)\n"
     )
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
-    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
-    outputs = nb.cells[0].outputs
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(start), nbformat.v4.new_code_cell(train)]
+    )
+    while_running = {}
+
+    def keep(cell, cell_index, **_):
+        if cell_index == 0:
+            while_running["outputs"] = copy.deepcopy(cell.outputs)
+
+    NotebookClient(nb, timeout=120, kernel_name="python3", on_cell_executed=keep).execute()
+    outputs = while_running["outputs"]
     kinds = [next(iter(o.get("data", {"stream": 0}))) for o in outputs]
     load = next(
         i
@@ -638,6 +655,10 @@ def test_in_a_real_kernel_bokehjs_travels_inline_with_the_widget():
     bundle = outputs[load]["data"]["application/vnd.bokehjs_load.v0+json"]
     assert len(bundle) > 500_000  # BokehJS itself, not a <script src=...> pointing elsewhere
     assert "<script src=" not in bundle
+    saved = nb.cells[0].outputs  # after the run: the bundle's output is emptied in place
+    assert saved[load]["data"] == {"text/plain": ""}
+    assert len(nbformat.writes(nb)) < 200_000
+    outputs = nb.cells[1].outputs
     printed = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     updates = int(printed.split("updates ")[1].split()[0])
     messages = int(printed.split("messages ")[1].split()[0])

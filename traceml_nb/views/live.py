@@ -333,6 +333,33 @@ def _points(source: ColumnDataSource) -> int:
     return len(next(iter(source.data.values()), []))
 
 
+def load_bokehjs_inline() -> list[Any]:
+    """Put BokehJS in the page, inline and in this cell's output, and return the display
+    handles of its outputs so they can be emptied later.
+
+    Inline: no CDN is reachable offline, and in Colab each output is its own page, so BokehJS
+    must travel with the chart. Bokeh publishes it without a display id; for the duration of
+    the call its publisher is swapped for one that keeps a handle (restored in ``finally``).
+    """
+    import bokeh.io
+    import bokeh.io.notebook as bokeh_notebook
+    import bokeh.resources
+    from IPython.display import display
+
+    handles: list[Any] = []
+
+    def publish(data: dict[str, Any], metadata: Any = None, **_: Any) -> None:
+        handles.append(display(data, metadata=metadata, raw=True, display_id=True))
+
+    original = bokeh_notebook.publish_display_data
+    bokeh_notebook.publish_display_data = publish  # type: ignore[assignment]
+    try:
+        bokeh.io.output_notebook(bokeh.resources.INLINE, hide_banner=True)
+    finally:
+        bokeh_notebook.publish_display_data = original  # type: ignore[assignment]
+    return [h for h in handles if h is not None]
+
+
 def header_html(
     name: str,
     status: str,
@@ -384,6 +411,7 @@ class LiveView:
         self.display = display
         self.max_points = max_points
         self.widget: BatchedBokehModel | None = None
+        self._bokehjs: list[Any] = []  # display handles of the BokehJS outputs
         self.charts: LiveCharts | None = None
         self.ticks = 0
         self.updates = 0
@@ -423,12 +451,7 @@ class LiveView:
 
     def _start(self) -> None:
         if self.display:
-            import bokeh.io
-            import bokeh.resources
-
-            # Inline, in this output: no CDN is reachable offline, and in Colab each output
-            # is its own page, so BokehJS must travel with the chart.
-            bokeh.io.output_notebook(bokeh.resources.INLINE, hide_banner=True)
+            self._bokehjs = load_bokehjs_inline()
         charts = LiveCharts(self.run, self.max_points)
         self.charts = charts
         charts.header.text = self._header()
@@ -458,6 +481,17 @@ class LiveView:
             self._thread = None
         if self.widget is not None and self.error is None:
             self._tick(final=True)
+        self._drop_bokehjs()
+
+    def _drop_bokehjs(self) -> None:
+        """Empty the ~4 MB BokehJS outputs once the run is over: the page keeps the library
+        it already ran, and the saved notebook stays small (the static report is the record)."""
+        handles, self._bokehjs = self._bokehjs, []
+        for handle in handles:
+            try:
+                handle.update({"text/plain": ""}, raw=True)
+            except Exception as exc:
+                self._fail("the BokehJS output could not be emptied", exc)
 
     def close(self) -> None:
         """Stop, then remove the widget from the page (and its comm)."""
