@@ -184,3 +184,40 @@ def test_closing_the_tab_mid_run_harms_nothing(lab_server, page, tmp_path):
     assert run["status"] == "completed"
     assert run["summary"]["total_steps"] > 10
     assert run["diagnosis"]["verdict"] == "input-bound"
+
+
+def test_notebook_7_shows_the_live_chart_and_the_report(lab_server, page):
+    """The same cell in Notebook 7's UI (served by the same server): the chart updates while
+    the cell runs and the report with its verdict is shown at the end."""
+    import nbformat
+    from playwright.sync_api import expect
+
+    if not magic_available():
+        pytest.skip("needs %%traceml")
+    nb = nbformat.read(NOTEBOOKS / "traceml_magic.ipynb", as_version=4)
+    nb.cells[1].source = nb.cells[1].source.replace("TRAIN_SECONDS = 15", "TRAIN_SECONDS = 8")
+    nbformat.write(nb, lab_server.root / "notebook7.ipynb")
+
+    page.goto(f"{lab_server.url}/notebooks/notebook7.ipynb?token={lab_server.token}")
+    expect(page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL)).to_be_visible(timeout=90_000)
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
+        1, timeout=90_000
+    )
+    dismiss_news(page)
+    page.locator(".jp-Notebook .jp-Cell").nth(1).click()
+    page.get_by_text("Run", exact=True).first.click()
+    page.get_by_text("Run All Cells", exact=True).first.click()
+    running = prompt_of(page, TRAIN_CELL)
+    expect(running).to_have_text("[*]:", timeout=60_000)
+    expect(page.locator(".traceml-steps").first).to_be_visible(timeout=60_000)
+    deadline = time.monotonic() + 30
+    while steps_shown(page) == 0 and time.monotonic() < deadline:
+        time.sleep(0.25)
+    before = steps_shown(page)
+    time.sleep(2.0)
+    assert running.inner_text() == "[*]:", "the cell ended before the second reading"
+    assert steps_shown(page) > before > 0
+    expect(running).to_have_text(re.compile(r"\[\d+\]:"), timeout=90_000)
+    report = page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL).locator(".traceml-report")
+    expect(report.first).to_be_visible(timeout=30_000)
+    assert "input-bound" in report.first.inner_text().lower()
