@@ -20,10 +20,11 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .analysis.formatting import fmt_ms, fmt_rate, fmt_s, fmt_share, signed_pct
+from .analysis.formatting import fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
 from .analysis.model import Analysis, Diagnosis, Summary
 from .analysis.pipeline import steady_step_ms
 from .analysis.thresholds import MAX_STORED_STEPS
@@ -493,48 +494,38 @@ def history_table(history: History) -> list[dict[str, Any]]:
     return rows
 
 
+def history_cells(row: dict[str, Any]) -> dict[str, str]:
+    """One row of :func:`history_table` as the cells shown (text and HTML alike), keyed by
+    column title; unavailable values are a dash, never 0."""
+
+    def maybe(value: Any, fmt: Callable[[Any], str]) -> str:
+        return "\u2014" if value is None else fmt(value)
+
+    vs = ""
+    if row.get("previous_id") is not None and row.get("step_change") is not None:
+        vs = f"{signed_pct(row['step_change'])} vs #{row['previous_id']}"
+    return {
+        "run": str(row["label"]),
+        "status": str(row["status"]),
+        "started": str(row["started"]),
+        "time": fmt_s(row["elapsed_s"]),
+        "steps": f"{row['steady_steps']:,}",
+        "step": maybe(row.get("step_ms_median"), fmt_ms),
+        "throughput": maybe(row.get("samples_per_s"), lambda v: fmt_rate(v, "samples/s")),
+        "data wait": maybe(row.get("data_wait_share"), fmt_share),
+        "GPU util": maybe(row.get("gpu_util_median_pct"), fmt_pct),
+        "verdict": str(row["verdict"]),
+        "vs": vs,
+    }
+
+
 def render_history_text(history: History) -> str:
     """``%traceml history`` as plain text: a fixed-width table, oldest run first."""
-    rows = history_table(history)
+    rows = [history_cells(r) for r in history_table(history)]
     if not rows:
         return "No traceml_nb runs in this session yet."
-    header = (
-        "run",
-        "status",
-        "started",
-        "time",
-        "steps",
-        "step",
-        "throughput",
-        "data wait",
-        "GPU util",
-        "verdict",
-        "vs",
-    )
-    lines = [header]
-    for r in rows:
-        vs = ""
-        if r["previous_id"] is not None and r["step_change"] is not None:
-            vs = f"{signed_pct(r['step_change'])} vs #{r['previous_id']}"
-        util = r["gpu_util_median_pct"]
-        lines.append(
-            (
-                r["label"],
-                r["status"],
-                r["started"],
-                fmt_s(r["elapsed_s"]),
-                str(r["steady_steps"]),
-                fmt_ms(r["step_ms_median"]) if r["step_ms_median"] is not None else "\u2014",
-                fmt_rate(r["samples_per_s"], "samples/s")
-                if r["samples_per_s"] is not None
-                else "\u2014",
-                fmt_share(r["data_wait_share"]) if r["data_wait_share"] is not None else "\u2014",
-                f"{util:.0f}%" if util is not None else "\u2014",
-                r["verdict"],
-                vs,
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    lines = [tuple(rows[0]), *(tuple(r.values()) for r in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     text = [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
         for line in lines

@@ -17,11 +17,11 @@ from typing import Any
 
 from ..analysis.model import Analysis
 from ..capabilities import Capabilities
+from ..history import history_cells
 from .text import (
     format_ms,
     format_seconds,
     format_value,
-    history_cells,
     metric_lines,
     render_comparison_text,
     render_text,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
+from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share
 from ..analysis.model import Summary
 from ..capabilities import Capabilities
 
@@ -248,31 +248,6 @@ def render_text(report: Report) -> str:
 
 
 # --- %traceml history and %traceml compare -----------------------------------------------------
-def history_cells(row: dict[str, Any]) -> dict[str, str]:
-    """One row of ``traceml_nb.history.history_table`` as the table cells the HTML shows
-    (the same columns as ``render_history_text``)."""
-
-    def maybe(value: Any, fmt: Callable[[Any], str]) -> str:
-        return "\u2014" if value is None else fmt(value)
-
-    vs = ""
-    if row.get("previous_id") is not None and row.get("step_change") is not None:
-        vs = f"{signed_pct(row['step_change'])} vs #{row['previous_id']}"
-    return {
-        "run": str(row["label"]),
-        "status": str(row["status"]),
-        "started": str(row["started"]),
-        "time": fmt_s(row["elapsed_s"]),
-        "steps": f"{row['steady_steps']:,}",
-        "step": maybe(row.get("step_ms_median"), fmt_ms),
-        "throughput": maybe(row.get("samples_per_s"), lambda v: fmt_rate(v, "samples/s")),
-        "data wait": maybe(row.get("data_wait_share"), fmt_share),
-        "GPU util": maybe(row.get("gpu_util_median_pct"), fmt_pct),
-        "verdict": str(row["verdict"]),
-        "vs": vs,
-    }
-
-
 def comparison_lines(comparison: Any) -> list[str]:
     """A comparison's rows as ``label: before → after (delta)`` lines."""
     out = []
