@@ -9,16 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The capability names, in report order, with what each one enables.
-CAPABILITIES = {
-    "steps": "step segmentation (DataLoader batches, optimizer steps or markers)",
-    "data_wait": "host time inside the DataLoader's __next__",
-    "gpu_events": "GPU input stalls and GPU span per step from CUDA events",
-    "gpu_memory": "GPU memory (PyTorch allocator and NVML)",
-    "nvml": "GPU utilisation, clocks, power, temperature, PCIe, throttle reasons (NVML)",
-    "gpu_utilisation": "GPU utilisation from NVML",
-    "host": "process, DataLoader-worker and system CPU, RAM (psutil)",
-}
+#: Names used: "steps", "data_wait", "gpu_events", "gpu_memory", "nvml", "gpu_utilisation",
+#: "host".
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,14 +185,6 @@ class StepColumns:
 
     def __len__(self) -> int:
         return len(self.flags)
-
-    def select(self, rows: Sequence[int]) -> StepColumns:
-        """The subset of rows given by (local) indices, in that order."""
-        cols = []
-        for name, code in zip(StepTable.COLUMNS, StepTable.TYPECODES, strict=False):
-            src = getattr(self, name)
-            cols.append(array(code, (src[i] for i in rows)))
-        return StepColumns(0, *cols)
 
 
 class SampleTable:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..capabilities import Capabilities
 from ..record import SampleTable
@@ -123,7 +123,3 @@ class Collector:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
-
-
-def describe(sources: Sequence[Any]) -> list[str]:
-    return [getattr(s, "name", type(s).__name__) for s in sources]
