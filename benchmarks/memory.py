@@ -1,7 +1,7 @@
 """Memory a run record holds per training step, from a synthetic run driven through the tracer.
 
 Each synthetic step is what a real loop produces: one DataLoader fetch (through
-``StepTracer.fetch``, with a batch of two small tensors) and one ``optimizer.step()`` (through
+``StepTracer.wrap_next``, with a batch of two small tensors) and one ``optimizer.step()`` (through
 the optimizer post-hook). Each step writes one loader row; optimizer rows stop once the loader
 has closed a step. No torch loader runs, which makes a million steps take seconds.
 
@@ -46,14 +46,14 @@ def _drive(steps: int) -> tuple[RunRecord, int]:
     tracer = StepTracer(record)
     it = _SyntheticIterator()
     optimizer = object()
-    fetch = tracer.fetch
-    hook = tracer.optimizer_step
     next_batch = _SyntheticIterator.next_batch
+    fetch = tracer.wrap_next(next_batch)
+    hook = tracer.optimizer_step
     gc.disable()
     try:
         t0 = time.perf_counter_ns()
         for _ in range(steps):
-            fetch(it, next_batch)
+            fetch(it)
             hook(optimizer, (), {})
         spent = time.perf_counter_ns() - t0
         t1 = time.perf_counter_ns()

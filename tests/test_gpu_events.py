@@ -47,11 +47,11 @@ def drive(
     """Each step: (data wait ms, GPU work ms, host work ms after launching)."""
     for wait, gpu, host in steps:
         it.wait_ms = wait
-        tracer.fetch(it, it.next_fn)
+        tracer.wrap_next(it.next_fn)(it)
         timeline.launch(gpu)
         timeline.host(host)
     with pytest.raises(StopIteration):
-        tracer.fetch(it, it.next_fn)
+        tracer.wrap_next(it.next_fn)(it)
 
 
 def expected_stalls(steps: list[tuple[float, float, float]]) -> list[float]:
@@ -128,9 +128,10 @@ def test_events_resolve_lazily_a_few_steps_behind() -> None:
     it = FakeIter(tl, 50)
     for _ in range(20):
         it.wait_ms = 1.0
-        tracer.fetch(it, it.next_fn)
+        tracer.wrap_next(it.next_fn)(it)
         tl.launch(0.5)
         tl.host(2.0)  # host slower than the GPU: events complete quickly
+    tracer.process()  # what the next event does once PROCESS_EVERY_NS have passed
     assert timer.pending <= 3
     assert timer.resolved >= 16
     tracer.close()
@@ -142,9 +143,10 @@ def test_gpu_far_behind_keeps_rows_pending_until_the_end() -> None:
     it = FakeIter(tl, 30)
     for _ in range(30):
         it.wait_ms = 0.1
-        tracer.fetch(it, it.next_fn)
+        tracer.wrap_next(it.next_fn)(it)
         tl.launch(100.0)  # a queue that never drains while the loop runs
         tl.host(0.1)
+    tracer.process()
     assert timer.resolved == 0
     assert math.isnan(tracer.record.steps.gpu_stall_ms[0])
     tracer.close()

@@ -145,9 +145,9 @@ def test_a_million_fast_steps_keep_memory_bounded() -> None:
     tracer = StepTracer(rec)
     tracemalloc.start()
     try:
-        fetch = tracer.fetch
+        fetch = tracer.wrap_next(next_fn)
         for _ in range(1_000_000):
-            fetch(it, next_fn)
+            fetch(it)
         tracer.close()
         current, peak = tracemalloc.get_traced_memory()
     finally:

@@ -1,8 +1,8 @@
 """The only two places where we touch torch, installed for one run and always removed.
 
-* ``_BaseDataLoaderIter.__next__`` is wrapped; the wrapper hands each fetch to the active
-  :class:`~traceml_nb.instrument.tracer.StepTracer`, or calls straight through when no run is
-  active (so a wrapper that user code stacked on top of ours stays harmless after the run).
+* ``_BaseDataLoaderIter.__next__`` is replaced by the run's wrapper
+  (:meth:`~traceml_nb.instrument.tracer.StepTracer.wrap_next`), which calls straight through
+  once its run has ended (so a wrapper that user code stacked on top of ours stays harmless).
 * a global optimizer post-step hook (``register_optimizer_step_post_hook``).
 """
 
@@ -24,27 +24,13 @@ def _iter_class() -> Any:
     return _BaseDataLoaderIter
 
 
-def _make_wrapper(original: Any) -> Any:
-    def __next__(self: Any) -> Any:
-        tracer = _tracer
-        if tracer is None or _wrapper is not __next__:  # inert once its run has ended
-            return original(self)
-        return tracer.fetch(self, original)
-
-    __next__.__wrapped__ = original  # type: ignore[attr-defined]
-    __next__.__qualname__ = original.__qualname__
-    __next__.__doc__ = original.__doc__
-    __next__._traceml_nb = True  # type: ignore[attr-defined]
-    return __next__
-
-
 def install(tracer: StepTracer) -> list[str]:
     """Start feeding ``tracer``; returns notes about anything unusual (e.g. a foreign wrapper)."""
     global _tracer, _original_next, _wrapper, _hook_handle
     notes: list[str] = []
     cls = _iter_class()
     _original_next = cls.__dict__["__next__"]
-    _wrapper = _make_wrapper(_original_next)
+    _wrapper = tracer.wrap_next(_original_next)
     cls.__next__ = _wrapper
     import torch.optim.optimizer as optim_mod
 
@@ -57,6 +43,8 @@ def uninstall() -> list[str]:
     """Stop feeding the tracer and put back what was there. Safe to call twice."""
     global _tracer, _original_next, _wrapper, _hook_handle
     notes: list[str] = []
+    if _tracer is not None:
+        _tracer.active = False  # the wrapper calls through from now on, wherever it is
     _tracer = None
     if _hook_handle is not None:
         _hook_handle.remove()

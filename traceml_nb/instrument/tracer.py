@@ -16,6 +16,13 @@ calls (several optimizers, as in a GAN, make one step); these rows are written o
 loader has closed a step of its own (then the loader's batches are the steps, and an
 optimizer row per step would only cost time and memory). Explicit markers
 (``traceml_nb.step()``) make steps of their own and take precedence in the analysis.
+
+The instrumented calls only log what happened, as one tuple each, in order (the hot path:
+between a model's backward and forward everything that only we run is cold in the caches,
+so it must be little). The log is turned into step rows in batches, by the training thread,
+at the first event after :data:`PROCESS_EVERY_NS` and when the run ends: the step rows lag
+the loop by at most that much plus one event, and the processing runs warm, many events at
+a time.
 """
 
 from __future__ import annotations
@@ -37,6 +44,16 @@ from ..record import (
 )
 from .batch import batch_size_of
 from .gpu_events import GpuStallTimer
+
+#: How often at most the event log is turned into step rows, ns (what the live view waits).
+PROCESS_EVERY_NS = 50_000_000
+
+# Event tuples of the log. A fetch: (sampler, num_yielded after it, t_enter, t_exit, batch
+# size, CUDA event at enter, at exit); the exhausting fetch has num_yielded ``_END``.
+# An optimizer step: (_OPTIMIZER, id(optimizer), clock or 0); a marker: (_MARKER, clock).
+_END = -1
+_OPTIMIZER = object()
+_MARKER = object()
 
 
 class _LoaderState:
@@ -93,6 +110,27 @@ def loader_info_from_iterator(slot: int, it: Any) -> LoaderInfo:
 class StepTracer:
     """Receives the instrumented events of one run and writes step rows into its record."""
 
+    __slots__ = (
+        "record",
+        "clock",
+        "gpu",
+        "t0",
+        "active",
+        "_log",
+        "_due",
+        "_last_sampler",
+        "_states",
+        "_current",
+        "_lead_optimizer",
+        "_opt_prev",
+        "_opt_wait_mark",
+        "_marker_prev",
+        "_marker_wait_mark",
+        "_wait_total",
+        "_last_batch",
+        "_loader_steps",
+    )
+
     def __init__(
         self,
         record: RunRecord,
@@ -103,6 +141,10 @@ class StepTracer:
         self.clock = clock
         self.gpu = gpu
         self.t0 = record.t0_ns
+        self.active = True  #: False once closed: wrappers from :meth:`wrap_next` call through
+        self._log: list[tuple[Any, ...]] = []  # events not processed yet, in order
+        self._due = 0  # clock value from which the next event processes the log
+        self._last_sampler: Any = None  # the sampler of the loader fetched last (hot path)
         self._states: dict[int, _LoaderState] = {}
         self._current: _LoaderState | None = None
         self._lead_optimizer: int | None = None
@@ -113,62 +155,134 @@ class StepTracer:
         self._wait_total = 0  # data wait of every fetch so far, ns
         self._last_batch = -1
         self._loader_steps = False  # a loader has closed a step: optimizer rows are not needed
-        self._write = record.steps.packed_writer()
 
-    # --- DataLoader -----------------------------------------------------------------------
-    def fetch(self, it: Any, next_fn: Callable[[Any], Any]) -> Any:
-        """Run the loader's real ``__next__`` (``next_fn``) and account for it. The hot path.
+    # --- the hot path: log the event ------------------------------------------------------
+    def wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """A ``__next__`` that runs ``original`` and logs the fetch. The hot path.
 
-        Its cost is the per-step budget, paid between a model's backward and forward, with the
-        caches cold: so it touches few objects, calls no helper on the usual path, and writes
-        the closed step with a single ``extend`` of the packed step table.
+        It reads two clocks and the batch size and appends one tuple to the log; the step
+        bookkeeping happens later, in :meth:`process`. Once the tracer is no longer
+        :attr:`active` the wrapper calls straight through, so it stays harmless if something
+        else was stacked on top of it and keeps calling it.
         """
-        clock = self.clock
-        gpu = self.gpu
-        first = it._num_yielded == 0
-        t_enter = clock()
-        ev_enter = gpu.mark() if gpu is not None else None
-        try:
-            batch = next_fn(it)
-        except StopIteration:
-            self._close_epoch(it, t_enter, ev_enter)
-            raise
-        t_exit = clock()
-        ev_exit = gpu.mark() if gpu is not None else None
+        tracer = self
 
-        st = self._states.get(id(it._index_sampler))
+        def __next__(it: Any) -> Any:
+            t = tracer
+            if not t.active:
+                return original(it)
+            clock = t.clock
+            gpu = t.gpu
+            sampler = it._index_sampler
+            if sampler is not t._last_sampler:
+                t._see_loader(it, sampler)
+            t_enter = clock()
+            ev_enter = gpu.mark() if gpu is not None else None
+            try:
+                batch = original(it)
+            except StopIteration:
+                t._log.append((sampler, _END, t_enter, t_enter, 0, ev_enter, None))
+                raise
+            t_exit = clock()
+            ev_exit = gpu.mark() if gpu is not None else None
+            kind = type(batch)
+            if kind is tuple or kind is list:
+                try:
+                    size = batch[0].shape[0]
+                except Exception:
+                    size = batch_size_of(batch)
+                if type(size) is not int:
+                    size = batch_size_of(batch)
+            else:
+                size = batch_size_of(batch)
+            t._log.append((sampler, it._num_yielded, t_enter, t_exit, size, ev_enter, ev_exit))
+            if t_exit >= t._due:
+                t.process()
+            return batch
+
+        __next__.__wrapped__ = original  # type: ignore[attr-defined]
+        __next__.__qualname__ = getattr(original, "__qualname__", "__next__")
+        __next__.__doc__ = getattr(original, "__doc__", None)
+        return __next__
+
+    def optimizer_step(self, optimizer: Any, *_: Any) -> None:
+        """Global optimizer post-step hook: logs the step (with the time only while the steps
+        may still be optimizer steps, i.e. before a loader closed a step)."""
+        if self._loader_steps:
+            self._log.append((_OPTIMIZER, id(optimizer), 0))
+            return
+        t = self.clock()
+        self._log.append((_OPTIMIZER, id(optimizer), t))
+        if t >= self._due:
+            self.process()
+
+    def marker(self) -> None:
+        """An explicit end-of-step marker."""
+        t = self.clock()
+        self._log.append((_MARKER, t))
+        if t >= self._due:
+            self.process()
+
+    def _see_loader(self, it: Any, sampler: Any) -> None:
+        """A fetch from another loader than the last: register it if it is new (its settings
+        are read from the iterator now, while it is at hand)."""
+        self._last_sampler = sampler
+        if id(sampler) not in self._states:
+            self._new_loader(it, sampler)
+
+    def _new_loader(self, it: Any, sampler: Any) -> None:
+        slot = len(self.record.loaders)
+        if slot >= MAX_LOADERS:
+            return  # too many loaders: count nothing rather than mislabel
+        info = loader_info_from_iterator(slot, it)
+        self.record.loaders.append(info)
+        self._states[id(sampler)] = _LoaderState(slot, info, sampler)
+
+    # --- the log into step rows -----------------------------------------------------------
+    def process(self) -> None:
+        """Turn the logged events into step rows (in the thread that logs them)."""
+        log = self._log
+        self._log = []
+        self._due = self.clock() + PROCESS_EVERY_NS
+        for ev in log:
+            kind = ev[0]
+            if kind is _OPTIMIZER:
+                self._optimizer_event(ev[1], ev[2])
+            elif kind is _MARKER:
+                self._marker_event(ev[1])
+            else:
+                self._fetch_event(*ev)
+
+    def _fetch_event(
+        self,
+        sampler: Any,
+        yielded: int,
+        t_enter: int,
+        t_exit: int,
+        size: int,
+        ev_enter: Any,
+        ev_exit: Any,
+    ) -> None:
+        st = self._states.get(id(sampler))
         if st is None:
-            st = self._new_loader(it)
-            if st is None:  # too many loaders: count nothing rather than mislabel
-                return batch
-        start = st.open_start
-        if start >= 0:  # close this loader's previous step
-            self._write(
-                (
-                    start - self.t0,
-                    t_enter - start,
-                    st.open_wait,
-                    (st.open_batch << 16) | st.open_meta,
-                )
-            )
-            if gpu is not None and st.ev_enter is not None and ev_enter is not None:
-                gpu.add(len(self.record.steps) - 1, st.ev_enter, st.ev_exit, ev_enter)
-            self._loader_steps = True
+            return  # a loader past MAX_LOADERS
+        if st.open_start >= 0:  # close this loader's previous step
+            self._close(st, t_enter, 0, ev_enter)
+            if yielded != _END:
+                self._loader_steps = True
+        if yielded == _END:
+            return
         wait = t_exit - t_enter
         if self._current is not st:
             self._switch_to(st, wait)
         st.since_opt += 1
-        st.info.fetches += 1
+        info = st.info
+        info.fetches += 1
+        first = yielded == 1
         if first:
-            self._first_of_epoch(st, wait)
-        kind = type(batch)
-        if kind is tuple or kind is list:
-            try:
-                size = int(batch[0].shape[0])
-            except Exception:
-                size = batch_size_of(batch)
-        else:
-            size = batch_size_of(batch)
+            info.epochs += 1
+            if info.fetches == 1:
+                self.record.first_fetch_wait_ns[st.slot] = wait
         st.open_start = t_enter
         st.open_wait = wait
         st.open_batch = size
@@ -177,7 +291,6 @@ class StepTracer:
         st.ev_exit = ev_exit
         self._wait_total += wait
         self._last_batch = size
-        return batch
 
     def _switch_to(self, st: _LoaderState, wait: int) -> None:
         """Another loader than the last one: mark the steps it interrupts, share its wait."""
@@ -188,46 +301,18 @@ class StepTracer:
                     other.open_meta |= FLAG_INTERLEAVED
                     other.open_wait += wait  # its step waited for this batch too
 
-    def _first_of_epoch(self, st: _LoaderState, wait: int) -> None:
-        info = st.info
-        info.epochs += 1
-        if info.fetches == 1:
-            self.record.first_fetch_wait_ns[st.slot] = wait
-
-    def _new_loader(self, it: Any) -> _LoaderState | None:
-        slot = len(self.record.loaders)
-        if slot >= MAX_LOADERS:
-            return None
-        sampler = getattr(it, "_index_sampler", it)
-        info = loader_info_from_iterator(slot, it)
-        self.record.loaders.append(info)
-        st = _LoaderState(slot, info, sampler)
-        self._states[id(sampler)] = st
-        return st
-
     def _close(self, st: _LoaderState, t_end: int, extra_flags: int, ev_next: Any) -> None:
         start = st.open_start
-        self._write(
-            (
-                start - self.t0,
-                t_end - start,
-                st.open_wait,
-                (st.open_batch << 16) | st.open_meta | extra_flags,
-            )
+        meta = st.open_meta | extra_flags
+        row = self.record.steps.append(
+            start - self.t0, t_end - start, st.open_wait, st.open_batch, meta >> 8, meta & 0xFF
         )
         if self.gpu is not None and ev_next is not None and st.ev_enter is not None:
-            self.gpu.add(len(self.record.steps) - 1, st.ev_enter, st.ev_exit, ev_next)
+            self.gpu.add(row, st.ev_enter, st.ev_exit, ev_next)
         st.open_start = -1
         st.ev_enter = st.ev_exit = None
 
-    def _close_epoch(self, it: Any, t_enter: int, ev_enter: Any) -> None:
-        st = self._states.get(id(getattr(it, "_index_sampler", it)))
-        if st is not None and st.open_start >= 0:
-            self._close(st, t_enter, 0, ev_enter)
-
-    # --- optimizer ------------------------------------------------------------------------
-    def optimizer_step(self, optimizer: Any, *_: Any) -> None:
-        """Global optimizer post-step hook."""
+    def _optimizer_event(self, optimizer_id: int, t: int) -> None:
         rec = self.record
         rec.optimizer_steps += 1
         cur = self._current
@@ -241,10 +326,9 @@ class StepTracer:
                     st.open_meta |= FLAG_OPTIMIZER_STEP
                 st.since_opt = 0
         if self._lead_optimizer is None:
-            self._lead_optimizer = id(optimizer)
-        if id(optimizer) != self._lead_optimizer or self._loader_steps:
+            self._lead_optimizer = optimizer_id
+        if optimizer_id != self._lead_optimizer or self._loader_steps:
             return  # with DataLoader steps, optimizer rows would only cost time and memory
-        t = self.clock()
         start = self._opt_prev or self.t0
         total = self._wait_total
         rec.steps.append(
@@ -258,10 +342,7 @@ class StepTracer:
         self._opt_prev = t
         self._opt_wait_mark = total
 
-    # --- markers --------------------------------------------------------------------------
-    def marker(self) -> None:
-        """An explicit end-of-step marker."""
-        t = self.clock()
+    def _marker_event(self, t: int) -> None:
         start = self._marker_prev or self.t0
         total = self._wait_total
         self.record.markers += 1
@@ -278,12 +359,16 @@ class StepTracer:
 
     # --- end ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close every open step as truncated and resolve the GPU events (one sync)."""
+        """Process the log, close every open step as truncated and resolve the GPU events
+        (one sync)."""
+        self.active = False
         t_end = self.clock()
+        self.process()
         for st in self._states.values():
             if st.open_start >= 0:
                 self._close(st, t_end, FLAG_TRUNCATED, None)
             st.sampler_ref = None
         self._current = None
+        self._last_sampler = None
         if self.gpu is not None:
             self.gpu.finish()
