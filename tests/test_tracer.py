@@ -308,3 +308,76 @@ def test_zipped_loaders_count_each_step_once_in_the_analysis() -> None:
     cols, source = select_steps(run.record)
     assert source == "dataloader"
     assert len(cols) == 8 + 4  # a's 8 steps (b's rows overlap them) + c's 4
+
+
+class _ManualClock:
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+class _Iter:
+    """A stand-in DataLoader iterator for driving the tracer's wrapper by hand."""
+
+    def __init__(self) -> None:
+        self._index_sampler = object()
+        self._num_yielded = 0
+        self._num_workers = 0
+
+    def next_batch(self, _it: object) -> torch.Tensor:
+        self._num_yielded += 1
+        return torch.zeros(4, 1)
+
+
+def test_the_log_becomes_rows_every_process_interval_and_at_the_end() -> None:
+    from traceml_nb.instrument.tracer import PROCESS_EVERY_NS, StepTracer
+    from traceml_nb.record import RunRecord
+
+    clock = _ManualClock()
+    tracer = StepTracer(RunRecord(), clock=clock)
+    it = _Iter()
+    fetch = tracer.wrap_next(it.next_batch)
+    fetch(it)  # the first event processes at once (nothing is due yet): the loader is known
+    for _ in range(9):
+        clock.ns += 1_000_000  # 1 ms steps
+        fetch(it)
+    assert len(tracer.record.steps) == 0  # logged, not processed: 9 ms < 50 ms
+    clock.ns += PROCESS_EVERY_NS
+    fetch(it)
+    assert len(tracer.record.steps) == 10  # the fetch past the interval processed the log
+    assert list(tracer.record.steps.wall_ns[:9]) == [1_000_000] * 9
+    clock.ns += 1_000_000
+    fetch(it)
+    tracer.close()  # processes the rest and closes the open step as truncated
+    steps = tracer.record.steps
+    assert len(steps) == 12
+    assert steps.flags[-1] & FLAG_TRUNCATED
+    assert tracer.record.loaders[0].fetches == 12
+
+
+def test_a_loader_iterated_in_another_thread_keeps_every_step() -> None:
+    """A prefetching thread iterates the DataLoader while the main thread steps the optimizer:
+    the events of both threads reach the rows, and nothing is lost or raised."""
+    import queue
+    import threading
+
+    loader = DataLoader(TensorDataset(torch.randn(400, 16), torch.zeros(400).long()), batch_size=4)
+    model, opt = model_and_opt()
+    batches: queue.Queue = queue.Queue(maxsize=8)
+
+    def prefetch() -> None:
+        for batch in loader:
+            batches.put(batch)
+        batches.put(None)
+
+    with traceml_nb.Run("threaded", sample=False) as run:
+        worker = threading.Thread(target=prefetch)
+        worker.start()
+        while (batch := batches.get()) is not None:
+            train_step(model, opt, *batch)
+        worker.join()
+    assert run.record.loaders[0].fetches == 100
+    assert run.record.optimizer_steps == 100
+    assert len(rows(run, 0)) == 100

@@ -27,6 +27,7 @@ a time.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -117,6 +118,7 @@ class StepTracer:
         "t0",
         "active",
         "_log",
+        "_lock",
         "_due",
         "_last_sampler",
         "_states",
@@ -143,6 +145,7 @@ class StepTracer:
         self.t0 = record.t0_ns
         self.active = True  #: False once closed: wrappers from :meth:`wrap_next` call through
         self._log: list[tuple[Any, ...]] = []  # events not processed yet, in order
+        self._lock = threading.Lock()
         self._due = 0  # clock value from which the next event processes the log
         self._last_sampler: Any = None  # the sampler of the loader fetched last (hot path)
         self._states: dict[int, _LoaderState] = {}
@@ -240,18 +243,22 @@ class StepTracer:
 
     # --- the log into step rows -----------------------------------------------------------
     def process(self) -> None:
-        """Turn the logged events into step rows (in the thread that logs them)."""
-        log = self._log
-        self._log = []
-        self._due = self.clock() + PROCESS_EVERY_NS
-        for ev in log:
-            kind = ev[0]
-            if kind is _OPTIMIZER:
-                self._optimizer_event(ev[1], ev[2])
-            elif kind is _MARKER:
-                self._marker_event(ev[1])
-            else:
-                self._fetch_event(*ev)
+        """Turn the logged events into step rows. Usually the training thread calls it; the
+        lock keeps the events in order when a loader is iterated in another thread."""
+        with self._lock:
+            log = self._log
+            n = len(log)
+            events = log[:n]
+            del log[:n]  # what another thread appended meanwhile stays, in order
+            self._due = self.clock() + PROCESS_EVERY_NS
+            for ev in events:
+                kind = ev[0]
+                if kind is _OPTIMIZER:
+                    self._optimizer_event(ev[1], ev[2])
+                elif kind is _MARKER:
+                    self._marker_event(ev[1])
+                else:
+                    self._fetch_event(*ev)
 
     def _fetch_event(
         self,
