@@ -378,9 +378,10 @@ def test_live_view_updates_from_one_thread_with_batched_messages(stream_calls):
     assert view.error is None, run.capabilities.notes
     assert not view.running
 
-    # ≤ 4 ticks a second, however fast the steps come
-    assert view.ticks <= run.elapsed_s / 0.25 + 2
-    assert view.updates >= 3
+    # 2 ticks a second by default (the first after 0.25 s), however fast the steps come
+    assert view.tick_s == 0.5
+    assert view.ticks <= run.elapsed_s / 0.5 + 2
+    assert view.updates >= 2
     # one PATCH-DOC (3 comm messages) per update, whatever was in it
     assert view.messages == 3 * view.updates
     assert view.busy_s > 0
@@ -663,3 +664,9 @@ def test_in_a_real_kernel_bokehjs_travels_inline_with_the_widget():
     updates = int(printed.split("updates ")[1].split()[0])
     messages = int(printed.split("messages ")[1].split()[0])
     assert updates >= 2 and messages == 3 * updates and "error None" in printed
+
+
+def test_the_tick_is_never_shorter_than_a_quarter_second():
+    run = traceml_nb.Run("tick", sample=False)
+    assert LiveView(run, display=False, tick_s=0.01).tick_s == 0.25
+    assert LiveView(run, display=False, tick_s=2.0).tick_s == 2.0
