@@ -131,7 +131,7 @@ def test_events_resolve_lazily_a_few_steps_behind() -> None:
         tracer.wrap_next(it.next_fn)(it)
         tl.launch(0.5)
         tl.host(2.0)  # host slower than the GPU: events complete quickly
-    tracer.process()  # what the next event does once PROCESS_EVERY_NS have passed
+    tracer.process()  # what an event does once PROCESS_EVERY_NS have passed
     assert timer.pending <= 3
     assert timer.resolved >= 16
     tracer.close()

@@ -331,8 +331,8 @@ class _Iter:
         return torch.zeros(4, 1)
 
 
-def test_the_log_becomes_rows_every_process_interval_and_at_the_end() -> None:
-    from traceml_nb.instrument.tracer import PROCESS_EVERY_NS, StepTracer
+def test_the_log_becomes_rows_after_a_while_after_many_events_and_at_the_end() -> None:
+    from traceml_nb.instrument.tracer import PROCESS_EVENTS, PROCESS_EVERY_NS, StepTracer
     from traceml_nb.record import RunRecord
 
     clock = _ManualClock()
@@ -343,18 +343,28 @@ def test_the_log_becomes_rows_every_process_interval_and_at_the_end() -> None:
     for _ in range(9):
         clock.ns += 1_000_000  # 1 ms steps
         fetch(it)
-    assert len(tracer.record.steps) == 0  # logged, not processed: 9 ms < 50 ms
+    assert len(tracer.record.steps) == 0  # logged, not processed: 9 ms is not a while
     clock.ns += PROCESS_EVERY_NS
     fetch(it)
     assert len(tracer.record.steps) == 10  # the fetch past the interval processed the log
     assert list(tracer.record.steps.wall_ns[:9]) == [1_000_000] * 9
+
+    # fast steps: every PROCESS_EVENTS events, long before the interval has passed
+    for _ in range(PROCESS_EVENTS - 1):
+        clock.ns += 1_000
+        fetch(it)
+    assert len(tracer.record.steps) == 10
+    clock.ns += 1_000
+    fetch(it)
+    assert len(tracer.record.steps) == 10 + PROCESS_EVENTS
+
     clock.ns += 1_000_000
     fetch(it)
     tracer.close()  # processes the rest and closes the open step as truncated
     steps = tracer.record.steps
-    assert len(steps) == 12
+    assert len(steps) == 12 + PROCESS_EVENTS
     assert steps.flags[-1] & FLAG_TRUNCATED
-    assert tracer.record.loaders[0].fetches == 12
+    assert tracer.record.loaders[0].fetches == 12 + PROCESS_EVENTS
 
 
 def test_a_loader_iterated_in_another_thread_keeps_every_step() -> None:

@@ -20,9 +20,9 @@ optimizer row per step would only cost time and memory). Explicit markers
 The instrumented calls only log what happened, as one tuple each, in order (the hot path:
 between a model's backward and forward everything that only we run is cold in the caches,
 so it must be little). The log is turned into step rows in batches, by the training thread,
-at the first event after :data:`PROCESS_EVERY_NS` and when the run ends: the step rows lag
-the loop by at most that much plus one event, and the processing runs warm, many events at
-a time.
+every :data:`PROCESS_EVENTS` events or at the first event :data:`PROCESS_EVERY_NS` after the
+last batch, and when the run ends: the step rows lag the loop by at most that much plus one
+event, and the processing runs warm, many events at a time.
 """
 
 from __future__ import annotations
@@ -46,8 +46,12 @@ from ..record import (
 from .batch import batch_size_of
 from .gpu_events import GpuStallTimer
 
-#: How often at most the event log is turned into step rows, ns (what the live view waits).
-PROCESS_EVERY_NS = 50_000_000
+#: The event log is turned into step rows once it holds this many events (fast loops: a short
+#: pause, warm, every 128 steps or so)...
+PROCESS_EVENTS = 256
+#: ...or this long after the last time, ns (slow loops: the rows the live view shows lag by at
+#: most this, and a step of 20 ms pays the cold start of processing once in 25 steps).
+PROCESS_EVERY_NS = 500_000_000
 
 # Event tuples of the log. A fetch: (sampler, num_yielded after it, t_enter, t_exit, batch
 # size, CUDA event at enter, at exit); the exhausting fetch has num_yielded ``_END``.
@@ -198,8 +202,9 @@ class StepTracer:
                     size = batch_size_of(batch)
             else:
                 size = batch_size_of(batch)
-            t._log.append((sampler, it._num_yielded, t_enter, t_exit, size, ev_enter, ev_exit))
-            if t_exit >= t._due:
+            log = t._log
+            log.append((sampler, it._num_yielded, t_enter, t_exit, size, ev_enter, ev_exit))
+            if len(log) >= PROCESS_EVENTS or t_exit >= t._due:
                 t.process()
             return batch
 
@@ -213,17 +218,19 @@ class StepTracer:
         may still be optimizer steps, i.e. before a loader closed a step)."""
         if self._loader_steps:
             self._log.append((_OPTIMIZER, id(optimizer), 0))
-            return
+            return  # the next fetch processes the log when it is time
         t = self.clock()
-        self._log.append((_OPTIMIZER, id(optimizer), t))
-        if t >= self._due:
+        log = self._log
+        log.append((_OPTIMIZER, id(optimizer), t))
+        if len(log) >= PROCESS_EVENTS or t >= self._due:
             self.process()
 
     def marker(self) -> None:
         """An explicit end-of-step marker."""
         t = self.clock()
-        self._log.append((_MARKER, t))
-        if t >= self._due:
+        log = self._log
+        log.append((_MARKER, t))
+        if len(log) >= PROCESS_EVENTS or t >= self._due:
             self.process()
 
     def _see_loader(self, it: Any, sampler: Any) -> None:
