@@ -237,7 +237,12 @@ def main() -> None:
         default="both",
         help="both: fast and input-bound; all: also the view alone (replay-20, replay-2000 steps/s)",
     )
-    parser.add_argument("--tick-s", type=float, default=0.25)
+    parser.add_argument(
+        "--tick-s",
+        type=float,
+        default=0.5,
+        help="seconds between updates (default 0.5, the view's default; at least 0.25)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     workloads = {
