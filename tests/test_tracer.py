@@ -391,3 +391,4 @@ def test_a_loader_iterated_in_another_thread_keeps_every_step() -> None:
     assert run.record.loaders[0].fetches == 100
     assert run.record.optimizer_steps == 100
     assert len(rows(run, 0)) == 100
+    assert run._tracer.processing_ns > 0  # the tracer timed its own processing

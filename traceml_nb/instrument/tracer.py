@@ -121,6 +121,7 @@ class StepTracer:
         "gpu",
         "t0",
         "active",
+        "processing_ns",
         "_log",
         "_lock",
         "_due",
@@ -148,6 +149,7 @@ class StepTracer:
         self.gpu = gpu
         self.t0 = record.t0_ns
         self.active = True  #: False once closed: wrappers from :meth:`wrap_next` call through
+        self.processing_ns = 0  #: time spent turning the log into rows (:meth:`process`), ns
         self._log: list[tuple[Any, ...]] = []  # events not processed yet, in order
         self._lock = threading.Lock()
         self._due = 0  # clock value from which the next event processes the log
@@ -253,11 +255,12 @@ class StepTracer:
         """Turn the logged events into step rows. Usually the training thread calls it; the
         lock keeps the events in order when a loader is iterated in another thread."""
         with self._lock:
+            t0 = self.clock()
             log = self._log
             n = len(log)
             events = log[:n]
             del log[:n]  # what another thread appended meanwhile stays, in order
-            self._due = self.clock() + PROCESS_EVERY_NS
+            self._due = t0 + PROCESS_EVERY_NS
             for ev in events:
                 kind = ev[0]
                 if kind is _OPTIMIZER:
@@ -266,6 +269,7 @@ class StepTracer:
                     self._marker_event(ev[1])
                 else:
                     self._fetch_event(*ev)
+            self.processing_ns += self.clock() - t0
 
     def _fetch_event(
         self,
