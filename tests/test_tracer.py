@@ -392,3 +392,28 @@ def test_a_loader_iterated_in_another_thread_keeps_every_step() -> None:
     assert run.record.optimizer_steps == 100
     assert len(rows(run, 0)) == 100
     assert run._tracer.processing_ns > 0  # the tracer timed its own processing
+
+
+def test_optimizer_steps_counted_after_the_first_loader_step_keep_their_place() -> None:
+    """Once a loader has closed a step the hook only counts; each count is applied where it
+    happened: two optimizers a step (GAN style), an extra step after the epoch, and an
+    eval loader in between that never becomes a training loader."""
+    train = DataLoader(TensorDataset(torch.randn(40, 16), torch.zeros(40).long()), batch_size=4)
+    evaluation = DataLoader(TensorDataset(torch.randn(8, 16), torch.zeros(8).long()), batch_size=4)
+    g, opt_g = model_and_opt()
+    d, opt_d = model_and_opt()
+    with traceml_nb.Run("counted", sample=False) as run:
+        for x, y in train:
+            train_step(g, opt_g, x, y)
+            train_step(d, opt_d, x, y)
+        opt_g.step()  # after the epoch: counted, applied when the run ends
+        for _x, _y in evaluation:
+            pass
+    info_train, info_eval = run.record.loaders
+    assert run.record.optimizer_steps == 2 * 10 + 1
+    assert info_train.optimizer_steps == 2 * 10 + 1
+    assert info_eval.optimizer_steps == 0
+    train_rows = rows(run, 0)
+    assert len(train_rows) == 10
+    assert all(run.record.steps.flags[i] & FLAG_OPTIMIZER_STEP for i in train_rows)
+    assert not any(run.record.steps.flags[i] & FLAG_OPTIMIZER_STEP for i in rows(run, 1))

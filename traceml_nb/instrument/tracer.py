@@ -54,8 +54,10 @@ PROCESS_EVENTS = 256
 PROCESS_EVERY_NS = 500_000_000
 
 # Event tuples of the log. A fetch: (sampler, num_yielded after it, t_enter, t_exit, batch
-# size, CUDA event at enter, at exit); the exhausting fetch has num_yielded ``_END``.
-# An optimizer step: (_OPTIMIZER, id(optimizer), clock or 0); a marker: (_MARKER, clock).
+# size, optimizer steps counted so far, CUDA event at enter, at exit); the exhausting fetch has
+# num_yielded ``_END``. An optimizer step, while the steps may still be optimizer steps:
+# (_OPTIMIZER, id(optimizer), clock); once a loader has closed a step the hook only counts,
+# and each fetch carries the count. A marker: (_MARKER, clock).
 _END = -1
 _OPTIMIZER = object()
 _MARKER = object()
@@ -136,6 +138,9 @@ class StepTracer:
         "_wait_total",
         "_last_batch",
         "_loader_steps",
+        "_opt_count",
+        "_opt_applied",
+        "_write",
     )
 
     def __init__(
@@ -164,6 +169,9 @@ class StepTracer:
         self._wait_total = 0  # data wait of every fetch so far, ns
         self._last_batch = -1
         self._loader_steps = False  # a loader has closed a step: optimizer rows are not needed
+        self._opt_count = 0  # optimizer steps counted by the hook (once _loader_steps)
+        self._opt_applied = 0  # ...of which processed
+        self._write = record.steps.packed_writer()
 
     # --- the hot path: log the event ------------------------------------------------------
     def wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -190,7 +198,7 @@ class StepTracer:
             try:
                 batch = original(it)
             except StopIteration:
-                t._log.append((sampler, _END, t_enter, t_enter, 0, ev_enter, None))
+                t._log.append((sampler, _END, t_enter, t_enter, 0, t._opt_count, ev_enter, None))
                 raise
             t_exit = clock()
             ev_exit = gpu.mark() if gpu is not None else None
@@ -205,7 +213,9 @@ class StepTracer:
             else:
                 size = batch_size_of(batch)
             log = t._log
-            log.append((sampler, it._num_yielded, t_enter, t_exit, size, ev_enter, ev_exit))
+            log.append(
+                (sampler, it._num_yielded, t_enter, t_exit, size, t._opt_count, ev_enter, ev_exit)
+            )
             if len(log) >= PROCESS_EVENTS or t_exit >= t._due:
                 t.process()
             return batch
@@ -216,11 +226,12 @@ class StepTracer:
         return __next__
 
     def optimizer_step(self, optimizer: Any, *_: Any) -> None:
-        """Global optimizer post-step hook: logs the step (with the time only while the steps
-        may still be optimizer steps, i.e. before a loader closed a step)."""
+        """Global optimizer post-step hook. Once a loader has closed a step only the count
+        matters (the next fetch carries it); before, the step is logged with its time, for the
+        optimizer rows."""
         if self._loader_steps:
-            self._log.append((_OPTIMIZER, id(optimizer), 0))
-            return  # the next fetch processes the log when it is time
+            self._opt_count += 1
+            return
         t = self.clock()
         log = self._log
         log.append((_OPTIMIZER, id(optimizer), t))
@@ -268,24 +279,31 @@ class StepTracer:
                 elif kind is _MARKER:
                     self._marker_event(ev[1])
                 else:
-                    self._fetch_event(*ev)
+                    self._fetch_event(ev)
             self.processing_ns += self.clock() - t0
 
-    def _fetch_event(
-        self,
-        sampler: Any,
-        yielded: int,
-        t_enter: int,
-        t_exit: int,
-        size: int,
-        ev_enter: Any,
-        ev_exit: Any,
-    ) -> None:
+    def _fetch_event(self, ev: tuple[Any, ...]) -> None:
+        sampler, yielded, t_enter, t_exit, size, opt_count, ev_enter, ev_exit = ev
+        if opt_count != self._opt_applied:  # optimizer steps counted since the last fetch
+            self._optimizer_steps(opt_count - self._opt_applied)
+            self._opt_applied = opt_count
         st = self._states.get(id(sampler))
         if st is None:
             return  # a loader past MAX_LOADERS
-        if st.open_start >= 0:  # close this loader's previous step
-            self._close(st, t_enter, 0, ev_enter)
+        start = st.open_start
+        if start >= 0:  # close this loader's previous step
+            if ev_enter is None:
+                self._write(
+                    (
+                        start - self.t0,
+                        t_enter - start,
+                        st.open_wait,
+                        (st.open_batch << 16) | st.open_meta,
+                    )
+                )
+            else:
+                self._close(st, t_enter, 0, ev_enter)
+            st.open_start = -1
             if yielded != _END:
                 self._loader_steps = True
         if yielded == _END:
@@ -330,19 +348,27 @@ class StepTracer:
         st.open_start = -1
         st.ev_enter = st.ev_exit = None
 
-    def _optimizer_event(self, optimizer_id: int, t: int) -> None:
-        rec = self.record
-        rec.optimizer_steps += 1
+    def _optimizer_steps(self, n: int) -> None:
+        """``n`` optimizer steps, all after the same fetch: count them and mark the loaders."""
+        self.record.optimizer_steps += n
         cur = self._current
-        if cur is not None:
-            # The loader fetched last is a training loader, and so is any other loader
-            # fetched alongside it in this step (``zip(a, b)``), but not an eval loop that
-            # ran since the last optimizer step (more batches than the training loader's).
-            for st in self._states.values():
-                if st is cur or (0 < st.since_opt <= cur.since_opt and st.open_start >= 0):
-                    st.info.optimizer_steps += 1
-                    st.open_meta |= FLAG_OPTIMIZER_STEP
-                st.since_opt = 0
+        if cur is None:
+            return
+        # The loader fetched last is a training loader, and so is any other loader fetched
+        # alongside it in this step (``zip(a, b)``), but not an eval loop that ran since the
+        # last optimizer step (more batches than the training loader's).
+        for st in self._states.values():
+            if st is cur:
+                st.info.optimizer_steps += n
+                st.open_meta |= FLAG_OPTIMIZER_STEP
+            elif 0 < st.since_opt <= cur.since_opt and st.open_start >= 0:
+                st.info.optimizer_steps += 1  # the later ones came without a new fetch
+                st.open_meta |= FLAG_OPTIMIZER_STEP
+            st.since_opt = 0
+
+    def _optimizer_event(self, optimizer_id: int, t: int) -> None:
+        self._optimizer_steps(1)
+        rec = self.record
         if self._lead_optimizer is None:
             self._lead_optimizer = optimizer_id
         if optimizer_id != self._lead_optimizer or self._loader_steps:
@@ -382,6 +408,9 @@ class StepTracer:
         self.active = False
         t_end = self.clock()
         self.process()
+        if self._opt_count != self._opt_applied:  # steps after the last fetch
+            self._optimizer_steps(self._opt_count - self._opt_applied)
+            self._opt_applied = self._opt_count
         for st in self._states.values():
             if st.open_start >= 0:
                 self._close(st, t_end, FLAG_TRUNCATED, None)
