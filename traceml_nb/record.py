@@ -46,10 +46,10 @@ class StepTable:
     ``source``    loader slot (0..249) or ``SOURCE_MARKER`` / ``SOURCE_OPTIMIZER``
     ``flags``     ``FLAG_*`` bits
 
-    The writer's cost is the budget of every step, so a row is one ``extend`` of four int64
-    into a single array (start, wall, wait, and batch/source/flags packed as
-    ``batch << 16 | source << 8 | flags``); the GPU columns are separate arrays that grow only
-    when a GPU value is set. Readers get plain typed columns from :meth:`snapshot`.
+    Rows are packed as four int64 in a single array (start, wall, wait, and batch/source/flags
+    as ``batch << 16 | source << 8 | flags``) and written whole, many at a time by the
+    tracer's processing (:meth:`packed_writer`); the GPU columns are separate arrays that grow
+    only when a GPU value is set. Readers get plain typed columns from :meth:`snapshot`.
     """
 
     COLUMNS = (
@@ -78,9 +78,10 @@ class StepTable:
         rows.extend((start_ns, wall_ns, wait_ns, (batch << 16) | (source << 8) | flags))
         return (len(rows) >> 2) - 1
 
-    def packed_writer(self) -> Callable[[tuple[int, int, int, int]], None]:
-        """The hot path's writer: takes ``(start_ns, wall_ns, wait_ns, meta)`` with
-        ``meta = batch << 16 | source << 8 | flags``, i.e. :meth:`append` without the call."""
+    def packed_writer(self) -> Callable[[Iterable[int]], None]:
+        """The tracer's writer: takes rows as a flat run of ints, four a row
+        ``(start_ns, wall_ns, wait_ns, meta)`` with ``meta = batch << 16 | source << 8 | flags``,
+        i.e. :meth:`append` for many rows in one call (and one atomic ``extend``)."""
         return self._rows.extend
 
     def set_gpu(self, row: int, stall_ms: float, span_ms: float) -> None:

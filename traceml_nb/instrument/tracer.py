@@ -141,6 +141,7 @@ class StepTracer:
         "_opt_count",
         "_opt_applied",
         "_write",
+        "_rows",
     )
 
     def __init__(
@@ -172,6 +173,7 @@ class StepTracer:
         self._opt_count = 0  # optimizer steps counted by the hook (once _loader_steps)
         self._opt_applied = 0  # ...of which processed
         self._write = record.steps.packed_writer()
+        self._rows: list[int] = []  # packed rows made by process(), written at its end
 
     # --- the hot path: log the event ------------------------------------------------------
     def wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -280,7 +282,14 @@ class StepTracer:
                     self._marker_event(ev[1])
                 else:
                     self._fetch_event(ev)
+            self._flush_rows()
             self.processing_ns += self.clock() - t0
+
+    def _flush_rows(self) -> None:
+        """Write the rows collected so far, in one ``extend`` (before any other row)."""
+        if self._rows:
+            self._write(self._rows)
+            self._rows.clear()
 
     def _fetch_event(self, ev: tuple[Any, ...]) -> None:
         sampler, yielded, t_enter, t_exit, size, opt_count, ev_enter, ev_exit = ev
@@ -293,13 +302,11 @@ class StepTracer:
         start = st.open_start
         if start >= 0:  # close this loader's previous step
             if ev_enter is None:
-                self._write(
-                    (
-                        start - self.t0,
-                        t_enter - start,
-                        st.open_wait,
-                        (st.open_batch << 16) | st.open_meta,
-                    )
+                self._rows += (
+                    start - self.t0,
+                    t_enter - start,
+                    st.open_wait,
+                    (st.open_batch << 16) | st.open_meta,
                 )
             else:
                 self._close(st, t_enter, 0, ev_enter)
@@ -338,6 +345,7 @@ class StepTracer:
                     other.open_wait += wait  # its step waited for this batch too
 
     def _close(self, st: _LoaderState, t_end: int, extra_flags: int, ev_next: Any) -> None:
+        self._flush_rows()
         start = st.open_start
         meta = st.open_meta | extra_flags
         row = self.record.steps.append(
@@ -373,6 +381,7 @@ class StepTracer:
             self._lead_optimizer = optimizer_id
         if optimizer_id != self._lead_optimizer or self._loader_steps:
             return  # with DataLoader steps, optimizer rows would only cost time and memory
+        self._flush_rows()
         start = self._opt_prev or self.t0
         total = self._wait_total
         rec.steps.append(
@@ -387,6 +396,7 @@ class StepTracer:
         self._opt_wait_mark = total
 
     def _marker_event(self, t: int) -> None:
+        self._flush_rows()
         start = self._marker_prev or self.t0
         total = self._wait_total
         self.record.markers += 1
