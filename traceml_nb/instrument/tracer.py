@@ -47,7 +47,7 @@ from .batch import batch_size_of
 from .gpu_events import GpuStallTimer
 
 #: The event log is turned into step rows once it holds this many events (fast loops: a short
-#: pause, warm, every 128 steps or so)...
+#: pause, warm, every 256 steps or so: one event a step once the optimizer hook only counts)...
 PROCESS_EVENTS = 256
 #: ...or this long after the last time, ns (slow loops: the rows the live view shows lag by at
 #: most this, and a step of 20 ms pays the cold start of processing once in 25 steps).
