@@ -417,3 +417,37 @@ def test_optimizer_steps_counted_after_the_first_loader_step_keep_their_place() 
     assert len(train_rows) == 10
     assert all(run.record.steps.flags[i] & FLAG_OPTIMIZER_STEP for i in train_rows)
     assert not any(run.record.steps.flags[i] & FLAG_OPTIMIZER_STEP for i in rows(run, 1))
+
+
+def test_an_interrupt_while_the_log_is_processed_loses_no_later_event(monkeypatch) -> None:
+    """Ctrl-C can arrive while process() runs in the training thread: the events it had not
+    reached stay in the log and the run's end turns them into rows."""
+    from traceml_nb.instrument.tracer import StepTracer
+    from traceml_nb.record import RunRecord
+
+    clock = _ManualClock()
+    tracer = StepTracer(RunRecord(), clock=clock)
+    it = _Iter()
+    fetch = tracer.wrap_next(it.next_batch)
+    fetch(it)
+    for _ in range(9):
+        clock.ns += 1_000_000
+        fetch(it)
+    real = StepTracer._fetch_event
+    calls = []
+
+    def interrupted_once(self, ev):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(self, ev)
+
+    monkeypatch.setattr(StepTracer, "_fetch_event", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        tracer.process()
+    assert len(tracer._log) == 9 - 5  # the events after the interrupted one are back
+    assert len(tracer.record.steps) == 4  # rows made before the interrupt are written
+    monkeypatch.setattr(StepTracer, "_fetch_event", real)
+    tracer.close()
+    assert len(tracer.record.steps) == 9  # one fetch lost to the interrupt, no more
+    assert tracer.record.steps.flags[-1] & FLAG_TRUNCATED

@@ -266,7 +266,9 @@ class StepTracer:
     # --- the log into step rows -----------------------------------------------------------
     def process(self) -> None:
         """Turn the logged events into step rows. Usually the training thread calls it; the
-        lock keeps the events in order when a loader is iterated in another thread."""
+        lock keeps the events in order when a loader is iterated in another thread. If it is
+        interrupted (Ctrl-C arrives while it runs), the events it had not reached go back to
+        the front of the log, for :meth:`close` to process."""
         with self._lock:
             t0 = self.clock()
             log = self._log
@@ -274,16 +276,22 @@ class StepTracer:
             events = log[:n]
             del log[:n]  # what another thread appended meanwhile stays, in order
             self._due = t0 + PROCESS_EVERY_NS
-            for ev in events:
-                kind = ev[0]
-                if kind is _OPTIMIZER:
-                    self._optimizer_event(ev[1], ev[2])
-                elif kind is _MARKER:
-                    self._marker_event(ev[1])
-                else:
-                    self._fetch_event(ev)
-            self._flush_rows()
-            self.processing_ns += self.clock() - t0
+            pending = iter(events)
+            try:
+                for ev in pending:
+                    kind = ev[0]
+                    if kind is _OPTIMIZER:
+                        self._optimizer_event(ev[1], ev[2])
+                    elif kind is _MARKER:
+                        self._marker_event(ev[1])
+                    else:
+                        self._fetch_event(ev)
+            except BaseException:
+                log[:0] = list(pending)
+                raise
+            finally:
+                self._flush_rows()
+                self.processing_ns += self.clock() - t0
 
     def _flush_rows(self) -> None:
         """Write the rows collected so far, in one ``extend`` (before any other row)."""
