@@ -670,3 +670,25 @@ def test_the_tick_is_never_shorter_than_a_quarter_second():
     run = traceml_nb.Run("tick", sample=False)
     assert LiveView(run, display=False, tick_s=0.01).tick_s == 0.25
     assert LiveView(run, display=False, tick_s=2.0).tick_s == 2.0
+
+
+def test_the_view_thread_turns_the_step_log_into_rows_not_the_training_loop(monkeypatch):
+    """With a live view the training loop only logs its steps: the view's thread processes
+    the log before each update, so the loop never does (it would every 0.5 s), and the rows
+    are complete at the end."""
+    from traceml_nb.instrument.tracer import StepTracer
+
+    loop_processing = []
+    real = StepTracer._process_due
+    monkeypatch.setattr(
+        StepTracer, "_process_due", lambda self: (loop_processing.append(1), real(self))
+    )
+    with traceml_nb.Run("reader", sample=False) as run:
+        view = LiveView(run, display=False, settle_s=0)
+        view.start()
+        steps = train(1.3)
+        assert run._tracer.reader_processing_ns > 0
+    view.stop()
+    assert loop_processing == []
+    assert list(run.record.steps.source).count(0) == steps  # the loader's steps, all there
+    assert run._tracer._max_log == 256  # the view has stopped: the loop's own triggers again

@@ -451,3 +451,211 @@ def test_an_interrupt_while_the_log_is_processed_loses_no_later_event(monkeypatc
     tracer.close()
     assert len(tracer.record.steps) == 9  # one fetch lost to the interrupt, no more
     assert tracer.record.steps.flags[-1] & FLAG_TRUNCATED
+
+
+class _CurriculumSampler(torch.utils.data.Sampler):
+    """A sampler whose length changes from one epoch to the next (``set_epoch`` before each)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.sizes[self.epoch]
+
+    def __iter__(self):
+        return iter(range(self.sizes[self.epoch]))
+
+
+class _NoLenSampler(torch.utils.data.Sampler):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def _drop_odd(samples):
+    """A collate that filters samples out, as a 'skip corrupt images' collate does."""
+    kept = [s for s in samples if int(s[1]) % 2 == 0]
+    return torch.utils.data.default_collate(kept)
+
+
+def _dict_items(n: int):
+    class Dicts(Dataset):
+        def __len__(self) -> int:
+            return n
+
+        def __getitem__(self, i: int):
+            return {"x": torch.randn(3), "label": i}
+
+    return Dicts()
+
+
+_PAIRS = TensorDataset(torch.randn(23, 4), torch.arange(23))
+
+
+class _PreBatched(Dataset):
+    """Items that are whole batches of varying size (loaded with ``batch_size=None``)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return torch.randn(i + 2, 4), torch.arange(i + 2)
+
+
+def _loaders() -> dict[str, tuple[DataLoader, bool]]:
+    """Loaders, and whether their batch sizes are counted (not read from the batches)."""
+    return {
+        "partial last batch": (DataLoader(_PAIRS, batch_size=5), True),
+        "drop_last": (DataLoader(_PAIRS, batch_size=5, drop_last=True), True),
+        "shuffled": (DataLoader(_PAIRS, batch_size=6, shuffle=True), True),
+        "subset sampler": (
+            DataLoader(
+                _PAIRS, batch_size=4, sampler=torch.utils.data.SubsetRandomSampler(range(0, 23, 2))
+            ),
+            True,
+        ),
+        "two workers": (DataLoader(_PAIRS, batch_size=5, num_workers=2), True),
+        "dict batches": (DataLoader(_dict_items(11), batch_size=4), True),
+        "length changes per epoch": (
+            DataLoader(_PAIRS, batch_size=4, sampler=_CurriculumSampler([23, 10, 3])),
+            True,
+        ),
+        "sampler without len": (DataLoader(_PAIRS, batch_size=5, sampler=_NoLenSampler(23)), False),
+        "collate that drops samples": (
+            DataLoader(_PAIRS, batch_size=5, collate_fn=_drop_odd),
+            False,
+        ),
+        "custom batch sampler": (DataLoader(_PAIRS, batch_sampler=[[0, 1, 2], [3], [4, 5]]), False),
+        "pre-batched items, no batching": (DataLoader(_PreBatched(), batch_size=None), False),
+    }
+
+
+@pytest.mark.parametrize("name", list(_loaders()))
+def test_batch_sizes_are_the_batches_real_sizes_whether_counted_or_read(name: str) -> None:
+    from traceml_nb.instrument.tracer import counted_batch_size
+
+    loader, counted = _loaders()[name]
+    assert (counted_batch_size(iter(loader)) > 0) is counted
+    real = []
+    with traceml_nb.Run(name, sample=False) as run:
+        for epoch in range(3):
+            if isinstance(loader.sampler, _CurriculumSampler):
+                loader.sampler.set_epoch(epoch)
+            for batch in loader:
+                labels = batch["label"] if isinstance(batch, dict) else batch[1]
+                real.append(labels.shape[0])
+    recorded = [run.record.steps.batch[i] for i in rows(run, 0)]
+    assert recorded == real
+    assert len(real) >= 6
+
+
+def test_a_dataset_that_iterates_a_loader_itself_keeps_both_sizes_right() -> None:
+    inner = DataLoader(_PAIRS, batch_size=3, collate_fn=_drop_odd)  # sizes read
+
+    class Nested(Dataset):
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int):
+            x, y = next(iter(inner))
+            return x.sum(0), i
+
+    outer = DataLoader(Nested(), batch_size=4)  # sizes counted
+    with traceml_nb.Run("nested", sample=False) as run:
+        sizes = [len(y) for _x, y in outer]
+    slot = {info.batch_size: info.slot for info in run.record.loaders}
+    assert [run.record.steps.batch[i] for i in rows(run, slot[4])] == sizes == [4, 4, 2]
+    assert {run.record.steps.batch[i] for i in rows(run, slot[3])} == {2}
+
+
+def test_with_a_reader_attached_the_loop_only_logs_until_the_reader_processes() -> None:
+    from traceml_nb.instrument.tracer import (
+        PROCESS_EVENTS,
+        PROCESS_EVERY_NS,
+        READER_EVERY_NS,
+        READER_MAX_EVENTS,
+        StepTracer,
+    )
+    from traceml_nb.record import RunRecord
+
+    clock = _ManualClock()
+    tracer = StepTracer(RunRecord(), clock=clock)
+    tracer.attach_reader()
+    it = _Iter()
+    fetch = tracer.wrap_next(it.next_batch)
+    for _ in range(PROCESS_EVENTS + 10):
+        clock.ns += 2_000_000
+        fetch(it)
+    assert clock.ns > PROCESS_EVERY_NS
+    assert len(tracer.record.steps) == 0  # past both of the loop's own triggers: only logged
+    tracer.process()  # the reader, before it reads
+    assert len(tracer.record.steps) == PROCESS_EVENTS + 9
+
+    # a reader that stopped reading: the loop processes after READER_EVERY_NS...
+    clock.ns += READER_EVERY_NS
+    fetch(it)
+    assert len(tracer.record.steps) == PROCESS_EVENTS + 10
+    # ...or READER_MAX_EVENTS events
+    for _ in range(READER_MAX_EVENTS):
+        clock.ns += 1_000
+        fetch(it)
+    assert len(tracer.record.steps) == PROCESS_EVENTS + 10 + READER_MAX_EVENTS
+
+    tracer.attach_reader(False)  # the reader has stopped: the loop's own triggers again
+    for _ in range(PROCESS_EVENTS):
+        clock.ns += 1_000
+        fetch(it)
+    assert len(tracer.record.steps) == PROCESS_EVENTS * 2 + 10 + READER_MAX_EVENTS
+
+
+def _train_and_evaluate(reader: bool) -> traceml_nb.Run:
+    """Two epochs of a training loader with a fresh eval loader after each (new loaders
+    appear while a reader may be processing), two optimizers a step, markers now and then."""
+    import threading
+
+    model, opt = model_and_opt()
+    g, opt_g = model_and_opt()
+    train = DataLoader(TensorDataset(torch.randn(240, 16), torch.zeros(240).long()), batch_size=4)
+    stop = threading.Event()
+    with traceml_nb.Run("reader" if reader else "inline", sample=False) as run:
+
+        def read() -> None:
+            run.attach_step_reader()
+            while not stop.is_set():
+                run.process_steps()
+                len(run.record.steps.snapshot().wall_ns)
+            run.attach_step_reader(False)
+
+        thread = threading.Thread(target=read)
+        if reader:
+            thread.start()
+        for epoch in range(2):
+            for i, (x, y) in enumerate(train):
+                train_step(model, opt, x, y)
+                train_step(g, opt_g, x, y)
+                if i % 20 == 0:
+                    traceml_nb.step()
+            evaluation = DataLoader(TensorDataset(torch.randn(40 + epoch, 16)), batch_size=8)
+            for (_x,) in evaluation:
+                pass
+        stop.set()
+        if reader:
+            thread.join()
+    return run
+
+
+def test_a_reader_processing_on_its_own_thread_gives_the_rows_the_loop_would() -> None:
+    inline, read = _train_and_evaluate(False), _train_and_evaluate(True)
+    assert read._tracer.reader_processing_ns > 0
+    a, b = inline.record, read.record
+    assert [i.to_dict() for i in a.loaders] == [i.to_dict() for i in b.loaders]
+    assert (a.optimizer_steps, a.markers) == (b.optimizer_steps, b.markers) == (240, 6)
+    sa, sb = a.steps.snapshot(), b.steps.snapshot()
+    for column in ("batch", "source", "flags"):
+        assert list(getattr(sa, column)) == list(getattr(sb, column)), column

@@ -19,10 +19,13 @@ optimizer row per step would only cost time and memory). Explicit markers
 
 The instrumented calls only log what happened, as one tuple each, in order (the hot path:
 between a model's backward and forward everything that only we run is cold in the caches,
-so it must be little). The log is turned into step rows in batches, by the training thread,
-every :data:`PROCESS_EVENTS` events or at the first event :data:`PROCESS_EVERY_NS` after the
-last batch, and when the run ends: the step rows lag the loop by at most that much plus one
-event, and the processing runs warm, many events at a time.
+so it must be little). The log is turned into step rows in batches, and when the run ends.
+Who does it: with a reader attached (:meth:`StepTracer.attach_reader`: the live view, which
+processes the log on its own thread just before each of its reads), the reader; the training
+thread then only logs, and processes only if the reader falls behind. Without one, the
+training thread, every :data:`PROCESS_EVENTS` events or at the first event
+:data:`PROCESS_EVERY_NS` after the last batch: the step rows lag the loop by at most that much
+plus one event, and the processing runs warm, many events at a time.
 """
 
 from __future__ import annotations
@@ -52,13 +55,21 @@ PROCESS_EVENTS = 256
 #: ...or this long after the last time, ns (slow loops: the rows the live view shows lag by at
 #: most this, and a step of 20 ms pays the cold start of processing once in 25 steps).
 PROCESS_EVERY_NS = 500_000_000
+#: With a reader attached, the training thread processes the log only once it holds this many
+#: events (a reader that fell behind; about 1.5 MB of log)...
+READER_MAX_EVENTS = 8192
+#: ...or this long after the last processing (a reader that stopped reading), ns.
+READER_EVERY_NS = 5_000_000_000
 
 # Event tuples of the log. A fetch: (sampler, num_yielded after it, t_enter, t_exit, batch
 # size, optimizer steps counted so far, CUDA event at enter, at exit); the exhausting fetch has
 # num_yielded ``_END``. An optimizer step, while the steps may still be optimizer steps:
 # (_OPTIMIZER, id(optimizer), clock); once a loader has closed a step the hook only counts,
-# and each fetch carries the count. A marker: (_MARKER, clock).
+# and each fetch carries the count. A marker: (_MARKER, clock). Before the first fetch of an
+# epoch of a loader whose batch sizes are counted: (_EPOCH, sampler, samples in the epoch).
 _END = -1
+_COUNTED = -2  # batch size of a fetch: to be counted by processing (LoaderState.count_batch)
+_EPOCH = object()
 _OPTIMIZER = object()
 _MARKER = object()
 
@@ -76,9 +87,13 @@ class _LoaderState:
         "ev_enter",
         "ev_exit",
         "since_opt",
+        "counted_batch",
+        "epoch_samples",
     )
 
-    def __init__(self, slot: int, info: LoaderInfo, sampler_ref: Any) -> None:
+    def __init__(
+        self, slot: int, info: LoaderInfo, sampler_ref: Any, counted_batch: int = 0
+    ) -> None:
         self.slot = slot
         self.info = info
         self.sampler_ref = sampler_ref  # keeps id(sampler) unique for the run
@@ -90,6 +105,52 @@ class _LoaderState:
         self.ev_enter: Any = None
         self.ev_exit: Any = None
         self.since_opt = 0  # fetches since the last optimizer step
+        #: > 0: batch sizes are counted (see :func:`counted_batch_size`), not read from batches
+        self.counted_batch = counted_batch
+        self.epoch_samples = -1  # samples in the current epoch (an _EPOCH event), -1 unknown
+
+    def count_batch(self, yielded: int) -> int:
+        """Samples in batch number ``yielded`` (1-based) of the epoch; -1 when unknown."""
+        size = self.counted_batch
+        left = self.epoch_samples - (yielded - 1) * size
+        return size if left >= size else left if left > 0 else -1
+
+
+def epoch_samples(batch_sampler: Any) -> int:
+    """Samples a ``BatchSampler`` will batch in the epoch it has just started, -1 unknown."""
+    try:
+        return len(batch_sampler.sampler)
+    except Exception:
+        return -1
+
+
+def counted_batch_size(it: Any) -> int:
+    """The batch size when a loader's batch sizes can be counted instead of read, else 0.
+
+    They can when torch's own ``BatchSampler`` feeds a map-style dataset through the default
+    collate: that collate stacks exactly one sample per index, so batch k (from 0) of an epoch
+    of n samples holds ``min(batch_size, n - k * batch_size)`` samples, n being ``len()`` of
+    the sampler the ``BatchSampler`` batches (as ``len(loader)`` assumes too). Counting costs
+    the hot path nothing; reading ``batch[0].shape[0]`` costs up to a few microseconds when
+    the model's step has evicted the batch from the caches. A custom collate, a custom batch
+    sampler or an iterable dataset can yield other sizes: their batches are read.
+    """
+    try:
+        from torch.utils.data import BatchSampler, default_collate
+    except Exception:
+        return 0
+    sampler = getattr(it, "_index_sampler", None)
+    if (
+        type(sampler) is not BatchSampler
+        or getattr(it, "_dataset_kind", None) != 0  # torch's _DatasetKind.Map
+        or not getattr(it, "_auto_collation", False)
+        or getattr(it, "_collate_fn", None) is not default_collate
+    ):
+        return 0
+    size = getattr(sampler, "batch_size", None)
+    if epoch_samples(sampler) < 0:
+        return 0
+    return size if type(size) is int and size > 0 else 0
 
 
 def loader_info_from_iterator(slot: int, it: Any) -> LoaderInfo:
@@ -124,10 +185,14 @@ class StepTracer:
         "t0",
         "active",
         "processing_ns",
+        "reader_processing_ns",
         "_log",
+        "_max_log",
+        "_every_ns",
         "_lock",
         "_due",
         "_last_sampler",
+        "_read_size",
         "_states",
         "_current",
         "_lead_optimizer",
@@ -155,11 +220,17 @@ class StepTracer:
         self.gpu = gpu
         self.t0 = record.t0_ns
         self.active = True  #: False once closed: wrappers from :meth:`wrap_next` call through
-        self.processing_ns = 0  #: time spent turning the log into rows (:meth:`process`), ns
+        #: time the logging threads (the training loop) spent turning the log into rows, ns
+        self.processing_ns = 0
+        #: ...and the time a reader spent on it (:meth:`process`, on the reader's thread), ns
+        self.reader_processing_ns = 0
         self._log: list[tuple[Any, ...]] = []  # events not processed yet, in order
+        self._max_log = PROCESS_EVENTS  # the logging thread processes the log at this length
+        self._every_ns = PROCESS_EVERY_NS  # ...or at the first event this long after the last
         self._lock = threading.Lock()
         self._due = 0  # clock value from which the next event processes the log
         self._last_sampler: Any = None  # the sampler of the loader fetched last (hot path)
+        self._read_size = True  # ...whose batch sizes are read from the batches (hot path)
         self._states: dict[int, _LoaderState] = {}
         self._current: _LoaderState | None = None
         self._lead_optimizer: int | None = None
@@ -179,8 +250,9 @@ class StepTracer:
     def wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """A ``__next__`` that runs ``original`` and logs the fetch. The hot path.
 
-        It reads two clocks and the batch size and appends one tuple to the log; the step
-        bookkeeping happens later, in :meth:`process`. Once the tracer is no longer
+        It reads two clocks (and the batch size, unless it can be counted later: see
+        :func:`counted_batch_size`) and appends one tuple to the log; the step bookkeeping
+        happens later, in :meth:`process`. Once the tracer is no longer
         :attr:`active` the wrapper calls straight through, so it stays harmless if something
         else was stacked on top of it and keeps calling it.
         """
@@ -192,34 +264,43 @@ class StepTracer:
                 return original(it)
             clock = t.clock
             gpu = t.gpu
-            sampler = it._index_sampler
-            if sampler is not t._last_sampler:
-                t._see_loader(it, sampler)
             t_enter = clock()
             ev_enter = gpu.mark() if gpu is not None else None
             try:
                 batch = original(it)
             except StopIteration:
+                sampler = it._index_sampler
+                if sampler is not t._last_sampler:
+                    t._see_loader(it, sampler)
                 t._log.append((sampler, _END, t_enter, t_enter, 0, t._opt_count, ev_enter, None))
                 raise
             t_exit = clock()
             ev_exit = gpu.mark() if gpu is not None else None
-            kind = type(batch)
-            if kind is tuple or kind is list:
-                try:
-                    size = batch[0].shape[0]
-                except Exception:
-                    size = batch_size_of(batch)
-                if type(size) is not int:
+            # The iterator is warm now that the fetch has used it; and a loader that the
+            # dataset iterated inside this fetch has been registered already.
+            sampler = it._index_sampler
+            if sampler is not t._last_sampler:
+                t._see_loader(it, sampler)
+            yielded = it._num_yielded
+            log = t._log
+            if t._read_size:
+                kind = type(batch)
+                if kind is tuple or kind is list:
+                    try:
+                        size = batch[0].shape[0]
+                    except Exception:
+                        size = batch_size_of(batch)
+                    if type(size) is not int:
+                        size = batch_size_of(batch)
+                else:
                     size = batch_size_of(batch)
             else:
-                size = batch_size_of(batch)
-            log = t._log
-            log.append(
-                (sampler, it._num_yielded, t_enter, t_exit, size, t._opt_count, ev_enter, ev_exit)
-            )
-            if len(log) >= PROCESS_EVENTS or t_exit >= t._due:
-                t.process()
+                size = _COUNTED
+                if yielded == 1:  # read now: a sampler's length may change between epochs
+                    log.append((_EPOCH, sampler, epoch_samples(sampler)))
+            log.append((sampler, yielded, t_enter, t_exit, size, t._opt_count, ev_enter, ev_exit))
+            if len(log) >= t._max_log or t_exit >= t._due:
+                t._process_due()
             return batch
 
         __next__.__wrapped__ = original  # type: ignore[attr-defined]
@@ -237,61 +318,95 @@ class StepTracer:
         t = self.clock()
         log = self._log
         log.append((_OPTIMIZER, id(optimizer), t))
-        if len(log) >= PROCESS_EVENTS or t >= self._due:
-            self.process()
+        if len(log) >= self._max_log or t >= self._due:
+            self._process_due()
 
     def marker(self) -> None:
         """An explicit end-of-step marker."""
         t = self.clock()
         log = self._log
         log.append((_MARKER, t))
-        if len(log) >= PROCESS_EVENTS or t >= self._due:
-            self.process()
+        if len(log) >= self._max_log or t >= self._due:
+            self._process_due()
 
     def _see_loader(self, it: Any, sampler: Any) -> None:
         """A fetch from another loader than the last: register it if it is new (its settings
         are read from the iterator now, while it is at hand)."""
         self._last_sampler = sampler
-        if id(sampler) not in self._states:
-            self._new_loader(it, sampler)
+        st = self._states.get(id(sampler))
+        if st is None:
+            st = self._new_loader(it, sampler)
+        self._read_size = st is not None and not st.counted_batch
 
-    def _new_loader(self, it: Any, sampler: Any) -> None:
+    def _new_loader(self, it: Any, sampler: Any) -> _LoaderState | None:
         slot = len(self.record.loaders)
         if slot >= MAX_LOADERS:
-            return  # too many loaders: count nothing rather than mislabel
-        info = loader_info_from_iterator(slot, it)
-        self.record.loaders.append(info)
-        self._states[id(sampler)] = _LoaderState(slot, info, sampler)
+            return None  # too many loaders: count nothing rather than mislabel
+        st = _LoaderState(
+            slot, loader_info_from_iterator(slot, it), sampler, counted_batch_size(it)
+        )
+        with self._lock:  # a reader's processing iterates the states
+            self.record.loaders.append(st.info)
+            self._states[id(sampler)] = st
+        return st
 
     # --- the log into step rows -----------------------------------------------------------
+    def attach_reader(self, attached: bool = True) -> None:
+        """A thread that reads the step rows while the run goes on (the live view) will call
+        :meth:`process` before each read: the training thread then only logs events, and
+        processes them itself only past :data:`READER_MAX_EVENTS` events or
+        :data:`READER_EVERY_NS` (a reader that fell behind or stopped). ``False`` when the
+        reader stops: the training thread takes the processing back."""
+        if attached:
+            self._max_log, self._every_ns = READER_MAX_EVENTS, READER_EVERY_NS
+        else:
+            self._max_log, self._every_ns = PROCESS_EVENTS, PROCESS_EVERY_NS
+        self._due = self.clock() + self._every_ns
+
     def process(self) -> None:
-        """Turn the logged events into step rows. Usually the training thread calls it; the
-        lock keeps the events in order when a loader is iterated in another thread. If it is
-        interrupted (Ctrl-C arrives while it runs), the events it had not reached go back to
-        the front of the log, for :meth:`close` to process."""
+        """Turn the events logged so far into step rows, now; a reader calls it before reading
+        the rows. Thread-safe; its time counts in :attr:`reader_processing_ns`."""
+        t0 = self.clock()
         with self._lock:
-            t0 = self.clock()
-            log = self._log
-            n = len(log)
-            events = log[:n]
-            del log[:n]  # what another thread appended meanwhile stays, in order
-            self._due = t0 + PROCESS_EVERY_NS
-            pending = iter(events)
-            try:
-                for ev in pending:
-                    kind = ev[0]
-                    if kind is _OPTIMIZER:
-                        self._optimizer_event(ev[1], ev[2])
-                    elif kind is _MARKER:
-                        self._marker_event(ev[1])
-                    else:
-                        self._fetch_event(ev)
-            except BaseException:
-                log[:0] = list(pending)
-                raise
-            finally:
-                self._flush_rows()
-                self.processing_ns += self.clock() - t0
+            self._process_log()
+        self.reader_processing_ns += self.clock() - t0
+
+    def _process_due(self) -> None:
+        """The logging thread's processing (the log is long, or it is time)."""
+        t0 = self.clock()
+        with self._lock:
+            self._process_log()
+        self.processing_ns += self.clock() - t0
+
+    def _process_log(self) -> None:
+        """Turn the logged events into step rows; the caller holds the lock, which keeps the
+        events in order when a loader is iterated in another thread, or a reader processes.
+        If it is interrupted (Ctrl-C arrives while it runs), the events it had not reached go
+        back to the front of the log, for :meth:`close` to process."""
+        log = self._log
+        n = len(log)
+        events = log[:n]
+        del log[:n]  # what another thread appended meanwhile stays, in order
+        self._due = self.clock() + self._every_ns
+        pending = iter(events)
+        try:
+            for ev in pending:
+                kind = ev[0]
+                if kind is _OPTIMIZER:
+                    self._optimizer_event(ev[1], ev[2])
+                elif kind is _MARKER:
+                    self._marker_event(ev[1])
+                elif kind is _EPOCH:
+                    st = self._states.get(id(ev[1]))
+                    if st is not None:
+                        st.epoch_samples = ev[2]
+                else:
+                    self._fetch_event(ev)
+        except BaseException:
+            log[:0] = list(pending)
+            raise
+        finally:
+            self._flush_rows()
 
     def _flush_rows(self) -> None:
         """Write the rows collected so far, in one ``extend`` (before any other row)."""
@@ -323,6 +438,8 @@ class StepTracer:
                 self._loader_steps = True
         if yielded == _END:
             return
+        if size == _COUNTED:
+            size = st.count_batch(yielded)
         wait = t_exit - t_enter
         if self._current is not st:
             self._switch_to(st, wait)
@@ -422,18 +539,21 @@ class StepTracer:
     # --- end ------------------------------------------------------------------------------
     def close(self) -> None:
         """Process the log, close every open step as truncated and resolve the GPU events
-        (one sync)."""
+        (one sync). A reader may still call :meth:`process` afterwards: it finds nothing."""
         self.active = False
         t_end = self.clock()
-        self.process()
-        if self._opt_count != self._opt_applied:  # steps after the last fetch
-            self._optimizer_steps(self._opt_count - self._opt_applied)
-            self._opt_applied = self._opt_count
-        for st in self._states.values():
-            if st.open_start >= 0:
-                self._close(st, t_end, FLAG_TRUNCATED, None)
-            st.sampler_ref = None
-        self._current = None
-        self._last_sampler = None
-        if self.gpu is not None:
-            self.gpu.finish()
+        with self._lock:
+            t0 = self.clock()
+            self._process_log()
+            self.processing_ns += self.clock() - t0
+            if self._opt_count != self._opt_applied:  # steps after the last fetch
+                self._optimizer_steps(self._opt_count - self._opt_applied)
+                self._opt_applied = self._opt_count
+            for st in self._states.values():
+                if st.open_start >= 0:
+                    self._close(st, t_end, FLAG_TRUNCATED, None)
+                st.sampler_ref = None
+            self._current = None
+            self._last_sampler = None
+            if self.gpu is not None:
+                self.gpu.finish()

@@ -396,7 +396,8 @@ class LiveView:
 
     Counters for the cost measurement: ``updates`` (ticks that sent something), ``messages``
     (comm messages sent to the frontend), ``ticks``, ``busy_s`` (CPU seconds the view spent
-    updating, writer thread plus the final update), ``analysis_busy_s`` (the part of it spent
+    updating, writer thread plus the final update, including turning the run's step log into
+    rows: :meth:`traceml_nb.Run.process_steps`), ``analysis_busy_s`` (the part of it spent
     computing the running verdict).
     """
 
@@ -508,11 +509,15 @@ class LiveView:
 
     # --- the writer thread ----------------------------------------------------------------------
     def _loop(self) -> None:
-        wait = min(self.tick_s, MIN_TICK_S)  # the first points as soon as allowed
-        while not self._stop_event.wait(wait):
-            if not self._tick(final=False):
-                return
-            wait = self.tick_s
+        self.run.attach_step_reader()  # this thread brings the step rows up to date
+        try:
+            wait = min(self.tick_s, MIN_TICK_S)  # the first points as soon as allowed
+            while not self._stop_event.wait(wait):
+                if not self._tick(final=False):
+                    return
+                wait = self.tick_s
+        finally:
+            self.run.attach_step_reader(False)
 
     def _tick(self, *, final: bool) -> bool:
         """One update; False (and the error noted) when it failed and the view must stop."""
@@ -539,6 +544,7 @@ class LiveView:
         widget = self.widget
         assert charts is not None and widget is not None
         sent_before = widget.sent_messages
+        self.run.process_steps()
         with widget.batch():
             upd = self._step_series.update(final=final)
             if upd is not None:
