@@ -31,7 +31,8 @@ def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path: Path) -> Non
         assert f"  {variant} " in text
     assert "profiler-added / monitor-added" in text
     assert "median step" in text
-    assert "hot path, interleaved" in text and "added per step = hot path + processing" in text
+    assert "hot path, interleaved" in text and "added per step = hot path (" in text
+    assert "direct (own time in next()" in text
     assert "processing the log into rows" in text
     assert "monitor over a" in text
     assert "bytes/step" in text
@@ -44,8 +45,12 @@ def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path: Path) -> Non
         assert set(loop["variants"]) == {"tracer", "monitor", "profiler"}
     assert "median_step_us" in report["loops"]["bare loop"]["variants"]["tracer"]
     for loop in report["loops"].values():
-        assert {"step_us", "step_lo", "step_hi", "calls_us"} <= set(loop["interleaved"])
-        assert loop["processing_us"] >= 0 and "estimate" in loop["added_us"]
+        assert {"step_us", "step_lo", "step_hi", "calls_us", "direct_us"} <= set(
+            loop["interleaved"]
+        )
+        assert loop["interleaved"]["monitor"] == "samplers and live view"
+        assert set(loop["processing_us"]) == {"inline_no_view", "loop", "view_thread"}
+        assert loop["processing_us"]["view_thread"] >= 0 and "estimate" in loop["added_us"]
     memory = report["memory"]
     # a loader row a step; an optimizer row only before the loader's first step closed
     assert memory["steps"] <= memory["rows"] <= memory["steps"] + 1
