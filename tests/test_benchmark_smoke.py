@@ -32,7 +32,7 @@ def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path: Path) -> Non
     assert "profiler-added / monitor-added" in text
     assert "median step" in text
     assert "hot path, interleaved" in text and "added per step = hot path (" in text
-    assert "direct (own time in next()" in text
+    assert "the wrapper's own time in next()" in text
     assert "processing the log into rows" in text
     assert "monitor over a" in text
     assert "bytes/step" in text
@@ -45,7 +45,7 @@ def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path: Path) -> Non
         assert set(loop["variants"]) == {"tracer", "monitor", "profiler"}
     assert "median_step_us" in report["loops"]["bare loop"]["variants"]["tracer"]
     for loop in report["loops"].values():
-        assert {"step_us", "step_lo", "step_hi", "calls_us", "direct_us"} <= set(
+        assert {"step_us", "step_lo", "step_hi", "calls_us", "own_next_us"} <= set(
             loop["interleaved"]
         )
         assert loop["interleaved"]["monitor"] == "samplers and live view"
