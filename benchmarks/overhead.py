@@ -848,13 +848,13 @@ def overhead_table(
     return lines, data
 
 
-def print_breakdown(pairs: int, json_path: Path | None) -> int:
+def print_breakdown(pairs: int, works: list[Workload], json_path: Path | None) -> int:
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine()}
     print(
         f"tracer breakdown, {time.strftime('%Y-%m-%d %H:%M')}: added us per step, interleaved "
         f"blocks ({pairs} pairs), 95% interval in brackets"
     )
-    for work in (bare_loop(500), tiny_mlp(500)):
+    for work in works:
         parts = tracer_breakdown(work, pairs)
         report[work.name] = parts
         print(f"{work.name}:")
@@ -901,13 +901,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         metavar="PAIRS",
         help="instead of the benchmark: the tracer's cost with its parts switched on one by one, "
-        "interleaved with PAIRS block pairs on the bare loop and the tiny MLP, and warm/cold "
-        "call costs",
+        "interleaved with PAIRS block pairs on the --loops (default: the bare loop and the tiny "
+        "MLP), and warm/cold call costs",
     )
     parser.add_argument(
         "--loops",
-        default="bare,mlp,conv",
-        help="which loops to time, comma-separated from bare, mlp, conv (default: all three)",
+        help="which loops to time, comma-separated from bare, mlp, conv (default: all three; "
+        "with --breakdown: bare,mlp)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures as JSON to this path")
     args = parser.parse_args(argv)
@@ -926,7 +926,12 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     if args.breakdown:
-        return print_breakdown(args.breakdown, args.json)
+        chosen = args.loops.split(",") if args.loops else ["bare", "mlp"]
+        makers = {"bare": bare_loop, "mlp": tiny_mlp, "conv": small_convnet}
+        if not set(chosen) <= set(makers):
+            parser.error(f"--loops: use bare, mlp, conv (got {args.loops})")
+        works = [makers[name](300 if name == "conv" else 500) for name in chosen]
+        return print_breakdown(args.breakdown, works, args.json)
 
     info = machine()
     live_view, why = _live_view_class()
@@ -949,7 +954,7 @@ def main(argv: list[str] | None = None) -> int:
         "mlp": lambda: (tiny_mlp(steps), reps, pairs),
         "conv": lambda: (small_convnet(conv_steps), conv_reps, conv_pairs),
     }
-    chosen = [name.strip() for name in args.loops.split(",") if name.strip()]
+    chosen = [name.strip() for name in (args.loops or "bare,mlp,conv").split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(loops))
     if unknown or not chosen:
         parser.error(

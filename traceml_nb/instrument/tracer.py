@@ -68,7 +68,7 @@ READER_EVERY_NS = 5_000_000_000
 # and each fetch carries the count. A marker: (_MARKER, clock). Before the first fetch of an
 # epoch of a loader whose batch sizes are counted: (_EPOCH, sampler, samples in the epoch).
 _END = -1
-_COUNTED = -2  # batch size of a fetch: to be counted by processing (LoaderState.count_batch)
+_COUNTED = -2  # batch size of a fetch: to be counted by processing (_LoaderState.counted_batch)
 _EPOCH = object()
 _OPTIMIZER = object()
 _MARKER = object()
@@ -108,12 +108,6 @@ class _LoaderState:
         #: > 0: batch sizes are counted (see :func:`counted_batch_size`), not read from batches
         self.counted_batch = counted_batch
         self.epoch_samples = -1  # samples in the current epoch (an _EPOCH event), -1 unknown
-
-    def count_batch(self, yielded: int) -> int:
-        """Samples in batch number ``yielded`` (1-based) of the epoch; -1 when unknown."""
-        size = self.counted_batch
-        left = self.epoch_samples - (yielded - 1) * size
-        return size if left >= size else left if left > 0 else -1
 
 
 def epoch_samples(batch_sampler: Any) -> int:
@@ -440,8 +434,10 @@ class StepTracer:
                 self._loader_steps = True
         if yielded == _END:
             return
-        if size == _COUNTED:
-            size = st.count_batch(yielded)
+        if size == _COUNTED:  # batch number `yielded` of the epoch: min(batch size, what is left)
+            per = st.counted_batch
+            left = st.epoch_samples - (yielded - 1) * per
+            size = per if left >= per else left if left > 0 else -1
         wait = t_exit - t_enter
         if self._current is not st:
             self._switch_to(st, wait)
@@ -488,6 +484,11 @@ class StepTracer:
         self.record.optimizer_steps += n
         cur = self._current
         if cur is None:
+            return
+        if len(self._states) == 1:  # the usual single loader: no other loader to mark
+            cur.info.optimizer_steps += n
+            cur.open_meta |= FLAG_OPTIMIZER_STEP
+            cur.since_opt = 0
             return
         # The loader fetched last is a training loader, and so is any other loader fetched
         # alongside it in this step (``zip(a, b)``), but not an eval loop that ran since the
