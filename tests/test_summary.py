@@ -215,7 +215,10 @@ def test_unreadable_batch_size():
     b.steps(20, 10.0, batch=-1, source=SOURCE_MARKER)
     s = analyze(b.finish(), cpu_capabilities(), warmup=0).summary
     assert s.batch_size is None and s.samples_per_s is None
-    assert s.unavailable["samples_per_s"] == "the batch size could not be read from the batches"
+    assert (
+        s.unavailable["samples_per_s"]
+        == "the batch size could not be counted or read from the batches"
+    )
 
 
 def test_no_dataloader_means_data_wait_unavailable_not_zero():

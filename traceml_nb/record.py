@@ -40,7 +40,8 @@ class StepTable:
     ``start_ns``  when the step began (the loader's ``__next__`` was entered)
     ``wall_ns``   step duration: this batch's fetch plus everything until the next fetch
     ``wait_ns``   host time spent inside the loader's ``__next__`` (data wait)
-    ``batch``     batch size read from the batch, -1 when it could not be read
+    ``batch``     samples in the batch, counted from the loader's ``BatchSampler`` where that
+                  is exact, else read from the batch; -1 when unknown
     ``gpu_stall_ms`` time the GPU sat idle waiting for this batch (CUDA events)
     ``gpu_span_ms``  time on the GPU timeline from the batch's arrival to the next fetch
     ``source``    loader slot (0..249) or ``SOURCE_MARKER`` / ``SOURCE_OPTIMIZER``

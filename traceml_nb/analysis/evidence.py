@@ -125,7 +125,11 @@ def collect(
     ev.extend(_clock_evidence(throttle, m))
     ev.append(_memory_evidence(s))
     if s.batch_size is None:
-        ev.append(_unavailable("batch size", "the batch size could not be read from the batches"))
+        ev.append(
+            _unavailable(
+                "batch size", "the batch size could not be counted or read from the batches"
+            )
+        )
     else:
         ev.append(Evidence("batch size", float(s.batch_size), str(s.batch_size)))
     return ev

@@ -202,7 +202,9 @@ def summarize(record: RunRecord, m: Measurements) -> Summary:
         for key in ("step_ms_median", "data_wait_share", "samples_per_s"):
             unavailable[key] = NO_STEPS
     elif samples_per_s is None:
-        unavailable["samples_per_s"] = "the batch size could not be read from the batches"
+        unavailable["samples_per_s"] = (
+            "the batch size could not be counted or read from the batches"
+        )
     if not has_loader:
         unavailable["data_wait_share"] = NO_LOADER
     stall_share = gpu_stall_share(m) if n else None
