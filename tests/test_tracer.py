@@ -659,3 +659,20 @@ def test_a_reader_processing_on_its_own_thread_gives_the_rows_the_loop_would() -
     sa, sb = a.steps.snapshot(), b.steps.snapshot()
     for column in ("batch", "source", "flags"):
         assert list(getattr(sa, column)) == list(getattr(sb, column)), column
+
+
+def test_a_fetch_logged_as_counted_for_a_loader_whose_sizes_are_read_is_unknown() -> None:
+    """Two threads loading from two loaders can race on the hot path's 'sizes are counted'
+    flag: a loader whose sizes are read then gets an unknown size, never a wrong one."""
+    from traceml_nb.instrument.tracer import _COUNTED, StepTracer
+    from traceml_nb.record import RunRecord
+
+    loader = DataLoader(_PAIRS, batch_size=5, collate_fn=_drop_odd)  # sizes read
+    tracer = StepTracer(RunRecord())
+    tracer.attach_reader()  # nothing is processed until close()
+    it = iter(loader)
+    tracer.wrap_next(type(it).__next__)(it)
+    sampler, yielded, _t_enter, t_exit, _size, *rest = tracer._log[-1]
+    tracer._log.append((sampler, yielded + 1, t_exit + 10, t_exit + 20, _COUNTED, *rest))
+    tracer.close()
+    assert list(tracer.record.steps.batch) == [3, -1]  # 0, 2, 4 of the first five kept

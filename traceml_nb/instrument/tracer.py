@@ -66,7 +66,7 @@ READER_EVERY_NS = 5_000_000_000
 # num_yielded ``_END``. An optimizer step, while the steps may still be optimizer steps:
 # (_OPTIMIZER, id(optimizer), clock); once a loader has closed a step the hook only counts,
 # and each fetch carries the count. A marker: (_MARKER, clock). Before the first fetch of an
-# epoch of a loader whose batch sizes are counted: (_EPOCH, sampler, samples in the epoch).
+# epoch: (_EPOCH, sampler, samples in the epoch, -1 unknown), for the counted batch sizes.
 _END = -1
 _COUNTED = -2  # batch size of a fetch: to be counted by processing (_LoaderState.counted_batch)
 _EPOCH = object()
@@ -279,6 +279,8 @@ class StepTracer:
                 t._see_loader(it, sampler)
             yielded = it._num_yielded
             log = t._log
+            if yielded == 1:  # read now: a sampler's length may change between epochs
+                log.append((_EPOCH, sampler, epoch_samples(sampler)))
             if t._read_size:
                 kind = type(batch)
                 if kind is tuple or kind is list:
@@ -292,8 +294,6 @@ class StepTracer:
                     size = batch_size_of(batch)
             else:
                 size = _COUNTED
-                if yielded == 1:  # read now: a sampler's length may change between epochs
-                    log.append((_EPOCH, sampler, epoch_samples(sampler)))
             log.append((sampler, yielded, t_enter, t_exit, size, t._opt_count, ev_enter, ev_exit))
             if len(log) >= t._max_log or t_exit >= t._due:
                 t._process_due()
@@ -435,9 +435,9 @@ class StepTracer:
         if yielded == _END:
             return
         if size == _COUNTED:  # batch number `yielded` of the epoch: min(batch size, what is left)
-            per = st.counted_batch
-            left = st.epoch_samples - (yielded - 1) * per
-            size = per if left >= per else left if left > 0 else -1
+            per = st.counted_batch  # 0 for a loader whose sizes are read (a race between
+            left = st.epoch_samples - (yielded - 1) * per  # two loading threads): unknown
+            size = per if 0 < per <= left else left if 0 < left < per else -1
         wait = t_exit - t_enter
         if self._current is not st:
             self._switch_to(st, wait)
