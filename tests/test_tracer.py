@@ -676,3 +676,37 @@ def test_a_fetch_logged_as_counted_for_a_loader_whose_sizes_are_read_is_unknown(
     tracer._log.append((sampler, yielded + 1, t_exit + 10, t_exit + 20, _COUNTED, *rest))
     tracer.close()
     assert list(tracer.record.steps.batch) == [3, -1]  # 0, 2, 4 of the first five kept
+
+
+@pytest.mark.parametrize("who", ["the loop", "a reader"])
+def test_a_bug_in_our_processing_stops_the_tracing_not_the_training(monkeypatch, who) -> None:
+    from traceml_nb.instrument.tracer import PROCESS_EVENTS, StepTracer
+
+    real = StepTracer._fetch_event
+    calls = []
+
+    def broken_later(self, ev):
+        calls.append(1)
+        if len(calls) > 300:
+            raise RuntimeError("a bug of ours")
+        real(self, ev)
+
+    monkeypatch.setattr(StepTracer, "_fetch_event", broken_later)
+    model, opt = model_and_opt()
+    loader = DataLoader(TensorDataset(torch.randn(4000, 16), torch.zeros(4000).long()), batch_size=4)
+    seen = 0
+    with traceml_nb.Run("broken", sample=False) as run:
+        for i, (x, y) in enumerate(loader):
+            train_step(model, opt, x, y)
+            traceml_nb.step()
+            seen += 1
+            if who == "a reader" and i % 100 == 99:
+                run.process_steps()
+    assert seen == 1000  # every batch reached the loop
+    assert not run._tracer.active and run._tracer._log == []
+    assert "RuntimeError: a bug of ours" in run._tracer.error
+    assert any("step tracing stopped" in n for n in run.capabilities.notes)
+    assert PROCESS_EVENTS <= list(run.record.steps.source).count(0) <= 300  # kept, then stopped
+    assert run.record.loaders[0].fetches <= 300
+    result = run.result()  # the partial run still gives a report
+    assert result is not None

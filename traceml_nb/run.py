@@ -293,15 +293,24 @@ class Run:
                 try:
                     if self._tracer is not None:
                         self._tracer.close()
+                        self._note_tracer_error()
                 except Exception as exc:
                     self.capabilities.note(
-                        f"GPU events could not be resolved: {type(exc).__name__}: {exc}"
+                        f"the last steps could not be closed: {type(exc).__name__}: {exc}"
                     )
                 finally:
                     self.record.elapsed_ns = time.perf_counter_ns() - self.record.t0_ns
                     with _active_lock:
                         if _active is self:
                             _active = None
+
+    def _note_tracer_error(self) -> None:
+        error = self._tracer.error
+        if error is not None:
+            self.capabilities.note(
+                f"step tracing stopped during the run (our bug, not yours: {error}); the steps "
+                "before it are kept, the training went on untraced"
+            )
 
     # --- reading --------------------------------------------------------------------------
     def result(self) -> Any:

@@ -189,6 +189,7 @@ class StepTracer:
         "t0",
         "processing_ns",
         "reader_processing_ns",
+        "error",
         "_every_ns",
         "_lock",
         "_states",
@@ -220,6 +221,8 @@ class StepTracer:
         self.processing_ns = 0
         #: ...and the time a reader spent on it (:meth:`process`, on the reader's thread), ns
         self.reader_processing_ns = 0
+        #: why the tracer stopped during the run (its processing failed), else None
+        self.error: str | None = None
         self._log: list[tuple[Any, ...]] = []  # events not processed yet, in order
         self._max_log = PROCESS_EVENTS  # the logging thread processes the log at this length
         self._every_ns = PROCESS_EVERY_NS  # ...or at the first event this long after the last
@@ -319,6 +322,8 @@ class StepTracer:
 
     def marker(self) -> None:
         """An explicit end-of-step marker."""
+        if not self.active:
+            return
         t = self.clock()
         log = self._log
         log.append((_MARKER, t))
@@ -361,18 +366,35 @@ class StepTracer:
 
     def process(self) -> None:
         """Turn the events logged so far into step rows, now; a reader calls it before reading
-        the rows. Thread-safe; its time counts in :attr:`reader_processing_ns`."""
+        the rows. Thread-safe; its time counts in :attr:`reader_processing_ns`. A failure stops
+        the tracer (:meth:`stop_on_error`) rather than the reader."""
         t0 = self.clock()
-        with self._lock:
-            self._process_log()
+        try:
+            with self._lock:
+                self._process_log()
+        except Exception as exc:
+            self.stop_on_error(exc)
         self.reader_processing_ns += self.clock() - t0
 
     def _process_due(self) -> None:
-        """The logging thread's processing (the log is long, or it is time)."""
+        """The logging thread's processing (the log is long, or it is time). A failure of ours
+        must not stop the user's loop: the tracer stops instead, and says why (:attr:`error`)."""
         t0 = self.clock()
-        with self._lock:
-            self._process_log()
+        try:
+            with self._lock:
+                self._process_log()
+        except Exception as exc:
+            self.stop_on_error(exc)
         self.processing_ns += self.clock() - t0
+
+    def stop_on_error(self, exc: Exception) -> None:
+        """Stop tracing for the rest of the run because ``exc`` broke the processing: the
+        wrapper calls through, the hook only counts, markers are ignored, the log is dropped."""
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.active = False
+        self._loader_steps = True
+        self._max_log = self._due = 1 << 62
+        self._log.clear()
 
     def _process_log(self) -> None:
         """Turn the logged events into step rows; the caller holds the lock, which keeps the
@@ -542,21 +564,29 @@ class StepTracer:
     # --- end ------------------------------------------------------------------------------
     def close(self) -> None:
         """Process the log, close every open step as truncated and resolve the GPU events
-        (one sync). A reader may still call :meth:`process` afterwards: it finds nothing."""
+        (one sync); after an :attr:`error`, only let go of the loaders. A reader may still call
+        :meth:`process` afterwards: it finds nothing."""
         self.active = False
         t_end = self.clock()
         with self._lock:
-            t0 = self.clock()
-            self._process_log()
-            self.processing_ns += self.clock() - t0
-            if self._opt_count != self._opt_applied:  # steps after the last fetch
-                self._optimizer_steps(self._opt_count - self._opt_applied)
-                self._opt_applied = self._opt_count
-            for st in self._states.values():
-                if st.open_start >= 0:
-                    self._close(st, t_end, FLAG_TRUNCATED, None)
-                st.sampler_ref = None
-            self._current = None
-            self._last_sampler = None
-            if self.gpu is not None:
-                self.gpu.finish()
+            try:
+                if self.error is None:
+                    self._finish(t_end)
+            finally:
+                for st in self._states.values():
+                    st.sampler_ref = None  # the sampler holds the dataset
+                self._current = None
+                self._last_sampler = None
+
+    def _finish(self, t_end: int) -> None:
+        t0 = self.clock()
+        self._process_log()
+        self.processing_ns += self.clock() - t0
+        if self._opt_count != self._opt_applied:  # steps after the last fetch
+            self._optimizer_steps(self._opt_count - self._opt_applied)
+            self._opt_applied = self._opt_count
+        for st in self._states.values():
+            if st.open_start >= 0:
+                self._close(st, t_end, FLAG_TRUNCATED, None)
+        if self.gpu is not None:
+            self.gpu.finish()
