@@ -693,7 +693,9 @@ def test_a_bug_in_our_processing_stops_the_tracing_not_the_training(monkeypatch,
 
     monkeypatch.setattr(StepTracer, "_fetch_event", broken_later)
     model, opt = model_and_opt()
-    loader = DataLoader(TensorDataset(torch.randn(4000, 16), torch.zeros(4000).long()), batch_size=4)
+    loader = DataLoader(
+        TensorDataset(torch.randn(4000, 16), torch.zeros(4000).long()), batch_size=4
+    )
     seen = 0
     with traceml_nb.Run("broken", sample=False) as run:
         for i, (x, y) in enumerate(loader):
