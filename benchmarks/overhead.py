@@ -433,13 +433,14 @@ def interleaved_cost(
             try:
                 row = block // 2
                 for i in range(-2, block_steps):
+                    single_fetch = True
                     t0 = clock()
                     try:
                         batch = next(it)
                     except StopIteration:
                         it = iter(work.loader)
                         batch = next(it)
-                        i = -1  # two fetches in this step: not counted
+                        single_fetch = False  # two fetches: no own time for this step
                     t1 = clock()
                     work.compute(batch)
                     t2 = clock()
@@ -450,7 +451,7 @@ def interleaved_cost(
                     if i >= 0:
                         whole[traced][row, i] = t3 - t0
                         calls[traced][row, i] = (t1 - t0) + (t3 - t2)
-                        if traced:
+                        if traced and single_fetch:
                             counted.append((len(fetch_ns) - 1, row * block_steps + i))
             finally:
                 if traced:
