@@ -368,24 +368,23 @@ class StepTracer:
         """Turn the events logged so far into step rows, now; a reader calls it before reading
         the rows. Thread-safe; its time counts in :attr:`reader_processing_ns`. A failure stops
         the tracer (:meth:`stop_on_error`) rather than the reader."""
-        t0 = self.clock()
-        try:
-            with self._lock:
-                self._process_log()
-        except Exception as exc:
-            self.stop_on_error(exc)
-        self.reader_processing_ns += self.clock() - t0
+        self.reader_processing_ns += self._process_safely()
 
     def _process_due(self) -> None:
-        """The logging thread's processing (the log is long, or it is time). A failure of ours
-        must not stop the user's loop: the tracer stops instead, and says why (:attr:`error`)."""
+        """The logging thread's processing (the log is long, or it is time)."""
+        self.processing_ns += self._process_safely()
+
+    def _process_safely(self) -> int:
+        """Process the log under the lock and return the time it took, ns. A failure of ours
+        must not stop the user's loop or the reader: the tracer stops instead, and says why
+        (:attr:`error`)."""
         t0 = self.clock()
         try:
             with self._lock:
                 self._process_log()
         except Exception as exc:
             self.stop_on_error(exc)
-        self.processing_ns += self.clock() - t0
+        return self.clock() - t0
 
     def stop_on_error(self, exc: Exception) -> None:
         """Stop tracing for the rest of the run because ``exc`` broke the processing: the
