@@ -9,6 +9,7 @@ import torch.optim.optimizer as optim_mod
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 ORIGINAL_NEXT = _BaseDataLoaderIter.__dict__["__next__"]
+ORIGINAL_STEP_CODE = optim_mod.Optimizer.__dict__["_optimizer_step_code"]
 
 
 def our_threads() -> list[threading.Thread]:
@@ -31,6 +32,10 @@ def leak_report(grace_s: float = 3.0) -> list[str]:
     hooks = getattr(optim_mod, "_global_optimizer_post_hooks", {})
     if any(getattr(h, "__self__", None).__class__.__name__ == "StepTracer" for h in hooks.values()):
         problems.append("optimizer step hook left registered")
+    if optim_mod.Optimizer.__dict__["_optimizer_step_code"] is not ORIGINAL_STEP_CODE:
+        problems.append("Optimizer._optimizer_step_code is still replaced")
+    if patches.counting_optimizers():
+        problems.append("optimizers still count their steps with a tracer's counter")
     if patches.is_installed():
         problems.append("tracer still installed")
     if run_mod.active_run() is not None:
@@ -45,4 +50,5 @@ def force_clean() -> None:
 
     patches.uninstall()
     _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
+    optim_mod.Optimizer._optimizer_step_code = ORIGINAL_STEP_CODE
     run_mod._active = None

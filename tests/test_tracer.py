@@ -332,7 +332,12 @@ class _Iter:
 
 
 def test_the_log_becomes_rows_after_a_while_after_many_events_and_at_the_end() -> None:
-    from traceml_nb.instrument.tracer import PROCESS_EVENTS, PROCESS_EVERY_NS, StepTracer
+    from traceml_nb.instrument.tracer import (
+        _LENGTH_CHECK_MASK,
+        PROCESS_EVENTS,
+        PROCESS_EVERY_NS,
+        StepTracer,
+    )
     from traceml_nb.record import RunRecord
 
     clock = _ManualClock()
@@ -349,22 +354,27 @@ def test_the_log_becomes_rows_after_a_while_after_many_events_and_at_the_end() -
     assert len(tracer.record.steps) == 10  # the fetch past the interval processed the log
     assert list(tracer.record.steps.wall_ns[:9]) == [1_000_000] * 9
 
-    # fast steps: every PROCESS_EVENTS events, long before the interval has passed
-    for _ in range(PROCESS_EVENTS - 1):
+    # fast steps: once the log holds PROCESS_EVENTS events, at the next length check (every
+    # 256th batch of an epoch), long before the interval has passed
+    check_every = _LENGTH_CHECK_MASK + 1
+    first_check = next(
+        n for n in range(check_every, 10 * check_every, check_every) if n - 11 >= PROCESS_EVENTS
+    )  # events logged since fetch 11
+    while it._num_yielded < first_check - 1:
         clock.ns += 1_000
         fetch(it)
     assert len(tracer.record.steps) == 10
     clock.ns += 1_000
     fetch(it)
-    assert len(tracer.record.steps) == 10 + PROCESS_EVENTS
+    assert len(tracer.record.steps) == first_check - 1
 
     clock.ns += 1_000_000
     fetch(it)
     tracer.close()  # processes the rest and closes the open step as truncated
     steps = tracer.record.steps
-    assert len(steps) == 12 + PROCESS_EVENTS
+    assert len(steps) == first_check + 1
     assert steps.flags[-1] & FLAG_TRUNCATED
-    assert tracer.record.loaders[0].fetches == 12 + PROCESS_EVENTS
+    assert tracer.record.loaders[0].fetches == first_check + 1
 
 
 def test_a_loader_iterated_in_another_thread_keeps_every_step() -> None:
@@ -601,17 +611,25 @@ def test_with_a_reader_attached_the_loop_only_logs_until_the_reader_processes() 
     clock.ns += READER_EVERY_NS
     fetch(it)
     assert len(tracer.record.steps) == PROCESS_EVENTS + 10
-    # ...or READER_MAX_EVENTS events
-    for _ in range(READER_MAX_EVENTS):
-        clock.ns += 1_000
-        fetch(it)
-    assert len(tracer.record.steps) == PROCESS_EVENTS + 10 + READER_MAX_EVENTS
+    # ...or once the log holds READER_MAX_EVENTS events (its length is checked every 256th
+    # batch of an epoch)
+    n = fetches_until_processed(tracer, fetch, it, clock)
+    assert READER_MAX_EVENTS <= n <= READER_MAX_EVENTS + 256
 
     tracer.attach_reader(False)  # the reader has stopped: the loop's own triggers again
-    for _ in range(PROCESS_EVENTS):
+    n = fetches_until_processed(tracer, fetch, it, clock)
+    assert PROCESS_EVENTS <= n <= PROCESS_EVENTS + 256
+
+
+def fetches_until_processed(tracer, fetch, it, clock) -> int:
+    """Fetch 1 us steps until the tracer turns its log into rows; how many fetches it took."""
+    rows = len(tracer.record.steps)
+    n = 0
+    while len(tracer.record.steps) == rows:
         clock.ns += 1_000
         fetch(it)
-    assert len(tracer.record.steps) == PROCESS_EVENTS * 2 + 10 + READER_MAX_EVENTS
+        n += 1
+    return n
 
 
 def _train_and_evaluate(reader: bool) -> traceml_nb.Run:

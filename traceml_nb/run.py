@@ -7,7 +7,7 @@
             ...
     print(run.result())
 
-Entering installs the DataLoader wrapper and the optimizer hook, and starts the sampler
+Entering installs the DataLoader wrapper and the optimizer step counting, and starts the sampler
 thread; leaving removes all of them in ``finally`` blocks, whatever ended the run, and never
 swallows or replaces the user's exception.
 """

@@ -1,1 +1,1 @@
-"""Instruments: what runs on the training thread (DataLoader wrapper, optimizer hook, timers)."""
+"""Instruments: what runs on the training thread (DataLoader wrapper, optimizer step counting, timers)."""

@@ -1,13 +1,31 @@
-"""The only two places where we touch torch, installed for one run and always removed.
+"""The only places where we touch torch, installed for one run and always removed.
 
 * ``_BaseDataLoaderIter.__next__`` is replaced by the run's wrapper
   (:meth:`~traceml_nb.instrument.tracer.StepTracer.wrap_next`), which calls straight through
   once its run has ended (so a wrapper that user code stacked on top of ours stays harmless).
-* a global optimizer post-step hook (``register_optimizer_step_post_hook``).
+* Optimizer steps. Every ``torch.optim.Optimizer`` calls ``self._optimizer_step_code()``, an
+  empty method, right after its ``step()`` (torch's hook point for its profiler, in
+  ``Optimizer.profile_hook_step``). For the run, ``Optimizer._optimizer_step_code`` is our
+  function: it reports the step to the tracer. Once the tracer needs only to count steps (a
+  loader has closed a step), it also gives that optimizer an instance attribute of the same
+  name, the tracer's :attr:`~traceml_nb.instrument.tracer.StepTracer.step_counter`, which
+  appends to the log in C: from then on that optimizer's steps cost no Python call at all,
+  instead of the call of a global post-step hook. A step of an optimizer created during the
+  run reaches our function first, and is counted the same way from its second step.
+  Where this cannot work (an older or newer torch that does not call the method, a subclass
+  with a method of its own of that name) a global post-step hook
+  (``register_optimizer_step_post_hook``) reports every step instead.
+
+  Known side effect: the Python tracer of ``torch.profiler`` (``with_stack=True``) looks the
+  method's code object up once per process, the first time it starts. If that first time is
+  during a traced cell, it keeps ours, and later profiles do not recognise optimizer steps in
+  their Python events (what ``export_memory_timeline`` uses to label optimizer state).
 """
 
 from __future__ import annotations
 
+import weakref
+from types import CodeType, FunctionType
 from typing import Any
 
 from .tracer import StepTracer
@@ -16,6 +34,10 @@ _tracer: StepTracer | None = None
 _original_next: Any = None
 _wrapper: Any = None
 _hook_handle: Any = None
+_original_step_code: Any = None  # Optimizer._optimizer_step_code while ours is installed
+_counting: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers given the tracer's counter
+
+_STEP_CODE = "_optimizer_step_code"
 
 
 def _iter_class() -> Any:
@@ -24,31 +46,103 @@ def _iter_class() -> Any:
     return _BaseDataLoaderIter
 
 
+def _optimizer_class() -> Any:
+    from torch.optim.optimizer import Optimizer
+
+    return Optimizer
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    todo: list[type] = [cls]
+    while todo:
+        subs: list[type] = todo.pop().__subclasses__()
+        found.extend(subs)
+        todo.extend(subs)
+    return found
+
+
+def step_code_is_usable(optimizer_cls: Any) -> bool:
+    """True if every optimizer step will call ``optimizer_cls._optimizer_step_code``: torch's
+    step wrapper calls it (read from its code, not run), it is a plain function, and no
+    subclass defined so far has a method of its own by that name."""
+    if not isinstance(optimizer_cls.__dict__.get(_STEP_CODE), FunctionType):
+        return False
+    wrap = optimizer_cls.__dict__.get("profile_hook_step")
+    code = getattr(getattr(wrap, "__func__", wrap), "__code__", None)
+    nested = [c for c in getattr(code, "co_consts", ()) if isinstance(c, CodeType)]
+    if not any(_STEP_CODE in c.co_names for c in nested):
+        return False
+    return not any(_STEP_CODE in sub.__dict__ for sub in _all_subclasses(optimizer_cls))
+
+
+def _optimizer_step_code(optimizer: Any) -> None:
+    """Stands in for ``Optimizer._optimizer_step_code`` (an empty method) during a run."""
+    tracer = _tracer
+    if tracer is None:
+        return
+    tracer.optimizer_step(optimizer)
+    if tracer.counts_optimizer_steps_in_c:
+        try:
+            vars(optimizer)[_STEP_CODE] = tracer.step_counter
+            _counting.add(optimizer)
+        except Exception:
+            pass  # no __dict__ or no weakref: this optimizer's steps keep coming through here
+
+
+def _stop_counting() -> None:
+    """Take the tracer's counter back from every optimizer that was given it."""
+    counter = _tracer.step_counter if _tracer is not None else None
+    for optimizer in list(_counting):
+        attrs = vars(optimizer)
+        if counter is not None and attrs.get(_STEP_CODE) is counter:
+            del attrs[_STEP_CODE]
+    _counting.clear()
+
+
 def install(tracer: StepTracer) -> list[str]:
     """Start feeding ``tracer``; returns notes about anything unusual (e.g. a foreign wrapper)."""
-    global _tracer, _original_next, _wrapper, _hook_handle
+    global _tracer, _original_next, _wrapper, _hook_handle, _original_step_code
     notes: list[str] = []
     cls = _iter_class()
     _original_next = cls.__dict__["__next__"]
     _wrapper = tracer.wrap_next(_original_next)
     cls.__next__ = _wrapper
-    import torch.optim.optimizer as optim_mod
+    optimizer_cls = _optimizer_class()
+    if step_code_is_usable(optimizer_cls):
+        _original_step_code = optimizer_cls.__dict__[_STEP_CODE]
+        setattr(optimizer_cls, _STEP_CODE, _optimizer_step_code)
+        tracer.on_stop = _stop_counting
+    else:
+        import torch.optim.optimizer as optim_mod
 
-    _hook_handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_step)
+        _hook_handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_step)
     _tracer = tracer
     return notes
 
 
 def uninstall() -> list[str]:
     """Stop feeding the tracer and put back what was there. Safe to call twice."""
-    global _tracer, _original_next, _wrapper, _hook_handle
+    global _tracer, _original_next, _wrapper, _hook_handle, _original_step_code
     notes: list[str] = []
     if _tracer is not None:
         _tracer.active = False  # the wrapper calls through from now on, wherever it is
+        _tracer.on_stop = None
+    _stop_counting()
     _tracer = None
     if _hook_handle is not None:
         _hook_handle.remove()
         _hook_handle = None
+    if _original_step_code is not None:
+        optimizer_cls = _optimizer_class()
+        if optimizer_cls.__dict__.get(_STEP_CODE) is _optimizer_step_code:
+            setattr(optimizer_cls, _STEP_CODE, _original_step_code)
+        else:
+            notes.append(
+                "Optimizer._optimizer_step_code was replaced by something else during the run; "
+                "it is left as it is"
+            )
+        _original_step_code = None
     if _wrapper is not None:
         cls = _iter_class()
         if cls.__dict__.get("__next__") is _wrapper:
@@ -66,3 +160,8 @@ def uninstall() -> list[str]:
 def is_installed() -> bool:
     """True while a run's tracer is receiving events."""
     return _tracer is not None
+
+
+def counting_optimizers() -> list[Any]:
+    """The optimizers that currently count their steps with a tracer's counter (for checks)."""
+    return list(_counting)

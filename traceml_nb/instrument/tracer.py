@@ -19,7 +19,9 @@ optimizer row per step would only cost time and memory). Explicit markers
 
 The instrumented calls only log what happened, as one tuple each, in order (the hot path:
 between a model's backward and forward everything that only we run is cold in the caches,
-so it must be little). The log is turned into step rows in batches, and when the run ends.
+so it must be little). Once a loader has closed a step, an optimizer step only appends
+:data:`_OPT` to the log, through :attr:`StepTracer.step_counter`, a C-level callable (no Python
+frame: see :mod:`.patches`). The log is turned into step rows in batches, and when the run ends.
 Who does it: with a reader attached (:meth:`StepTracer.attach_reader`: the live view, which
 processes the log on its own thread just before each of its reads), the reader; the training
 thread then only logs, and processes only if the reader falls behind. Without one, the
@@ -33,6 +35,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..record import (
@@ -49,29 +52,34 @@ from ..record import (
 from .batch import batch_size_of
 from .gpu_events import GpuStallTimer
 
-#: The event log is turned into step rows once it holds this many events (fast loops: a short
-#: pause, warm, every 256 steps or so: one event a step once the optimizer hook only counts)...
+#: The event log is turned into step rows once it holds this many events, at the next check of
+#: its length (an epoch's first batch and every 256th; fast loops: a short pause, warm, about
+#: every 256 steps, of two events each: the fetch and the optimizer step)...
 PROCESS_EVENTS = 256
 #: ...or this long after the last time, ns (slow loops: the rows the live view shows lag by at
 #: most this, and a step of 20 ms pays the cold start of processing once in 25 steps).
 PROCESS_EVERY_NS = 500_000_000
 #: With a reader attached, the training thread processes the log only once it holds this many
-#: events (a reader that fell behind; about 1.5 MB of log)...
+#: events (a reader that fell behind; about 1 MB of log)...
 READER_MAX_EVENTS = 8192
 #: ...or this long after the last processing (a reader that stopped reading), ns.
 READER_EVERY_NS = 5_000_000_000
 
-# Event tuples of the log. A fetch: (sampler, num_yielded after it, t_enter, t_exit, batch
-# size, optimizer steps counted so far, CUDA event at enter, at exit); the exhausting fetch has
-# num_yielded ``_END``. An optimizer step, while the steps may still be optimizer steps:
-# (_OPTIMIZER, id(optimizer), clock); once a loader has closed a step the hook only counts,
-# and each fetch carries the count. A marker: (_MARKER, clock). Before the first fetch of an
-# epoch: (_EPOCH, sampler, samples in the epoch, -1 unknown), for the counted batch sizes.
+# Events of the log. A fetch: (sampler, num_yielded after it, t_enter, t_exit, batch size,
+# CUDA event at enter, at exit); the exhausting fetch has num_yielded ``_END``. An optimizer
+# step, while the steps may still be optimizer steps: (_OPTIMIZER, id(optimizer), clock); once
+# a loader has closed a step, the bare object _OPT (its place in the log is all that matters).
+# A marker: (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH, sampler, samples in
+# the epoch, -1 unknown), for the counted batch sizes.
 _END = -1
 _COUNTED = -2  # batch size of a fetch: to be counted by processing (_LoaderState.counted_batch)
 _EPOCH = object()
 _OPTIMIZER = object()
+_OPT = object()
 _MARKER = object()
+#: The hot path checks the log's length only at an epoch's first batch and at every 256th
+#: (batch number & this mask <= 1).
+_LENGTH_CHECK_MASK = 255
 
 
 class _LoaderState:
@@ -169,6 +177,15 @@ def loader_info_from_iterator(slot: int, it: Any) -> LoaderInfo:
     )
 
 
+def _standing_in_for(original: Callable[[Any], Any], wrapper: Callable[[Any], Any]) -> Any:
+    """``wrapper``, named and documented as the ``original`` it wraps."""
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.__name__ = "__next__"
+    wrapper.__qualname__ = getattr(original, "__qualname__", "__next__")
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    return wrapper
+
+
 class StepTracer:
     """Receives the instrumented events of one run and writes step rows into its record."""
 
@@ -176,15 +193,15 @@ class StepTracer:
     # cache lines (between a model's backward and forward every line we touch is cold).
     __slots__ = (
         "active",
+        "_last_sampler",
+        "_counted",
+        "_due",
+        "_log",
+        "_loader_steps",
         "clock",
         "gpu",
-        "_log",
-        "_last_sampler",
-        "_read_size",
-        "_opt_count",
-        "_loader_steps",
+        "step_counter",
         "_max_log",
-        "_due",
         "record",
         "t0",
         "processing_ns",
@@ -201,9 +218,9 @@ class StepTracer:
         "_marker_wait_mark",
         "_wait_total",
         "_last_batch",
-        "_opt_applied",
         "_write",
         "_rows",
+        "on_stop",
     )
 
     def __init__(
@@ -223,13 +240,14 @@ class StepTracer:
         self.reader_processing_ns = 0
         #: why the tracer stopped during the run (its processing failed), else None
         self.error: str | None = None
-        self._log: list[tuple[Any, ...]] = []  # events not processed yet, in order
+        #: events not processed yet, in order (always this list: the wrappers hold it)
+        self._log: list[Any] = []
         self._max_log = PROCESS_EVENTS  # the logging thread processes the log at this length
         self._every_ns = PROCESS_EVERY_NS  # ...or at the first event this long after the last
         self._lock = threading.Lock()
         self._due = 0  # clock value from which the next event processes the log
         self._last_sampler: Any = None  # the sampler of the loader fetched last (hot path)
-        self._read_size = True  # ...whose batch sizes are read from the batches (hot path)
+        self._counted = False  # ...whose batch sizes are counted, not read (hot path)
         self._states: dict[int, _LoaderState] = {}
         self._current: _LoaderState | None = None
         self._lead_optimizer: int | None = None
@@ -240,8 +258,11 @@ class StepTracer:
         self._wait_total = 0  # data wait of every fetch so far, ns
         self._last_batch = -1
         self._loader_steps = False  # a loader has closed a step: optimizer rows are not needed
-        self._opt_count = 0  # optimizer steps counted by the hook (once _loader_steps)
-        self._opt_applied = 0  # ...of which processed
+        #: once :attr:`_loader_steps`, what an optimizer step has to call: it appends ``_OPT``
+        #: to the log, in C (``functools.partial`` of ``list.append``)
+        self.step_counter = partial(self._log.append, _OPT)
+        #: called once if the tracer stops on an error (:mod:`.patches` stops the counters)
+        self.on_stop: Callable[[], None] | None = None
         self._write = record.steps.packed_writer()
         self._rows: list[int] = []  # packed rows made by process(), written at its end
 
@@ -251,74 +272,123 @@ class StepTracer:
 
         It reads two clocks (and the batch size, unless it can be counted later: see
         :func:`counted_batch_size`) and appends one tuple to the log; the step bookkeeping
-        happens later, in :meth:`process`. Once the tracer is no longer
-        :attr:`active` the wrapper calls straight through, so it stays harmless if something
-        else was stacked on top of it and keeps calling it.
+        happens later, in :meth:`process`. The common fetch (the same loader as the last
+        fetch, in the middle of an epoch) runs only the few lines of the wrapper; another
+        loader, an epoch's first batch and every 256th batch (when the log's length is
+        checked) go through :meth:`_log_fetch`. On CUDA every fetch does, and the wrapper
+        records a CUDA event at enter and exit. Once the tracer is no
+        longer :attr:`active` the wrapper calls straight through, so it stays harmless if
+        something else was stacked on top of it and keeps calling it.
         """
         tracer = self
+        clock = self.clock
+        log = self._log
+        gpu = self.gpu
 
-        def __next__(it: Any) -> Any:
-            t = tracer
+        # What the common fetch needs comes in its defaults (one tuple, where closure cells
+        # would be four objects, each a cache miss once the model's step has evicted them);
+        # its constants are literals (globals are misses too): 255 is _LENGTH_CHECK_MASK,
+        # -2 is _COUNTED.
+        def __next__(
+            it: Any,
+            t: StepTracer = tracer,
+            original: Callable[[Any], Any] = original,
+            clock: Callable[[], int] = clock,
+            append: Callable[[Any], None] = log.append,
+        ) -> Any:
             if not t.active:
                 return original(it)
-            clock = t.clock
-            gpu = t.gpu
             t_enter = clock()
-            ev_enter = gpu.mark() if gpu is not None else None
             try:
                 batch = original(it)
             except StopIteration:
-                sampler = it._index_sampler
-                if sampler is not t._last_sampler:
-                    t._see_loader(it, sampler)
-                t._log.append((sampler, _END, t_enter, t_enter, 0, t._opt_count, ev_enter, None))
+                t._log_end(it, t_enter, None)
                 raise
             t_exit = clock()
-            ev_exit = gpu.mark() if gpu is not None else None
             # The iterator is warm now that the fetch has used it; and a loader that the
             # dataset iterated inside this fetch has been registered already.
             sampler = it._index_sampler
-            if sampler is not t._last_sampler:
-                t._see_loader(it, sampler)
             yielded = it._num_yielded
-            log = t._log
-            if yielded == 1:  # read now: a sampler's length may change between epochs
-                log.append((_EPOCH, sampler, epoch_samples(sampler)))
-            if t._read_size:
-                kind = type(batch)
-                if kind is tuple or kind is list:
-                    try:
-                        size = batch[0].shape[0]
-                    except Exception:
-                        size = batch_size_of(batch)
-                    if type(size) is not int:
-                        size = batch_size_of(batch)
-                else:
-                    size = batch_size_of(batch)
-            else:
-                size = _COUNTED
-            log.append((sampler, yielded, t_enter, t_exit, size, t._opt_count, ev_enter, ev_exit))
-            if len(log) >= t._max_log or t_exit >= t._due:
+            if sampler is not t._last_sampler or (yielded & 255) <= 1:
+                t._log_fetch(it, batch, sampler, yielded, t_enter, t_exit, None, None)
+                return batch
+            size = -2 if t._counted else batch_size_of(batch)
+            append((sampler, yielded, t_enter, t_exit, size, None, None))
+            if t_exit >= t._due:
                 t._process_due()
             return batch
 
-        __next__.__wrapped__ = original  # type: ignore[attr-defined]
-        __next__.__qualname__ = getattr(original, "__qualname__", "__next__")
-        __next__.__doc__ = getattr(original, "__doc__", None)
-        return __next__
+        if gpu is None:
+            return _standing_in_for(original, __next__)
+        timer = gpu
+
+        def __next__on_cuda(it: Any) -> Any:
+            t = tracer
+            if not t.active:
+                return original(it)
+            t_enter = clock()
+            ev_enter = timer.mark()
+            try:
+                batch = original(it)
+            except StopIteration:
+                t._log_end(it, t_enter, ev_enter)
+                raise
+            t_exit = clock()
+            ev_exit = timer.mark()
+            sampler = it._index_sampler
+            t._log_fetch(it, batch, sampler, it._num_yielded, t_enter, t_exit, ev_enter, ev_exit)
+            return batch
+
+        return _standing_in_for(original, __next__on_cuda)
+
+    def _log_fetch(
+        self,
+        it: Any,
+        batch: Any,
+        sampler: Any,
+        yielded: int,
+        t_enter: int,
+        t_exit: int,
+        ev_enter: Any,
+        ev_exit: Any,
+    ) -> None:
+        """Log a fetch that is not the common one (see :meth:`wrap_next`)."""
+        if sampler is not self._last_sampler:
+            self._see_loader(it, sampler)
+        log = self._log
+        if yielded == 1:  # read now: a sampler's length may change between epochs
+            log.append((_EPOCH, sampler, epoch_samples(sampler)))
+        size = _COUNTED if self._counted else batch_size_of(batch)
+        log.append((sampler, yielded, t_enter, t_exit, size, ev_enter, ev_exit))
+        if len(log) >= self._max_log or t_exit >= self._due:
+            self._process_due()
+
+    def _log_end(self, it: Any, t_enter: int, ev_enter: Any) -> None:
+        """Log the exhausting fetch (``StopIteration``): it closes the epoch's last step."""
+        sampler = it._index_sampler
+        if sampler is not self._last_sampler:
+            self._see_loader(it, sampler)
+        self._log.append((sampler, _END, t_enter, t_enter, 0, ev_enter, None))
 
     def optimizer_step(self, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
-        """Global optimizer post-step hook. Once a loader has closed a step only the count
-        matters (the next fetch carries it); before, the step is logged with its time, for the
-        optimizer rows."""
+        """An optimizer step (a global optimizer post-step hook has this signature). Once a
+        loader has closed a step only its place in the log matters (what
+        :attr:`step_counter` logs, without this Python call); before, it is logged with its
+        time, for the optimizer rows."""
         if self._loader_steps:
-            self._opt_count += 1
+            if self.active:
+                self._log.append(_OPT)
             return
         t = self.clock()
         log = self._log
         log.append((_OPTIMIZER, id(optimizer), t))
         if len(log) >= self._max_log or t >= self._due:
             self._process_due()
+
+    @property
+    def counts_optimizer_steps_in_c(self) -> bool:
+        """True once optimizer steps need only :attr:`step_counter` (a loader closed a step)."""
+        return self._loader_steps and self.active
 
     def marker(self) -> None:
         """An explicit end-of-step marker."""
@@ -337,7 +407,7 @@ class StepTracer:
         st = self._states.get(id(sampler))
         if st is None:
             st = self._new_loader(it, sampler)
-        self._read_size = st is not None and not st.counted_batch
+        self._counted = st is not None and st.counted_batch > 0
 
     def _new_loader(self, it: Any, sampler: Any) -> _LoaderState | None:
         slot = len(self.record.loaders)
@@ -393,6 +463,12 @@ class StepTracer:
         self.active = False
         self._loader_steps = True
         self._max_log = self._due = 1 << 62
+        on_stop, self.on_stop = self.on_stop, None
+        if on_stop is not None:
+            try:
+                on_stop()  # no more optimizer steps logged
+            except Exception:
+                pass
         self._log.clear()
 
     def _process_log(self) -> None:
@@ -408,6 +484,9 @@ class StepTracer:
         pending = iter(events)
         try:
             for ev in pending:
+                if ev is _OPT:
+                    self._optimizer_steps(1)
+                    continue
                 kind = ev[0]
                 if kind is _OPTIMIZER:
                     self._optimizer_event(ev[1], ev[2])
@@ -432,10 +511,7 @@ class StepTracer:
             self._rows.clear()
 
     def _fetch_event(self, ev: tuple[Any, ...]) -> None:
-        sampler, yielded, t_enter, t_exit, size, opt_count, ev_enter, ev_exit = ev
-        if opt_count != self._opt_applied:  # optimizer steps counted since the last fetch
-            self._optimizer_steps(opt_count - self._opt_applied)
-            self._opt_applied = opt_count
+        sampler, yielded, t_enter, t_exit, size, ev_enter, ev_exit = ev
         st = self._states.get(id(sampler))
         if st is None:
             return  # a loader past MAX_LOADERS
@@ -581,9 +657,6 @@ class StepTracer:
         t0 = self.clock()
         self._process_log()
         self.processing_ns += self.clock() - t0
-        if self._opt_count != self._opt_applied:  # steps after the last fetch
-            self._optimizer_steps(self._opt_count - self._opt_applied)
-            self._opt_applied = self._opt_count
         for st in self._states.values():
             if st.open_start >= 0:
                 self._close(st, t_end, FLAG_TRUNCATED, None)
