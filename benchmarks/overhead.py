@@ -5,7 +5,7 @@ One process runs the same CPU training loop (a real ``DataLoader`` over an in-me
 
     plain       the loop as the user wrote it
     tracer      traceml_nb.Run(sample=False): the step tracer alone (DataLoader wrapper and
-                optimizer hook), no background thread
+                optimizer step counting), no background thread
     monitor     the full monitor: traceml_nb.Run with its samplers at 10 Hz plus the live
                 view's writer running headless (LiveView(run, display=False))
     profiler    torch.profiler.profile with its default CPU activity
@@ -17,13 +17,15 @@ stopping a variant is timed apart and reported as a fixed cost. The added time p
 variant is ``(variant loop time - plain loop time) / steps`` for the two runs of the same
 repetition; the table gives the median over repetitions and the min-max.
 
-Also measured: the sampler thread's CPU (``Run.sampler_busy_s`` / run time), the live view's
+Also measured: the hot path alone with cold caches (``cold_hot_path_cost``: a stand-in
+loader and optimizer, 24 or 64 MB written before each call, precise where the conv net's own
+noise is not), the sampler thread's CPU (``Run.sampler_busy_s`` / run time), the live view's
 thread CPU, memory per step over a 1,000,000-step synthetic run (benchmarks/memory.py), and
 the time of ``import traceml_nb`` in a fresh interpreter.
 
 Usage::
 
-    .venv/bin/python benchmarks/overhead.py            # the full benchmark (~5 minutes)
+    .venv/bin/python benchmarks/overhead.py            # the full benchmark (~20 minutes)
     .venv/bin/python benchmarks/overhead.py --quick    # seconds; what the smoke test runs
     .venv/bin/python benchmarks/overhead.py --json out.json
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import json
 import os
 import platform
@@ -394,7 +397,7 @@ def interleaved_cost(
     order plain-traced, traced-plain, ... (ABBA: a linear drift cancels); the loader's iterator
     carries on across blocks. One run lasts the whole loop, with ``monitor`` its samplers
     (10 Hz) and the headless live view as well, running through the plain blocks too; the
-    run's DataLoader wrapper and optimizer hook are installed for the traced blocks and removed
+    run's DataLoader wrapper and optimizer counting are installed for the traced blocks and removed
     for the plain ones, so the tracer lives as in a long run: its log grows over the traced
     blocks and is processed by the live view's thread (or, without one, by the loop when it
     is long or 0.5 s old; that pause is left to the medians and timed apart, see
@@ -612,71 +615,181 @@ def _clocks_wrap(self: Any, original: Callable[[Any], Any]) -> Callable[[Any], A
     return __next__
 
 
-def _inert_hook(self: Any, optimizer: Any, *_: Any) -> None:
-    return None
-
-
-#: Tracer variants with parts switched off: (wrap_next replacement, hook replacement);
-#: None = the real one.
-BREAKDOWN: dict[str, tuple[Any, Any]] = {
-    "wrapper and hook plumbing": (_inert_wrap, _inert_hook),
-    "+ two clock reads": (_clocks_wrap, _inert_hook),
-    "+ the fetch logged": (None, _inert_hook),
-    "+ optimizer hook (full tracer)": (None, None),
+#: Tracer variants with parts switched off: the ``wrap_next`` replacement (None = the real
+#: one). Optimizer steps are counted as in a real run throughout (``patches``: in C once a
+#: loader has closed a step).
+BREAKDOWN: dict[str, Any] = {
+    "wrapper plumbing": _inert_wrap,
+    "+ two clock reads": _clocks_wrap,
+    "+ the fetch logged (full tracer)": None,
 }
 
 
 def tracer_breakdown(work: Workload, pairs: int) -> dict[str, Any]:
     """The tracer's added time per step with its parts switched on one by one
-    (``StepTracer.wrap_next`` and ``StepTracer.optimizer_step`` swapped for the run), each
-    measured by :func:`interleaved_cost` with ``pairs`` block pairs."""
+    (``StepTracer.wrap_next`` swapped for the run), each measured by :func:`interleaved_cost`
+    with ``pairs`` block pairs."""
     from traceml_nb.instrument.tracer import StepTracer
 
-    real = (StepTracer.wrap_next, StepTracer.optimizer_step)
+    real = StepTracer.wrap_next
     out = {}
     try:
-        for name, (wrap, hook) in BREAKDOWN.items():
-            StepTracer.wrap_next = wrap or real[0]  # type: ignore[method-assign]
-            StepTracer.optimizer_step = hook or real[1]  # type: ignore[method-assign]
+        for name, wrap in BREAKDOWN.items():
+            StepTracer.wrap_next = wrap or real  # type: ignore[method-assign]
             interleaved_cost(work, max(2, pairs // 20), monitor=False)  # warm-up
             out[name] = interleaved_cost(work, pairs, monitor=False).__dict__
     finally:
-        StepTracer.wrap_next, StepTracer.optimizer_step = real  # type: ignore[method-assign]
+        StepTracer.wrap_next = real  # type: ignore[method-assign]
     return out
 
 
-def cold_cache_costs(n: int = 2000) -> dict[str, tuple[float, float]]:
-    """Median ns of a few candidate hot-path operations, warm (called in a tight loop) and
-    cold (after streaming 8 MB through the caches, as a model step does). What only we run
-    (``array.extend``) pays the most for being cold; the log is a ``list.append``, which every
-    Python program runs all the time."""
-    from array import array
+@dataclass
+class ColdHotPath:
+    """What the hot path adds when the caches are cold, measured alone (see
+    :func:`cold_hot_path_cost`): medians of plain and traced, added (traced - plain) with its
+    95% bootstrap interval, all us; ``fetch`` is ``next()``, ``step`` the optimizer's step."""
 
-    rows = array("q")
-    log: list[tuple[int, ...]] = []
-    big = bytearray(8 << 20)
-    batch = (torch.zeros(64, 32), torch.zeros(64))
-    calls: dict[str, Callable[[], Any]] = {
-        "array('q').extend(4-tuple)": lambda: rows.extend((1 << 40, 2 << 20, 3 << 20, 64 << 16)),
-        "list.append(7-tuple)": lambda: log.append((rows, 1, 1 << 40, 2 << 40, 64, None, None)),
-        "batch[0].shape[0]": lambda: batch[0].shape[0],
-    }
-    out = {}
-    for name, call in calls.items():
-        medians = []
-        for cold in (False, True):
-            times = []
-            for _ in range(n):
-                if cold:
-                    bytes(big)
-                t0 = time.perf_counter_ns()
-                call()
-                times.append(time.perf_counter_ns() - t0)
-            medians.append(statistics.median(times))
-            rows = array("q")
-            log.clear()
-        out[name] = (medians[0], medians[1])
-    return out
+    evict_mb: int
+    samples: int
+    fetch_plain: float
+    fetch_added: float
+    step_plain: float
+    step_added: float
+    added: float
+    added_lo: float
+    added_hi: float
+
+
+class _NullOptimizer(torch.optim.Optimizer):
+    """A real ``torch.optim.Optimizer`` whose ``step()`` does nothing."""
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1, requires_grad=True)], {})
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        return None
+
+
+def _after_step(optimizer: torch.optim.Optimizer) -> None:
+    """The part of torch's ``Optimizer.step`` wrapper (``Optimizer.profile_hook_step``) that
+    our counting touches, as torch writes it: the ``_optimizer_step_code()`` call and the
+    post-step hook loop. The rest of the wrapper (a ``record_function`` op, ~60 us cold)
+    is the same with and without the tracer, and would bury the difference in its noise."""
+    import torch.optim.optimizer as optim_mod
+
+    optimizer._optimizer_step_code()  # type: ignore[attr-defined]
+    for post_hook in itertools.chain(
+        optimizer._optimizer_step_post_hooks.values(),  # type: ignore[attr-defined]
+        optim_mod._global_optimizer_post_hooks.values(),
+    ):
+        post_hook(optimizer, (), {})
+
+
+def cold_hot_path_cost(evict_mb: int, samples: int, block: int = 20) -> ColdHotPath:
+    """The hot path alone, with cold caches: a real DataLoader iterator whose own ``__next__``
+    is replaced by a trivial one (the loader's code, and its noise, left out), and a real
+    optimizer whose step does nothing (see :func:`_after_step`). Before each timed ``next()``
+    and each timed step, ``evict_mb`` MB are written (a model's step does that: 24 MB fits in
+    this VM's 32 MB L3 with what it evicts, 64 MB goes to memory, TLB included). Blocks of
+    ``block`` samples alternate plain and traced (the run's patches installed), five untimed
+    calls after each switch (installing invalidates type caches)."""
+    import numpy as np
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    from traceml_nb.instrument import patches
+
+    n = 64 * 1000
+    loader = DataLoader(TensorDataset(torch.zeros(n, 3), torch.zeros(n)), batch_size=64)
+    it = iter(loader)
+    batch = next(it)
+
+    def trivial_next(self: Any) -> Any:
+        self._num_yielded += 1
+        return batch
+
+    optimizer = _NullOptimizer()
+    evict = torch.zeros(evict_mb * (1 << 20) // 4)
+    clock = time.perf_counter_ns
+    times: dict[bool, tuple[list[int], list[int]]] = {False: ([], []), True: ([], [])}
+    real_next = _BaseDataLoaderIter.__dict__["__next__"]
+    _BaseDataLoaderIter.__next__ = trivial_next  # type: ignore[method-assign]
+    run = traceml_nb.Run("bench-cold", sample=False, device="cpu")
+    gc.collect()
+    gc.disable()
+    try:
+        run.start()
+        tracer = run._tracer
+        for _ in range(3):
+            next(it)
+            optimizer.step()
+        run.process_steps()  # a loader step is known: optimizer steps are counted in C
+        for _ in range(3):
+            next(it)
+            optimizer.step()
+        for b in range(2 * (samples // block)):
+            traced = b % 4 in (1, 2)
+            if traced and not patches.is_installed():
+                patches.install(tracer)
+                tracer.active = True
+            elif not traced:
+                patches.uninstall()
+            for _ in range(5):
+                next(it)
+                _after_step(optimizer)
+            for _ in range(block):
+                evict.add_(1.0)
+                t0 = clock()
+                next(it)
+                t1 = clock()
+                evict.add_(1.0)
+                t2 = clock()
+                _after_step(optimizer)
+                t3 = clock()
+                times[traced][0].append(t1 - t0)
+                times[traced][1].append(t3 - t2)
+                if it._num_yielded > n // 64 - 100:
+                    it._num_yielded = 1  # never the epoch's end; the sampler is not used
+    finally:
+        patches.uninstall()
+        run.stop()
+        _BaseDataLoaderIter.__next__ = real_next  # type: ignore[method-assign]
+        gc.enable()
+    fetch = {k: np.asarray(v[0]) / 1e3 for k, v in times.items()}
+    step = {k: np.asarray(v[1]) / 1e3 for k, v in times.items()}
+    total = {k: fetch[k] + step[k] for k in times}
+    rng = np.random.default_rng(0)
+    boot = []
+    for _ in range(1000):
+        picks = {k: rng.integers(0, len(total[k]), len(total[k])) for k in total}
+        boot.append(np.median(total[True][picks[True]]) - np.median(total[False][picks[False]]))
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+
+    def added(table: dict[bool, Any]) -> float:
+        return float(np.median(table[True]) - np.median(table[False]))
+
+    return ColdHotPath(
+        evict_mb,
+        len(total[True]),
+        float(np.median(fetch[False])),
+        added(fetch),
+        float(np.median(step[False])),
+        added(step),
+        added(total),
+        float(lo),
+        float(hi),
+    )
+
+
+def cold_hot_path_lines(costs: list[ColdHotPath]) -> list[str]:
+    lines = ["hot path alone, caches evicted before each call (a stand-in loader and optimizer):"]
+    for c in costs:
+        lines.append(
+            f"  after writing {c.evict_mb} MB: next() {c.fetch_plain:.2f} us plain, "
+            f"{c.fetch_added:+.2f} traced; optimizer step's end {c.step_plain:.2f} us plain, "
+            f"{c.step_added:+.2f} traced; added per step {c.added:+.2f} us "
+            f"[{c.added_lo:+.2f}, {c.added_hi:+.2f}] ({c.samples} samples)"
+        )
+    return lines
 
 
 # --- report -------------------------------------------------------------------------------------
@@ -865,10 +978,9 @@ def print_breakdown(pairs: int, works: list[Workload], json_path: Path | None) -
                 f"{v['step_hi']:+.2f}]   inside the calls {v['calls_us']:+6.2f} "
                 f"[{v['calls_lo']:+.2f}, {v['calls_hi']:+.2f}]"
             )
-    costs = cold_cache_costs()
-    report["warm_cold_ns"] = costs
-    for name, (warm, cold) in costs.items():
-        print(f"{name}: {warm:.0f} ns warm, {cold:.0f} ns cold (after an 8 MB stream)")
+    costs = [cold_hot_path_cost(24, 2000), cold_hot_path_cost(64, 1000)]
+    report["cold_hot_path"] = [c.__dict__ for c in costs]
+    print("\n".join(cold_hot_path_lines(costs)))
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2, default=str))
     return 0
@@ -887,7 +999,7 @@ def main(argv: list[str] | None = None) -> int:
         "--pairs", type=int, help="block pairs of the interleaved short loops (default 1500)"
     )
     parser.add_argument(
-        "--conv-pairs", type=int, help="block pairs of the interleaved conv loop (default 500)"
+        "--conv-pairs", type=int, help="block pairs of the interleaved conv loop (default 1000)"
     )
     parser.add_argument("--memory-steps", type=int, help="steps of the memory run (default 1e6)")
     parser.add_argument(
@@ -921,7 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
     conv_steps = args.conv_steps or (3 if quick else 300)
     memory_steps = args.memory_steps or (10_000 if quick else 1_000_000)
     pairs = args.pairs or (3 if quick else 1500)
-    conv_pairs = args.conv_pairs or (2 if quick else 500)
+    conv_pairs = args.conv_pairs or (2 if quick else 1000)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -970,6 +1082,14 @@ def main(argv: list[str] | None = None) -> int:
         lines, data = overhead_table(work, results, inter)
         out.extend(lines + [""])
         report["loops"][work.name] = data
+
+    log("hot path alone, cold caches ...")
+    cold = [
+        cold_hot_path_cost(mb, n)
+        for mb, n in ((24, 60 if quick else 2000), (64, 40 if quick else 1000))
+    ]
+    report["cold_hot_path"] = [c.__dict__ for c in cold]
+    out.extend(cold_hot_path_lines(cold) + [""])
 
     log("sampler at rest ...")
     idle = sampler_idle_cost(0.3 if quick else 3.0)

@@ -67,5 +67,5 @@ def test_tracer_breakdown_runs() -> None:
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "+ optimizer hook (full tracer)" in proc.stdout
-    assert "list.append(7-tuple):" in proc.stdout and "cold" in proc.stdout
+    assert "+ the fetch logged (full tracer)" in proc.stdout
+    assert "hot path alone, caches evicted" in proc.stdout and "after writing 64 MB" in proc.stdout
