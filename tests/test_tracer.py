@@ -340,6 +340,7 @@ def test_the_log_becomes_rows_after_a_while_after_many_events_and_at_the_end() -
     )
     from traceml_nb.record import RunRecord
 
+    check_every = _LENGTH_CHECK_MASK + 1  # the common fetch checks nothing; every 256th does
     clock = _ManualClock()
     tracer = StepTracer(RunRecord(), clock=clock)
     it = _Iter()
@@ -351,19 +352,26 @@ def test_the_log_becomes_rows_after_a_while_after_many_events_and_at_the_end() -
     assert len(tracer.record.steps) == 0  # logged, not processed: 9 ms is not a while
     clock.ns += PROCESS_EVERY_NS
     fetch(it)
-    assert len(tracer.record.steps) == 10  # the fetch past the interval processed the log
+    assert len(tracer.record.steps) == 0  # past the interval, but a common fetch checks nothing
+    while it._num_yielded < check_every - 1:
+        clock.ns += 1_000_000
+        fetch(it)
+    assert len(tracer.record.steps) == 0
+    fetch(it)  # the 256th batch checks: the interval has passed
+    assert len(tracer.record.steps) == check_every - 1
     assert list(tracer.record.steps.wall_ns[:9]) == [1_000_000] * 9
 
-    # fast steps: once the log holds PROCESS_EVENTS events, at the next length check (every
-    # 256th batch of an epoch), long before the interval has passed
-    check_every = _LENGTH_CHECK_MASK + 1
+    # fast steps: once the log holds PROCESS_EVENTS events, at the next check
+    done = it._num_yielded
     first_check = next(
-        n for n in range(check_every, 10 * check_every, check_every) if n - 11 >= PROCESS_EVENTS
-    )  # events logged since fetch 11
+        n
+        for n in range(2 * check_every, 10 * check_every, check_every)
+        if n - done >= PROCESS_EVENTS
+    )
     while it._num_yielded < first_check - 1:
         clock.ns += 1_000
         fetch(it)
-    assert len(tracer.record.steps) == 10
+    assert len(tracer.record.steps) == check_every - 1
     clock.ns += 1_000
     fetch(it)
     assert len(tracer.record.steps) == first_check - 1
@@ -607,10 +615,10 @@ def test_with_a_reader_attached_the_loop_only_logs_until_the_reader_processes() 
     tracer.process()  # the reader, before it reads
     assert len(tracer.record.steps) == PROCESS_EVENTS + 9
 
-    # a reader that stopped reading: the loop processes after READER_EVERY_NS...
+    # a reader that stopped reading: the loop processes after READER_EVERY_NS, at its next check
+    # (every 256th batch)...
     clock.ns += READER_EVERY_NS
-    fetch(it)
-    assert len(tracer.record.steps) == PROCESS_EVENTS + 10
+    assert fetches_until_processed(tracer, fetch, it, clock) <= 256
     # ...or once the log holds READER_MAX_EVENTS events (its length is checked every 256th
     # batch of an epoch)
     n = fetches_until_processed(tracer, fetch, it, clock)

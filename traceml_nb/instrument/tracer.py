@@ -25,9 +25,12 @@ frame: see :mod:`.patches`). The log is turned into step rows in batches, and wh
 Who does it: with a reader attached (:meth:`StepTracer.attach_reader`: the live view, which
 processes the log on its own thread just before each of its reads), the reader; the training
 thread then only logs, and processes only if the reader falls behind. Without one, the
-training thread, every :data:`PROCESS_EVENTS` events or at the first event
-:data:`PROCESS_EVERY_NS` after the last batch: the step rows lag the loop by at most that much
-plus one event, and the processing runs warm, many events at a time.
+training thread, in batches: the common fetch (see :meth:`StepTracer.wrap_next`) checks
+nothing, and the others (an epoch's first batch, every 256th, another loader's) process the log
+once it holds :data:`PROCESS_EVENTS` events or :data:`PROCESS_EVERY_NS` have passed, so the
+processing runs warm, many events at a time, and a slow loop pays its cold start at most once
+every 256 steps. Whoever reads the rows during the run attaches as a reader, or calls
+``Run.process_steps()`` first.
 """
 
 from __future__ import annotations
@@ -52,12 +55,11 @@ from ..record import (
 from .batch import batch_size_of
 from .gpu_events import GpuStallTimer
 
-#: The event log is turned into step rows once it holds this many events, at the next check of
-#: its length (an epoch's first batch and every 256th; fast loops: a short pause, warm, about
-#: every 256 steps, of two events each: the fetch and the optimizer step)...
+#: Without a reader, the event log is turned into step rows at the next check once it holds this
+#: many events (an epoch's first batch and every 256th are checks; a fast loop then pauses
+#: briefly, warm, about every 256 steps of two events each: the fetch and the optimizer step)...
 PROCESS_EVENTS = 256
-#: ...or this long after the last time, ns (slow loops: the rows the live view shows lag by at
-#: most this, and a step of 20 ms pays the cold start of processing once in 25 steps).
+#: ...or once this long has passed since the last time, ns.
 PROCESS_EVERY_NS = 500_000_000
 #: With a reader attached, the training thread processes the log only once it holds this many
 #: events (a reader that fell behind; about 1 MB of log)...
@@ -65,11 +67,11 @@ READER_MAX_EVENTS = 8192
 #: ...or this long after the last processing (a reader that stopped reading), ns.
 READER_EVERY_NS = 5_000_000_000
 
-# Events of the log. A fetch: (sampler, num_yielded after it, t_enter, t_exit, batch size,
-# CUDA event at enter, at exit); the exhausting fetch has num_yielded ``_END``. An optimizer
-# step, while the steps may still be optimizer steps: (_OPTIMIZER, id(optimizer), clock); once
-# a loader has closed a step, the bare object _OPT (its place in the log is all that matters).
-# A marker: (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH, sampler, samples in
+# Events of the log. A fetch: (sampler, num_yielded after it, t_enter, t_exit, batch size), on
+# CUDA also the CUDA events at enter and exit; the exhausting fetch has num_yielded _END. An
+# optimizer step, while the steps may still be optimizer steps: (_OPTIMIZER, id(optimizer),
+# clock); once a loader has closed a step, the bare object _OPT (its place in the log is all
+# that matters). A marker: (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH, sampler, samples in
 # the epoch, -1 unknown), for the counted batch sizes.
 _END = -1
 _COUNTED = -2  # batch size of a fetch: to be counted by processing (_LoaderState.counted_batch)
@@ -195,8 +197,8 @@ class StepTracer:
         "active",
         "_last_sampler",
         "_counted",
-        "_due",
         "_log",
+        "_due",
         "_loader_steps",
         "clock",
         "gpu",
@@ -313,9 +315,7 @@ class StepTracer:
                 t._log_fetch(it, batch, sampler, yielded, t_enter, t_exit, None, None)
                 return batch
             size = -2 if t._counted else batch_size_of(batch)
-            append((sampler, yielded, t_enter, t_exit, size, None, None))
-            if t_exit >= t._due:
-                t._process_due()
+            append((sampler, yielded, t_enter, t_exit, size))
             return batch
 
         if gpu is None:
@@ -359,7 +359,10 @@ class StepTracer:
         if yielded == 1:  # read now: a sampler's length may change between epochs
             log.append((_EPOCH, sampler, epoch_samples(sampler)))
         size = _COUNTED if self._counted else batch_size_of(batch)
-        log.append((sampler, yielded, t_enter, t_exit, size, ev_enter, ev_exit))
+        if ev_enter is None:
+            log.append((sampler, yielded, t_enter, t_exit, size))
+        else:
+            log.append((sampler, yielded, t_enter, t_exit, size, ev_enter, ev_exit))
         if len(log) >= self._max_log or t_exit >= self._due:
             self._process_due()
 
@@ -368,7 +371,10 @@ class StepTracer:
         sampler = it._index_sampler
         if sampler is not self._last_sampler:
             self._see_loader(it, sampler)
-        self._log.append((sampler, _END, t_enter, t_enter, 0, ev_enter, None))
+        if ev_enter is None:
+            self._log.append((sampler, _END, t_enter, t_enter, 0))
+        else:
+            self._log.append((sampler, _END, t_enter, t_enter, 0, ev_enter, None))
 
     def optimizer_step(self, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
         """An optimizer step (a global optimizer post-step hook has this signature). Once a
@@ -511,7 +517,11 @@ class StepTracer:
             self._rows.clear()
 
     def _fetch_event(self, ev: tuple[Any, ...]) -> None:
-        sampler, yielded, t_enter, t_exit, size, ev_enter, ev_exit = ev
+        if len(ev) == 5:
+            sampler, yielded, t_enter, t_exit, size = ev
+            ev_enter = ev_exit = None
+        else:
+            sampler, yielded, t_enter, t_exit, size, ev_enter, ev_exit = ev
         st = self._states.get(id(sampler))
         if st is None:
             return  # a loader past MAX_LOADERS
