@@ -317,6 +317,50 @@ def test_batched_model_sends_one_patch_per_batch():
         widget.close()
 
 
+def test_arrays_go_inline_as_gzip_at_our_level_and_bokehs_setting_is_left_alone():
+    import base64
+    import gzip
+
+    from bokeh.plotting import figure
+    from bokeh.settings import settings
+
+    from traceml_nb.views.live import INLINE_GZIP_LEVEL, patch_message
+
+    values = np.linspace(0.0, 1.0, 300, dtype=np.float32)
+    source = ColumnDataSource({"x": np.zeros(0, dtype=np.float32)})
+    fig = figure()
+    fig.line("x", "x", source=source)
+    widget = BatchedBokehModel(fig)  # puts the source in a document
+    level_before = settings.compression_level()
+    events = []
+    source.document.on_change(lambda event: events.append(event))
+    source.data = {"x": values}
+    try:
+        message = patch_message(events)
+        found = []
+
+        def walk(node):
+            if isinstance(node, dict):
+                if node.get("type") == "bytes" and isinstance(node.get("data"), str):
+                    found.append(node["data"])
+                for value in node.values():
+                    walk(value)
+            elif isinstance(node, list):
+                for value in node:
+                    walk(value)
+
+        walk(json.loads(message.content_json))
+        assert message.buffers == []  # inline: three comm messages, no buffers
+        assert len(found) == 1
+        packed = base64.b64decode(found[0])
+        assert packed[:2] == b"\x1f\x8b"  # gzip, which BokehJS always gunzips
+        assert INLINE_GZIP_LEVEL == 0 and packed[10] & 0b110 == 0  # a stored deflate block
+        assert np.array_equal(np.frombuffer(gzip.decompress(packed), np.float32), values)
+        assert settings.compression_level() == level_before
+    finally:
+        widget.close()
+
+
 # --- LiveView against real runs ------------------------------------------------------------------
 class SleepyDataset(Dataset):
     """Each item takes ``delay`` seconds to load, like a slow decoder."""
