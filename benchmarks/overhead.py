@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.optim.optimizer as optim_mod
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -675,8 +676,6 @@ def _after_step(optimizer: torch.optim.Optimizer) -> None:
     our counting touches, as torch writes it: the ``_optimizer_step_code()`` call and the
     post-step hook loop. The rest of the wrapper (a ``record_function`` op, ~60 us cold)
     is the same with and without the tracer, and would bury the difference in its noise."""
-    import torch.optim.optimizer as optim_mod
-
     optimizer._optimizer_step_code()  # type: ignore[attr-defined]
     for post_hook in itertools.chain(
         optimizer._optimizer_step_post_hooks.values(),  # type: ignore[attr-defined]
