@@ -34,8 +34,6 @@ def leak_report(grace_s: float = 3.0) -> list[str]:
         problems.append("optimizer step hook left registered")
     if optim_mod.Optimizer.__dict__["_optimizer_step_code"] is not ORIGINAL_STEP_CODE:
         problems.append("Optimizer._optimizer_step_code is still replaced")
-    if patches.counting_optimizers():
-        problems.append("optimizers still count their steps with a tracer's counter")
     if patches.is_installed():
         problems.append("tracer still installed")
     if run_mod.active_run() is not None:

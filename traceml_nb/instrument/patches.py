@@ -5,26 +5,26 @@
   once its run has ended (so a wrapper that user code stacked on top of ours stays harmless).
 * Optimizer steps. Every ``torch.optim.Optimizer`` calls ``self._optimizer_step_code()``, an
   empty method, right after its ``step()`` (torch's hook point for its profiler, in
-  ``Optimizer.profile_hook_step``). For the run, ``Optimizer._optimizer_step_code`` is our
-  function: it reports the step to the tracer. Once the tracer needs only to count steps (a
-  loader has closed a step), it also gives that optimizer an instance attribute of the same
-  name, the tracer's :attr:`~traceml_nb.instrument.tracer.StepTracer.step_counter`, which
-  appends to the log in C: from then on that optimizer's steps cost no Python call at all,
-  instead of the call of a global post-step hook. A step of an optimizer created during the
-  run reaches our function first, and is counted the same way from its second step.
-  Where this cannot work (an older or newer torch that does not call the method, a subclass
-  with a method of its own of that name) a global post-step hook
-  (``register_optimizer_step_post_hook``) reports every step instead.
-
-  Known side effect: the Python tracer of ``torch.profiler`` (``with_stack=True``) looks the
-  method's code object up once per process, the first time it starts. If that first time is
-  during a traced cell, it keeps ours, and later profiles do not recognise optimizer steps in
-  their Python events (what ``export_memory_timeline`` uses to label optimizer state).
+  ``Optimizer.profile_hook_step``). For the run, ``Optimizer._optimizer_step_code`` is ours:
+  first a function that reports each step to the tracer with its time (for the optimizer
+  rows of a loop without a DataLoader); once the tracer needs only to count steps (a loader
+  has closed a step), the tracer's
+  :attr:`~traceml_nb.instrument.tracer.StepTracer.step_counter`, a ``functools.partial`` of
+  the log's ``list.append``: from then on an optimizer step costs no Python call at all,
+  where a global post-step hook would cost one. The counter carries the original method's
+  ``__code__``, which ``torch.profiler``'s Python tracer looks up once per process (with
+  ``with_stack=True``): a profile started inside a traced cell works, and later profiles
+  still recognise optimizer steps. (Only if the process's first such profile starts before
+  the run's first loader step, while our reporting function stands in, do later profiles keep
+  that function's code and miss the optimizer steps in their Python events.) Where this
+  cannot work (a torch that does not call the method, a subclass with a method of its own of
+  that name) a global post-step hook (``register_optimizer_step_post_hook``) reports every
+  step instead.
 """
 
 from __future__ import annotations
 
-import weakref
+import contextlib
 from types import CodeType, FunctionType
 from typing import Any
 
@@ -35,7 +35,6 @@ _original_next: Any = None
 _wrapper: Any = None
 _hook_handle: Any = None
 _original_step_code: Any = None  # Optimizer._optimizer_step_code while ours is installed
-_counting: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers given the tracer's counter
 
 _STEP_CODE = "_optimizer_step_code"
 
@@ -77,27 +76,34 @@ def step_code_is_usable(optimizer_cls: Any) -> bool:
 
 
 def _optimizer_step_code(optimizer: Any) -> None:
-    """Stands in for ``Optimizer._optimizer_step_code`` (an empty method) during a run."""
+    """Stands in for ``Optimizer._optimizer_step_code`` (an empty method) until the tracer
+    only counts steps; then it hands the class attribute to the tracer's counter."""
     tracer = _tracer
     if tracer is None:
         return
     tracer.optimizer_step(optimizer)
     if tracer.counts_optimizer_steps_in_c:
-        try:
-            vars(optimizer)[_STEP_CODE] = tracer.step_counter
-            _counting.add(optimizer)
-        except Exception:
-            pass  # no __dict__ or no weakref: this optimizer's steps keep coming through here
+        optimizer_cls = _optimizer_class()
+        if optimizer_cls.__dict__.get(_STEP_CODE) is _optimizer_step_code:
+            setattr(optimizer_cls, _STEP_CODE, tracer.step_counter)
 
 
 def _stop_counting() -> None:
-    """Take the tracer's counter back from every optimizer that was given it."""
+    """Put the reporting function back in place of the tracer's counter (the tracer stopped:
+    the function ignores the steps, and the log stops growing)."""
+    optimizer_cls = _optimizer_class()
     counter = _tracer.step_counter if _tracer is not None else None
-    for optimizer in list(_counting):
-        attrs = vars(optimizer)
-        if counter is not None and attrs.get(_STEP_CODE) is counter:
-            del attrs[_STEP_CODE]
-    _counting.clear()
+    if counter is not None and optimizer_cls.__dict__.get(_STEP_CODE) is counter:
+        setattr(optimizer_cls, _STEP_CODE, _optimizer_step_code)
+
+
+def _dressed_as(counter: Any, original: Any) -> Any:
+    """``counter`` with the name, docs and ``__code__`` of the method it stands in for."""
+    for name in ("__module__", "__name__", "__qualname__", "__doc__", "__code__"):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(counter, name, getattr(original, name))
+    counter.__wrapped__ = original
+    return counter
 
 
 def install(tracer: StepTracer) -> list[str]:
@@ -111,6 +117,7 @@ def install(tracer: StepTracer) -> list[str]:
     optimizer_cls = _optimizer_class()
     if step_code_is_usable(optimizer_cls):
         _original_step_code = optimizer_cls.__dict__[_STEP_CODE]
+        _dressed_as(tracer.step_counter, _original_step_code)
         setattr(optimizer_cls, _STEP_CODE, _optimizer_step_code)
         tracer.on_stop = _stop_counting
     else:
@@ -160,8 +167,3 @@ def uninstall() -> list[str]:
 def is_installed() -> bool:
     """True while a run's tracer is receiving events."""
     return _tracer is not None
-
-
-def counting_optimizers() -> list[Any]:
-    """The optimizers that currently count their steps with a tracer's counter (for checks)."""
-    return list(_counting)
