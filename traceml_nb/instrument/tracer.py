@@ -71,8 +71,8 @@ READER_EVERY_NS = 5_000_000_000
 # CUDA also the CUDA events at enter and exit; the exhausting fetch has num_yielded _END. An
 # optimizer step, while the steps may still be optimizer steps: (_OPTIMIZER, id(optimizer),
 # clock); once a loader has closed a step, the bare object _OPT (its place in the log is all
-# that matters). A marker: (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH, sampler, samples in
-# the epoch, -1 unknown), for the counted batch sizes.
+# that matters). A marker: (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH,
+# sampler, samples in the epoch, -1 unknown), for the counted batch sizes.
 _END = -1
 _COUNTED = -2  # batch size of a fetch: to be counted by processing (_LoaderState.counted_batch)
 _EPOCH = object()
@@ -191,8 +191,8 @@ def _standing_in_for(original: Callable[[Any], Any], wrapper: Callable[[Any], An
 class StepTracer:
     """Receives the instrumented events of one run and writes step rows into its record."""
 
-    # The hot path's fields first: slots are laid out in this order, so they share two
-    # cache lines (between a model's backward and forward every line we touch is cold).
+    # The hot path's fields first: slots are laid out in this order, so they share a cache
+    # line (between a model's backward and forward every line we touch is cold).
     __slots__ = (
         "active",
         "_last_sampler",
@@ -245,7 +245,7 @@ class StepTracer:
         #: events not processed yet, in order (always this list: the wrappers hold it)
         self._log: list[Any] = []
         self._max_log = PROCESS_EVENTS  # the logging thread processes the log at this length
-        self._every_ns = PROCESS_EVERY_NS  # ...or at the first event this long after the last
+        self._every_ns = PROCESS_EVERY_NS  # ...or this long after the last time (at a check)
         self._lock = threading.Lock()
         self._due = 0  # clock value from which the next event processes the log
         self._last_sampler: Any = None  # the sampler of the loader fetched last (hot path)
@@ -278,9 +278,9 @@ class StepTracer:
         fetch, in the middle of an epoch) runs only the few lines of the wrapper; another
         loader, an epoch's first batch and every 256th batch (when the log's length is
         checked) go through :meth:`_log_fetch`. On CUDA every fetch does, and the wrapper
-        records a CUDA event at enter and exit. Once the tracer is no
-        longer :attr:`active` the wrapper calls straight through, so it stays harmless if
-        something else was stacked on top of it and keeps calling it.
+        records a CUDA event at enter and exit. Once the tracer is no longer :attr:`active`
+        the wrapper calls straight through, so it stays harmless if something else was
+        stacked on top of it and keeps calling it.
         """
         tracer = self
         clock = self.clock
@@ -464,7 +464,8 @@ class StepTracer:
 
     def stop_on_error(self, exc: Exception) -> None:
         """Stop tracing for the rest of the run because ``exc`` broke the processing: the
-        wrapper calls through, the hook only counts, markers are ignored, the log is dropped."""
+        wrapper calls through, optimizer steps are ignored (:attr:`on_stop` takes the C counter
+        back), markers are ignored, the log is dropped."""
         self.error = f"{type(exc).__name__}: {exc}"
         self.active = False
         self._loader_steps = True
