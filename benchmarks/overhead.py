@@ -25,7 +25,7 @@ the time of ``import traceml_nb`` in a fresh interpreter.
 
 Usage::
 
-    .venv/bin/python benchmarks/overhead.py            # the full benchmark (~20 minutes)
+    .venv/bin/python benchmarks/overhead.py            # the full benchmark (~17 minutes)
     .venv/bin/python benchmarks/overhead.py --quick    # seconds; what the smoke test runs
     .venv/bin/python benchmarks/overhead.py --json out.json
 """
@@ -691,7 +691,9 @@ def cold_hot_path_cost(evict_mb: int, samples: int, block: int = 20) -> ColdHotP
     and each timed step, ``evict_mb`` MB are written (a model's step does that: 24 MB fits in
     this VM's 32 MB L3 with what it evicts, 64 MB goes to memory, TLB included). Blocks of
     ``block`` samples alternate plain and traced (the run's patches installed), five untimed
-    calls after each switch (installing invalidates type caches)."""
+    calls after each switch (installing invalidates type caches). Writing a buffer evicts
+    data, not code: after a real model's step the interpreter's own code is cold too, so the
+    conv net in place reads about twice the 64 MB figure (see benchmarks/README.md)."""
     import numpy as np
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
