@@ -652,11 +652,10 @@ def _train_and_evaluate(reader: bool) -> traceml_nb.Run:
     with traceml_nb.Run("reader" if reader else "inline", sample=False) as run:
 
         def read() -> None:
-            run.attach_step_reader()
-            while not stop.is_set():
-                run.process_steps()
-                len(run.record.steps.snapshot().wall_ns)
-            run.attach_step_reader(False)
+            with run.step_reader():
+                while not stop.is_set():
+                    run.process_steps()
+                    len(run.record.steps.snapshot().wall_ns)
 
         thread = threading.Thread(target=read)
         if reader:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .capabilities import Capabilities
@@ -241,17 +242,25 @@ class Run:
 
     def process_steps(self) -> None:
         """Bring the step rows of :attr:`record` up to date with what the run has logged (they
-        otherwise lag the loop by up to 0.5 s). Thread-safe: a reader of a running run calls
-        it before reading; see :meth:`attach_step_reader`."""
+        otherwise lag the loop by up to a few hundred steps). Thread-safe: a reader of a
+        running run calls it before reading; see :meth:`step_reader`."""
         if self._tracer is not None:
             self._tracer.process()
 
-    def attach_step_reader(self, attached: bool = True) -> None:
-        """A thread that reads the record while the run goes on (a live view) will call
-        :meth:`process_steps` before each of its reads, so the training loop only logs its
-        steps; ``False`` when that thread stops reading (the loop takes the work back)."""
-        if self._tracer is not None:
-            self._tracer.attach_reader(attached)
+    @contextmanager
+    def step_reader(self) -> Iterator[None]:
+        """For the thread that reads the record while the run goes on (a live view): inside
+        the block it calls :meth:`process_steps` before each of its reads, so the training
+        loop only logs its steps; when the block ends the loop takes that work back."""
+        tracer = self._tracer
+        if tracer is None:
+            yield
+            return
+        tracer.attach_reader(True)
+        try:
+            yield
+        finally:
+            tracer.attach_reader(False)
 
     def step(self) -> None:
         """Explicit end-of-step marker for custom loops."""

@@ -318,6 +318,8 @@ class StepTracer:
             append((sampler, yielded, t_enter, t_exit, size))
             return batch
 
+        # Two closures, so that the CPU one, the hot path, carries no CUDA branch; on CUDA
+        # every fetch takes the general path (_log_fetch) anyway.
         if gpu is None:
             return _standing_in_for(original, __next__)
         timer = gpu

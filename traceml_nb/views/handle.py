@@ -134,15 +134,12 @@ class HandleView:
         self._thread.start()
 
     def _loop(self) -> None:
-        self.run.attach_step_reader()  # this thread brings the step rows up to date
-        try:
+        with self.run.step_reader():  # this thread brings the step rows up to date
             while not self._stop.wait(self.tick_s):
                 try:
                     self._publish()
                 except Exception:  # a failed update must never reach the training thread
                     return
-        finally:
-            self.run.attach_step_reader(False)
 
     def _publish(self) -> None:
         self.run.process_steps()

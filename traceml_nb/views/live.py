@@ -536,15 +536,12 @@ class LiveView:
 
     # --- the writer thread ----------------------------------------------------------------------
     def _loop(self) -> None:
-        self.run.attach_step_reader()  # this thread brings the step rows up to date
-        try:
+        with self.run.step_reader():  # this thread brings the step rows up to date
             wait = min(self.tick_s, MIN_TICK_S)  # the first points as soon as allowed
             while not self._stop_event.wait(wait):
                 if not self._tick(final=False):
                     return
                 wait = self.tick_s
-        finally:
-            self.run.attach_step_reader(False)
 
     def _tick(self, *, final: bool) -> bool:
         """One update; False (and the error noted) when it failed and the view must stop."""
