@@ -333,19 +333,18 @@ class _Iter:
 
 def test_the_log_becomes_rows_after_a_while_after_many_events_and_at_the_end() -> None:
     from traceml_nb.instrument.tracer import (
-        _LENGTH_CHECK_MASK,
+        CHECK_EVERY,
         PROCESS_EVENTS,
         PROCESS_EVERY_NS,
         StepTracer,
     )
     from traceml_nb.record import RunRecord
 
-    check_every = _LENGTH_CHECK_MASK + 1  # the common fetch checks nothing; every 256th does
     clock = _ManualClock()
     tracer = StepTracer(RunRecord(), clock=clock)
     it = _Iter()
     fetch = tracer.wrap_next(it.next_batch)
-    fetch(it)  # the first event processes at once (nothing is due yet): the loader is known
+    fetch(it)  # an iterator's first fetch checks; nothing is due yet: it processes at once
     for _ in range(9):
         clock.ns += 1_000_000  # 1 ms steps
         fetch(it)
@@ -353,25 +352,25 @@ def test_the_log_becomes_rows_after_a_while_after_many_events_and_at_the_end() -
     clock.ns += PROCESS_EVERY_NS
     fetch(it)
     assert len(tracer.record.steps) == 0  # past the interval, but a common fetch checks nothing
-    while it._num_yielded < check_every - 1:
+    while it._num_yielded < CHECK_EVERY:
         clock.ns += 1_000_000
         fetch(it)
     assert len(tracer.record.steps) == 0
-    fetch(it)  # the 256th batch checks: the interval has passed
-    assert len(tracer.record.steps) == check_every - 1
+    fetch(it)  # one fetch in CHECK_EVERY after the first checks: the interval has passed
+    assert len(tracer.record.steps) == CHECK_EVERY
     assert list(tracer.record.steps.wall_ns[:9]) == [1_000_000] * 9
 
     # fast steps: once the log holds PROCESS_EVENTS events, at the next check
     done = it._num_yielded
     first_check = next(
         n
-        for n in range(2 * check_every, 10 * check_every, check_every)
+        for n in range(done + CHECK_EVERY, done + 10 * CHECK_EVERY, CHECK_EVERY)
         if n - done >= PROCESS_EVENTS
     )
     while it._num_yielded < first_check - 1:
         clock.ns += 1_000
         fetch(it)
-    assert len(tracer.record.steps) == check_every - 1
+    assert len(tracer.record.steps) == CHECK_EVERY
     clock.ns += 1_000
     fetch(it)
     assert len(tracer.record.steps) == first_check - 1
@@ -410,6 +409,90 @@ def test_a_loader_iterated_in_another_thread_keeps_every_step() -> None:
     assert run.record.optimizer_steps == 100
     assert len(rows(run, 0)) == 100
     assert run._tracer.processing_ns > 0  # the tracer timed its own processing
+
+
+def test_two_threads_each_iterating_a_loader_keep_their_own_steps_and_sizes() -> None:
+    """Common fetches carry their iterator, so a thread switch between two loaders' fetches
+    never gives one loader's fetch to the other."""
+    import threading
+
+    loaders = [
+        DataLoader(TensorDataset(torch.randn(n, 4), torch.zeros(n)), batch_size=b)
+        for n, b in ((1003, 4), (997, 7))
+    ]
+    seen: list[list[int]] = [[], []]
+
+    def consume(k: int) -> None:
+        for _epoch in range(2):
+            for x, _y in loaders[k]:
+                seen[k].append(len(x))
+
+    with traceml_nb.Run("two threads", sample=False) as run:
+        threads = [threading.Thread(target=consume, args=(k,)) for k in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for k, info in enumerate(run.record.loaders):
+        k = 0 if info.batch_size == 4 else 1
+        assert info.fetches == len(seen[k]) and info.epochs == 2
+        assert [run.record.steps.batch[i] for i in rows(run, info.slot)] == seen[k]
+
+
+class _WatchedIter(_Iter):
+    """An iterator that counts how often its loader and batch number are read."""
+
+    reads = 0
+
+    @property
+    def _index_sampler(self) -> object:
+        type(self).reads += 1
+        return self._sampler
+
+    @_index_sampler.setter
+    def _index_sampler(self, sampler: object) -> None:
+        self._sampler = sampler
+
+
+def test_the_common_fetch_reads_nothing_from_the_iterator() -> None:
+    from traceml_nb.instrument.tracer import CHECK_EVERY, StepTracer
+    from traceml_nb.record import RunRecord
+
+    tracer = StepTracer(RunRecord())
+    it = _WatchedIter()
+    fetch = tracer.wrap_next(it.next_batch)
+    fetch(it)  # the iterator's first fetch: its loader is registered
+    first = _WatchedIter.reads
+    assert first >= 1
+    for _ in range(CHECK_EVERY - 1):
+        fetch(it)
+    assert _WatchedIter.reads == first
+    assert tracer._log[-1][0] is it and len(tracer._log[-1]) == 4  # (it, enter, exit, size)
+    fetch(it)  # the check
+    assert _WatchedIter.reads == first + 1
+    tracer.close()
+    assert tracer.record.loaders[0].fetches == CHECK_EVERY + 1
+    assert set(tracer.record.steps.batch) == {4}
+
+
+def test_a_loader_with_persistent_workers_starts_its_epochs_over_on_one_iterator() -> None:
+    """With persistent workers, ``iter(loader)`` restarts the same iterator: every fetch of it
+    is read, so an epoch abandoned by ``break`` does not shift the next one's batches."""
+    loader = DataLoader(_PAIRS, batch_size=5, num_workers=1, persistent_workers=True)
+    real = []
+    with traceml_nb.Run("persistent", sample=False) as run:
+        for i, (_x, y) in enumerate(loader):
+            real.append(len(y))
+            if i == 1:
+                break
+        for _x, y in loader:
+            real.append(len(y))
+    assert real == [5, 5, 5, 5, 5, 5, 3]
+    t = rows(run, 0)
+    assert [run.record.steps.batch[i] for i in t] == real
+    flags = run.record.steps.flags
+    assert [i for i, row in enumerate(t) if flags[row] & FLAG_EPOCH_START] == [0, 2]
+    assert run.record.loaders[0].epochs == 2
 
 
 def test_optimizer_steps_counted_after_the_first_loader_step_keep_their_place() -> None:
@@ -454,11 +537,11 @@ def test_an_interrupt_while_the_log_is_processed_loses_no_later_event(monkeypatc
     real = StepTracer._fetch_event
     calls = []
 
-    def interrupted_once(self, ev):
+    def interrupted_once(self, *fetch):
         calls.append(1)
         if len(calls) == 5:
             raise KeyboardInterrupt
-        return real(self, ev)
+        return real(self, *fetch)
 
     monkeypatch.setattr(StepTracer, "_fetch_event", interrupted_once)
     with pytest.raises(KeyboardInterrupt):
@@ -594,6 +677,7 @@ def test_a_dataset_that_iterates_a_loader_itself_keeps_both_sizes_right() -> Non
 
 def test_with_a_reader_attached_the_loop_only_logs_until_the_reader_processes() -> None:
     from traceml_nb.instrument.tracer import (
+        CHECK_EVERY,
         PROCESS_EVENTS,
         PROCESS_EVERY_NS,
         READER_EVERY_NS,
@@ -616,17 +700,16 @@ def test_with_a_reader_attached_the_loop_only_logs_until_the_reader_processes() 
     assert len(tracer.record.steps) == PROCESS_EVENTS + 9
 
     # a reader that stopped reading: the loop processes after READER_EVERY_NS, at its next check
-    # (every 256th batch)...
+    # (one fetch in CHECK_EVERY)...
     clock.ns += READER_EVERY_NS
-    assert fetches_until_processed(tracer, fetch, it, clock) <= 256
-    # ...or once the log holds READER_MAX_EVENTS events (its length is checked every 256th
-    # batch of an epoch)
+    assert fetches_until_processed(tracer, fetch, it, clock) <= CHECK_EVERY
+    # ...or once the log holds READER_MAX_EVENTS events (its length is checked as often)
     n = fetches_until_processed(tracer, fetch, it, clock)
-    assert READER_MAX_EVENTS <= n <= READER_MAX_EVENTS + 256
+    assert READER_MAX_EVENTS <= n <= READER_MAX_EVENTS + CHECK_EVERY
 
     tracer.attach_reader(False)  # the reader has stopped: the loop's own triggers again
     n = fetches_until_processed(tracer, fetch, it, clock)
-    assert PROCESS_EVENTS <= n <= PROCESS_EVENTS + 256
+    assert PROCESS_EVENTS <= n <= PROCESS_EVENTS + CHECK_EVERY
 
 
 def fetches_until_processed(tracer, fetch, it, clock) -> int:
@@ -699,8 +782,9 @@ def test_a_fetch_logged_as_counted_for_a_loader_whose_sizes_are_read_is_unknown(
     tracer.wrap_next(type(it).__next__)(it)
     sampler, yielded, _t_enter, t_exit, _size, *rest = tracer._log[-1]
     tracer._log.append((sampler, yielded + 1, t_exit + 10, t_exit + 20, _COUNTED, *rest))
+    tracer._log.append((it, t_exit + 30, t_exit + 40))  # a common fetch logged as counted
     tracer.close()
-    assert list(tracer.record.steps.batch) == [3, -1]  # 0, 2, 4 of the first five kept
+    assert list(tracer.record.steps.batch) == [3, -1, -1]  # 0, 2, 4 of the first five kept
 
 
 @pytest.mark.parametrize("who", ["the loop", "a reader"])
@@ -710,11 +794,11 @@ def test_a_bug_in_our_processing_stops_the_tracing_not_the_training(monkeypatch,
     real = StepTracer._fetch_event
     calls = []
 
-    def broken_later(self, ev):
+    def broken_later(self, *fetch):
         calls.append(1)
         if len(calls) > 300:
             raise RuntimeError("a bug of ours")
-        real(self, ev)
+        real(self, *fetch)
 
     monkeypatch.setattr(StepTracer, "_fetch_event", broken_later)
     model, opt = model_and_opt()

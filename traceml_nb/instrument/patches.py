@@ -133,7 +133,7 @@ def uninstall() -> list[str]:
     global _tracer, _original_next, _wrapper, _hook_handle, _original_step_code
     notes: list[str] = []
     if _tracer is not None:
-        _tracer.active = False  # the wrapper calls through from now on, wherever it is
+        _tracer.deactivate()  # the wrapper calls through from now on, wherever it is
         _tracer.on_stop = None
     _stop_counting()
     _tracer = None

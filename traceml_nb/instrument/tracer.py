@@ -21,15 +21,18 @@ The instrumented calls only log what happened, as one tuple each, in order (the 
 between a model's backward and forward everything that only we run is cold in the caches,
 so it must be little). Once a loader has closed a step, an optimizer step only appends
 :data:`_OPT` to the log, through :attr:`StepTracer.step_counter`, a C-level callable (no Python
-frame: see :mod:`.patches`). The log is turned into step rows in batches, and when the run ends.
+frame: see :mod:`.patches`). A fetch from the iterator fetched last, in the middle of its epoch,
+logs only ``(iterator, t_enter, t_exit)``: the processing knows its loader and batch number from
+that iterator's previous fetch (see :meth:`StepTracer.wrap_next`). The log is turned into step
+rows in batches, and when the run ends.
 Who does it: with a reader attached (:meth:`StepTracer.attach_reader`: the live view, which
 processes the log on its own thread just before each of its reads), the reader; the training
 thread then only logs, and processes only if the reader falls behind. Without one, the
-training thread, in batches: the common fetch (see :meth:`StepTracer.wrap_next`) checks
-nothing, and the others (an epoch's first batch, every 256th, another loader's) process the log
-once it holds :data:`PROCESS_EVENTS` events or :data:`PROCESS_EVERY_NS` have passed, so the
-processing runs warm, many events at a time, and a slow loop pays its cold start at most once
-every 256 steps. Whoever reads the rows during the run attaches as a reader, or calls
+training thread, in batches: the common fetch checks nothing, and the others (an iterator's
+first fetch, one in every :data:`CHECK_EVERY`, another loader's) process the log once it holds
+:data:`PROCESS_EVENTS` events or :data:`PROCESS_EVERY_NS` have passed, so the processing runs
+warm, many events at a time, and a slow loop pays its cold start at most once every
+:data:`CHECK_EVERY` steps. Whoever reads the rows during the run attaches as a reader, or calls
 ``Run.process_steps()`` first.
 """
 
@@ -56,8 +59,9 @@ from .batch import batch_size_of
 from .gpu_events import GpuStallTimer
 
 #: Without a reader, the event log is turned into step rows at the next check once it holds this
-#: many events (an epoch's first batch and every 256th are checks; a fast loop then pauses
-#: briefly, warm, about every 256 steps of two events each: the fetch and the optimizer step)...
+#: many events (an iterator's first fetch and one in :data:`CHECK_EVERY` are checks; a fast loop
+#: then pauses briefly, warm, about every 256 steps of two events each: the fetch and the
+#: optimizer step)...
 PROCESS_EVENTS = 256
 #: ...or once this long has passed since the last time, ns.
 PROCESS_EVERY_NS = 500_000_000
@@ -67,21 +71,24 @@ READER_MAX_EVENTS = 8192
 #: ...or this long after the last processing (a reader that stopped reading), ns.
 READER_EVERY_NS = 5_000_000_000
 
-# Events of the log. A fetch: (sampler, num_yielded after it, t_enter, t_exit, batch size), on
-# CUDA also the CUDA events at enter and exit; the exhausting fetch has num_yielded _END. An
-# optimizer step, while the steps may still be optimizer steps: (_OPTIMIZER, id(optimizer),
-# clock); once a loader has closed a step, the bare object _OPT (its place in the log is all
-# that matters). A marker: (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH,
-# sampler, samples in the epoch, -1 unknown), for the counted batch sizes.
+# Events of the log. A fetch, in general: (sampler, num_yielded after it, t_enter, t_exit, batch
+# size, iterator, CUDA event at enter, at exit), the events None off CUDA; the exhausting fetch
+# has num_yielded _END. The common fetch (see StepTracer.wrap_next): (iterator, t_enter, t_exit)
+# when its batch size is counted, (iterator, t_enter, t_exit, batch size) when it is read; its
+# loader and batch number follow from the iterator's previous fetch. An optimizer step, while
+# the steps may still be optimizer steps: (_OPTIMIZER, id(optimizer), clock); once a loader has
+# closed a step, the bare object _OPT (its place in the log is all that matters). A marker:
+# (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH, sampler, samples in the epoch,
+# -1 unknown), for the counted batch sizes.
 _END = -1
 _COUNTED = -2  # batch size of a fetch: to be counted by processing (_LoaderState.counted_batch)
 _EPOCH = object()
 _OPTIMIZER = object()
 _OPT = object()
 _MARKER = object()
-#: The hot path checks the log's length only at an epoch's first batch and at every 256th
-#: (batch number & this mask <= 1).
-_LENGTH_CHECK_MASK = 255
+#: The hot path checks the log's length (and whether processing is due) at an iterator's first
+#: fetch and then at one fetch in this many; the ones between check nothing.
+CHECK_EVERY = 256
 
 
 class _LoaderState:
@@ -194,9 +201,11 @@ class StepTracer:
     # The hot path's fields first: slots are laid out in this order, so they share a cache
     # line (between a model's backward and forward every line we touch is cold).
     __slots__ = (
+        "_fast_it",
+        "_fast_left",
+        "_counted",
         "active",
         "_last_sampler",
-        "_counted",
         "_log",
         "_due",
         "_loader_steps",
@@ -212,6 +221,7 @@ class StepTracer:
         "_every_ns",
         "_lock",
         "_states",
+        "_iterators",
         "_current",
         "_lead_optimizer",
         "_opt_prev",
@@ -248,8 +258,13 @@ class StepTracer:
         self._every_ns = PROCESS_EVERY_NS  # ...or this long after the last time (at a check)
         self._lock = threading.Lock()
         self._due = 0  # clock value from which the next event processes the log
-        self._last_sampler: Any = None  # the sampler of the loader fetched last (hot path)
+        self._last_sampler: Any = None  # the sampler of the loader fetched last
         self._counted = False  # ...whose batch sizes are counted, not read (hot path)
+        #: the iterator whose next fetches are common ones (hot path), None when there is none
+        self._fast_it: Any = None
+        self._fast_left = 0  # ...and how many more of them may be, before a check (hot path)
+        #: id(iterator) -> [its loader's state, its num_yielded at its last fetch processed]
+        self._iterators: dict[int, list[Any]] = {}
         self._states: dict[int, _LoaderState] = {}
         self._current: _LoaderState | None = None
         self._lead_optimizer: int | None = None
@@ -272,15 +287,18 @@ class StepTracer:
     def wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """A ``__next__`` that runs ``original`` and logs the fetch. The hot path.
 
-        It reads two clocks (and the batch size, unless it can be counted later: see
-        :func:`counted_batch_size`) and appends one tuple to the log; the step bookkeeping
-        happens later, in :meth:`process`. The common fetch (the same loader as the last
-        fetch, in the middle of an epoch) runs only the few lines of the wrapper; another
-        loader, an epoch's first batch and every 256th batch (when the log's length is
-        checked) go through :meth:`_log_fetch`. On CUDA every fetch does, and the wrapper
-        records a CUDA event at enter and exit. Once the tracer is no longer :attr:`active`
-        the wrapper calls straight through, so it stays harmless if something else was
-        stacked on top of it and keeps calling it.
+        It reads two clocks and appends one tuple to the log; the step bookkeeping happens
+        later, in :meth:`process`. The common fetch is the next one from the iterator fetched
+        last (:attr:`_fast_it`), when its loader's batch sizes are known and no check is due:
+        it logs ``(iterator, t_enter, t_exit)`` (and the batch size, read from the batch,
+        unless it can be counted later: see :func:`counted_batch_size`), and reads nothing
+        from the iterator. Every other fetch goes through :meth:`_log_fetch`: an iterator's
+        first, another loader's, one in every :data:`CHECK_EVERY` (the log's length is
+        checked), every fetch of a loader with persistent workers (an iterator that starts
+        its epochs over) and, on CUDA, every fetch (the wrapper also records a CUDA event at
+        enter and exit). Once the tracer is no longer :attr:`active` the wrapper only calls
+        through and drops what it timed, so it stays harmless if something else was stacked
+        on top of it and keeps calling it.
         """
         tracer = self
         clock = self.clock
@@ -288,9 +306,9 @@ class StepTracer:
         gpu = self.gpu
 
         # What the common fetch needs comes in its defaults (one tuple, where closure cells
-        # would be four objects, each a cache miss once the model's step has evicted them);
-        # its constants are literals (globals are misses too): 255 is _LENGTH_CHECK_MASK,
-        # -2 is _COUNTED.
+        # would be four objects, each a cache miss once the model's step has evicted them).
+        # It reads no attribute of the iterator: a specialised read of one is guarded by the
+        # iterator type's version, which changes whenever a DataLoader class is modified.
         def __next__(
             it: Any,
             t: StepTracer = tracer,
@@ -298,8 +316,6 @@ class StepTracer:
             clock: Callable[[], int] = clock,
             append: Callable[[Any], None] = log.append,
         ) -> Any:
-            if not t.active:
-                return original(it)
             t_enter = clock()
             try:
                 batch = original(it)
@@ -307,15 +323,15 @@ class StepTracer:
                 t._log_end(it, t_enter, None)
                 raise
             t_exit = clock()
-            # The iterator is warm now that the fetch has used it; and a loader that the
-            # dataset iterated inside this fetch has been registered already.
-            sampler = it._index_sampler
-            yielded = it._num_yielded
-            if sampler is not t._last_sampler or (yielded & 255) <= 1:
-                t._log_fetch(it, batch, sampler, yielded, t_enter, t_exit, None, None)
+            left = t._fast_left
+            if it is t._fast_it and left > 0:
+                t._fast_left = left - 1
+                if t._counted:
+                    append((it, t_enter, t_exit))
+                else:
+                    append((it, t_enter, t_exit, batch_size_of(batch)))
                 return batch
-            size = -2 if t._counted else batch_size_of(batch)
-            append((sampler, yielded, t_enter, t_exit, size))
+            t._log_fetch(it, batch, t_enter, t_exit, None, None)
             return batch
 
         # Two closures, so that the CPU one, the hot path, carries no CUDA branch; on CUDA
@@ -337,46 +353,52 @@ class StepTracer:
                 raise
             t_exit = clock()
             ev_exit = timer.mark()
-            sampler = it._index_sampler
-            t._log_fetch(it, batch, sampler, it._num_yielded, t_enter, t_exit, ev_enter, ev_exit)
+            t._log_fetch(it, batch, t_enter, t_exit, ev_enter, ev_exit)
             return batch
 
         return _standing_in_for(original, __next__on_cuda)
 
     def _log_fetch(
-        self,
-        it: Any,
-        batch: Any,
-        sampler: Any,
-        yielded: int,
-        t_enter: int,
-        t_exit: int,
-        ev_enter: Any,
-        ev_exit: Any,
+        self, it: Any, batch: Any, t_enter: int, t_exit: int, ev_enter: Any, ev_exit: Any
     ) -> None:
-        """Log a fetch that is not the common one (see :meth:`wrap_next`)."""
+        """Log a fetch that is not the common one (see :meth:`wrap_next`), and say whether the
+        iterator's next fetches can be common ones."""
+        if not self.active:
+            return
+        sampler = it._index_sampler
+        yielded = it._num_yielded
         if sampler is not self._last_sampler:
             self._see_loader(it, sampler)
         log = self._log
         if yielded == 1:  # read now: a sampler's length may change between epochs
             log.append((_EPOCH, sampler, epoch_samples(sampler)))
         size = _COUNTED if self._counted else batch_size_of(batch)
-        if ev_enter is None:
-            log.append((sampler, yielded, t_enter, t_exit, size))
+        log.append((sampler, yielded, t_enter, t_exit, size, it, ev_enter, ev_exit))
+        # An iterator that starts its epochs over (persistent workers) would start one
+        # unseen; a loader past MAX_LOADERS is not followed.
+        if (
+            ev_enter is None
+            and self._last_sampler is sampler
+            and id(sampler) in self._states
+            and not getattr(it, "_persistent_workers", False)
+        ):
+            self._fast_it = it
+            self._fast_left = CHECK_EVERY - 1
         else:
-            log.append((sampler, yielded, t_enter, t_exit, size, ev_enter, ev_exit))
+            self._fast_it = None
         if len(log) >= self._max_log or t_exit >= self._due:
             self._process_due()
 
     def _log_end(self, it: Any, t_enter: int, ev_enter: Any) -> None:
         """Log the exhausting fetch (``StopIteration``): it closes the epoch's last step."""
+        if not self.active:
+            return
+        if it is self._fast_it:
+            self._fast_it = None
         sampler = it._index_sampler
         if sampler is not self._last_sampler:
             self._see_loader(it, sampler)
-        if ev_enter is None:
-            self._log.append((sampler, _END, t_enter, t_enter, 0))
-        else:
-            self._log.append((sampler, _END, t_enter, t_enter, 0, ev_enter, None))
+        self._log.append((sampler, _END, t_enter, t_enter, 0, it, ev_enter, None))
 
     def optimizer_step(self, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
         """An optimizer step (a global optimizer post-step hook has this signature). Once a
@@ -392,6 +414,12 @@ class StepTracer:
         log.append((_OPTIMIZER, id(optimizer), t))
         if len(log) >= self._max_log or t >= self._due:
             self._process_due()
+
+    def deactivate(self) -> None:
+        """Log nothing more: the wrappers call through, optimizer steps and markers are
+        ignored (the C counter, if installed, is for :mod:`.patches` to take back)."""
+        self.active = False
+        self._fast_it = None
 
     @property
     def counts_optimizer_steps_in_c(self) -> bool:
@@ -469,7 +497,7 @@ class StepTracer:
         wrapper calls through, optimizer steps are ignored (:attr:`on_stop` takes the C counter
         back), markers are ignored, the log is dropped."""
         self.error = f"{type(exc).__name__}: {exc}"
-        self.active = False
+        self.deactivate()
         self._loader_steps = True
         self._max_log = self._due = 1 << 62
         on_stop, self.on_stop = self.on_stop, None
@@ -491,6 +519,7 @@ class StepTracer:
         del log[:n]  # what another thread appended meanwhile stays, in order
         self._due = self.clock() + self._every_ns
         pending = iter(events)
+        iterators = self._iterators
         try:
             for ev in pending:
                 if ev is _OPT:
@@ -505,8 +534,22 @@ class StepTracer:
                     st = self._states.get(id(ev[1]))
                     if st is not None:
                         st.epoch_samples = ev[2]
+                elif len(ev) < 8:  # the common fetch: the iterator's previous one, plus one
+                    last = iterators.get(id(kind))
+                    if last is not None:
+                        yielded = last[1] = last[1] + 1
+                        size = ev[3] if len(ev) == 4 else _COUNTED
+                        self._fetch_event(last[0], yielded, ev[1], ev[2], size, None, None)
                 else:
-                    self._fetch_event(ev)
+                    sampler, yielded, t_enter, t_exit, size, it, ev_enter, ev_exit = ev
+                    st = self._states.get(id(sampler))
+                    if st is None:
+                        continue  # a loader past MAX_LOADERS
+                    if yielded == _END:
+                        iterators.pop(id(it), None)
+                    else:
+                        iterators[id(it)] = [st, yielded]
+                    self._fetch_event(st, yielded, t_enter, t_exit, size, ev_enter, ev_exit)
         except BaseException:
             log[:0] = list(pending)
             raise
@@ -519,15 +562,17 @@ class StepTracer:
             self._write(self._rows)
             self._rows.clear()
 
-    def _fetch_event(self, ev: tuple[Any, ...]) -> None:
-        if len(ev) == 5:
-            sampler, yielded, t_enter, t_exit, size = ev
-            ev_enter = ev_exit = None
-        else:
-            sampler, yielded, t_enter, t_exit, size, ev_enter, ev_exit = ev
-        st = self._states.get(id(sampler))
-        if st is None:
-            return  # a loader past MAX_LOADERS
+    def _fetch_event(
+        self,
+        st: _LoaderState,
+        yielded: int,
+        t_enter: int,
+        t_exit: int,
+        size: int,
+        ev_enter: Any,
+        ev_exit: Any,
+    ) -> None:
+        """One fetch of ``st``'s loader: close its previous step and open the next."""
         start = st.open_start
         if start >= 0:  # close this loader's previous step
             if ev_enter is None:
@@ -654,7 +699,7 @@ class StepTracer:
         """Process the log, close every open step as truncated and resolve the GPU events
         (one sync); after an :attr:`error`, only let go of the loaders. A reader may still call
         :meth:`process` afterwards: it finds nothing."""
-        self.active = False
+        self.deactivate()
         t_end = self.clock()
         with self._lock:
             try:
@@ -665,6 +710,7 @@ class StepTracer:
                     st.sampler_ref = None  # the sampler holds the dataset
                 self._current = None
                 self._last_sampler = None
+                self._iterators.clear()
 
     def _finish(self, t_end: int) -> None:
         t0 = self.clock()
