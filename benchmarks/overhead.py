@@ -18,8 +18,8 @@ variant is ``(variant loop time - plain loop time) / steps`` for the two runs of
 repetition; the table gives the median over repetitions and the min-max.
 
 Also measured: the hot path alone with cold caches (``cold_hot_path_cost``: a stand-in
-loader and optimizer, 24 or 64 MB written before each call, precise where the conv net's own
-noise is not), the sampler thread's CPU (``Run.sampler_busy_s`` / run time), the live view's
+loader and optimizer, 24 or 64 MB written or a small conv step run before each call, precise
+where the conv net's own noise is not), the sampler thread's CPU (``Run.sampler_busy_s`` / run time), the live view's
 thread CPU, memory per step over a 1,000,000-step synthetic run (benchmarks/memory.py), and
 the time of ``import traceml_nb`` in a fresh interpreter.
 
@@ -45,6 +45,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -650,7 +651,7 @@ class ColdHotPath:
     :func:`cold_hot_path_cost`): medians of plain and traced, added (traced - plain) with its
     95% bootstrap interval, all us; ``fetch`` is ``next()``, ``step`` the optimizer's step."""
 
-    evict_mb: int
+    eviction: str  #: what ran before each timed call (:data:`EVICTIONS`)
     samples: int
     fetch_plain: float
     fetch_added: float
@@ -684,16 +685,32 @@ def _after_step(optimizer: torch.optim.Optimizer) -> None:
         post_hook(optimizer, (), {})
 
 
-def cold_hot_path_cost(evict_mb: int, samples: int, block: int = 20) -> ColdHotPath:
+#: What runs before each timed call of :func:`cold_hot_path_cost`.
+EVICTIONS = ("24 MB", "64 MB", "conv step")
+
+
+def _evictor(eviction: str) -> Callable[[], None]:
+    """``"24 MB"`` / ``"64 MB"``: write that much (evicts data: 24 MB fits in this VM's 32 MB L3
+    with what it evicts, 64 MB goes to memory, TLB included); ``"conv step"``: a forward and
+    backward of the small conv net on 4 images (evicts code as well: oneDNN kernels, autograd,
+    the interpreter's other paths, as the conv net's own step does)."""
+    if eviction == "conv step":
+        work = small_convnet(1)
+        batch = next(iter(DataLoader(work.loader.dataset, batch_size=4)))
+        return partial(work.compute, batch)
+    mb = int(eviction.split()[0])
+    return partial(torch.Tensor.add_, torch.zeros(mb * (1 << 20) // 4), 1.0)
+
+
+def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotPath:
     """The hot path alone, with cold caches: a real DataLoader iterator whose own ``__next__``
     is replaced by a trivial one (the loader's code, and its noise, left out), and a real
     optimizer whose step does nothing (see :func:`_after_step`). Before each timed ``next()``
-    and each timed step, ``evict_mb`` MB are written (a model's step does that: 24 MB fits in
-    this VM's 32 MB L3 with what it evicts, 64 MB goes to memory, TLB included). Blocks of
-    ``block`` samples alternate plain and traced (the run's patches installed), five untimed
-    calls after each switch (installing invalidates type caches). Writing a buffer evicts
-    data, not code: after a real model's step the interpreter's own code is cold too, so the
-    conv net in place reads about twice the 64 MB figure (see benchmarks/README.md)."""
+    and each timed step, the caches are evicted (``eviction``: see :func:`_evictor`). Blocks
+    of ``block`` samples alternate plain and traced (the run's patches installed), five
+    untimed calls after each switch (installing invalidates type caches). Writing a buffer
+    evicts data only; after a conv step the interpreter's own code is cold too, as in the
+    conv net's loop, where the hot path costs about as much as after the conv step here."""
     import numpy as np
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -709,7 +726,7 @@ def cold_hot_path_cost(evict_mb: int, samples: int, block: int = 20) -> ColdHotP
         return batch
 
     optimizer = _NullOptimizer()
-    evict = torch.zeros(evict_mb * (1 << 20) // 4)
+    evict = _evictor(eviction)
     clock = time.perf_counter_ns
     times: dict[bool, tuple[list[int], list[int]]] = {False: ([], []), True: ([], [])}
     real_next = _BaseDataLoaderIter.__dict__["__next__"]
@@ -738,11 +755,11 @@ def cold_hot_path_cost(evict_mb: int, samples: int, block: int = 20) -> ColdHotP
                 next(it)
                 _after_step(optimizer)
             for _ in range(block):
-                evict.add_(1.0)
+                evict()
                 t0 = clock()
                 next(it)
                 t1 = clock()
-                evict.add_(1.0)
+                evict()
                 t2 = clock()
                 _after_step(optimizer)
                 t3 = clock()
@@ -769,7 +786,7 @@ def cold_hot_path_cost(evict_mb: int, samples: int, block: int = 20) -> ColdHotP
         return float(np.median(table[True]) - np.median(table[False]))
 
     return ColdHotPath(
-        evict_mb,
+        eviction,
         len(total[True]),
         float(np.median(fetch[False])),
         added(fetch),
@@ -784,8 +801,9 @@ def cold_hot_path_cost(evict_mb: int, samples: int, block: int = 20) -> ColdHotP
 def cold_hot_path_lines(costs: list[ColdHotPath]) -> list[str]:
     lines = ["hot path alone, caches evicted before each call (a stand-in loader and optimizer):"]
     for c in costs:
+        after = c.eviction if c.eviction == "conv step" else f"writing {c.eviction}"
         lines.append(
-            f"  after writing {c.evict_mb} MB: next() {c.fetch_plain:.2f} us plain, "
+            f"  after {after}: next() {c.fetch_plain:.2f} us plain, "
             f"{c.fetch_added:+.2f} traced; optimizer step's end {c.step_plain:.2f} us plain, "
             f"{c.step_added:+.2f} traced; added per step {c.added:+.2f} us "
             f"[{c.added_lo:+.2f}, {c.added_hi:+.2f}] ({c.samples} samples)"
@@ -979,7 +997,7 @@ def print_breakdown(pairs: int, works: list[Workload], json_path: Path | None) -
                 f"{v['step_hi']:+.2f}]   inside the calls {v['calls_us']:+6.2f} "
                 f"[{v['calls_lo']:+.2f}, {v['calls_hi']:+.2f}]"
             )
-    costs = [cold_hot_path_cost(24, 2000), cold_hot_path_cost(64, 1000)]
+    costs = [cold_hot_path_cost(e, n) for e, n in zip(EVICTIONS, (2000, 1000, 800), strict=True)]
     report["cold_hot_path"] = [c.__dict__ for c in costs]
     print("\n".join(cold_hot_path_lines(costs)))
     if json_path is not None:
@@ -1085,10 +1103,8 @@ def main(argv: list[str] | None = None) -> int:
         report["loops"][work.name] = data
 
     log("hot path alone, cold caches ...")
-    cold = [
-        cold_hot_path_cost(mb, n)
-        for mb, n in ((24, 60 if quick else 2000), (64, 40 if quick else 1000))
-    ]
+    sizes = (60, 40, 20) if quick else (2000, 1000, 800)
+    cold = [cold_hot_path_cost(e, n) for e, n in zip(EVICTIONS, sizes, strict=True)]
     report["cold_hot_path"] = [c.__dict__ for c in cold]
     out.extend(cold_hot_path_lines(cold) + [""])
 
