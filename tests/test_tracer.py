@@ -769,6 +769,38 @@ def test_a_reader_processing_on_its_own_thread_gives_the_rows_the_loop_would() -
         assert list(getattr(sa, column)) == list(getattr(sb, column)), column
 
 
+def test_the_common_events_written_out_inline_give_the_rows_of_the_general_path(
+    monkeypatch,
+) -> None:
+    """The processing writes the usual events (an optimizer step with one loader, a common
+    fetch with a counted size) out inline; turned into their general forms before processing,
+    the same run gives the same rows."""
+    from traceml_nb.instrument.tracer import _COUNTED, _EPOCH, _OPT, _OPTIMIZER, StepTracer
+
+    inline = _train_and_evaluate(False)
+    real = StepTracer._process_log
+
+    def general_only(self) -> None:
+        self._log[:] = [
+            (_OPTIMIZER, 0, 0)  # once a loader has closed a step, only counted, as _OPT is
+            if ev is _OPT
+            else (*ev, _COUNTED)
+            if len(ev) == 3 and ev[0] is not _OPTIMIZER and ev[0] is not _EPOCH
+            else ev
+            for ev in self._log
+        ]
+        real(self)
+
+    monkeypatch.setattr(StepTracer, "_process_log", general_only)
+    general = _train_and_evaluate(False)
+    a, b = inline.record, general.record
+    assert [i.to_dict() for i in a.loaders] == [i.to_dict() for i in b.loaders]
+    assert (a.optimizer_steps, a.markers) == (b.optimizer_steps, b.markers) == (240, 6)
+    sa, sb = a.steps.snapshot(), b.steps.snapshot()
+    for column in ("batch", "source", "flags"):
+        assert list(getattr(sa, column)) == list(getattr(sb, column)), column
+
+
 def test_a_fetch_logged_as_counted_for_a_loader_whose_sizes_are_read_is_unknown() -> None:
     """Two threads loading from two loaders can race on the hot path's 'sizes are counted'
     flag: a loader whose sizes are read then gets an unknown size, never a wrong one."""
@@ -791,16 +823,14 @@ def test_a_fetch_logged_as_counted_for_a_loader_whose_sizes_are_read_is_unknown(
 def test_a_bug_in_our_processing_stops_the_tracing_not_the_training(monkeypatch, who) -> None:
     from traceml_nb.instrument.tracer import PROCESS_EVENTS, StepTracer
 
-    real = StepTracer._fetch_event
-    calls = []
+    real = StepTracer._flush_rows
 
-    def broken_later(self, *fetch):
-        calls.append(1)
-        if len(calls) > 300:
+    def broken_later(self):
+        if self.record.loaders[0].fetches >= 300:
             raise RuntimeError("a bug of ours")
-        real(self, *fetch)
+        real(self)
 
-    monkeypatch.setattr(StepTracer, "_fetch_event", broken_later)
+    monkeypatch.setattr(StepTracer, "_flush_rows", broken_later)
     model, opt = model_and_opt()
     loader = DataLoader(
         TensorDataset(torch.randn(4000, 16), torch.zeros(4000).long()), batch_size=4

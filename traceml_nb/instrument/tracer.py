@@ -520,13 +520,57 @@ class StepTracer:
         self._due = self.clock() + self._every_ns
         pending = iter(events)
         iterators = self._iterators
+        rows = self._rows
+        t0 = self.t0
+        # With one loader (the usual loop) an optimizer step marks the current step, and a
+        # common fetch with a counted size that follows one of the current loader's closes its
+        # open step: both are written out here, the rest goes through the general methods.
+        single = len(self._states) == 1  # loaders are registered under the lock we hold
+        steps = 0  # optimizer steps seen with a single loader, added to the record at the end
         try:
             for ev in pending:
                 if ev is _OPT:
-                    self._optimizer_steps(1)
+                    cur = self._current
+                    if single and cur is not None:
+                        steps += 1
+                        cur.info.optimizer_steps += 1
+                        cur.open_meta |= FLAG_OPTIMIZER_STEP
+                        cur.since_opt = 0
+                    else:
+                        self._optimizer_steps(1)
                     continue
                 kind = ev[0]
-                if kind is _OPTIMIZER:
+                if len(ev) == 3 and kind is not _OPTIMIZER and kind is not _EPOCH:
+                    last = iterators.get(id(kind))  # a common fetch with a counted size
+                    if last is None:
+                        continue
+                    owner: _LoaderState = last[0]
+                    yielded = last[1] = last[1] + 1
+                    start = owner.open_start
+                    if owner is not self._current or start < 0:
+                        self._fetch_event(owner, yielded, ev[1], ev[2], _COUNTED, None, None)
+                        continue
+                    t_enter = ev[1]
+                    rows += (
+                        start - t0,
+                        t_enter - start,
+                        owner.open_wait,
+                        (owner.open_batch << 16) | owner.open_meta,
+                    )
+                    per = owner.counted_batch
+                    left = owner.epoch_samples - (yielded - 1) * per
+                    size = per if 0 < per <= left else left if 0 < left < per else -1
+                    wait = ev[2] - t_enter
+                    owner.info.fetches += 1
+                    owner.since_opt += 1
+                    owner.open_start = t_enter
+                    owner.open_wait = wait
+                    owner.open_batch = size
+                    owner.open_meta = owner.slot_meta
+                    self._wait_total += wait
+                    self._last_batch = size
+                    self._loader_steps = True
+                elif kind is _OPTIMIZER:
                     self._optimizer_event(ev[1], ev[2])
                 elif kind is _MARKER:
                     self._marker_event(ev[1])
@@ -534,12 +578,11 @@ class StepTracer:
                     st = self._states.get(id(ev[1]))
                     if st is not None:
                         st.epoch_samples = ev[2]
-                elif len(ev) < 8:  # the common fetch: the iterator's previous one, plus one
+                elif len(ev) == 4:  # a common fetch with a size read from the batch
                     last = iterators.get(id(kind))
                     if last is not None:
                         yielded = last[1] = last[1] + 1
-                        size = ev[3] if len(ev) == 4 else _COUNTED
-                        self._fetch_event(last[0], yielded, ev[1], ev[2], size, None, None)
+                        self._fetch_event(last[0], yielded, ev[1], ev[2], ev[3], None, None)
                 else:
                     sampler, yielded, t_enter, t_exit, size, it, ev_enter, ev_exit = ev
                     st = self._states.get(id(sampler))
@@ -554,6 +597,7 @@ class StepTracer:
             log[:0] = list(pending)
             raise
         finally:
+            self.record.optimizer_steps += steps
             self._flush_rows()
 
     def _flush_rows(self) -> None:
