@@ -19,9 +19,9 @@ repetition; the table gives the median over repetitions and the min-max.
 
 Also measured: the hot path alone with cold caches (``cold_hot_path_cost``: a stand-in
 loader and optimizer, 24 or 64 MB written or a small conv step run before each call, precise
-where the conv net's own noise is not), the sampler thread's CPU (``Run.sampler_busy_s`` / run time), the live view's
-thread CPU, memory per step over a 1,000,000-step synthetic run (benchmarks/memory.py), and
-the time of ``import traceml_nb`` in a fresh interpreter.
+where the conv net's own noise is not), the sampler thread's CPU (``Run.sampler_busy_s`` /
+run time), the live view's thread CPU, memory per step over a 1,000,000-step synthetic run
+(benchmarks/memory.py), and the time of ``import traceml_nb`` in a fresh interpreter.
 
 Usage::
 

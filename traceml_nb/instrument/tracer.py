@@ -289,10 +289,10 @@ class StepTracer:
 
         It reads two clocks and appends one tuple to the log; the step bookkeeping happens
         later, in :meth:`process`. The common fetch is the next one from the iterator fetched
-        last (:attr:`_fast_it`), when its loader's batch sizes are known and no check is due:
-        it logs ``(iterator, t_enter, t_exit)`` (and the batch size, read from the batch,
-        unless it can be counted later: see :func:`counted_batch_size`), and reads nothing
-        from the iterator. Every other fetch goes through :meth:`_log_fetch`: an iterator's
+        last (:attr:`_fast_it`), when its loader is registered and no check is due: it logs
+        ``(iterator, t_enter, t_exit)`` (and the batch size, read from the batch, unless it can
+        be counted later: see :func:`counted_batch_size`), and reads nothing from the
+        iterator. Every other fetch goes through :meth:`_log_fetch`: an iterator's
         first, another loader's, one in every :data:`CHECK_EVERY` (the log's length is
         checked), every fetch of a loader with persistent workers (an iterator that starts
         its epochs over) and, on CUDA, every fetch (the wrapper also records a CUDA event at
