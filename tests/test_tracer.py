@@ -433,7 +433,7 @@ def test_two_threads_each_iterating_a_loader_keep_their_own_steps_and_sizes() ->
             thread.start()
         for thread in threads:
             thread.join()
-    for k, info in enumerate(run.record.loaders):
+    for info in run.record.loaders:
         k = 0 if info.batch_size == 4 else 1
         assert info.fetches == len(seen[k]) and info.epochs == 2
         assert [run.record.steps.batch[i] for i in rows(run, info.slot)] == seen[k]
