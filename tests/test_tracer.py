@@ -758,15 +758,21 @@ def _train_and_evaluate(reader: bool) -> traceml_nb.Run:
     return run
 
 
-def test_a_reader_processing_on_its_own_thread_gives_the_rows_the_loop_would() -> None:
-    inline, read = _train_and_evaluate(False), _train_and_evaluate(True)
-    assert read._tracer.reader_processing_ns > 0
-    a, b = inline.record, read.record
+def assert_same_steps(one: traceml_nb.Run, other: traceml_nb.Run) -> None:
+    """Two runs of :func:`_train_and_evaluate` made the same loaders, counts and step rows
+    (their times aside)."""
+    a, b = one.record, other.record
     assert [i.to_dict() for i in a.loaders] == [i.to_dict() for i in b.loaders]
     assert (a.optimizer_steps, a.markers) == (b.optimizer_steps, b.markers) == (240, 6)
     sa, sb = a.steps.snapshot(), b.steps.snapshot()
     for column in ("batch", "source", "flags"):
         assert list(getattr(sa, column)) == list(getattr(sb, column)), column
+
+
+def test_a_reader_processing_on_its_own_thread_gives_the_rows_the_loop_would() -> None:
+    inline, read = _train_and_evaluate(False), _train_and_evaluate(True)
+    assert read._tracer.reader_processing_ns > 0
+    assert_same_steps(inline, read)
 
 
 def test_the_common_events_written_out_inline_give_the_rows_of_the_general_path(
@@ -793,12 +799,7 @@ def test_the_common_events_written_out_inline_give_the_rows_of_the_general_path(
 
     monkeypatch.setattr(StepTracer, "_process_log", general_only)
     general = _train_and_evaluate(False)
-    a, b = inline.record, general.record
-    assert [i.to_dict() for i in a.loaders] == [i.to_dict() for i in b.loaders]
-    assert (a.optimizer_steps, a.markers) == (b.optimizer_steps, b.markers) == (240, 6)
-    sa, sb = a.steps.snapshot(), b.steps.snapshot()
-    for column in ("batch", "source", "flags"):
-        assert list(getattr(sa, column)) == list(getattr(sb, column)), column
+    assert_same_steps(inline, general)
 
 
 def test_a_fetch_logged_as_counted_for_a_loader_whose_sizes_are_read_is_unknown() -> None:
