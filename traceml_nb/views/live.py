@@ -174,8 +174,8 @@ def patch_message(events: list[Any]) -> Any:
         doc = events[0].document
         references = doc.models.synced_references
     except (ImportError, AttributeError):
-        return Protocol().create("PATCH-DOC", events)
-    if _InlineSerializer is None:
+        references = None
+    if references is None or _InlineSerializer is None:
         return Protocol().create("PATCH-DOC", events)
     serializer = _InlineSerializer(references=references, deferred=False)
     content = PatchJson(events=serializer.encode(events))
