@@ -11,9 +11,12 @@
   has closed a step), the tracer's
   :attr:`~traceml_nb.instrument.tracer.StepTracer.step_counter`, a ``functools.partial`` of
   the log's ``list.append``: from then on an optimizer step costs no Python call at all,
-  where a global post-step hook would cost one. The counter carries the original method's
-  ``__code__``, which ``torch.profiler``'s Python tracer looks up once per process (with
-  ``with_stack=True``): a profile started inside a traced cell works, and later profiles
+  where a global post-step hook would cost one. It is installed as a ``staticmethod``: a bare
+  ``partial`` class attribute warns (``FutureWarning``) on every read from Python 3.13 on, and
+  from 3.14 on it binds, passing the optimizer to ``append`` (``functools.partial`` becomes a
+  method descriptor). The counter carries the original method's ``__code__``, which
+  ``torch.profiler``'s Python tracer looks up once per process (with ``with_stack=True``): a
+  profile started inside a traced cell works, and later profiles
   still recognise optimizer steps. (Only if the process's first such profile starts before
   the run's first loader step, while our reporting function stands in, do later profiles keep
   that function's code and miss the optimizer steps in their Python events.) Where this
@@ -35,6 +38,7 @@ _original_next: Any = None
 _wrapper: Any = None
 _hook_handle: Any = None
 _original_step_code: Any = None  # Optimizer._optimizer_step_code while ours is installed
+_counter: Any = None  # staticmethod(the tracer's step_counter), what the class holds once counting
 
 _STEP_CODE = "_optimizer_step_code"
 
@@ -82,18 +86,18 @@ def _optimizer_step_code(optimizer: Any) -> None:
     if tracer is None:
         return
     tracer.optimizer_step(optimizer)
-    if tracer.counts_optimizer_steps_in_c:
+    counter = _counter
+    if counter is not None and tracer.counts_optimizer_steps_in_c:
         optimizer_cls = _optimizer_class()
         if optimizer_cls.__dict__.get(_STEP_CODE) is _optimizer_step_code:
-            setattr(optimizer_cls, _STEP_CODE, tracer.step_counter)
+            setattr(optimizer_cls, _STEP_CODE, counter)
 
 
 def _stop_counting() -> None:
     """Put the reporting function back in place of the tracer's counter (the tracer stopped:
     the function ignores the steps, and the log stops growing)."""
     optimizer_cls = _optimizer_class()
-    counter = _tracer.step_counter if _tracer is not None else None
-    if counter is not None and optimizer_cls.__dict__.get(_STEP_CODE) is counter:
+    if _counter is not None and optimizer_cls.__dict__.get(_STEP_CODE) is _counter:
         setattr(optimizer_cls, _STEP_CODE, _optimizer_step_code)
 
 
@@ -108,7 +112,7 @@ def _dressed_as(counter: Any, original: Any) -> Any:
 
 def install(tracer: StepTracer) -> list[str]:
     """Start feeding ``tracer``; returns notes about anything unusual (e.g. a foreign wrapper)."""
-    global _tracer, _original_next, _wrapper, _hook_handle, _original_step_code
+    global _tracer, _original_next, _wrapper, _hook_handle, _original_step_code, _counter
     notes: list[str] = []
     cls = _iter_class()
     _original_next = cls.__dict__["__next__"]
@@ -117,7 +121,7 @@ def install(tracer: StepTracer) -> list[str]:
     optimizer_cls = _optimizer_class()
     if step_code_is_usable(optimizer_cls):
         _original_step_code = optimizer_cls.__dict__[_STEP_CODE]
-        _dressed_as(tracer.step_counter, _original_step_code)
+        _counter = staticmethod(_dressed_as(tracer.step_counter, _original_step_code))
         setattr(optimizer_cls, _STEP_CODE, _optimizer_step_code)
         tracer.on_stop = _stop_counting
     else:
@@ -130,12 +134,13 @@ def install(tracer: StepTracer) -> list[str]:
 
 def uninstall() -> list[str]:
     """Stop feeding the tracer and put back what was there. Safe to call twice."""
-    global _tracer, _original_next, _wrapper, _hook_handle, _original_step_code
+    global _tracer, _original_next, _wrapper, _hook_handle, _original_step_code, _counter
     notes: list[str] = []
     if _tracer is not None:
         _tracer.deactivate()  # the wrapper calls through from now on, wherever it is
         _tracer.on_stop = None
     _stop_counting()
+    _counter = None
     _tracer = None
     if _hook_handle is not None:
         _hook_handle.remove()
