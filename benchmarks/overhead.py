@@ -702,6 +702,16 @@ def _evictor(eviction: str) -> Callable[[], None]:
     return partial(torch.Tensor.add_, torch.zeros(mb * (1 << 20) // 4), 1.0)
 
 
+_trivial_batch: Any = None
+
+
+def _trivial_next(self: Any) -> Any:
+    """The stand-in loader's ``__next__`` (a module function, so that the run recompiles it
+    with the hot path inside, as it does torch's)."""
+    self._num_yielded += 1
+    return _trivial_batch
+
+
 def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotPath:
     """The hot path alone, with cold caches: a real DataLoader iterator whose own ``__next__``
     is replaced by a trivial one (the loader's code, and its noise, left out), and a real
@@ -721,16 +731,14 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
     it = iter(loader)
     batch = next(it)
 
-    def trivial_next(self: Any) -> Any:
-        self._num_yielded += 1
-        return batch
-
+    global _trivial_batch
+    _trivial_batch = batch
     optimizer = _NullOptimizer()
     evict = _evictor(eviction)
     clock = time.perf_counter_ns
     times: dict[bool, tuple[list[int], list[int]]] = {False: ([], []), True: ([], [])}
     real_next = _BaseDataLoaderIter.__dict__["__next__"]
-    _BaseDataLoaderIter.__next__ = trivial_next  # type: ignore[method-assign]
+    _BaseDataLoaderIter.__next__ = _trivial_next  # type: ignore[method-assign]
     run = traceml_nb.Run("bench-cold", sample=False, device="cpu")
     gc.collect()
     gc.disable()

@@ -1,8 +1,10 @@
 """The only places where we touch torch, installed for one run and always removed.
 
-* ``_BaseDataLoaderIter.__next__`` is replaced by the run's wrapper
-  (:meth:`~traceml_nb.instrument.tracer.StepTracer.wrap_next`), which calls straight through
-  once its run has ended (so a wrapper that user code stacked on top of ours stays harmless).
+* ``_BaseDataLoaderIter.__next__`` is replaced by the run's
+  (:meth:`~traceml_nb.instrument.tracer.StepTracer.wrap_next`): off CUDA, torch's own
+  ``__next__`` recompiled with the fetch's timing inside it (:mod:`.recompile`), elsewhere a
+  wrapper. Once its run has ended it logs nothing (so a wrapper that user code stacked on top
+  of ours stays harmless).
 * Optimizer steps. Every ``torch.optim.Optimizer`` calls ``self._optimizer_step_code()``, an
   empty method, right after its ``step()`` (torch's hook point for its profiler, in
   ``Optimizer.profile_hook_step``). For the run, ``Optimizer._optimizer_step_code`` is ours:
@@ -11,10 +13,11 @@
   has closed a step), the tracer's
   :attr:`~traceml_nb.instrument.tracer.StepTracer.step_counter`, a ``functools.partial`` of
   the log's ``list.append``: from then on an optimizer step costs no Python call at all,
-  where a global post-step hook would cost one. It is installed as a ``staticmethod``: a bare
-  ``partial`` class attribute warns (``FutureWarning``) on every read from Python 3.13 on, and
-  from 3.14 on it binds, passing the optimizer to ``append`` (``functools.partial`` becomes a
-  method descriptor). The counter carries the original method's ``__code__``, which
+  where a global post-step hook would cost one. From Python 3.13 on it is installed as a
+  ``staticmethod`` (there a bare ``partial`` class attribute warns, ``FutureWarning``, on every
+  read, and from 3.14 on it binds, passing the optimizer to ``append``: ``functools.partial``
+  becomes a method descriptor); before, bare (a ``staticmethod`` costs its descriptor call, about
+  0.3 µs a step with cold caches). The counter carries the original method's ``__code__``, which
   ``torch.profiler``'s Python tracer looks up once per process (with ``with_stack=True``): a
   profile started inside a traced cell works, and later profiles
   still recognise optimizer steps. (Only if the process's first such profile starts before
@@ -28,6 +31,7 @@
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from types import CodeType, FunctionType
 from typing import Any
 
@@ -38,9 +42,12 @@ _original_next: Any = None
 _wrapper: Any = None
 _hook_handle: Any = None
 _original_step_code: Any = None  # Optimizer._optimizer_step_code while ours is installed
-_counter: Any = None  # staticmethod(the tracer's step_counter), what the class holds once counting
+_counter: Any = None  # the tracer's step_counter as the class holds it once it counts
 
 _STEP_CODE = "_optimizer_step_code"
+#: ``functools.partial`` is a descriptor (Python 3.13 on): as a class attribute it needs a
+#: ``staticmethod`` around it
+_PARTIAL_BINDS = hasattr(partial, "__get__")
 
 
 def _iter_class() -> Any:
@@ -121,7 +128,9 @@ def install(tracer: StepTracer) -> list[str]:
     optimizer_cls = _optimizer_class()
     if step_code_is_usable(optimizer_cls):
         _original_step_code = optimizer_cls.__dict__[_STEP_CODE]
-        _counter = staticmethod(_dressed_as(tracer.step_counter, _original_step_code))
+        _counter = _dressed_as(tracer.step_counter, _original_step_code)
+        if _PARTIAL_BINDS:
+            _counter = staticmethod(_counter)
         setattr(optimizer_cls, _STEP_CODE, _optimizer_step_code)
         tracer.on_stop = _stop_counting
     else:

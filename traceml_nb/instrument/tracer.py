@@ -23,7 +23,8 @@ so it must be little). Once a loader has closed a step, an optimizer step only a
 :data:`_OPT` to the log, through :attr:`StepTracer.step_counter`, a C-level callable (no Python
 frame: see :mod:`.patches`). A fetch from the iterator fetched last, in the middle of its epoch,
 logs only ``(iterator, t_enter, t_exit)``: the processing knows its loader and batch number from
-that iterator's previous fetch (see :meth:`StepTracer.wrap_next`). The log is turned into step
+that iterator's previous fetch (see :meth:`StepTracer.wrap_next`, whose statements run inside
+torch's own ``__next__``, recompiled: no call of ours per fetch). The log is turned into step
 rows in batches, and when the run ends.
 Who does it: with a reader attached (:meth:`StepTracer.attach_reader`: the live view, which
 processes the log on its own thread just before each of its reads), the reader; the training
@@ -57,6 +58,7 @@ from ..record import (
 )
 from .batch import batch_size_of
 from .gpu_events import GpuStallTimer
+from .recompile import Statements, calling, recompiled
 
 #: Without a reader, the event log is turned into step rows at the next check once it holds this
 #: many events (an iterator's first fetch and one in :data:`CHECK_EVERY` are checks; a fast loop
@@ -77,18 +79,46 @@ READER_EVERY_NS = 5_000_000_000
 # when its batch size is counted, (iterator, t_enter, t_exit, batch size) when it is read; its
 # loader and batch number follow from the iterator's previous fetch. An optimizer step, while
 # the steps may still be optimizer steps: (_OPTIMIZER, id(optimizer), clock); once a loader has
-# closed a step, the bare object _OPT (its place in the log is all that matters). A marker:
-# (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH, sampler, samples in the epoch,
+# closed a step, _OPT, which is None (its place in the log is all that matters, and None is
+# always in the caches: appending a sentinel of our own writes its cold reference count).
+# A marker: (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH, sampler, samples in the epoch,
 # -1 unknown), for the counted batch sizes.
 _END = -1
 _COUNTED = -2  # batch size of a fetch: to be counted by processing (_LoaderState.counted_batch)
 _EPOCH = object()
 _OPTIMIZER = object()
-_OPT = object()
+_OPT = None
 _MARKER = object()
 #: The hot path checks the log's length (and whether processing is due) at an iterator's first
 #: fetch and then at one fetch in this many; the ones between check nothing.
 CHECK_EVERY = 256
+
+#: The hot path, off CUDA: what :meth:`StepTracer.wrap_next` puts into ``__next__``. Its names
+#: are parameters of the copy with the tracer's objects as defaults; ``_traceml_value`` is the
+#: batch being returned. The common fetch reads no attribute of the iterator: a specialised read
+#: of one is guarded by the iterator type's version, which changes whenever a DataLoader class is
+#: modified (and costs a cache miss after a model's step).
+_FETCH_STATEMENTS = Statements(
+    entry="_traceml_enter = _traceml_clock()",
+    on_return="""
+        _traceml_exit = _traceml_clock()
+        _traceml_left = _traceml_t._fast_left
+        if {self} is _traceml_t._fast_it and _traceml_left > 0:
+            _traceml_t._fast_left = _traceml_left - 1
+            if _traceml_t._counted:
+                _traceml_append(({self}, _traceml_enter, _traceml_exit))
+            else:
+                _traceml_append(
+                    ({self}, _traceml_enter, _traceml_exit, _traceml_size(_traceml_value))
+                )
+        else:
+            _traceml_t._log_fetch(
+                {self}, _traceml_value, _traceml_enter, _traceml_exit, None, None
+            )
+        return _traceml_value
+    """,
+    on_stop="_traceml_t._log_end({self}, _traceml_enter, None)",
+)
 
 
 class _LoaderState:
@@ -299,47 +329,31 @@ class StepTracer:
         enter and exit). Once the tracer is no longer :attr:`active` the wrapper only calls
         through and drops what it timed, so it stays harmless if something else was stacked
         on top of it and keeps calling it.
+
+        Off CUDA this is not a wrapper but ``original`` itself, recompiled with
+        :data:`_FETCH_STATEMENTS` inside it (:func:`.recompile.recompiled`: torch's code, file
+        and line numbers, and no Python call of ours per fetch); where ``original`` cannot be
+        recompiled exactly, the same statements around a call of it
+        (:func:`.recompile.calling`).
         """
         tracer = self
         clock = self.clock
-        log = self._log
-        gpu = self.gpu
+        if self.gpu is None:
+            # What the common fetch needs comes in defaults (one tuple, where closure cells
+            # would be four objects, each a cache miss once the model's step has evicted them).
+            names = {
+                "_traceml_t": tracer,
+                "_traceml_clock": clock,
+                "_traceml_append": self._log.append,
+                "_traceml_size": batch_size_of,
+            }
+            fetch = recompiled(original, names, _FETCH_STATEMENTS)
+            if fetch is None:
+                fetch = calling(original, names, _FETCH_STATEMENTS)
+            return _standing_in_for(original, fetch)
+        timer = self.gpu
 
-        # What the common fetch needs comes in its defaults (one tuple, where closure cells
-        # would be four objects, each a cache miss once the model's step has evicted them).
-        # It reads no attribute of the iterator: a specialised read of one is guarded by the
-        # iterator type's version, which changes whenever a DataLoader class is modified.
-        def __next__(
-            it: Any,
-            t: StepTracer = tracer,
-            original: Callable[[Any], Any] = original,
-            clock: Callable[[], int] = clock,
-            append: Callable[[Any], None] = log.append,
-        ) -> Any:
-            t_enter = clock()
-            try:
-                batch = original(it)
-            except StopIteration:
-                t._log_end(it, t_enter, None)
-                raise
-            t_exit = clock()
-            left = t._fast_left
-            if it is t._fast_it and left > 0:
-                t._fast_left = left - 1
-                if t._counted:
-                    append((it, t_enter, t_exit))
-                else:
-                    append((it, t_enter, t_exit, batch_size_of(batch)))
-                return batch
-            t._log_fetch(it, batch, t_enter, t_exit, None, None)
-            return batch
-
-        # Two closures, so that the CPU one, the hot path, carries no CUDA branch; on CUDA
-        # every fetch takes the general path (_log_fetch) anyway.
-        if gpu is None:
-            return _standing_in_for(original, __next__)
-        timer = gpu
-
+        # On CUDA every fetch takes the general path (_log_fetch) anyway.
         def __next__on_cuda(it: Any) -> Any:
             t = tracer
             if not t.active:
