@@ -30,10 +30,22 @@ def same(fn):
     return fn
 
 
+class Guard:
+    def __init__(self, box):
+        self.box = box
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.box.events.append("out")
+
+
 class Box:
     def __init__(self):
         self.__hidden = 3
         self.n = 0
+        self.events = []
 
     def take(self, scale=2):
         """Counts; the second call returns a private attribute times ``scale``."""
@@ -56,6 +68,17 @@ class Box:
 
     def with_keyword(self, *, k=1):
         return k
+
+    def guarded(self):
+        with Guard(self):
+            self.events.append("in")
+            return 1
+
+    def looping(self):
+        for i in range(3):
+            if i == 1:
+                return i
+        return -1
 
     def nested(self):
         def inner():
@@ -115,7 +138,16 @@ def test_a_function_without_a_return_returns_none_through_our_statements(box_mod
     plain = recompiled(module.Box.plain, {"_traceml_log": log}, LOGGING)
     assert plain is not None
     assert plain(module.Box()) is None
-    assert log == [("enter", 0)]  # falling off the end is not a return statement: not seen
+    assert log == [("enter", 0), ("return", None)]
+
+
+def test_our_statements_at_a_return_run_after_the_body_left_its_with_block(box_module) -> None:
+    module, _ = box_module
+    box = module.Box()
+    guarded = recompiled(module.Box.guarded, {"_traceml_log": box.events}, LOGGING)
+    assert guarded is not None
+    assert guarded(box) == 1
+    assert box.events == [("enter", 0), "in", "out", ("return", 1)]
 
 
 @pytest.mark.parametrize(
@@ -126,6 +158,7 @@ def test_a_function_without_a_return_returns_none_through_our_statements(box_mod
         "decorated",
         "keyword-only parameter",
         "nested function",
+        "a return inside a loop",
         "closure",
         "a name of ours",
         "no source",
@@ -152,6 +185,7 @@ def test_what_cannot_be_recompiled_exactly_is_refused(box_module, which) -> None
             "decorated": module.Box.decorated,
             "keyword-only parameter": module.Box.with_keyword,
             "nested function": module.Box.nested,
+            "a return inside a loop": module.Box.looping,
             "closure": module.closure_of(1),
             "bound method": module.Box().take,
         }[which]

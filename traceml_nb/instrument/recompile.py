@@ -47,9 +47,10 @@ _cache: dict[int, tuple[CodeType, tuple[Any, ...], CodeType | None]] = {}
 class Statements:
     """What goes into the copy, as source text; ``{self}`` is the function's first parameter.
 
-    ``entry`` runs first; ``on_return`` replaces each ``return X`` after ``VALUE = X`` and must
-    end in a ``return``; ``on_stop`` runs when the body raises ``StopIteration``, which is then
-    re-raised unchanged.
+    ``entry`` runs first; ``on_return`` runs once the body has returned (``VALUE`` holds what it
+    returned; falling off the end returns None), as if after the call, and must end in a
+    ``return``; ``on_stop`` runs when the body raises ``StopIteration``, which is then re-raised
+    unchanged.
     """
 
     def __init__(self, entry: str, on_return: str, on_stop: str) -> None:
@@ -164,14 +165,26 @@ def _find_code(module_code: CodeType, name: str, line: int) -> CodeType | None:
 def _instrument(
     definition: ast.FunctionDef, names: tuple[str, ...], statements: Statements
 ) -> None:
-    """Put ``statements`` into ``definition`` and add ``names`` as defaulted parameters."""
+    """Put ``statements`` into ``definition`` and add ``names`` as defaulted parameters.
+
+    The body runs inside ``while True:``, each ``return X`` becoming ``VALUE = X; break`` (and
+    falling off the end ``VALUE = None; break``), so that ``on_return`` runs after the body has
+    left every ``with`` and ``finally`` it was in, as it would after the call returned. Hence a
+    ``return`` inside a loop of the body, where ``break`` would leave that loop, is refused.
+    """
     if any(not name.startswith(PREFIX) for name in names):
         raise ValueError(f"names of a copy start with {PREFIX!r}: {names}")
-    if any(isinstance(node, _NESTED_SCOPES) for stmt in definition.body for node in ast.walk(stmt)):
+    nodes = [node for stmt in definition.body for node in ast.walk(stmt)]
+    if any(isinstance(node, _NESTED_SCOPES) for node in nodes):
         raise ValueError("a nested function or class keeps its own returns: not recompiled")
+    loops = [node for node in nodes if isinstance(node, (ast.For, ast.AsyncFor, ast.While))]
+    if any(isinstance(node, ast.Return) for loop in loops for node in ast.walk(loop)):
+        raise ValueError("a return inside a loop: not recompiled")
     self_name = definition.args.args[0].arg
+    # Our statements carry the place of the body's first statement, or of the return.
+    first = definition.body[0]
 
-    def parsed(source: str, where: ast.AST) -> list[ast.stmt]:
+    def parsed(source: str, where: ast.AST = first) -> list[ast.stmt]:
         body = ast.parse(source.format(self=self_name)).body
         for stmt in body:
             for node in ast.walk(stmt):
@@ -184,16 +197,22 @@ def _instrument(
             value = node.value or ast.copy_location(ast.Constant(None), node)
             target = ast.copy_location(ast.Name(VALUE, ast.Store()), node)
             assign = ast.copy_location(ast.Assign(targets=[target], value=value), node)
-            return [assign, *parsed(statements.on_return, node)]
+            return [assign, ast.copy_location(ast.Break(), node)]
 
-    # Our statements other than at a return carry the place of the body's first statement.
-    first = definition.body[0]
     body = _flat([Returns().visit(stmt) for stmt in definition.body])
+    body += parsed(f"{VALUE} = None\nbreak")
+    loop = ast.copy_location(
+        ast.While(ast.copy_location(ast.Constant(True), first), body, []), first
+    )
     stop = ast.copy_location(ast.Name("StopIteration", ast.Load()), first)
     reraise = ast.copy_location(ast.Raise(), first)
-    handler = ast.ExceptHandler(stop, None, [*parsed(statements.on_stop, first), reraise])
-    attempt = ast.Try(body, [ast.copy_location(handler, first)], [], [])
-    definition.body = [*parsed(statements.entry, first), ast.copy_location(attempt, first)]
+    handler = ast.ExceptHandler(stop, None, [*parsed(statements.on_stop), reraise])
+    attempt = ast.Try([loop], [ast.copy_location(handler, first)], [], [])
+    definition.body = [
+        *parsed(statements.entry),
+        ast.copy_location(attempt, first),
+        *parsed(statements.on_return),
+    ]
     definition.args.args += [ast.copy_location(ast.arg(name), definition) for name in names]
     definition.args.defaults += [ast.copy_location(ast.Constant(None), definition) for _ in names]
 
