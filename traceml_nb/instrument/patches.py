@@ -14,12 +14,12 @@
   :attr:`~traceml_nb.instrument.tracer.StepTracer.step_counter`, a ``functools.partial`` of
   the log's ``list.append``: from then on an optimizer step costs no Python call at all,
   where a global post-step hook would cost one. From Python 3.13 on it is installed as a
-  ``staticmethod`` (there a bare ``partial`` class attribute warns, ``FutureWarning``, on every
-  read, and from 3.14 on it binds, passing the optimizer to ``append``: ``functools.partial``
-  becomes a method descriptor); before, bare (a ``staticmethod`` costs its descriptor call, about
-  0.3 µs a step with cold caches). The counter carries the original method's ``__code__``, which
-  ``torch.profiler``'s Python tracer looks up once per process (with ``with_stack=True``): a
-  profile started inside a traced cell works, and later profiles
+  ``staticmethod``: there a bare ``partial`` class attribute warns (``FutureWarning``) on every
+  read, and from 3.14 on it binds, passing the optimizer to ``append`` (``functools.partial``
+  becomes a method descriptor). Before 3.13 it is installed bare: a ``staticmethod`` costs its
+  descriptor call, about 0.3 µs a step with cold caches. The counter carries the original
+  method's ``__code__``, which ``torch.profiler``'s Python tracer looks up once per process
+  (with ``with_stack=True``): a profile started inside a traced cell works, and later profiles
   still recognise optimizer steps. (Only if the process's first such profile starts before
   the run's first loader step, while our reporting function stands in, do later profiles keep
   that function's code and miss the optimizer steps in their Python events.) Where this

@@ -10,8 +10,9 @@ private-name mangling mean what they meant), and the source is accepted only if 
 compiles to the very code that is loaded (bytecode, constants, names, line and column table).
 The copy keeps the file name and line numbers, so a traceback through it reads as without us,
 and it runs in the function's own globals. Where this cannot be established (no source, a
-source edited since the import, a decorated function, a closure, a generator, parameters that
-are not ``self`` followed by defaulted ones) it returns None. :func:`calling` then makes the
+source edited since the import, a decorated function, a closure, a generator, a nested
+function, a ``return`` inside a loop, parameters that are not ``self`` followed by defaulted
+ones) it returns None. :func:`calling` then makes the
 same statements around a call of the function, from a source of ours.
 """
 
@@ -181,15 +182,14 @@ def _instrument(
     if any(isinstance(node, ast.Return) for loop in loops for node in ast.walk(loop)):
         raise ValueError("a return inside a loop: not recompiled")
     self_name = definition.args.args[0].arg
-    # Our statements carry the place of the body's first statement, or of the return.
-    first = definition.body[0]
+    first = definition.body[0]  # our statements carry its place in the file
 
-    def parsed(source: str, where: ast.AST = first) -> list[ast.stmt]:
+    def parsed(source: str) -> list[ast.stmt]:
         body = ast.parse(source.format(self=self_name)).body
         for stmt in body:
             for node in ast.walk(stmt):
                 if "lineno" in node._attributes:
-                    ast.copy_location(node, where)
+                    ast.copy_location(node, first)
         return body
 
     class Returns(ast.NodeTransformer):

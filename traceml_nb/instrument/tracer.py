@@ -81,8 +81,8 @@ READER_EVERY_NS = 5_000_000_000
 # the steps may still be optimizer steps: (_OPTIMIZER, id(optimizer), clock); once a loader has
 # closed a step, _OPT, which is None (its place in the log is all that matters, and None is
 # always in the caches: appending a sentinel of our own writes its cold reference count).
-# A marker: (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH, sampler, samples in the epoch,
-# -1 unknown), for the counted batch sizes.
+# A marker: (_MARKER, clock). Before the first fetch of an epoch: (_EPOCH, sampler, samples in
+# the epoch, -1 unknown), for the counted batch sizes.
 _END = -1
 _COUNTED = -2  # batch size of a fetch: to be counted by processing (_LoaderState.counted_batch)
 _EPOCH = object()
