@@ -112,7 +112,7 @@ def test_a_recompiled_method_runs_its_own_code_with_our_statements(box_module) -
     take = recompiled(module.Box.take, {"_traceml_log": log}, LOGGING)
     assert take is not None
     box = module.Box()
-    # the first parameter's default is kept, the private name is mangled as in the class
+    # scale keeps its default of 2, and the private name is mangled as in the class
     assert [take(box), take(box), take(box, 10)] == [1, 6, 3]
     with pytest.raises(StopIteration):
         take(box)
