@@ -392,6 +392,17 @@ class Interleaved:
     reader_processing_us: float
 
 
+def median_difference_us(plain: Any, variant: Any, picks: Any) -> tuple[float, float, float]:
+    """``median(variant) - median(plain)`` of two (block pairs x steps) tables of ns, in us,
+    with its 95% bootstrap interval: each row of ``picks`` resamples the block pairs."""
+    import numpy as np
+
+    boot = [np.median(variant[pick]) - np.median(plain[pick]) for pick in picks]
+    lo, hi = np.quantile(np.asarray(boot, dtype=float), [0.025, 0.975])
+    point = float(np.median(variant) - np.median(plain))
+    return point / 1e3, float(lo) / 1e3, float(hi) / 1e3
+
+
 def interleaved_cost(
     work: Workload, pairs: int, block_steps: int = 8, resamples: int = 2000, monitor: bool = True
 ) -> Interleaved:
@@ -486,11 +497,7 @@ def interleaved_cost(
         return point / 1e3, float(lo) / 1e3, float(hi) / 1e3
 
     def added(table: dict[bool, Any]) -> tuple[float, float, float]:
-        plain, traced = table[False], table[True]
-        return interval(
-            float(np.median(traced) - np.median(plain)),
-            [np.median(traced[pick]) - np.median(plain[pick]) for pick in picks],
-        )
+        return median_difference_us(table[False], table[True], picks)
 
     def own_next(pick: Any) -> float:
         return float(np.nanmedian(own[pick])) if not np.isnan(own).all() else float("nan")
@@ -550,15 +557,8 @@ def profiler_interleaved_cost(
     finally:
         gc.enable()
         gc.collect()
-    plain, profiled_steps = whole[False], whole[True]
-    rng = np.random.default_rng(0)
-    boot = [
-        np.median(profiled_steps[pick]) - np.median(plain[pick])
-        for pick in rng.integers(0, pairs, size=(resamples, pairs))
-    ]
-    lo, hi = np.quantile(np.asarray(boot, dtype=float), [0.025, 0.975])
-    point = float(np.median(profiled_steps) - np.median(plain))
-    return point / 1e3, float(lo) / 1e3, float(hi) / 1e3
+    picks = np.random.default_rng(0).integers(0, pairs, size=(resamples, pairs))
+    return median_difference_us(whole[False], whole[True], picks)
 
 
 # --- import time --------------------------------------------------------------------------------
