@@ -701,7 +701,9 @@ def tracer_breakdown(work: Workload, pairs: int) -> dict[str, Any]:
 class ColdHotPath:
     """What the hot path adds when the caches are cold, measured alone (see
     :func:`cold_hot_path_cost`): medians of plain and traced, added (traced - plain) with its
-    95% bootstrap interval, all us; ``fetch`` is ``next()``, ``step`` the optimizer's step."""
+    95% bootstrap interval, all us; ``fetch`` is ``next()``, ``step`` the optimizer's step.
+    ``floor_*``: the same for the issue's reference floor (:func:`_floor_wrap` and an empty
+    global post-step hook), measured in the same blocks."""
 
     eviction: str  #: what ran before each timed call (:data:`EVICTIONS`)
     samples: int
@@ -712,6 +714,11 @@ class ColdHotPath:
     added: float
     added_lo: float
     added_hi: float
+    floor_fetch_added: float
+    floor_step_added: float
+    floor_added: float
+    floor_lo: float
+    floor_hi: float
 
 
 class _NullOptimizer(torch.optim.Optimizer):
@@ -764,15 +771,35 @@ def _trivial_next(self: Any) -> Any:
     return _trivial_batch
 
 
+def _floor_wrap(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The issue's reference floor for the fetch: a bare ``__next__`` wrapper that reads two
+    clocks and keeps nothing (with :func:`_floor_hook`, "+0.6 us a step" in the issue)."""
+    clock = time.perf_counter_ns
+
+    def __next__(it: Any) -> Any:
+        t_enter = clock()  # noqa: F841 (read and dropped: the floor's cost is the reading)
+        batch = original(it)
+        t_exit = clock()  # noqa: F841
+        return batch
+
+    return __next__
+
+
+def _floor_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """The issue's reference floor for the optimizer: an empty global post-step hook."""
+
+
 def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotPath:
     """The hot path alone, with cold caches: a real DataLoader iterator whose own ``__next__``
     is replaced by a trivial one (the loader's code, and its noise, left out), and a real
     optimizer whose step does nothing (see :func:`_after_step`). Before each timed ``next()``
     and each timed step, the caches are evicted (``eviction``: see :func:`_evictor`). Blocks
-    of ``block`` samples alternate plain and traced (the run's patches installed), five
-    untimed calls after each switch (installing invalidates type caches). Writing a buffer
-    evicts data only; after a conv step the interpreter's own code is cold too, as in the
-    conv net's loop, where the hot path costs about as much as after the conv step here."""
+    of ``block`` samples rotate between plain, the issue's reference floor (a bare wrapper
+    with two clock reads, :func:`_floor_wrap`, and an empty global post-step hook) and traced
+    (the run's patches installed), in an order that rotates too, five untimed calls after
+    each switch (installing invalidates type caches). Writing a buffer evicts data only; after
+    a conv step the interpreter's own code is cold too, as in the conv net's loop, where the
+    hot path costs about as much as after the conv step here."""
     import numpy as np
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -788,10 +815,13 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
     optimizer = _NullOptimizer()
     evict = _evictor(eviction)
     clock = time.perf_counter_ns
-    times: dict[bool, tuple[list[int], list[int]]] = {False: ([], []), True: ([], [])}
+    variants = ("plain", "floor", "traced")
+    times: dict[str, tuple[list[int], list[int]]] = {v: ([], []) for v in variants}
     real_next = _BaseDataLoaderIter.__dict__["__next__"]
+    floor_next = _floor_wrap(_trivial_next)
     _BaseDataLoaderIter.__next__ = _trivial_next  # type: ignore[method-assign]
     run = traceml_nb.Run("bench-cold", sample=False, device="cpu")
+    hook = None
     gc.collect()
     gc.disable()
     try:
@@ -804,13 +834,20 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
         for _ in range(3):
             next(it)
             optimizer.step()
-        for b in range(2 * (samples // block)):
-            traced = b % 4 in (1, 2)
-            if traced and not patches.is_installed():
+        for b in range(len(variants) * (samples // block)):
+            variant = variants[(b + b // len(variants)) % len(variants)]
+            patches.uninstall()
+            if hook is not None:
+                hook.remove()
+                hook = None
+            if variant == "traced":
                 patches.install(tracer)
                 tracer.active = True
-            elif not traced:
-                patches.uninstall()
+            elif variant == "floor":
+                _BaseDataLoaderIter.__next__ = floor_next  # type: ignore[method-assign,assignment]
+                hook = optim_mod.register_optimizer_step_post_hook(_floor_hook)
+            else:
+                _BaseDataLoaderIter.__next__ = _trivial_next  # type: ignore[method-assign]
             for _ in range(5):
                 next(it)
                 _after_step(optimizer)
@@ -823,12 +860,14 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
                 t2 = clock()
                 _after_step(optimizer)
                 t3 = clock()
-                times[traced][0].append(t1 - t0)
-                times[traced][1].append(t3 - t2)
+                times[variant][0].append(t1 - t0)
+                times[variant][1].append(t3 - t2)
                 if it._num_yielded > n // 64 - 100:
                     it._num_yielded = 1  # never the epoch's end; the sampler is not used
     finally:
         patches.uninstall()
+        if hook is not None:
+            hook.remove()
         run.stop()
         _BaseDataLoaderIter.__next__ = real_next  # type: ignore[method-assign]
         gc.enable()
@@ -836,37 +875,52 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
     step = {k: np.asarray(v[1]) / 1e3 for k, v in times.items()}
     total = {k: fetch[k] + step[k] for k in times}
     rng = np.random.default_rng(0)
-    boot = []
-    for _ in range(1000):
-        picks = {k: rng.integers(0, len(total[k]), len(total[k])) for k in total}
-        boot.append(np.median(total[True][picks[True]]) - np.median(total[False][picks[False]]))
-    lo, hi = np.quantile(boot, [0.025, 0.975])
 
-    def added(table: dict[bool, Any]) -> float:
-        return float(np.median(table[True]) - np.median(table[False]))
+    def added(table: dict[str, Any], variant: str) -> float:
+        return float(np.median(table[variant]) - np.median(table["plain"]))
+
+    def interval(variant: str) -> tuple[float, float]:
+        boot = []
+        for _ in range(1000):
+            picks = {k: rng.integers(0, len(total[k]), len(total[k])) for k in total}
+            boot.append(
+                np.median(total[variant][picks[variant]])
+                - np.median(total["plain"][picks["plain"]])
+            )
+        lo, hi = np.quantile(boot, [0.025, 0.975])
+        return float(lo), float(hi)
 
     return ColdHotPath(
         eviction,
-        len(total[True]),
-        float(np.median(fetch[False])),
-        added(fetch),
-        float(np.median(step[False])),
-        added(step),
-        added(total),
-        float(lo),
-        float(hi),
+        len(total["traced"]),
+        float(np.median(fetch["plain"])),
+        added(fetch, "traced"),
+        float(np.median(step["plain"])),
+        added(step, "traced"),
+        added(total, "traced"),
+        *interval("traced"),
+        added(fetch, "floor"),
+        added(step, "floor"),
+        added(total, "floor"),
+        *interval("floor"),
     )
 
 
 def cold_hot_path_lines(costs: list[ColdHotPath]) -> list[str]:
-    lines = ["hot path alone, caches evicted before each call (a stand-in loader and optimizer):"]
+    lines = [
+        "hot path alone, caches evicted before each call (a stand-in loader and optimizer);",
+        "  'floor': the issue's reference floor, a bare wrapper with two clock reads and an empty",
+        "  global post-step hook, in the same blocks:",
+    ]
     for c in costs:
         after = c.eviction if c.eviction == "conv step" else f"writing {c.eviction}"
         lines.append(
             f"  after {after}: next() {c.fetch_plain:.2f} us plain, "
-            f"{c.fetch_added:+.2f} traced; optimizer step's end {c.step_plain:.2f} us plain, "
-            f"{c.step_added:+.2f} traced; added per step {c.added:+.2f} us "
-            f"[{c.added_lo:+.2f}, {c.added_hi:+.2f}] ({c.samples} samples)"
+            f"{c.fetch_added:+.2f} traced ({c.floor_fetch_added:+.2f} floor); optimizer step's "
+            f"end {c.step_plain:.2f} us plain, {c.step_added:+.2f} traced "
+            f"({c.floor_step_added:+.2f} floor); added per step {c.added:+.2f} us "
+            f"[{c.added_lo:+.2f}, {c.added_hi:+.2f}], floor {c.floor_added:+.2f} us "
+            f"[{c.floor_lo:+.2f}, {c.floor_hi:+.2f}] ({c.samples} samples each)"
         )
     return lines
 
