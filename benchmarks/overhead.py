@@ -840,14 +840,13 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
             if hook is not None:
                 hook.remove()
                 hook = None
+            _BaseDataLoaderIter.__next__ = _trivial_next  # type: ignore[method-assign]
             if variant == "traced":
-                patches.install(tracer)
+                patches.install(tracer)  # recompiles _trivial_next, never the floor's wrapper
                 tracer.active = True
             elif variant == "floor":
                 _BaseDataLoaderIter.__next__ = floor_next  # type: ignore[method-assign,assignment]
                 hook = optim_mod.register_optimizer_step_post_hook(_floor_hook)
-            else:
-                _BaseDataLoaderIter.__next__ = _trivial_next  # type: ignore[method-assign]
             for _ in range(5):
                 next(it)
                 _after_step(optimizer)

@@ -56,6 +56,8 @@ def test_quick_benchmark_prints_the_table_and_writes_json(tmp_path: Path) -> Non
     assert memory["steps"] <= memory["rows"] <= memory["steps"] + 1
     assert memory["bytes_per_step"] > 0
     assert "torch" not in report["import"]["heavy_loaded"]
+    for cold in report["cold_hot_path"]:  # ours beside the reference floor
+        assert {"added", "added_lo", "added_hi", "floor_added", "floor_lo", "floor_hi"} <= set(cold)
 
 
 def test_tracer_breakdown_runs() -> None:
@@ -69,3 +71,4 @@ def test_tracer_breakdown_runs() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "+ the fetch logged (full tracer)" in proc.stdout
     assert "hot path alone, caches evicted" in proc.stdout and "after writing 64 MB" in proc.stdout
+    assert "the issue's reference floor" in proc.stdout and " floor); " in proc.stdout
