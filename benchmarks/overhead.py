@@ -25,7 +25,7 @@ run time), the live view's thread CPU, memory per step over a 1,000,000-step syn
 
 Usage::
 
-    .venv/bin/python benchmarks/overhead.py            # the full benchmark (~17 minutes)
+    .venv/bin/python benchmarks/overhead.py            # the full benchmark (~21 minutes)
     .venv/bin/python benchmarks/overhead.py --quick    # seconds; what the smoke test runs
     .venv/bin/python benchmarks/overhead.py --json out.json
 """
