@@ -76,10 +76,9 @@ def history_of_the_story():
     runs = {}
     try:
         # What the process pays once (the first autograd step, the recompiled __next__, the
-        # samplers' first reads), and what the tests before this module left winding down
-        # (a Jupyter server's kernels, a browser), would otherwise slow the baseline alone
-        # and make the fix look faster than removing the waits can make it (a fresh clone's
-        # CI once measured a 42% saving against a 35% bound).
+        # samplers' first reads) would otherwise slow the baseline alone and make the fix
+        # look faster than removing the waits can make it (a fresh clone's CI once measured a
+        # 42% saving against a 35% bound).
         train(DataLoader(SlowDataset(), batch_size=BATCH), "warm-up", steps=20)
         for name, workers in (("baseline", 0), ("workers2", 2), ("workers2-again", 2)):
             loader = DataLoader(SlowDataset(), batch_size=BATCH, num_workers=workers)
