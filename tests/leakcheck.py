@@ -9,7 +9,6 @@ import torch.optim.optimizer as optim_mod
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 ORIGINAL_NEXT = _BaseDataLoaderIter.__dict__["__next__"]
-ORIGINAL_STEP_CODE = optim_mod.Optimizer.__dict__["_optimizer_step_code"]
 
 
 def our_threads() -> list[threading.Thread]:
@@ -19,7 +18,7 @@ def our_threads() -> list[threading.Thread]:
 def leak_report(grace_s: float = 3.0) -> list[str]:
     """What of ours is still installed or running; [] when clean."""
     from traceml_nb import run as run_mod
-    from traceml_nb.instrument import patches
+    from traceml_nb.instrument import hooks
 
     problems = []
     deadline = time.monotonic() + grace_s
@@ -29,12 +28,12 @@ def leak_report(grace_s: float = 3.0) -> list[str]:
         problems.append(f"threads left running: {[t.name for t in our_threads()]}")
     if _BaseDataLoaderIter.__dict__["__next__"] is not ORIGINAL_NEXT:
         problems.append("_BaseDataLoaderIter.__next__ is still patched")
-    hooks = getattr(optim_mod, "_global_optimizer_post_hooks", {})
-    if any(getattr(h, "__self__", None).__class__.__name__ == "StepTracer" for h in hooks.values()):
+    posthooks = getattr(optim_mod, "_global_optimizer_post_hooks", {})
+    if any(
+        getattr(h, "__self__", None).__class__.__name__ == "StepTracer" for h in posthooks.values()
+    ):
         problems.append("optimizer step hook left registered")
-    if optim_mod.Optimizer.__dict__["_optimizer_step_code"] is not ORIGINAL_STEP_CODE:
-        problems.append("Optimizer._optimizer_step_code is still replaced")
-    if patches.is_installed():
+    if hooks.is_installed():
         problems.append("tracer still installed")
     if run_mod.active_run() is not None:
         problems.append(f"run still active: {run_mod.active_run()!r}")
@@ -44,9 +43,8 @@ def leak_report(grace_s: float = 3.0) -> list[str]:
 def force_clean() -> None:
     """Undo whatever was left, so that one leak does not fail every following test."""
     from traceml_nb import run as run_mod
-    from traceml_nb.instrument import patches
+    from traceml_nb.instrument import hooks
 
-    patches.uninstall()
+    hooks.uninstall()
     _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
-    optim_mod.Optimizer._optimizer_step_code = ORIGINAL_STEP_CODE
     run_mod._active = None

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builders import RecordBuilder, cpu_capabilities
 
 from traceml_nb.analysis import ComparisonRow, analyze, compare
 from traceml_nb.analysis.comparison import bootstrap_ratio_ci, step_verdict
 from traceml_nb.analysis.model import Diagnosis, Summary
-from traceml_nb.analysis.synthetic import RecordBuilder, cpu_capabilities
 from traceml_nb.analysis.thresholds import BOOTSTRAP_RESAMPLES, MIN_PRACTICAL_EFFECT
-from traceml_nb.history import RunEntry
+from traceml_nb.session.history import RunEntry
 
 
 def steps_around(median: float, n: int = 201, spread: float = 0.05, seed: int = 1) -> list[float]:
@@ -65,7 +65,7 @@ def entry(
     return RunEntry(
         id=run_id,
         name=f"run{run_id}",
-        cell_key=None,
+        cell_id=None,
         source=None,
         status="completed",
         error=None,
@@ -208,7 +208,7 @@ def test_runs_without_steady_steps_are_not_comparable():
 def test_compare_entries_built_from_analyses():
     from types import SimpleNamespace
 
-    from traceml_nb.history import entry_from
+    from traceml_nb.session.history import entry_from
 
     def run(wait_ms: float, caps):
         b = RecordBuilder()

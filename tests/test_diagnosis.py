@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from builders import (
+    CPU_ONLY,
+    RecordBuilder,
+    cpu_capabilities,
+    gpu_capabilities,
+)
 
 from traceml_nb.analysis import analyze
 from traceml_nb.analysis.advice import Change, loader_changes, more_workers, worker_target
@@ -14,13 +20,7 @@ from traceml_nb.analysis.diagnosis import (
     CAUSE_UNKNOWN,
     confidence,
 )
-from traceml_nb.analysis.model import VERDICTS, Analysis, Diagnosis
-from traceml_nb.analysis.synthetic import (
-    CPU_ONLY,
-    RecordBuilder,
-    cpu_capabilities,
-    gpu_capabilities,
-)
+from traceml_nb.analysis.model import Analysis, Diagnosis
 from traceml_nb.analysis.thresholds import (
     CONFIDENT_STEPS,
     FIRST_EPOCH_FACTOR,
@@ -42,6 +42,7 @@ from traceml_nb.analysis.thresholds import (
     WORKER_SATURATED_PCT,
 )
 from traceml_nb.capabilities import Capabilities
+from traceml_nb.contracts import VERDICTS
 from traceml_nb.record import SOURCE_MARKER, SOURCE_OPTIMIZER, LoaderInfo
 
 STEP_MS = 30.0
@@ -199,7 +200,7 @@ def test_cpu_only_input_bound_full_diagnosis():
         "60% less time."
     )
     assert d.secondary == [
-        "GPU evidence unavailable (no CUDA device in this run (CPU-only)): judged on host timings."
+        "GPU evidence unavailable (no CUDA device in this run, CPU only): judged on host timings."
     ]
     texts = {e.label: e.text for e in d.evidence}
     assert texts == {
@@ -656,7 +657,7 @@ def test_system_cpu_evidence_names_the_busiest_core():
 
 def test_throttle_reason_names_match_the_gpu_sampler():
     from traceml_nb.analysis.thresholds import THROTTLE_REASON_NAMES
-    from traceml_nb.sampling.gpu import CLOCK_EVENT_BITS
+    from traceml_nb.contracts import CLOCK_EVENT_REASONS as CLOCK_EVENT_BITS
 
     for bit, name in THROTTLE_REASON_NAMES.items():
         assert CLOCK_EVENT_BITS[bit] == name

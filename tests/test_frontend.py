@@ -131,7 +131,7 @@ def test_colab_custom_widget_manager_is_enabled_and_failures_become_notes():
 
 def test_importing_the_package_does_not_import_ipython():
     code = (
-        "import sys, traceml_nb, traceml_nb.views.report, traceml_nb.result\n"
+        "import sys, traceml_nb, traceml_nb.views.report, traceml_nb.session.result\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('IPython', 'bokeh')))"
     )
     out = subprocess.run(

@@ -7,24 +7,24 @@ import os
 from types import SimpleNamespace
 
 import pytest
+from builders import RecordBuilder, cpu_capabilities
 
-from traceml_nb import history as history_mod
 from traceml_nb.analysis import analyze
-from traceml_nb.analysis.synthetic import RecordBuilder, cpu_capabilities
 from traceml_nb.analysis.thresholds import MAX_STORED_STEPS
-from traceml_nb.history import (
+from traceml_nb.session import default_session
+from traceml_nb.session import history_file as history_file_mod
+from traceml_nb.session.history import (
     MAX_RUNS,
     SIMILAR_SOURCE_RATIO,
     History,
-    HistoryFileError,
     RunEntry,
     downsample,
     entry_from,
-    history_table,
-    render_history_text,
-    session_history,
     source_similarity,
 )
+from traceml_nb.session.history_file import HistoryFileError
+from traceml_nb.views.history import history_table
+from traceml_nb.views.history import history_text as render_history_text
 
 CELL = """\
 loader = DataLoader(train_ds, batch_size=64, shuffle=True, num_workers=0)
@@ -60,7 +60,7 @@ def make_entry(
     step_ms: float = 20.0,
     steps: int = 40,
     wait_ms: float = 5.0,
-    cell_key: str | None = None,
+    cell_id: str | None = None,
     source: str | None = None,
     named: bool | None = None,
     status: str = "completed",
@@ -77,15 +77,19 @@ def make_entry(
         started_at=1_700_000_000.0,
         elapsed_s=record.elapsed_ns / 1e9,
         record=record,
+        cell_id=cell_id,
+        source=source,
     )
-    return entry_from(run, analysis, cell_key=cell_key, source=source, named=named)
+    if named is not None:
+        run.named = named
+    return entry_from(run, analysis)
 
 
 # --- entries ------------------------------------------------------------------------------------
 def test_entry_from_a_run():
-    e = make_entry("baseline", steps=30, cell_key="cell-1", source=CELL)
+    e = make_entry("baseline", steps=30, cell_id="cell-1", source=CELL)
     assert e.id == 0
-    assert (e.name, e.named, e.cell_key, e.source, e.status) == (
+    assert (e.name, e.named, e.cell_id, e.source, e.status) == (
         "baseline",
         True,
         "cell-1",
@@ -112,7 +116,7 @@ def test_entry_from_reads_cell_id_and_source_from_the_run():
         record=record, cell_id="abc", source="x = 1",
     )  # fmt: skip
     e = entry_from(run, analyze(record, cpu_capabilities(), cpus_available=2))
-    assert (e.cell_key, e.source, e.status, e.error) == ("abc", "x = 1", "failed", "ValueError: x")
+    assert (e.cell_id, e.source, e.status, e.error) == ("abc", "x = 1", "failed", "ValueError: x")
 
 
 def test_a_running_run_cannot_join_the_history():
@@ -178,33 +182,33 @@ def test_clear_restarts_numbering():
 
 
 def test_session_history_is_one_per_process():
-    assert session_history() is session_history()
-    assert isinstance(session_history(), History)
+    assert default_session().history is default_session().history
+    assert isinstance(default_session().history, History)
 
 
 # --- pairing reruns of a cell ------------------------------------------------------------------------
 def test_pairing_by_name():
     h = History()
-    base = h.add(make_entry("baseline", step_ms=30.0, cell_key="c1"))
-    h.add(make_entry("other", cell_key="c1"))  # same cell, another name
-    again = h.add(make_entry("baseline", step_ms=25.0, cell_key="c2"))
+    base = h.add(make_entry("baseline", step_ms=30.0, cell_id="c1"))
+    h.add(make_entry("other", cell_id="c1"))  # same cell, another name
+    again = h.add(make_entry("baseline", step_ms=25.0, cell_id="c2"))
     assert h.previous_of(again) is base
     assert h.same_cell(again) == [base]
 
 
 def test_a_new_name_falls_back_to_the_cell_id():
     h = History()
-    base = h.add(make_entry("baseline", cell_key="c1", source=CELL))
-    tuned = h.add(make_entry("workers2", cell_key="c1", source=CELL_TUNED))
+    base = h.add(make_entry("baseline", cell_id="c1", source=CELL))
+    tuned = h.add(make_entry("workers2", cell_id="c1", source=CELL_TUNED))
     assert h.previous_of(tuned) is base
 
 
 def test_pairing_by_cell_id():
     h = History()
-    first = h.add(make_entry(step_ms=30.0, cell_key="c1", source=CELL))
-    h.add(make_entry(step_ms=10.0, cell_key="c2", source=CELL))  # another cell, same text
-    second = h.add(make_entry(step_ms=20.0, cell_key="c1", source=CELL_TUNED))
-    third = h.add(make_entry(step_ms=25.0, cell_key="c1", source=CELL_TUNED))
+    first = h.add(make_entry(step_ms=30.0, cell_id="c1", source=CELL))
+    h.add(make_entry(step_ms=10.0, cell_id="c2", source=CELL))  # another cell, same text
+    second = h.add(make_entry(step_ms=20.0, cell_id="c1", source=CELL_TUNED))
+    third = h.add(make_entry(step_ms=25.0, cell_id="c1", source=CELL_TUNED))
     assert h.previous_of(third) is second
     assert h.best_of(third) is second
     assert h.same_cell(third) == [first, second]
@@ -243,24 +247,24 @@ def test_unrelated_cells_do_not_pair():
 
 def test_pairing_an_entry_not_yet_added():
     h = History()
-    first = h.add(make_entry(cell_key="c1"))
-    pending = make_entry(cell_key="c1")
+    first = h.add(make_entry(cell_id="c1"))
+    pending = make_entry(cell_id="c1")
     assert h.previous_of(pending) is first
 
 
 def test_runs_without_steady_steps_are_skipped_for_comparison():
     h = History()
-    good = h.add(make_entry(cell_key="c1"))
-    h.add(make_entry(cell_key="c1", steps=1))  # failed at once: nothing to compare
-    latest = h.add(make_entry(cell_key="c1"))
+    good = h.add(make_entry(cell_id="c1"))
+    h.add(make_entry(cell_id="c1", steps=1))  # failed at once: nothing to compare
+    latest = h.add(make_entry(cell_id="c1"))
     assert h.previous_of(latest) is good
 
 
 # --- the table ---------------------------------------------------------------------------------------
 def test_history_table_and_text():
     h = History()
-    h.add(make_entry("baseline", step_ms=20.0, wait_ms=12.0, cell_key="c1"))
-    h.add(make_entry("tuned", step_ms=10.0, wait_ms=0.2, cell_key="c1", status="interrupted"))
+    h.add(make_entry("baseline", step_ms=20.0, wait_ms=12.0, cell_id="c1"))
+    h.add(make_entry("tuned", step_ms=10.0, wait_ms=0.2, cell_id="c1", status="interrupted"))
     rows = history_table(h)
     assert [r["label"] for r in rows] == ["#1 baseline", "#2 tuned"]
     first, second = rows
@@ -306,8 +310,8 @@ def test_history_table_and_text():
 # --- persistence -------------------------------------------------------------------------------------
 def full_history() -> History:
     h = History()
-    h.add(make_entry("baseline", cell_key="c1", source=CELL))
-    h.add(make_entry("tuned", cell_key="c1", source=CELL_TUNED, status="interrupted"))
+    h.add(make_entry("baseline", cell_id="c1", source=CELL))
+    h.add(make_entry("tuned", cell_id="c1", source=CELL_TUNED, status="interrupted"))
     return h
 
 
@@ -433,7 +437,7 @@ def test_save_is_atomic(tmp_path, monkeypatch):
         fh.write('{"format": "traceml_nb.history", "runs": [')  # half a file...
         raise OSError("disk full")  # ...then the crash
 
-    monkeypatch.setattr(history_mod.json, "dump", crash)
+    monkeypatch.setattr(history_file_mod.json, "dump", crash)
     with pytest.raises(OSError, match="disk full"):
         h.save(path)
     assert path.read_bytes() == original

@@ -5,7 +5,7 @@ import threading
 from leakcheck import ORIGINAL_NEXT, leak_report
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from traceml_nb.instrument import patches
+from traceml_nb.instrument import hooks
 
 
 def test_leak_report_sees_a_patch_and_a_thread():
@@ -22,17 +22,19 @@ def test_leak_report_sees_a_patch_and_a_thread():
     assert any("patched" in p for p in problems)
     assert any("threads" in p for p in problems)
     assert leak_report() == []
-    assert not patches.is_installed()
+    assert not hooks.is_installed()
 
 
-def test_leak_report_sees_the_optimizer_counting_left_in_place():
-    from leakcheck import ORIGINAL_STEP_CODE
-    from torch.optim.optimizer import Optimizer
+def test_leak_report_sees_an_optimizer_hook_of_ours_left_registered():
+    import torch.optim.optimizer as optim_mod
 
-    Optimizer._optimizer_step_code = lambda self: None
+    from traceml_nb.instrument.tracer import StepTracer
+    from traceml_nb.record import RunRecord
+
+    handle = optim_mod.register_optimizer_step_post_hook(StepTracer(RunRecord()).on_optimizer_step)
     try:
         problems = leak_report()
     finally:
-        Optimizer._optimizer_step_code = ORIGINAL_STEP_CODE
-    assert any("_optimizer_step_code" in p for p in problems)
+        handle.remove()
+    assert any("optimizer step hook" in p for p in problems)
     assert leak_report() == []

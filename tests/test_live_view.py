@@ -14,8 +14,10 @@ from bokeh.models import ColumnDataSource
 from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
+from traceml_nb.analysis.steps import StepRule, step_rule
 from traceml_nb.record import SOURCE_MARKER, SOURCE_OPTIMIZER, LoaderInfo, RunRecord, SampleTable
-from traceml_nb.views.live import BatchedBokehModel, LiveView, header_html
+from traceml_nb.views.bokeh_patch import BatchedBokehModel
+from traceml_nb.views.live import LiveView, header_html
 from traceml_nb.views.live_data import (
     STEP_FIELDS,
     SampleSeries,
@@ -26,7 +28,6 @@ from traceml_nb.views.live_data import (
     bin_steps,
     bucket_medians,
     bucket_size,
-    choose_step_source,
     recent_rate,
 )
 
@@ -119,20 +120,24 @@ def test_bin_samples_medians_per_column():
     assert used == 5 and data["cpu"][-1] == 70.0
 
 
-def test_choose_step_source():
+def test_the_step_rule_the_chart_shares_with_the_report():
+    def sources(rec: RunRecord) -> tuple[int, ...]:
+        return step_rule(rec.loaders, rec.markers, rec.optimizer_steps).sources
+
     rec = RunRecord()
-    assert choose_step_source(rec) is None
+    assert step_rule(rec.loaders, rec.markers, rec.optimizer_steps).kind == "none"
     rec.optimizer_steps = 3
-    assert choose_step_source(rec) == SOURCE_OPTIMIZER
+    assert sources(rec) == (SOURCE_OPTIMIZER,)
     loader = dict(num_workers=0, pin_memory=False, prefetch_factor=None, persistent_workers=False)
     common = dict(batch_size=8, dataset_type="D", dataset_len=8, iterable=False)
     rec.loaders.append(LoaderInfo(slot=0, fetches=50, **loader, **common))  # eval, iterated most
     rec.loaders.append(LoaderInfo(slot=1, fetches=10, **loader, **common))
-    assert choose_step_source(rec) == 0
+    rec.optimizer_steps = 0
+    assert sources(rec) == (0,)
     rec.loaders[1].optimizer_steps = 10
-    assert choose_step_source(rec) == 1
+    assert sources(rec) == (1,)
     rec.markers = 1
-    assert choose_step_source(rec) == SOURCE_MARKER
+    assert sources(rec) == (SOURCE_MARKER,)
 
 
 class Chart:
@@ -162,10 +167,11 @@ class Chart:
         return len(next(iter(self.data.values()), []))
 
 
-def _synthetic_record(steps: int, *, chunk: int, series: StepSeries | None, chart: Chart | None):
-    """A record with one training loader (slot 0) whose steps interleave with optimizer rows;
+def _synthetic_record(
+    rec: RunRecord, steps: int, *, chunk: int, series: StepSeries | None, chart: Chart | None
+) -> RunRecord:
+    """Add to ``rec`` (one training loader, slot 0) steps that interleave with optimizer rows;
     the series is updated every ``chunk`` steps, as the view's ticks would."""
-    rec = series.record if series is not None else RunRecord()
     t = 0
     for i in range(steps):
         wall = (10 + i % 7) * MS
@@ -182,16 +188,18 @@ def _training_record() -> RunRecord:
     rec = RunRecord()
     rec.optimizer_steps = 1
     rec.loaders.append(
-        LoaderInfo(0, 0, False, None, False, 32, "D", None, False, fetches=1, optimizer_steps=1)
+        LoaderInfo(
+            0, 0, False, None, False, 32, "D", None, False, fetches=1, optimizer_steps=1, leads=1
+        )
     )
     return rec
 
 
 def test_step_series_stays_bounded_over_100k_steps_and_ends_exact():
     rec = _training_record()
-    series = StepSeries(rec, max_points=2000)
+    series = StepSeries(rec.snapshot, max_points=2000)
     chart = Chart(rollover=2000)
-    _synthetic_record(100_000, chunk=250, series=series, chart=chart)
+    _synthetic_record(rec, 100_000, chunk=250, series=series, chart=chart)
     rec.steps.append(0, 5 * MS, 0, 32, 0, 0)  # one more step: a partial last bucket
     chart.apply(series.update(final=True))
     assert series.update(final=True) is None  # finished
@@ -204,7 +212,7 @@ def test_step_series_stays_bounded_over_100k_steps_and_ends_exact():
     assert chart.streams > 300
     # the optimizer rows were left out and every training step is in exactly one point
     assert series.steps == 100_001
-    rows = StepRows.of_source(rec.steps.snapshot(0), 0)
+    rows = StepRows.of_rule(rec.steps.snapshot(0), StepRule("dataloader", (0,)))
     expected, used = bin_steps(rows, 0, 64, partial=True)
     assert used == 100_001
     assert set(chart.data) == set(expected)
@@ -214,9 +222,9 @@ def test_step_series_stays_bounded_over_100k_steps_and_ends_exact():
 
 def test_step_series_sends_only_new_points_each_tick():
     rec = _training_record()
-    series = StepSeries(rec)
+    series = StepSeries(rec.snapshot)
     chart = Chart(rollover=2000)
-    _synthetic_record(10, chunk=5, series=series, chart=chart)
+    _synthetic_record(rec, 10, chunk=5, series=series, chart=chart)
     assert chart.replacements == 1 and chart.streams == 1
     assert chart.data["step"].tolist() == [float(i) for i in range(1, 11)]
     assert series.update() is None  # nothing new
@@ -228,7 +236,7 @@ def test_step_series_rebuilds_when_the_step_source_changes():
     rec.loaders.append(train_info)
     for i in range(3):
         rec.steps.append(i * 10 * MS, 10 * MS, MS, 32, 0, 0)
-    series = StepSeries(rec)
+    series = StepSeries(rec.snapshot)
     first = series.update()
     assert first is not None and first.replace and len(first) == 3
     # an eval loader is iterated more: before any optimizer step it is the best guess
@@ -237,7 +245,7 @@ def test_step_series_rebuilds_when_the_step_source_changes():
     for i in range(9):
         rec.steps.append(i * MS, MS, 0, 32, 1, 0)
     upd = series.update()
-    assert upd is not None and upd.replace and len(upd) == 9 and series.source == 1
+    assert upd is not None and upd.replace and len(upd) == 9 and series.rule.sources == (1,)
     # the optimizer steps reveal the training loader: the chart is rebuilt from its rows
     train_info.optimizer_steps = 3
     upd = series.update()
@@ -324,7 +332,7 @@ def test_arrays_go_inline_as_gzip_at_our_level_and_bokehs_setting_is_left_alone(
     from bokeh.plotting import figure
     from bokeh.settings import settings
 
-    from traceml_nb.views.live import INLINE_GZIP_LEVEL, patch_message
+    from traceml_nb.views.bokeh_patch import INLINE_GZIP_LEVEL, patch_message
 
     values = np.linspace(0.0, 1.0, 300, dtype=np.float32)
     source = ColumnDataSource({"x": np.zeros(0, dtype=np.float32)})
@@ -443,7 +451,7 @@ def test_live_view_updates_from_one_thread_with_batched_messages(stream_calls):
     # the chart holds every training step (the final update adds the last partial bucket)
     # and no optimizer rows
     data = view.charts.steps.data
-    assert len(data["step"]) == steps == view._step_series.steps
+    assert len(data["step"]) == steps == view.step_series.steps
     assert data["step"].tolist() == [float(i) for i in range(1, steps + 1)]
     assert all(v >= 0 for v in data["wait_ms"])
     assert "live-test" in view.charts.header.text
@@ -499,7 +507,7 @@ def test_first_seconds_send_the_whole_series_so_a_late_frontend_misses_nothing(s
     assert stream_calls == []
     assert len(replaced) >= 2
     assert replaced == sorted(replaced)  # each replacement holds everything sent before
-    assert replaced[-1] == len(view.charts.steps.data["step"]) == view._step_series.steps
+    assert replaced[-1] == len(view.charts.steps.data["step"]) == view.step_series.steps
 
 
 def _gpu_view(nvml) -> tuple[LiveView, object]:
@@ -639,7 +647,7 @@ def test_live_view_is_bounded_at_any_step_rate(stream_calls):
     view.stop()
     data = view.charts.steps.data
     assert len(data["step"]) <= 16 < steps
-    assert view._step_series.k > 1
+    assert view.step_series.k > 1
     assert "median per" in view.charts.step_fig.title.text
     assert set(data) == set(STEP_FIELDS) - {"step_ms"}
 
@@ -717,22 +725,22 @@ def test_the_tick_is_never_shorter_than_a_quarter_second():
 
 
 def test_the_view_thread_turns_the_step_log_into_rows_not_the_training_loop(monkeypatch):
-    """With a live view the training loop only logs its steps: the view's thread processes
-    the log before each update, so the loop never does (it would every 0.5 s), and the rows
-    are complete at the end."""
-    from traceml_nb.instrument.tracer import StepTracer
+    """With a live view the training loop only logs its steps: the view's thread has them
+    segmented before each update, so the loop never does (it would every few hundred events),
+    and the rows are complete at the end."""
+    from traceml_nb.instrument.tracer import PROCESS_EVENTS, StepTracer
 
     loop_processing = []
-    real = StepTracer._process_due
+    real = StepTracer.process_due
     monkeypatch.setattr(
-        StepTracer, "_process_due", lambda self: (loop_processing.append(1), real(self))
+        StepTracer, "process_due", lambda self: (loop_processing.append(1), real(self))
     )
     with traceml_nb.Run("reader", sample=False) as run:
         view = LiveView(run, display=False, settle_s=0)
         view.start()
         steps = train(1.3)
-        assert run._tracer.reader_processing_ns > 0
+        assert run.tracer.reader_processing_ns > 0
     view.stop()
     assert loop_processing == []
     assert list(run.record.steps.source).count(0) == steps  # the loader's steps, all there
-    assert run._tracer._max_log == 256  # the view has stopped: the loop's own triggers again
+    assert run.tracer.max_log == PROCESS_EVENTS  # the view has stopped: the loop's own trigger

@@ -9,8 +9,13 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
 
-from traceml_nb.history import session_history
-from traceml_nb.result import RunResult
+from traceml_nb.session import default_session
+from traceml_nb.session.result import RunResult
+
+
+def session_history():
+    return default_session().history
+
 
 SETUP = """
 import torch
@@ -207,7 +212,7 @@ def test_out_stores_a_result_object(ip):
         steps.wall_ms, steps.data_wait_ms, steps.compute_ms, strict=True
     ):
         assert compute == pytest.approx(wall - wait)
-    assert res.report.meta.device == "cpu"
+    assert res.device == "cpu"
     host = res.samples["host"]
     assert len(host["t"]) >= 1  # the collector samples once at the start
     assert len(res.to_dataframe("host")) == len(host["t"])
@@ -228,16 +233,17 @@ def test_out_stores_a_result_object(ip):
     ]
     assert len(frame) == 24
     assert repr(res).startswith("<traceml_nb.RunResult #1 'baseline' completed: ")
-    assert "<svg" in res._repr_html_()
+    html = ip.display_formatter.formatters["text/html"]  # `res` in a notebook cell: the report
+    assert "<svg" in html.lookup(res)(res)
 
 
 def test_a_broken_report_never_changes_the_cells_outcome(ip, monkeypatch, capsys):
-    import traceml_nb.result
+    from traceml_nb.session import Session
 
     def broken(*args, **kwargs):
         raise RuntimeError("renderer bug")
 
-    monkeypatch.setattr(traceml_nb.result, "conclude_run", broken)
+    monkeypatch.setattr(Session, "result", broken)
     ok = run(ip, "%%traceml --view none\nstill_ran = True\n" + TRAIN)
     assert ok.success and ip.user_ns["still_ran"] is True
     failed = run(ip, "%%traceml --view none\nraise LookupError('the users own')\n")
@@ -289,7 +295,7 @@ def test_reruns_of_a_cell_are_compared(ip, capsys):
     run(ip, source, cell_id="cell-abc")
     out = capsys.readouterr().out
     first, second = session_history().entries
-    assert first.cell_key == second.cell_key == "cell-abc"
+    assert first.cell_id == second.cell_id == "cell-abc"
     assert "vs previous run #1 " in out and "step time " in out
     assert ip.user_ns["again"].comparison is not None
     assert ip.user_ns["again"].comparison.baseline_id == 1

@@ -12,21 +12,15 @@ import pytest
 from traceml_nb.analysis import compare
 from traceml_nb.analysis.model import Analysis, Diagnosis, Evidence, PhaseSummary, Summary
 from traceml_nb.capabilities import Capabilities
-from traceml_nb.views.report import (
-    MAX_BARS,
-    ComparisonView,
-    HistoryTable,
-    LabelledComparison,
-    Report,
-    RunMeta,
-    StepChart,
-    downsample,
-    render_html,
-    step_chart_svg,
-)
+from traceml_nb.run import NO_CUDA
+from traceml_nb.views.chart import MAX_BARS, step_chart_svg
+from traceml_nb.views.chart import bars_of as downsample
+from traceml_nb.views.html import render_html
+from traceml_nb.views.model import LabelledComparison, RunMeta, StepChart
+from traceml_nb.views.report import ComparisonView, HistoryTable, Report
 from traceml_nb.views.text import metric_lines, render_text
 
-CPU_ONLY = "no CUDA device in this run (CPU-only)"
+CPU_ONLY = NO_CUDA
 
 
 def make_summary(**changes) -> Summary:
@@ -128,7 +122,7 @@ Metrics:
   main process CPU               98% (100% = one core)
   system CPU                     55%
   CPUs available                 8
-  GPU input stall share, GPU utilisation (median), GPU memory peak: unavailable (no CUDA device in this run (CPU-only))
+  GPU input stall share, GPU utilisation (median), GPU memory peak: unavailable (no CUDA device in this run, CPU only)
   DataLoader workers CPU: unavailable (no DataLoader workers (num_workers=0))
   eval (loader 1): 20 batches, 3.5 s
 Notes:
@@ -408,3 +402,63 @@ def test_report_shows_the_comparison_with_previous_and_best():
     )
     assert "  median step time: 316 ms \u2192 179 ms (\u221243%)" in repr(view)
     parse_html(view._repr_html_())
+
+
+def _unavailable_reasons(text: str) -> list[str]:
+    """What follows each ``unavailable (`` up to its closing parenthesis."""
+    out = []
+    for start in [m.end() for m in re.finditer(r"unavailable \(", text)]:
+        depth, i = 1, start
+        while i < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        out.append(text[start : i - 1])
+    return out
+
+
+def _nvml_failure_reasons() -> list[str]:
+    import pynvml
+
+    from traceml_nb.sampling import nvml_binding as nb
+
+    codes = [
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+        pynvml.NVML_ERROR_UNKNOWN,
+    ]
+    reasons = [nb.init_failure_reason(pynvml.NVMLError(code)) for code in codes]
+    return reasons + [nb.init_failure_reason(ImportError()), nb.init_failure_reason(OSError("x"))]
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        NO_CUDA,
+        "host CPU and RAM are not sampled: psutil is not installed",
+        *_nvml_failure_reasons(),
+    ],
+)
+def test_an_unavailable_reason_never_holds_parentheses_of_its_own(why):
+    from builders import RecordBuilder
+
+    from traceml_nb.analysis import analyze
+
+    caps = Capabilities()
+    caps.set("steps", True)
+    caps.set("data_wait", True)
+    for name in ("gpu_events", "gpu_memory", "nvml", "gpu_utilisation", "host"):
+        caps.set(name, False, why)
+    b = RecordBuilder()
+    b.loader(num_workers=0)
+    b.steps(40, 20.0, 5.0)
+    record = b.finish()
+    report = make_report()
+    report.analysis = analyze(record, caps, cpus_available=2)
+    report.capabilities = caps
+    texts = [render_text(report), " ".join(parse_html(render_html(report)).text)]
+    reasons = [r for text in texts for r in _unavailable_reasons(text)]
+    assert reasons and why in reasons
+    assert [r for r in reasons if "(" in r or ")" in r] == []

@@ -16,15 +16,12 @@ from fake_nvml import FakeNvml, PcieCounter, make_gpus
 from traceml_nb.capabilities import Capabilities
 from traceml_nb.sampling import Collector, SourceLost
 from traceml_nb.sampling import nvml_binding as nb
-from traceml_nb.sampling.gpu import (
-    COLUMNS,
+from traceml_nb.sampling.gpu import COLUMNS, GpuSource, describe_clock_events, open_gpu_sources
+from traceml_nb.sampling.gpu_devices import (
     CudaDeviceIds,
-    GpuSource,
     NvmlDevice,
-    describe_clock_events,
     match_cuda_device,
     normalise_uuid,
-    open_gpu_sources,
     parse_pci_bus_id,
     torch_allocator_reader,
 )
@@ -84,7 +81,7 @@ def test_real_nvml_init_failure_gives_a_clean_reason():
         assert "\n" not in reason and "Traceback" not in reason and "NVMLError" not in reason
         assert "not found" in reason or "not loaded" in reason, reason
     assert caps.why("nvml") == (
-        "the NVIDIA driver library (libnvidia-ml) was not found: no NVIDIA driver on this machine"
+        "the NVIDIA driver library, libnvidia-ml, was not found: no NVIDIA driver on this machine"
     )
 
 
@@ -120,7 +117,8 @@ def test_pynvml_not_installed(monkeypatch):
     caps = Capabilities()
     assert open_gpu_sources([0], caps, allocator=no_allocator) == {}
     assert (
-        caps.why("nvml") == "nvidia-ml-py (pynvml) is not installed, so GPU counters cannot be read"
+        caps.why("nvml")
+        == "nvidia-ml-py, the pynvml module, is not installed, so GPU counters cannot be read"
     )
     assert caps.why("gpu_utilisation") == caps.why("nvml")
 
@@ -128,11 +126,11 @@ def test_pynvml_not_installed(monkeypatch):
 @pytest.mark.parametrize(
     "code, words",
     [
-        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "libnvidia-ml) was not found"),
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "libnvidia-ml, was not found"),
         (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "driver is not loaded"),
         (pynvml.NVML_ERROR_NO_PERMISSION, "no permission"),
         (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "different versions"),
-        (pynvml.NVML_ERROR_UNKNOWN, "NVML failed to start (NVML: Unknown Error)"),
+        (pynvml.NVML_ERROR_UNKNOWN, "NVML failed to start, NVML: Unknown Error"),
     ],
 )
 def test_init_failure_of_each_class(code, words):

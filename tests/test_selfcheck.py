@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,12 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from traceml_nb import selfcheck
 from traceml_nb.record import FLAG_EPOCH_START, FLAG_TRUNCATED, SOURCE_OPTIMIZER
-from traceml_nb.selfcheck import (
+from traceml_nb.selfcheck import overhead, stats
+from traceml_nb.selfcheck.mapping_child import MARKER
+from traceml_nb.selfcheck.nvml import implausible_nvml, nvml_reading, uuid_key, uuid_text
+from traceml_nb.selfcheck.overhead import judge_overhead
+from traceml_nb.selfcheck.report import (
     ERROR,
     FAIL,
     INFO,
@@ -22,20 +26,13 @@ from traceml_nb.selfcheck import (
     WARN,
     Budget,
     CheckResult,
-    StallCase,
-    compare_sampler_with_nvml,
     exit_code,
-    expected_stall_ms,
     format_table,
-    implausible_nvml,
-    judge_overhead,
-    judge_stall_case,
-    normalise_uuid,
-    nvml_reading,
-    paired_added,
     run_check,
-    steady_medians,
 )
+from traceml_nb.selfcheck.sampler import compare_sampler_with_nvml
+from traceml_nb.selfcheck.stall import StallCase, expected_stall_ms, judge_stall_case
+from traceml_nb.selfcheck.stats import Estimate, paired_added, steady_medians
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -266,9 +263,22 @@ def test_a_renamed_sampler_column_is_a_warning() -> None:
 
 
 def test_uuids_compare_without_nvml_prefix() -> None:
-    assert normalise_uuid("GPU-AbC-1") == "abc-1"
-    assert normalise_uuid(b"GPU-abc-1") == "abc-1"
-    assert normalise_uuid("abc-1") == "abc-1"
+    # printed (and put in CUDA_VISIBLE_DEVICES) with their dashes
+    assert uuid_text("GPU-AbC-1") == "abc-1"
+    assert uuid_text(b"GPU-abc-1") == "abc-1"
+    assert uuid_text("abc-1") == "abc-1"
+    # compared by the sampler's normalise_uuid: hex digits only
+    assert uuid_key("GPU-AbC-1") == uuid_key(b"GPU-abc-1") == uuid_key("abc-1") == "abc1"
+
+
+def test_uuid_key_takes_torchs_uuid_object_by_its_text() -> None:
+    class TorchUuid:  # torch's _CUuuid prints the dashed hex without a prefix
+        def __str__(self) -> str:
+            return "8932f937-d72c-4106-c12f-20bd9faed9f6"
+
+    nvml = "GPU-8932F937-D72C-4106-C12F-20BD9FAED9F6"
+    assert uuid_key(TorchUuid()) == uuid_key(nvml) == "8932f937d72c4106c12f20bd9faed9f6"
+    assert "GPU-" + uuid_text(TorchUuid()) == "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"
 
 
 # --- driver ---------------------------------------------------------------------------------------
@@ -316,6 +326,129 @@ def test_budget_counts_down_on_its_clock() -> None:
 def test_resnet18_like_has_resnet18s_parameter_count() -> None:
     import torch
 
-    model = selfcheck.resnet18_like(torch)
+    model = overhead.resnet18_like(torch)
     n = sum(p.numel() for p in model.parameters())
     assert n == 11_689_512  # torchvision's resnet18(num_classes=1000)
+
+
+# --- the package on a CPU-only machine --------------------------------------------------------------
+def test_importing_the_self_check_and_its_statistics_loads_no_torch() -> None:
+    code = (
+        "import sys, traceml_nb.selfcheck, traceml_nb.selfcheck.stats, traceml_nb.selfcheck.cli\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'pynvml') if m in sys.modules))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_mapping_child_without_a_visible_device_reports_a_cpu_run_with_a_reason() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "traceml_nb.selfcheck.mapping_child"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARKER)]
+    assert len(lines) == 1, proc.stdout
+    child = json.loads(lines[0][len(MARKER) :])
+    assert child["count"] == 0 and "uuid0" not in child
+    assert child["device_kind"] == "cpu"
+    assert child["gpu_tables"] == []
+    assert child["gpu_events"] is False and child["gpu_events_why"]
+
+
+# --- stats ----------------------------------------------------------------------------------------
+def test_per_step_and_percent_conversions() -> None:
+    assert stats.per_step_us(5_000_000, 100) == 50.0  # 5 ms over 100 steps
+    assert stats.per_step_us(-1_000, 1) == -1.0
+    assert stats.percent_of(5.0, 1000.0) == 0.5
+    assert stats.percent_of(-20.0, 80.0) == -25.0
+
+
+def test_paired_differences_are_variant_minus_plain_pair_by_pair() -> None:
+    assert stats.paired_differences([10, 20, 30], [11, 18, 35]) == [1, -2, 5]
+    with pytest.raises(ValueError):
+        stats.paired_differences([1, 2], [1])
+    with pytest.raises(ValueError):
+        stats.paired_differences([], [])
+
+
+def test_quantile_interpolates_between_order_statistics() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]  # any order
+    assert stats.quantile(values, 0.0) == 1.0
+    assert stats.quantile(values, 1.0) == 4.0
+    assert stats.quantile(values, 0.5) == 2.5
+    assert stats.quantile(values, 0.25) == 1.75  # position 0.75 between 1 and 2
+    assert stats.quantile([7.0], 0.9) == 7.0
+    with pytest.raises(ValueError):
+        stats.quantile([], 0.5)
+    with pytest.raises(ValueError):
+        stats.quantile(values, 1.5)
+
+
+def test_median_interval_uses_binomial_order_statistics() -> None:
+    # n = 10 at 95%: P(Binomial(10, 1/2) <= 1) = 11/1024 <= 2.5%, <= 2 is 56/1024: ranks 2 and 9
+    assert stats.median_interval([10, 3, 7, 1, 9, 2, 8, 4, 6, 5]) == Estimate(5.5, 2, 9)
+    # n = 20: P(<= 5) = 21700/2**20 <= 2.5%, P(<= 6) is not: ranks 6 and 15
+    assert stats.median_interval(list(range(1, 21))) == Estimate(10.5, 6, 15)
+    # n = 6: only the whole range reaches 95% (1 - 2/64)
+    assert stats.median_interval([6, 5, 4, 3, 2, 1]) == Estimate(3.5, 1, 6)
+    # n = 5: too few for 95%; the whole range, said in the docstring
+    assert stats.median_interval([5, 1, 4, 2, 3]) == Estimate(3, 1, 5)
+    # a lower confidence narrows it: n = 10 at 50%, P(<= 3) = 176/1024 <= 25%: ranks 4 and 7
+    assert stats.median_interval(list(range(1, 11)), confidence=0.5) == Estimate(5.5, 4, 7)
+    assert stats.median_interval([3.0]) == Estimate(3.0, 3.0, 3.0)
+    with pytest.raises(ValueError):
+        stats.median_interval([])
+    with pytest.raises(ValueError):
+        stats.median_interval([1.0], confidence=1.0)
+
+
+def test_added_per_step_us_is_the_median_pair_per_step_with_its_interval() -> None:
+    steps = 100
+    plain = [1_000_000_000] * 10
+    added_ns = [1_000_000 * k for k in (10, 3, 7, 1, 9, 2, 8, 4, 6, 5)]  # 1..10 ms a loop
+    variant = [p + a for p, a in zip(plain, added_ns, strict=True)]
+    # 1..10 ms over 100 steps: 10..100 us a step; ranks 2 and 9 at 95%
+    assert stats.added_per_step_us(plain, variant, steps) == Estimate(55.0, 20.0, 90.0)
+
+
+def test_median_difference_resamples_whole_pairs() -> None:
+    # every pair adds 4 to its block's median: every resample says 4
+    plain = [[10.0, 12.0], [11.0, 13.0]]
+    variant = [[14.0, 16.0], [15.0, 17.0]]
+    assert stats.median_difference(plain, variant) == Estimate(4.0, 4.0, 4.0)
+    # pair 0 adds 1, pair 1 adds 3: a resample of pair 0 twice says 1, of pair 1 twice 3,
+    # of both 2; each of the first two has probability 1/4, so both ends are reached
+    assert stats.median_difference([[10.0], [10.0]], [[11.0], [13.0]]) == Estimate(2.0, 1.0, 3.0)
+    with pytest.raises(ValueError):
+        stats.median_difference([[1.0]], [[1.0], [2.0]])
+
+
+def test_bootstrap_interval_is_reproducible_and_spans_the_resampled_statistic() -> None:
+    def mean_index(pick: list[int]) -> float:
+        return sum(pick) / len(pick)
+
+    first = stats.bootstrap_interval(mean_index, 5, seed=7)
+    assert first == stats.bootstrap_interval(mean_index, 5, seed=7)
+    assert 0.0 <= first[0] < 2.0 < first[1] <= 4.0
+    assert stats.bootstrap_interval(mean_index, 1) == (0.0, 0.0)  # one pair: nothing varies
+    with pytest.raises(ValueError):
+        stats.bootstrap_interval(mean_index, 0)
+
+
+def test_paired_added_agrees_with_the_general_functions() -> None:
+    plain = [1_000_000_000, 1_100_000_000, 1_000_000_000]
+    traced = [1_005_000_000, 1_099_000_000, 1_020_000_000]
+    a = paired_added(plain, traced, 100)
+    est = stats.added_per_step_us(plain, traced, 100)
+    assert (a["median_us"], a["min_us"], a["max_us"]) == tuple(est)  # 3 pairs: the whole range
+    assert a["pairs"] == 3
+    assert a["min_pct"] == stats.percent_of(-1_000_000, 1_100_000_000)
+    assert a["max_pct"] == 2.0

@@ -6,15 +6,15 @@ import math
 
 import numpy as np
 import pytest
-
-from traceml_nb.analysis import analyze, detect_warmup, select_steps
-from traceml_nb.analysis.summary import NO_LOADER
-from traceml_nb.analysis.synthetic import (
+from builders import (
     CPU_ONLY,
     RecordBuilder,
     cpu_capabilities,
     gpu_capabilities,
 )
+
+from traceml_nb.analysis import analyze, detect_warmup, select_steps
+from traceml_nb.analysis.summary import NO_LOADER
 from traceml_nb.analysis.thresholds import WARMUP_MAX_SHARE, WARMUP_SLOW_FACTOR
 from traceml_nb.capabilities import Capabilities
 from traceml_nb.record import (
@@ -73,8 +73,8 @@ def test_two_training_loaders_zipped_count_each_step_once():
     b = RecordBuilder()
     b.loader()
     b.loader()
-    b.steps(3, 10.0, flags=FLAG_INTERLEAVED)
-    b.steps(3, 10.0, source=1, flags=FLAG_INTERLEAVED)
+    b.steps(3, 10.0)
+    b.steps(3, 10.0, source=1, leads=False)  # fetched after loader 0 in each step
     cols, source = select_steps(b.finish())
     assert source == "dataloader"
     assert len(cols) == 3 and set(cols.source) == {0}
@@ -110,12 +110,12 @@ def test_busiest_loader_when_nothing_trains():
     b.loader(training=False)
     b.steps(3, 5.0, source=0)
     b.steps(7, 6.0, source=1)
-    b.steps(1, 6.0, source=1, flags=FLAG_TRUNCATED)
+    b.steps(1, 6.0, source=1, flags=FLAG_TRUNCATED)  # consumed, then the run ended: a step
     record = b.finish()
     cols, source = select_steps(record)
     assert source == "dataloader"
     assert set(cols.source) == {1}
-    assert len(cols) == 7
+    assert len(cols) == 8
     summary = analyze(record, cpu_capabilities(), warmup=0).summary
     assert [p.name for p in summary.phases] == ["loader 0"]
 
@@ -329,7 +329,7 @@ def test_samples_outside_a_short_run():
     s = analyze(b.finish(), cpu_capabilities(), cpus_available=2).summary
     assert s.system_cpu_median_pct is None
     assert s.unavailable["system_cpu_median_pct"] == (
-        "no sample fell inside the steady steps (run too short for the sampler)"
+        "no sample fell inside the steady steps: the run was too short for the sampler"
     )
 
 

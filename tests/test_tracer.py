@@ -84,7 +84,9 @@ def test_num_workers_2_with_prefetch_waits_much_less() -> None:
     loader = DataLoader(SleepyDataset(), batch_size=BATCH, num_workers=2, prefetch_factor=4)
     with traceml_nb.Run("nw2", sample=False) as run:
         for x, y in loader:
-            train_step(model, opt, x, y, compute_s=0.012)  # workers keep up behind the compute
+            # Each worker has two 40 ms steps to load a batch of 16 ms of sleeps: slack for the
+            # eight wake-ups a batch even when a busy machine hands the workers the CPU late.
+            train_step(model, opt, x, y, compute_s=0.04)
     waits_ms = [run.record.steps.wait_ns[i] / 1e6 for i in rows(run, 0)[2:]]
     assert statistics.median(waits_ms) < 0.25 * SLEEP_S * BATCH * 1e3
     assert run.record.loaders[0].num_workers == 2
@@ -331,57 +333,35 @@ class _Iter:
         return torch.zeros(4, 1)
 
 
-def test_the_log_becomes_rows_after_a_while_after_many_events_and_at_the_end() -> None:
-    from traceml_nb.instrument.tracer import (
-        CHECK_EVERY,
-        PROCESS_EVENTS,
-        PROCESS_EVERY_NS,
-        StepTracer,
-    )
+def test_the_log_becomes_rows_every_few_hundred_events_and_at_the_end() -> None:
+    from traceml_nb.instrument.tracer import PROCESS_EVENTS, StepTracer
     from traceml_nb.record import RunRecord
 
     clock = _ManualClock()
     tracer = StepTracer(RunRecord(), clock=clock)
     it = _Iter()
     fetch = tracer.wrap_next(it.next_batch)
-    fetch(it)  # an iterator's first fetch checks; nothing is due yet: it processes at once
-    for _ in range(9):
+    for _ in range(10):
         clock.ns += 1_000_000  # 1 ms steps
         fetch(it)
-    assert len(tracer.record.steps) == 0  # logged, not processed: 9 ms is not a while
-    clock.ns += PROCESS_EVERY_NS
-    fetch(it)
-    assert len(tracer.record.steps) == 0  # past the interval, but a common fetch checks nothing
-    while it._num_yielded < CHECK_EVERY:
+    assert len(tracer.record.steps) == 0  # logged, not segmented yet
+    while len(tracer.log) < PROCESS_EVENTS - 1:
         clock.ns += 1_000_000
         fetch(it)
     assert len(tracer.record.steps) == 0
-    fetch(it)  # one fetch in CHECK_EVERY after the first checks: the interval has passed
-    assert len(tracer.record.steps) == CHECK_EVERY
+    clock.ns += 1_000_000
+    fetch(it)  # the log reaches PROCESS_EVENTS: segmented at once, on this thread
+    assert tracer.log == [] and tracer.processing_ns > 0
+    rows = len(tracer.record.steps)
+    assert rows == it._num_yielded - 1  # every step but the open one
     assert list(tracer.record.steps.wall_ns[:9]) == [1_000_000] * 9
-
-    # fast steps: once the log holds PROCESS_EVENTS events, at the next check
-    done = it._num_yielded
-    first_check = next(
-        n
-        for n in range(done + CHECK_EVERY, done + 10 * CHECK_EVERY, CHECK_EVERY)
-        if n - done >= PROCESS_EVENTS
-    )
-    while it._num_yielded < first_check - 1:
-        clock.ns += 1_000
-        fetch(it)
-    assert len(tracer.record.steps) == CHECK_EVERY
-    clock.ns += 1_000
-    fetch(it)
-    assert len(tracer.record.steps) == first_check - 1
-
     clock.ns += 1_000_000
     fetch(it)
-    tracer.close()  # processes the rest and closes the open step as truncated
+    tracer.close()  # segments the rest and closes the open step as truncated
     steps = tracer.record.steps
-    assert len(steps) == first_check + 1
+    assert len(steps) == it._num_yielded
     assert steps.flags[-1] & FLAG_TRUNCATED
-    assert tracer.record.loaders[0].fetches == first_check + 1
+    assert tracer.record.loaders[0].fetches == it._num_yielded
 
 
 def test_a_loader_iterated_in_another_thread_keeps_every_step() -> None:
@@ -408,7 +388,7 @@ def test_a_loader_iterated_in_another_thread_keeps_every_step() -> None:
     assert run.record.loaders[0].fetches == 100
     assert run.record.optimizer_steps == 100
     assert len(rows(run, 0)) == 100
-    assert run._tracer.processing_ns > 0  # the tracer timed its own processing
+    assert run.tracer.processing_ns > 0  # the tracer timed its own segmenting
 
 
 def test_two_threads_each_iterating_a_loader_keep_their_own_steps_and_sizes() -> None:
@@ -454,24 +434,29 @@ class _WatchedIter(_Iter):
         self._sampler = sampler
 
 
-def test_the_common_fetch_reads_nothing_from_the_iterator() -> None:
-    from traceml_nb.instrument.tracer import CHECK_EVERY, StepTracer
+def test_a_fetch_reads_only_the_batch_count_from_the_iterator() -> None:
+    """The loader behind an iterator is read at its first fetch only; every fetch logs one
+    :class:`Fetch` with the iterator's id, its batch count and the batch size."""
+    from traceml_nb.events import Fetch, IteratorStarted
+    from traceml_nb.instrument.tracer import StepTracer
     from traceml_nb.record import RunRecord
 
     tracer = StepTracer(RunRecord())
+    tracer.attach_reader()  # nothing is segmented until close()
     it = _WatchedIter()
     fetch = tracer.wrap_next(it.next_batch)
-    fetch(it)  # the iterator's first fetch: its loader is registered
+    fetch(it)  # the iterator's first fetch: its loader is announced
     first = _WatchedIter.reads
     assert first >= 1
-    for _ in range(CHECK_EVERY - 1):
+    for _ in range(299):
         fetch(it)
     assert _WatchedIter.reads == first
-    assert tracer._log[-1][0] is it and len(tracer._log[-1]) == 4  # (it, enter, exit, size)
-    fetch(it)  # the check
-    assert _WatchedIter.reads == first + 1
+    started, *fetches = tracer.log
+    assert type(started) is IteratorStarted and started.iterator == id(it)
+    assert all(type(f) is Fetch and f.iterator == id(it) and f.batch == 4 for f in fetches)
+    assert [f.number for f in fetches] == list(range(1, 301))
     tracer.close()
-    assert tracer.record.loaders[0].fetches == CHECK_EVERY + 1
+    assert tracer.record.loaders[0].fetches == 300
     assert set(tracer.record.steps.batch) == {4}
 
 
@@ -525,30 +510,31 @@ def test_an_interrupt_while_the_log_is_processed_loses_no_later_event(monkeypatc
     reached stay in the log and the run's end turns them into rows."""
     from traceml_nb.instrument.tracer import StepTracer
     from traceml_nb.record import RunRecord
+    from traceml_nb.segment import StepSegmenter
 
-    clock = _ManualClock()
-    tracer = StepTracer(RunRecord(), clock=clock)
-    it = _Iter()
-    fetch = tracer.wrap_next(it.next_batch)
-    fetch(it)
-    for _ in range(9):
-        clock.ns += 1_000_000
-        fetch(it)
-    real = StepTracer._fetch_event
+    real = StepSegmenter._fetch
     calls = []
 
-    def interrupted_once(self, *fetch):
+    def interrupted_once(self, event):
         calls.append(1)
-        if len(calls) == 5:
+        if len(calls) == 6:
             raise KeyboardInterrupt
-        return real(self, *fetch)
+        return real(self, event)
 
-    monkeypatch.setattr(StepTracer, "_fetch_event", interrupted_once)
+    monkeypatch.setattr(StepSegmenter, "_fetch", interrupted_once)
+    clock = _ManualClock()
+    tracer = StepTracer(RunRecord(), clock=clock)
+    tracer.attach_reader()  # nothing is segmented until the reader asks
+    it = _Iter()
+    fetch = tracer.wrap_next(it.next_batch)
+    for _ in range(10):
+        clock.ns += 1_000_000
+        fetch(it)
     with pytest.raises(KeyboardInterrupt):
         tracer.process()
-    assert len(tracer._log) == 9 - 5  # the events after the interrupted one are back
+    assert len(tracer.log) == 10 - 6  # the events after the interrupted one are back
     assert len(tracer.record.steps) == 4  # rows made before the interrupt are written
-    monkeypatch.setattr(StepTracer, "_fetch_event", real)
+    monkeypatch.setattr(StepSegmenter, "_fetch", real)
     tracer.close()
     assert len(tracer.record.steps) == 9  # one fetch lost to the interrupt, no more
     assert tracer.record.steps.flags[-1] & FLAG_TRUNCATED
@@ -609,40 +595,30 @@ class _PreBatched(Dataset):
         return torch.randn(i + 2, 4), torch.arange(i + 2)
 
 
-def _loaders() -> dict[str, tuple[DataLoader, bool]]:
-    """Loaders, and whether their batch sizes are counted (not read from the batches)."""
+def _loaders() -> dict[str, DataLoader]:
+    """Loaders whose batches vary in size in every way a loader can make them vary."""
     return {
-        "partial last batch": (DataLoader(_PAIRS, batch_size=5), True),
-        "drop_last": (DataLoader(_PAIRS, batch_size=5, drop_last=True), True),
-        "shuffled": (DataLoader(_PAIRS, batch_size=6, shuffle=True), True),
-        "subset sampler": (
-            DataLoader(
-                _PAIRS, batch_size=4, sampler=torch.utils.data.SubsetRandomSampler(range(0, 23, 2))
-            ),
-            True,
+        "partial last batch": DataLoader(_PAIRS, batch_size=5),
+        "drop_last": DataLoader(_PAIRS, batch_size=5, drop_last=True),
+        "shuffled": DataLoader(_PAIRS, batch_size=6, shuffle=True),
+        "subset sampler": DataLoader(
+            _PAIRS, batch_size=4, sampler=torch.utils.data.SubsetRandomSampler(range(0, 23, 2))
         ),
-        "two workers": (DataLoader(_PAIRS, batch_size=5, num_workers=2), True),
-        "dict batches": (DataLoader(_dict_items(11), batch_size=4), True),
-        "length changes per epoch": (
-            DataLoader(_PAIRS, batch_size=4, sampler=_CurriculumSampler([23, 10, 3])),
-            True,
+        "two workers": DataLoader(_PAIRS, batch_size=5, num_workers=2),
+        "dict batches": DataLoader(_dict_items(11), batch_size=4),
+        "length changes per epoch": DataLoader(
+            _PAIRS, batch_size=4, sampler=_CurriculumSampler([23, 10, 3])
         ),
-        "sampler without len": (DataLoader(_PAIRS, batch_size=5, sampler=_NoLenSampler(23)), False),
-        "collate that drops samples": (
-            DataLoader(_PAIRS, batch_size=5, collate_fn=_drop_odd),
-            False,
-        ),
-        "custom batch sampler": (DataLoader(_PAIRS, batch_sampler=[[0, 1, 2], [3], [4, 5]]), False),
-        "pre-batched items, no batching": (DataLoader(_PreBatched(), batch_size=None), False),
+        "sampler without len": DataLoader(_PAIRS, batch_size=5, sampler=_NoLenSampler(23)),
+        "collate that drops samples": DataLoader(_PAIRS, batch_size=5, collate_fn=_drop_odd),
+        "custom batch sampler": DataLoader(_PAIRS, batch_sampler=[[0, 1, 2], [3], [4, 5]]),
+        "pre-batched items, no batching": DataLoader(_PreBatched(), batch_size=None),
     }
 
 
 @pytest.mark.parametrize("name", list(_loaders()))
-def test_batch_sizes_are_the_batches_real_sizes_whether_counted_or_read(name: str) -> None:
-    from traceml_nb.instrument.tracer import counted_batch_size
-
-    loader, counted = _loaders()[name]
-    assert (counted_batch_size(iter(loader)) > 0) is counted
+def test_batch_sizes_are_the_batches_real_sizes(name: str) -> None:
+    loader = _loaders()[name]
     real = []
     with traceml_nb.Run(name, sample=False) as run:
         for epoch in range(3):
@@ -657,7 +633,7 @@ def test_batch_sizes_are_the_batches_real_sizes_whether_counted_or_read(name: st
 
 
 def test_a_dataset_that_iterates_a_loader_itself_keeps_both_sizes_right() -> None:
-    inner = DataLoader(_PAIRS, batch_size=3, collate_fn=_drop_odd)  # sizes read
+    inner = DataLoader(_PAIRS, batch_size=3, collate_fn=_drop_odd)
 
     class Nested(Dataset):
         def __len__(self) -> int:
@@ -667,7 +643,7 @@ def test_a_dataset_that_iterates_a_loader_itself_keeps_both_sizes_right() -> Non
             x, y = next(iter(inner))
             return x.sum(0), i
 
-    outer = DataLoader(Nested(), batch_size=4)  # sizes counted
+    outer = DataLoader(Nested(), batch_size=4)
     with traceml_nb.Run("nested", sample=False) as run:
         sizes = [len(y) for _x, y in outer]
     slot = {info.batch_size: info.slot for info in run.record.loaders}
@@ -676,14 +652,7 @@ def test_a_dataset_that_iterates_a_loader_itself_keeps_both_sizes_right() -> Non
 
 
 def test_with_a_reader_attached_the_loop_only_logs_until_the_reader_processes() -> None:
-    from traceml_nb.instrument.tracer import (
-        CHECK_EVERY,
-        PROCESS_EVENTS,
-        PROCESS_EVERY_NS,
-        READER_EVERY_NS,
-        READER_MAX_EVENTS,
-        StepTracer,
-    )
+    from traceml_nb.instrument.tracer import PROCESS_EVENTS, READER_MAX_EVENTS, StepTracer
     from traceml_nb.record import RunRecord
 
     clock = _ManualClock()
@@ -694,22 +663,15 @@ def test_with_a_reader_attached_the_loop_only_logs_until_the_reader_processes() 
     for _ in range(PROCESS_EVENTS + 10):
         clock.ns += 2_000_000
         fetch(it)
-    assert clock.ns > PROCESS_EVERY_NS
-    assert len(tracer.record.steps) == 0  # past both of the loop's own triggers: only logged
+    assert len(tracer.record.steps) == 0  # past the loop's own trigger: only logged
     tracer.process()  # the reader, before it reads
     assert len(tracer.record.steps) == PROCESS_EVENTS + 9
-
-    # a reader that stopped reading: the loop processes after READER_EVERY_NS, at its next check
-    # (one fetch in CHECK_EVERY)...
-    clock.ns += READER_EVERY_NS
-    assert fetches_until_processed(tracer, fetch, it, clock) <= CHECK_EVERY
-    # ...or once the log holds READER_MAX_EVENTS events (its length is checked as often)
-    n = fetches_until_processed(tracer, fetch, it, clock)
-    assert READER_MAX_EVENTS <= n <= READER_MAX_EVENTS + CHECK_EVERY
-
-    tracer.attach_reader(False)  # the reader has stopped: the loop's own triggers again
-    n = fetches_until_processed(tracer, fetch, it, clock)
-    assert PROCESS_EVENTS <= n <= PROCESS_EVENTS + CHECK_EVERY
+    assert tracer.reader_processing_ns > 0 and tracer.processing_ns == 0
+    # a reader that fell behind or stopped: the loop segments once the log is that long
+    assert fetches_until_processed(tracer, fetch, it, clock) == READER_MAX_EVENTS
+    tracer.attach_reader(False)  # the reader has stopped: the loop's own trigger again
+    assert fetches_until_processed(tracer, fetch, it, clock) == PROCESS_EVENTS
+    tracer.close()
 
 
 def fetches_until_processed(tracer, fetch, it, clock) -> int:
@@ -735,9 +697,9 @@ def _train_and_evaluate(reader: bool) -> traceml_nb.Run:
     with traceml_nb.Run("reader" if reader else "inline", sample=False) as run:
 
         def read() -> None:
-            with run.step_reader():
+            with run.reading():
                 while not stop.is_set():
-                    run.process_steps()
+                    run.snapshot()
                     len(run.record.steps.snapshot().wall_ns)
 
         thread = threading.Thread(target=read)
@@ -771,67 +733,23 @@ def assert_same_steps(one: traceml_nb.Run, other: traceml_nb.Run) -> None:
 
 def test_a_reader_processing_on_its_own_thread_gives_the_rows_the_loop_would() -> None:
     inline, read = _train_and_evaluate(False), _train_and_evaluate(True)
-    assert read._tracer.reader_processing_ns > 0
+    assert read.tracer.reader_processing_ns > 0
     assert_same_steps(inline, read)
-
-
-def test_the_common_events_written_out_inline_give_the_rows_of_the_general_path(
-    monkeypatch,
-) -> None:
-    """The processing writes the usual events (an optimizer step with one loader, a common
-    fetch with a counted size) out inline; turned into their general forms before processing,
-    the same run gives the same rows."""
-    from traceml_nb.instrument.tracer import _COUNTED, _EPOCH, _OPT, _OPTIMIZER, StepTracer
-
-    inline = _train_and_evaluate(False)
-    real = StepTracer._process_log
-
-    def general_only(self) -> None:
-        self._log[:] = [
-            (_OPTIMIZER, 0, 0)  # once a loader has closed a step, only counted, as _OPT is
-            if ev is _OPT
-            else (*ev, _COUNTED)
-            if len(ev) == 3 and ev[0] is not _OPTIMIZER and ev[0] is not _EPOCH
-            else ev
-            for ev in self._log
-        ]
-        real(self)
-
-    monkeypatch.setattr(StepTracer, "_process_log", general_only)
-    general = _train_and_evaluate(False)
-    assert_same_steps(inline, general)
-
-
-def test_a_fetch_logged_as_counted_for_a_loader_whose_sizes_are_read_is_unknown() -> None:
-    """Two threads loading from two loaders can race on the hot path's 'sizes are counted'
-    flag: a loader whose sizes are read then gets an unknown size, never a wrong one."""
-    from traceml_nb.instrument.tracer import _COUNTED, StepTracer
-    from traceml_nb.record import RunRecord
-
-    loader = DataLoader(_PAIRS, batch_size=5, collate_fn=_drop_odd)  # sizes read
-    tracer = StepTracer(RunRecord())
-    tracer.attach_reader()  # nothing is processed until close()
-    it = iter(loader)
-    tracer.wrap_next(type(it).__next__)(it)
-    sampler, yielded, _t_enter, t_exit, _size, *rest = tracer._log[-1]
-    tracer._log.append((sampler, yielded + 1, t_exit + 10, t_exit + 20, _COUNTED, *rest))
-    tracer._log.append((it, t_exit + 30, t_exit + 40))  # a common fetch logged as counted
-    tracer.close()
-    assert list(tracer.record.steps.batch) == [3, -1, -1]  # 0, 2, 4 of the first five kept
 
 
 @pytest.mark.parametrize("who", ["the loop", "a reader"])
 def test_a_bug_in_our_processing_stops_the_tracing_not_the_training(monkeypatch, who) -> None:
-    from traceml_nb.instrument.tracer import PROCESS_EVENTS, StepTracer
+    from traceml_nb.instrument.tracer import PROCESS_EVENTS
+    from traceml_nb.segment import StepSegmenter
 
-    real = StepTracer._flush_rows
+    real = StepSegmenter._fetch
 
-    def broken_later(self):
+    def broken_later(self, event):
         if self.record.loaders[0].fetches >= 300:
             raise RuntimeError("a bug of ours")
-        real(self)
+        real(self, event)
 
-    monkeypatch.setattr(StepTracer, "_flush_rows", broken_later)
+    monkeypatch.setattr(StepSegmenter, "_fetch", broken_later)
     model, opt = model_and_opt()
     loader = DataLoader(
         TensorDataset(torch.randn(4000, 16), torch.zeros(4000).long()), batch_size=4
@@ -843,10 +761,10 @@ def test_a_bug_in_our_processing_stops_the_tracing_not_the_training(monkeypatch,
             traceml_nb.step()
             seen += 1
             if who == "a reader" and i % 100 == 99:
-                run.process_steps()
+                run.snapshot()
     assert seen == 1000  # every batch reached the loop
-    assert not run._tracer.active and run._tracer._log == []
-    assert "RuntimeError: a bug of ours" in run._tracer.error
+    assert not run.tracer.active and run.tracer.log == []
+    assert "RuntimeError: a bug of ours" in run.tracer.error
     assert any("step tracing stopped" in n for n in run.capabilities.notes)
     assert PROCESS_EVENTS <= list(run.record.steps.source).count(0) <= 300  # kept, then stopped
     assert run.record.loaders[0].fetches <= 300

@@ -1,36 +1,28 @@
-"""``%%traceml`` (measure a cell) and ``%traceml`` (the session's runs): a thin shell over Run.
+"""``%%traceml`` (measure a cell) and ``%traceml`` (the session's runs): a thin shell holding
+the kernel's :class:`~traceml_nb.session.Session`.
 
-The cell runs the way ``%%time`` runs it, only closer to a normal cell: IPython's input
-transforms and AST transformers, compiled by the shell's compiler under the cell's own name
-(so a traceback shows ``Cell In[n], line k`` with the user's line), executed in the user
-namespace, the trailing expression shown by the shell's displayhook exactly as a plain cell
-would (``Out[n]``, ``_``, a trailing ``;`` silences it). The magic's own frames are hidden
-from tracebacks; every exception, ``KeyboardInterrupt`` included, leaves the magic unchanged
-after the run has been stopped, reported and recorded.
-
-The magic only sets things up and tears them down: nothing here runs per training step.
+The cell runs as a plain cell would (:mod:`.cell`). The magic's own frames are hidden from
+tracebacks; every exception, ``KeyboardInterrupt`` included, leaves the magic unchanged after
+the run has been stopped, reported and recorded. Nothing here runs per training step.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import keyword
 import shlex
 import sys
-import textwrap
 import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import CodeType
 from typing import Any
 
-from IPython.core.displayhook import DisplayHook
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from .cell import cell_context, compile_cell, default_name, execute
 from .run import (
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
@@ -39,6 +31,7 @@ from .run import (
     resolve_device,
     validate_interval,
 )
+from .session import Session, default_session
 from .views.frontend import (
     VIEW_CHOICES,
     Frontend,
@@ -46,8 +39,6 @@ from .views.frontend import (
     detect_frontend,
     prepare_widgets,
 )
-
-NAME_MAX_CHARS = 60
 
 
 # --- arguments ---------------------------------------------------------------------------------
@@ -79,19 +70,10 @@ def _identifier(text: str) -> str:
 
 
 def _device(text: str) -> str:
-    try:
-        kind, index = resolve_device(text)
+    try:  # caught here: a bad index would otherwise fail inside the user's training loop
+        resolve_device(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if kind == "cuda" and index is not None:
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count and index >= count:
-            # caught here: a bad index would otherwise fail inside the user's training loop
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
-            )
     return text
 
 
@@ -127,153 +109,6 @@ def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
     )
 
 
-# --- the cell ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CellContext:
-    """Where the cell comes from: its execution count, frontend cell id and full raw text."""
-
-    number: int
-    cell_id: str | None
-    raw_cell: str | None
-    silent: bool = False
-
-
-def cell_context(shell: Any) -> CellContext:
-    """What the shell knows about the cell being executed (IPython 8+ and ipykernel 6+)."""
-    exec_result = getattr(shell.displayhook, "exec_result", None)
-    info = getattr(exec_result, "info", None)
-    number = getattr(exec_result, "execution_count", None) or shell.execution_count
-    cell_id = getattr(info, "cell_id", None) or _parent_cell_id(shell)
-    return CellContext(
-        number=int(number),
-        cell_id=str(cell_id) if cell_id else None,
-        raw_cell=getattr(info, "raw_cell", None),
-        silent=bool(getattr(info, "silent", False)),
-    )
-
-
-def _parent_cell_id(shell: Any) -> str | None:
-    """The frontend's cell id in the execute_request metadata (JupyterLab, Notebook 7, VS Code)."""
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None:
-        return None
-    try:
-        parent = kernel.get_parent("shell")
-    except TypeError:  # ipykernel < 6
-        parent = kernel.get_parent()
-    except Exception:
-        return None
-    metadata = (parent or {}).get("metadata") or {}
-    return metadata.get("cellId") or metadata.get("cell_id")
-
-
-def default_name(cell: str, number: int) -> str:
-    """The cell's leading comment (``# ResNet-18, 4 workers``), else ``cell [n]``."""
-    for line in cell.splitlines():
-        text = line.strip()
-        if not text:
-            continue
-        if text.startswith("#"):
-            label = text.lstrip("#").strip()
-            if label:
-                return textwrap.shorten(label, NAME_MAX_CHARS, placeholder="…")
-            continue
-        break
-    return f"cell [{number}]"
-
-
-@dataclass(frozen=True)
-class CompiledCell:
-    """The cell body as code objects: ``statements`` run with ``exec``, then each of
-    ``displayed`` (compiled in ``'single'`` mode, so its value goes to the displayhook)."""
-
-    statements: CodeType
-    displayed: list[CodeType]
-    filename: str
-
-
-def _body_offset(raw_cell: str | None, body: str) -> int:
-    """How many lines of the raw cell precede the body (the ``%%traceml`` line: 1), or -1."""
-    if not raw_cell:
-        return -1
-    lines = raw_cell.splitlines(keepends=True)
-    for i in range(1, min(len(lines), 4) + 1):
-        if "".join(lines[i:]).rstrip("\n") == body.rstrip("\n"):
-            return i
-    return -1
-
-
-def _split_interactive(
-    nodes: list[ast.stmt], interactivity: str
-) -> tuple[list[ast.stmt], list[ast.stmt]]:
-    """Which trailing nodes show their value, following IPython's ``ast_node_interactivity``."""
-    if not nodes or interactivity == "none":
-        return nodes, []
-    if interactivity == "last_expr_or_assign":
-        last = nodes[-1]
-        target: ast.expr | None = None
-        if isinstance(last, (ast.AugAssign, ast.AnnAssign)):
-            target = last.target
-        elif isinstance(last, ast.Assign) and len(last.targets) == 1:
-            target = last.targets[0]
-        if isinstance(target, ast.Name):
-            shown = ast.Expr(ast.Name(target.id, ast.Load()))
-            ast.copy_location(shown, last)
-            ast.fix_missing_locations(shown)
-            nodes = [*nodes, shown]
-        interactivity = "last_expr"
-    if interactivity == "last_expr":
-        return (nodes[:-1], nodes[-1:]) if isinstance(nodes[-1], ast.Expr) else (nodes, [])
-    if interactivity == "last":
-        return nodes[:-1], nodes[-1:]
-    if interactivity == "all":
-        return [], nodes
-    return nodes, []
-
-
-def compile_cell(shell: Any, cell: str, context: CellContext) -> CompiledCell:
-    """Transform and compile ``cell`` like IPython compiles a plain cell.
-
-    The full raw cell (``%%traceml`` line included) is put in the line cache under the
-    cell's name and the body's line numbers are shifted past the magic line, so tracebacks
-    show the user's own lines with the numbers the notebook shows.
-    """
-    transformed = shell.transform_cell(cell)
-    offset = _body_offset(context.raw_cell, cell)
-    if offset >= 0 and context.raw_cell is not None:
-        filename = shell.compile.cache(context.raw_cell, context.number, raw_code=context.raw_cell)
-    else:
-        offset = 0
-        filename = shell.compile.cache(transformed, context.number, raw_code=cell)
-    try:
-        tree = shell.compile.ast_parse(transformed, filename=filename)
-    except SyntaxError as exc:
-        if exc.lineno is not None:
-            exc.lineno += offset
-        raise
-    ast.increment_lineno(tree, offset)
-    tree = shell.transform_ast(tree)
-    interactivity = "none" if context.silent else shell.ast_node_interactivity
-    if DisplayHook.semicolon_at_end_of_expression(transformed):
-        interactivity = "none"
-    statements, displayed = _split_interactive(list(tree.body), interactivity)
-    return CompiledCell(
-        statements=shell.compile(ast.Module(statements, type_ignores=[]), filename, "exec"),
-        displayed=[
-            shell.compile(ast.Interactive([node]), filename, "single") for node in displayed
-        ],
-        filename=filename,
-    )
-
-
-def execute(compiled: CompiledCell, namespace: dict[str, Any]) -> None:
-    """Run the compiled cell in ``namespace``; the last expression goes to the displayhook."""
-    __tracebackhide__ = True  # noqa: F841 (read by IPython's traceback formatter)
-    exec(compiled.statements, namespace)
-    for code in compiled.displayed:
-        exec(code, namespace)
-
-
 # --- the magics --------------------------------------------------------------------------------
 LINE_HELP = """\
 %traceml: the runs measured in this kernel session.
@@ -298,6 +133,11 @@ class TraceMLMagics(Magics):
     def user_ns(self) -> dict[str, Any]:
         assert self.shell is not None
         return self.shell.user_ns
+
+    @property
+    def session(self) -> Session:
+        """The kernel's session: its runs, their history and comparisons."""
+        return default_session()
 
     @magic_arguments(name="%traceml")
     @argument(
@@ -395,11 +235,14 @@ class TraceMLMagics(Magics):
             raise UsageError("%%traceml: the cell is empty; put the training code under %%traceml")
         context = cell_context(self.shell)
         compiled = compile_cell(self.shell, cell, context)
-        name = options.name or default_name(cell, context.number)
-        cell_key = context.cell_id
-        run = Run(
-            name, interval=options.interval, device=options.device, source=cell, cell_id=cell_key
+        run = self.session.run(
+            options.name or default_name(cell, context.number),
+            interval=options.interval,
+            device=options.device,
+            source=cell,
+            cell_id=context.cell_id,
         )
+        run.named = options.name is not None
         frontend = detect_frontend(self.shell)
         try:
             run.start()
@@ -410,19 +253,11 @@ class TraceMLMagics(Magics):
             view = start_live_view(run, options.view, frontend)
             execute(compiled, self.user_ns)
         except BaseException as exc:
-            self._finish(run, view, options, context, cell, exc)
+            self._finish(run, view, options, exc)
             raise
-        self._finish(run, view, options, context, cell, None)
+        self._finish(run, view, options, None)
 
-    def _finish(
-        self,
-        run: Run,
-        view: Any,
-        options: CellOptions,
-        context: CellContext,
-        cell: str,
-        exc: BaseException | None,
-    ) -> None:
+    def _finish(self, run: Run, view: Any, options: CellOptions, exc: BaseException | None) -> None:
         """Stop the run and the view, then report and record the run, whatever happened."""
         __tracebackhide__ = True  # noqa: F841
         try:
@@ -436,16 +271,10 @@ class TraceMLMagics(Magics):
                         f"live view failed: {type(view_exc).__name__}: {view_exc}"
                     )
         try:
-            from .result import conclude_run
+            from .views.report import Report
 
-            result = conclude_run(
-                run,
-                warmup=options.warmup,
-                compare=options.compare,
-                cell_key=context.cell_id,
-                source=cell,
-                named=options.name is not None,
-            )
+            result = self.session.result(run, warmup=options.warmup, compare=options.compare)
+            report = Report.of(result)
         except Exception as report_exc:  # a broken report must not hide the cell's own outcome
             where = traceback.extract_tb(report_exc.__traceback__)[-1]
             print(
@@ -456,11 +285,11 @@ class TraceMLMagics(Magics):
             )
             return
         if options.view == "text":
-            print(result.report)
+            print(report)
         else:
             from IPython.display import display
 
-            display(result.report)
+            display(report)
         if options.out:
             self.user_ns[options.out] = result
 
@@ -490,7 +319,7 @@ class TraceMLMagics(Magics):
             raise UsageError(
                 f"%traceml {command}: expected {arity} argument(s), got {len(args)}\n\n{LINE_HELP}"
             )
-        handler(*args)
+        handler(self.session, *args)
 
 
 def start_live_view(run: Run, view_option: str, frontend: Frontend) -> Any:
@@ -531,69 +360,55 @@ def start_live_view(run: Run, view_option: str, frontend: Frontend) -> Any:
 
 
 # --- %traceml commands ------------------------------------------------------------------------
-def _history() -> Any:
-    from .history import session_history
-
-    return session_history()
-
-
-def _cmd_help() -> None:
+def _cmd_help(session: Session) -> None:
     print(LINE_HELP)
 
 
-def _cmd_history() -> None:
+def _cmd_history(session: Session) -> None:
     from IPython.display import display
 
-    from .history import history_table, render_history_text
     from .views.report import HistoryTable
 
-    history = _history()
-    display(HistoryTable(history_table(history), render_history_text(history)))
+    display(HistoryTable.of(session.history))
 
 
-def _get_entry(history: Any, ref: str) -> Any:
+def _get_entry(session: Session, ref: str) -> Any:
     try:
-        return history.get(ref)
+        return session.get(ref)
     except KeyError as exc:
         raise UsageError(f"%traceml: {exc.args[0]}") from None
 
 
-def _cmd_compare(ref_a: str, ref_b: str) -> None:
+def _cmd_compare(session: Session, ref_a: str, ref_b: str) -> None:
     from IPython.display import display
 
     from .analysis import compare
     from .views.report import ComparisonView
 
-    history = _history()
-    before, after = _get_entry(history, ref_a), _get_entry(history, ref_b)
+    before, after = _get_entry(session, ref_a), _get_entry(session, ref_b)
     display(ComparisonView(before.label, after.label, compare(before, after)))
 
 
-def _cmd_save(path: str) -> None:
-    history = _history()
+def _cmd_save(session: Session, path: str) -> None:
     try:
-        history.save(path)
+        session.save(path)
     except OSError as exc:
         raise UsageError(f"%traceml save: cannot write {path!r}: {exc}") from None
-    print(f"traceml: saved {len(history.entries)} run(s) to {path}")
+    print(f"traceml: saved {len(session.history)} run(s) to {path}")
 
 
-def _cmd_load(path: str) -> None:
-    from .history import HistoryFileError
+def _cmd_load(session: Session, path: str) -> None:
+    from .session.history_file import HistoryFileError
 
-    history = _history()
     try:
-        loaded = history.load(path)
+        loaded = session.load(path)
     except HistoryFileError as exc:
         raise UsageError(f"%traceml load: {exc} (the history is unchanged)") from None
     print(f"traceml: loaded {loaded} run(s) from {path}")
 
 
-def _cmd_clear() -> None:
-    history = _history()
-    n = len(history.entries)
-    history.clear()
-    print(f"traceml: cleared {n} run(s) from the history")
+def _cmd_clear(session: Session) -> None:
+    print(f"traceml: cleared {session.clear()} run(s) from the history")
 
 
 _LINE_COMMANDS: dict[str, Callable[..., None]] = {
@@ -624,10 +439,13 @@ def _warm_up_imports() -> None:
 def register(ipython: Any) -> None:
     """Register the magics with ``ipython`` (``%load_ext traceml_nb``).
 
-    In a frontend that shows widgets, the live view's imports (~0.5 s) start at once on a
-    short-lived background thread, while the user's next cells run.
+    A ``RunResult`` shown in a cell (``res`` after ``-o res``) is shown as its report. In a
+    frontend that shows widgets, the live view's imports start at once on a short-lived
+    background thread, while the user's next cells run.
     """
     ipython.register_magics(TraceMLMagics)
+    html = ipython.display_formatter.formatters["text/html"]
+    html.for_type_by_name("traceml_nb.session.result", "RunResult", _result_html)
     if choose_live_view("auto", detect_frontend(ipython)) == "live":
         threading.Thread(target=_warm_up_imports, name=WARMUP_THREAD, daemon=True).start()
 
@@ -638,3 +456,13 @@ def unregister(ipython: Any) -> None:
     for kind in ("line", "cell"):
         magics[kind].pop("traceml", None)
     ipython.magics_manager.registry.pop(TraceMLMagics.__name__, None)
+    from .session.result import RunResult
+
+    ipython.display_formatter.formatters["text/html"].pop(RunResult, None)
+
+
+def _result_html(result: Any) -> str:
+    """A :class:`~traceml_nb.session.result.RunResult` shown in a cell: its report."""
+    from .views.report import Report
+
+    return Report.of(result)._repr_html_()

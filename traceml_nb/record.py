@@ -11,9 +11,10 @@ Missing values are ``NaN`` inside the tables and ``None`` in everything handed t
 from __future__ import annotations
 
 import math
+import time
 from array import array
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 NAN = float("nan")
@@ -25,10 +26,17 @@ SOURCE_MARKER = 253  #: explicit ``traceml_nb.step()`` / ``run.step()`` markers
 SOURCE_OPTIMIZER = 254  #: ``optimizer.step()`` boundaries (used when no DataLoader is seen)
 
 # --- step flags (bit field) -------------------------------------------------------------------
-FLAG_EPOCH_START = 1  #: first batch of a fresh iterator (its wait includes worker start-up)
-FLAG_INTERLEAVED = 2  #: another loader was iterated inside this step (e.g. an eval loop)
+FLAG_EPOCH_START = 1  #: first batch of an epoch (its wait includes worker start-up)
+#: a loader whose batches no optimizer step followed (an evaluation) was iterated inside this step
+FLAG_INTERLEAVED = 2
 FLAG_TRUNCATED = 4  #: closed by the end of the run, not by the next batch
 FLAG_OPTIMIZER_STEP = 8  #: at least one ``optimizer.step()`` ran inside this step
+
+
+def pack_meta(batch: int, source: int, flags: int) -> int:
+    """A row's batch size, source and flags as one int64: ``batch << 16 | source << 8 | flags``
+    (``batch`` -1 stays negative, so it unpacks as -1)."""
+    return (batch << 16) | (source << 8) | flags
 
 
 class StepTable:
@@ -47,10 +55,9 @@ class StepTable:
     ``source``    loader slot (0..249) or ``SOURCE_MARKER`` / ``SOURCE_OPTIMIZER``
     ``flags``     ``FLAG_*`` bits
 
-    Rows are packed as four int64 in a single array (start, wall, wait, and batch/source/flags
-    as ``batch << 16 | source << 8 | flags``) and written whole, many at a time by the
-    tracer's processing (:meth:`packed_writer`); the GPU columns are separate arrays that grow
-    only when a GPU value is set. Readers get plain typed columns from :meth:`snapshot`.
+    Rows are four int64 in a single array (start, wall, wait, and :func:`pack_meta` of batch,
+    source and flags), written whole; the GPU columns are separate arrays that grow only when a
+    GPU value is set. Readers get plain typed columns from :meth:`snapshot`.
     """
 
     COLUMNS = (
@@ -76,14 +83,16 @@ class StepTable:
     ) -> int:
         """Append one step (GPU columns pending) and return its row index."""
         rows = self._rows
-        rows.extend((start_ns, wall_ns, wait_ns, (batch << 16) | (source << 8) | flags))
+        rows.extend((start_ns, wall_ns, wait_ns, pack_meta(batch, source, flags)))
         return (len(rows) >> 2) - 1
 
-    def packed_writer(self) -> Callable[[Iterable[int]], None]:
-        """The tracer's writer: takes rows as a flat run of ints, four a row
-        ``(start_ns, wall_ns, wait_ns, meta)`` with ``meta = batch << 16 | source << 8 | flags``,
-        i.e. :meth:`append` for many rows in one call (and one atomic ``extend``)."""
-        return self._rows.extend
+    def extend(self, rows: Iterable[tuple[int, int, int, int, int, int]]) -> None:
+        """Append many steps ``(start_ns, wall_ns, wait_ns, batch, source, flags)`` in one atomic
+        ``extend``: a reader sees all of them or none."""
+        packed: list[int] = []
+        for start_ns, wall_ns, wait_ns, batch, source, flags in rows:
+            packed += (start_ns, wall_ns, wait_ns, pack_meta(batch, source, flags))
+        self._rows.extend(packed)
 
     def set_gpu(self, row: int, stall_ms: float, span_ms: float) -> None:
         """Fill in the GPU figures of ``row`` (resolved later than the row was written)."""
@@ -241,7 +250,11 @@ class SampleTable:
 
 @dataclass
 class LoaderInfo:
-    """What we learned about one DataLoader seen in the run (its settings, for the advice)."""
+    """One DataLoader seen in the run: its settings (for the advice) and what the loop did with it.
+
+    A loader is told apart from another by its batch sampler (a DataLoader keeps the same one
+    from epoch to epoch, while it makes a new iterator each epoch).
+    """
 
     slot: int
     num_workers: int
@@ -254,7 +267,11 @@ class LoaderInfo:
     iterable: bool
     fetches: int = 0
     epochs: int = 0
-    optimizer_steps: int = 0  #: optimizer steps taken while this loader was the last one fetched
+    #: optimizer steps that ran inside this loader's steps (its batches were followed by them)
+    optimizer_steps: int = 0
+    #: steps this loader's fetch began: the first fetch of the run or the first after an
+    #: optimizer step. A loader drawn inside another's steps (an inner draw) leads none.
+    leads: int = 0
 
     @property
     def is_training(self) -> bool:
@@ -267,7 +284,11 @@ class LoaderInfo:
 
 @dataclass
 class RunRecord:
-    """Everything measured in one run; the input of the analysis and the views."""
+    """Everything measured in one run; the input of the analysis and the views.
+
+    The instruments and samplers write it while the run goes on; readers take a
+    :meth:`snapshot`.
+    """
 
     steps: StepTable = field(default_factory=StepTable)
     host: SampleTable | None = None
@@ -275,7 +296,7 @@ class RunRecord:
     loaders: list[LoaderInfo] = field(default_factory=list)
     optimizer_steps: int = 0
     markers: int = 0
-    first_fetch_wait_ns: dict[int, int] = field(default_factory=dict)
+    first_fetch_wait_ns: dict[int, int] = field(default_factory=dict)  #: by loader slot
     t0_ns: int = 0  #: ``perf_counter_ns`` at the run start
     t0_wall: float = 0.0  #: ``time.time()`` at the run start
     elapsed_ns: int = 0  #: run duration, set when the run ends (live: 0)
@@ -287,3 +308,40 @@ class RunRecord:
         if self.host is not None:
             total += self.host.nbytes
         return total + sum(t.nbytes for t in self.gpus.values())
+
+    def snapshot(self, start_row: int = 0, *, samples: bool = True) -> RecordSnapshot:
+        """A copy of the record as it is now: step rows from ``start_row`` on, the loaders, the
+        counters and (unless ``samples`` is False) every sample table. The step rows and the
+        loaders agree when their writer is paused (``Run.snapshot`` takes care of that while
+        the run goes on)."""
+        elapsed = self.elapsed_ns
+        if not elapsed and self.t0_ns:
+            elapsed = time.perf_counter_ns() - self.t0_ns
+        return RecordSnapshot(
+            steps=self.steps.snapshot(start_row),
+            loaders=tuple(replace(info) for info in self.loaders),
+            optimizer_steps=self.optimizer_steps,
+            markers=self.markers,
+            first_fetch_wait_ns=dict(self.first_fetch_wait_ns),
+            host=self.host.snapshot() if samples and self.host is not None else None,
+            gpus={i: table.snapshot() for i, table in self.gpus.items()} if samples else {},
+            elapsed_ns=elapsed,
+            ended=bool(self.elapsed_ns),
+        )
+
+
+@dataclass(frozen=True)
+class RecordSnapshot:
+    """An immutable copy of a :class:`RunRecord` (see there); sample tables as their columns."""
+
+    steps: StepColumns
+    loaders: tuple[LoaderInfo, ...]
+    optimizer_steps: int
+    markers: int
+    first_fetch_wait_ns: dict[int, int]
+    #: the host table's columns, ``t`` in seconds since the start (None: no host samples, or
+    #: not copied)
+    host: dict[str, array] | None
+    gpus: dict[int, dict[str, array]]  #: each GPU table's columns, by CUDA device index
+    elapsed_ns: int  #: the run's duration, or the time since its start while it runs
+    ended: bool  #: the run had ended when the copy was taken

@@ -7,9 +7,11 @@
             ...
     print(run.result())
 
-Entering installs the DataLoader wrapper and the optimizer step counting, and starts the sampler
+Entering installs the DataLoader wrapper and the optimizer step hook, and starts the sampler
 thread; leaving removes all of them in ``finally`` blocks, whatever ended the run, and never
-swallows or replaces the user's exception.
+swallows or replaces the user's exception. A run measures: it fills :attr:`Run.record` and
+:attr:`Run.capabilities`. What the numbers mean, the history and the report belong to the
+session the run reports to (:mod:`traceml_nb.session`).
 """
 
 from __future__ import annotations
@@ -18,18 +20,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from .capabilities import Capabilities
-from .record import RunRecord
-
-STATUS_RUNNING = "running"
-STATUS_COMPLETED = "completed"
-STATUS_FAILED = "failed"
-STATUS_INTERRUPTED = "interrupted"
+from .contracts import RunStatus
+from .record import RecordSnapshot, RunRecord
 
 MIN_INTERVAL_S = 0.02  #: 50 Hz
 MAX_INTERVAL_S = 1.0  #: 1 Hz
+
+#: Why the GPU figures of a run on the CPU are missing.
+NO_CUDA = "no CUDA device in this run, CPU only"
 
 _active_lock = threading.Lock()
 _active: Run | None = None
@@ -37,6 +38,17 @@ _active: Run | None = None
 
 class RunAlreadyActiveError(RuntimeError):
     """Raised when a run starts while another one is still measuring."""
+
+
+class Concluder(Protocol):
+    """What :meth:`Run.result` hands an ended run to: a session (``traceml_nb.Session``)."""
+
+    def result(self, run: Run) -> Any: ...
+
+
+#: The session of a run that was given none; the package sets it to the kernel's default
+#: session, so that this module needs nothing above it.
+default_session: Callable[[], Concluder] | None = None
 
 
 def active_run() -> Run | None:
@@ -47,38 +59,49 @@ def active_run() -> Run | None:
 def step() -> None:
     """Mark the end of a training step of a custom loop (no-op when no run is active)."""
     run = _active
-    if run is not None and run._tracer is not None:
-        run._tracer.marker()
+    if run is not None:
+        run.step()
 
 
 def resolve_device(device: str | int | None) -> tuple[str, int | None]:
-    """``(kind, cuda_index)`` for a ``--device`` value: None/'auto' picks CUDA when available."""
+    """``(kind, cuda_index)`` for a ``--device`` value: None/'auto' picks CUDA when available.
+
+    An index the machine does not have is refused here, before anything runs (a CPU-only
+    machine has no ``cuda:N`` at all)."""
     import torch
 
+    available = torch.cuda.is_available()
+    count = torch.cuda.device_count() if available else 0
     if device is None or device == "auto":
-        if torch.cuda.is_available():
-            return "cuda", torch.cuda.current_device()
-        return "cpu", None
-    if isinstance(device, int):
-        return "cuda", device
-    text = str(device).strip().lower()
-    if text == "cpu":
-        return "cpu", None
-    if text == "cuda":
-        return "cuda", 0 if not torch.cuda.is_available() else torch.cuda.current_device()
-    index = int(text[5:]) if text.startswith("cuda:") and text[5:].isdigit() else None
-    if index is None and text.isdigit():
-        index = int(text)
-    if index is not None:
-        if torch.cuda.is_available() and index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device cuda:{index} does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
-            )
-        return "cuda", index
-    raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        return ("cuda", torch.cuda.current_device()) if available else ("cpu", None)
+    if isinstance(device, int) and not isinstance(device, bool):
+        index: int | None = device
+    else:
+        text = str(device).strip().lower()
+        if text == "cpu":
+            return "cpu", None
+        if text == "cuda":
+            index = torch.cuda.current_device() if available else 0
+        elif text.startswith("cuda:") and text[5:].isdigit():
+            index = int(text[5:])
+        elif text.isdigit():
+            index = int(text)
+        else:
+            raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    assert index is not None
+    if not available:
+        if index > 0:
+            raise ValueError(f"device cuda:{index} does not exist: this machine has no CUDA device")
+        return "cuda", index  # a run on 'cuda' without CUDA: measured, its GPU figures explained
+    if index >= count:
+        raise ValueError(
+            f"device cuda:{index} does not exist: this machine has {count} CUDA device(s), "
+            f"cuda:0 to cuda:{count - 1}"
+        )
+    return "cuda", index
 
 
-def validate_interval(interval: float) -> float:
+def validate_interval(interval: float | str) -> float:
     """The sampler interval in seconds, checked against the supported 1–50 Hz."""
     try:
         value = float(interval)
@@ -96,14 +119,15 @@ class Run:
 
     Parameters
     ----------
-    name: label of the run in reports and history.
+    name: label of the run in reports and history (``named`` tells whether one was given).
     interval: sampler period in seconds (0.02–1.0; default 0.1 = 10 Hz).
     device: ``None``/``'auto'``, ``'cpu'``, ``'cuda'``, ``'cuda:N'``.
     sample: run the background samplers (GPU via NVML, host via psutil).
     nvml: an injected NVML backend (tests); ``None`` uses ``pynvml``.
     event_factory, stream_getter: injected CUDA-event class and stream (tests); on a CUDA
         device the real ``torch.cuda.Event`` is used automatically.
-    on_start, on_end: callbacks (the views) called with the run after it starts / ends.
+    source, cell_id: the code measured and the frontend's id of its cell, for the history.
+    session: where :meth:`result` reports (default: the kernel's session).
     """
 
     def __init__(
@@ -118,26 +142,24 @@ class Run:
         stream_getter: Callable[[], Any] | None = None,
         source: str | None = None,
         cell_id: str | None = None,
-        on_start: Callable[[Run], None] | None = None,
-        on_end: Callable[[Run], None] | None = None,
+        session: Concluder | None = None,
     ) -> None:
         self.name = name or "run"
-        self._named = name is not None
+        self.named = name is not None
         self.interval = validate_interval(interval)
         self.device_kind, self.cuda_index = resolve_device(device)
         self.sample = sample
         self.source = source
         self.cell_id = cell_id
+        self.session = session
         self.record = RunRecord()
         self.capabilities = Capabilities()
-        self.status = "created"
+        self.status: RunStatus = "created"
         self.error: str | None = None
         self.started_at: float | None = None
         self._nvml = nvml
         self._event_factory = event_factory
         self._stream_getter = stream_getter
-        self._on_start = on_start
-        self._on_end = on_end
         self._tracer: Any = None
         self._collector: Any = None
         self._result: Any = None
@@ -166,30 +188,23 @@ class Run:
             raise
 
     def _start(self) -> None:
-        from .instrument import patches
+        from .instrument import hooks
         from .instrument.tracer import StepTracer
 
         rec = self.record
         rec.t0_wall = time.time()
         rec.t0_ns = time.perf_counter_ns()
         self.started_at = rec.t0_wall
-        self.status = STATUS_RUNNING
-        gpu = self._make_gpu_timer()
-        self._tracer = StepTracer(rec, gpu=gpu)
+        self.status = "running"
+        self._tracer = StepTracer(rec, gpu=self._make_gpu_timer())
         self.capabilities.set("steps", True)
         self.capabilities.set("data_wait", True)
-        for note in patches.install(self._tracer):
-            self.capabilities.note(note)
+        hooks.install(self._tracer)
         if self.sample:
             self._start_sampling()
         else:
             for name in ("nvml", "gpu_utilisation", "host"):
                 self.capabilities.set(name, False, "sampling switched off for this run")
-        if self._on_start is not None:
-            try:
-                self._on_start(self)
-            except Exception as exc:
-                self.capabilities.note(f"live view failed to start: {type(exc).__name__}: {exc}")
 
     def _make_gpu_timer(self) -> Any:
         from .instrument.gpu_events import GpuStallTimer, cuda_event_factory, cuda_stream_getter
@@ -197,19 +212,13 @@ class Run:
         if self._event_factory is not None:
             self.capabilities.set("gpu_events", True)
             return GpuStallTimer(self.record.steps, self._event_factory, self._stream_getter)
-        if self.device_kind != "cuda":
-            import torch
+        import torch
 
-            why = (
-                "no CUDA device in this run (CPU-only)"
-                if not torch.cuda.is_available()
-                else "run set to device cpu"
-            )
+        if self.device_kind != "cuda":
+            why = NO_CUDA if not torch.cuda.is_available() else "the run watches the CPU"
             self.capabilities.set("gpu_events", False, why)
             self.capabilities.set("gpu_memory", False, why)
             return None
-        import torch
-
         if not torch.cuda.is_available():
             self.capabilities.set("gpu_events", False, "CUDA is not available to PyTorch")
             return None
@@ -226,8 +235,8 @@ class Run:
             [self.cuda_index] if self.device_kind == "cuda" and self.cuda_index is not None else []
         )
         if not devices:
-            self.capabilities.set("nvml", False, "no CUDA device in this run (CPU-only)")
-            self.capabilities.set("gpu_utilisation", False, "no CUDA device in this run (CPU-only)")
+            self.capabilities.set("nvml", False, NO_CUDA)
+            self.capabilities.set("gpu_utilisation", False, NO_CUDA)
         try:
             sources = open_sources(
                 self.record, self.capabilities, devices, nvml=self._nvml, gpu=bool(devices)
@@ -240,28 +249,6 @@ class Run:
         )
         self._collector.start()
 
-    def process_steps(self) -> None:
-        """Bring the step rows of :attr:`record` up to date with what the run has logged (they
-        otherwise lag the loop by up to a few hundred steps). Thread-safe: a reader of a
-        running run calls it before reading; see :meth:`step_reader`."""
-        if self._tracer is not None:
-            self._tracer.process()
-
-    @contextmanager
-    def step_reader(self) -> Iterator[None]:
-        """For the thread that reads the record while the run goes on (a live view): inside
-        the block it calls :meth:`process_steps` before each of its reads, so the training
-        loop only logs its steps; when the block ends the loop takes that work back."""
-        tracer = self._tracer
-        if tracer is None:
-            yield
-            return
-        tracer.attach_reader(True)
-        try:
-            yield
-        finally:
-            tracer.attach_reader(False)
-
     def step(self) -> None:
         """Explicit end-of-step marker for custom loops."""
         if self._tracer is not None:
@@ -269,30 +256,25 @@ class Run:
 
     def stop(self, exc: BaseException | None = None) -> None:
         """End the run; ``exc`` is the exception that ended it, if any."""
-        if self.status not in (STATUS_RUNNING,) and _active is not self:
+        if self.status != "running" and _active is not self:
             return
         if exc is None:
-            self.status = STATUS_COMPLETED
+            self.status = "completed"
         elif isinstance(exc, KeyboardInterrupt):
-            self.status = STATUS_INTERRUPTED
+            self.status = "interrupted"
             self.error = "KeyboardInterrupt"
         else:
-            self.status = STATUS_FAILED
+            self.status = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
         self._teardown()
-        if self._on_end is not None:
-            try:
-                self._on_end(self)
-            except Exception as exc2:
-                self.capabilities.note(f"report failed: {type(exc2).__name__}: {exc2}")
 
     def _teardown(self) -> None:
         """Remove everything this run installed; each part is attempted whatever the others do."""
         global _active
-        from .instrument import patches
+        from .instrument import hooks
 
         try:
-            for note in patches.uninstall():
+            for note in hooks.uninstall():
                 self.capabilities.note(note)
         finally:
             try:
@@ -322,16 +304,44 @@ class Run:
             )
 
     # --- reading --------------------------------------------------------------------------
-    def result(self) -> Any:
-        """The analysed result (:class:`traceml_nb.result.RunResult`) of an ended run.
+    def snapshot(self, start_row: int = 0, *, samples: bool = True) -> RecordSnapshot:
+        """The record as it is now, step rows from ``start_row`` on (sample tables unless
+        ``samples`` is False): the engine first turns what the run has logged into rows (they
+        otherwise lag the loop by a few hundred steps), and the rows, loaders and counters of
+        the copy agree. Any thread may call it."""
+        tracer = self._tracer
+        if tracer is None:
+            return self.record.snapshot(start_row, samples=samples)
+        return tracer.read(lambda: self.record.snapshot(start_row, samples=samples))
 
-        The first call analyses the run, compares it with the earlier runs of the same name
-        and adds it to the session history (``%traceml history``); later calls return the same.
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """For a thread that calls :meth:`snapshot` regularly while the run goes on (a live
+        view): inside the block the training loop only logs its steps and leaves turning them
+        into rows to the reader; when the block ends the loop takes that work back."""
+        tracer = self._tracer
+        if tracer is None:
+            yield
+            return
+        tracer.attach_reader(True)
+        try:
+            yield
+        finally:
+            tracer.attach_reader(False)
+
+    def result(self) -> Any:
+        """The analysed result (:class:`traceml_nb.session.RunResult`) of an ended run.
+
+        The first call hands the run to its session, which analyses it, compares it with the
+        earlier runs of the same name and keeps it in the history; later calls return the same.
         """
         if self._result is None:
-            from .result import conclude_run
-
-            self._result = conclude_run(self, named=self._named, source=self.source)
+            session = self.session
+            if session is None:
+                if default_session is None:
+                    raise RuntimeError("this run has no session to report to")
+                session = default_session()
+            self._result = session.result(self)
         return self._result
 
     @property
@@ -347,6 +357,12 @@ class Run:
     def sampler_busy_s(self) -> float:
         """CPU seconds the sampler thread spent sampling."""
         return self._collector.busy_s if self._collector is not None else 0.0
+
+    @property
+    def tracer(self) -> Any:
+        """The run's :class:`~traceml_nb.instrument.tracer.StepTracer` (None before the start):
+        its ``processing_ns`` and ``reader_processing_ns`` say what segmenting the steps cost."""
+        return self._tracer
 
     def __repr__(self) -> str:
         return f"<traceml_nb.Run {self.name!r} {self.status}, {len(self.record.steps)} step rows, {self.elapsed_s:.1f} s>"

@@ -6,10 +6,11 @@ the dataclasses of :mod:`traceml_nb.analysis.model`.
 
 from __future__ import annotations
 
+from ..contracts import VERDICTS
 from .comparison import Comparison, ComparisonRow, compare
-from .model import VERDICTS, Analysis, Diagnosis, Evidence, PhaseSummary, Summary
-from .pipeline import analyze, steady_step_ms
-from .steps import select_steps
+from .model import Analysis, Diagnosis, Evidence, PhaseSummary, Summary
+from .pipeline import analyze
+from .steps import select_steps, step_rule
 from .warmup import detect_warmup
 
 __all__ = [
@@ -25,5 +26,5 @@ __all__ = [
     "compare",
     "detect_warmup",
     "select_steps",
-    "steady_step_ms",
+    "step_rule",
 ]

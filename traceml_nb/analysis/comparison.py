@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from ..contracts import PROBLEM_VERDICTS
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_share, signed_pct, signed_points
 from .model import Diagnosis, Summary
 from .thresholds import (
@@ -27,13 +28,11 @@ from .thresholds import (
 FASTER, SLOWER, NO_CHANGE = "faster", "slower", "no significant change"
 GOOD, BAD, NEUTRAL = "good", "bad", "neutral"
 NOT_AVAILABLE = "\u2014"
-#: Verdicts that name a problem; moving from one of them to ``compute-bound`` is an improvement.
-PROBLEM_VERDICTS = ("input-bound", "host-bound", "throttled", "memory-pressure")
 _CHUNK = 256  # bootstrap resamples drawn at once (bounds the index matrix's memory)
 
 
 class RunLike(Protocol):
-    """What :func:`compare` reads from a run (a :class:`traceml_nb.history.RunEntry`)."""
+    """What :func:`compare` reads from a run (a :class:`traceml_nb.session.history.RunEntry`)."""
 
     id: int
     summary: Summary

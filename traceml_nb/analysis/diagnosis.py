@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..capabilities import Capabilities
+from ..contracts import CONFIDENCE_LEVELS, Confidence
 from ..record import LoaderInfo
 from .advice import Change, change_line, explain_changes, loader_changes, more_workers
 from .evidence import InputSignal, collect, input_signal, memory_share
@@ -48,14 +49,12 @@ CAUSE_PAGEABLE = "host-to-device copies from pageable memory"
 CAUSE_STORAGE = "slow storage / first epoch"
 CAUSE_UNKNOWN = "input pipeline too slow (worker CPU unavailable)"
 
-LEVELS = ("low", "medium", "high")
 
-
-def confidence(strong: bool, steady_steps: int, *, weaker: int = 0) -> str:
+def confidence(strong: bool, steady_steps: int, *, weaker: int = 0) -> Confidence:
     """ "high" for strong evidence, "medium" otherwise; one level lower below
     ``CONFIDENT_STEPS`` steady steps and one per ``weaker`` (indirect evidence)."""
     level = (2 if strong else 1) - (steady_steps < CONFIDENT_STEPS) - weaker
-    return LEVELS[max(0, min(2, level))]
+    return CONFIDENCE_LEVELS[max(0, min(2, level))]
 
 
 @dataclass

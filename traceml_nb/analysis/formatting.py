@@ -1,4 +1,5 @@
-"""How numbers are written in verdicts, comparisons and the history table (one place)."""
+"""How numbers are written everywhere: verdicts, comparisons, the report, the live views and the
+history table all use these (one place, so that 1500 ms reads "1.5 s" wherever it appears)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,22 @@ MINUS = "\u2212"  #: the typographic minus sign used in deltas
 
 
 def fmt_ms(ms: float | None) -> str:
-    """A duration in milliseconds with three significant digits: 316 ms, 31.6 ms, 3.16 ms."""
+    """A duration given in milliseconds, three significant digits: 3.16 ms, 316 ms; from one
+    second on in seconds (1.5 s)."""
     if ms is None:
         return "unavailable"
+    if abs(ms) >= 1000:
+        return fmt_s(ms / 1000)
     if abs(ms) >= 100:
         return f"{ms:.0f} ms"
     return f"{ms:.3g} ms"
 
 
 def fmt_s(seconds: float) -> str:
-    """A duration in seconds: 0.84 s, 12.3 s, 633 s."""
+    """A duration given in seconds: 0.84 s, 12.3 s, 633 s; from an hour on, 1 h 02 min."""
+    if seconds >= 3600:
+        hours, rest = divmod(int(round(seconds)), 3600)
+        return f"{hours} h {rest // 60:02d} min"
     if abs(seconds) >= 100:
         return f"{seconds:.0f} s"
     return f"{seconds:.3g} s"

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..contracts import Confidence, StepSource, Verdict
+
 
 def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
     """Build dataclass ``cls`` from ``data``, ignoring unknown keys (forward compatible)."""
@@ -24,13 +26,14 @@ class PhaseSummary:
     batches: int
     total_s: float  #: wall time of the phase's steps
     data_wait_share: float | None
+    slot: int | None = None  #: the phase's loader
 
 
 @dataclass
 class Summary:
     """Steady-state statistics of one run (warm-up steps excluded, reported separately)."""
 
-    step_source: str  #: "dataloader", "optimizer", "marker" or "none"
+    step_source: StepSource
     total_steps: int  #: all steps of the measured phase
     warmup_steps: int  #: leading steps excluded as warm-up / compile
     steady_steps: int
@@ -83,9 +86,9 @@ class Evidence:
 class Diagnosis:
     """The verdict on a run, with its evidence and the concrete fix."""
 
-    verdict: str  #: one of VERDICTS
+    verdict: Verdict
     title: str  #: one line for humans
-    confidence: str  #: "high", "medium" or "low"
+    confidence: Confidence
     cause: str | None = None  #: sub-cause, e.g. "too few DataLoader workers"
     evidence: list[Evidence] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)  #: concrete changes, from the user's loader
@@ -110,20 +113,16 @@ class Diagnosis:
         return obj
 
 
-VERDICTS = (
-    "input-bound",
-    "host-bound",
-    "compute-bound",
-    "throttled",
-    "memory-pressure",
-    "insufficient-data",
-)
-
-
 @dataclass
 class Analysis:
+    """The summary and the diagnosis of one run, with what they were computed from (not
+    serialised): ``selection``, the run's steps (:class:`~.steps.StepSelection`), and
+    ``steady_step_ms``, the steady steps' times (ms, in step order) for comparisons."""
+
     summary: Summary
     diagnosis: Diagnosis
+    selection: Any = field(default=None, repr=False, compare=False)
+    steady_step_ms: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"summary": self.summary.to_dict(), "diagnosis": self.diagnosis.to_dict()}

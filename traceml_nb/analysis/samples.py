@@ -7,12 +7,13 @@ fell inside the window.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..capabilities import Capabilities
-from ..record import SampleTable
 
 #: The capability that explains a missing column of each table.
 GPU_COLUMN_CAPABILITY = {
@@ -34,11 +35,12 @@ class Reading:
 
 
 class Window:
-    """The rows of one sample table whose time lies inside ``[t0, t1]`` (seconds)."""
+    """The rows of one sample table (its columns, as a record snapshot holds them) whose time
+    lies inside ``[t0, t1]`` (seconds)."""
 
     def __init__(
         self,
-        table: SampleTable | None,
+        table: Mapping[str, Any] | None,
         t0: float,
         t1: float,
         capabilities: Capabilities,
@@ -51,7 +53,7 @@ class Window:
         self.missing_table = table is None
         if table is None:
             return
-        snap = table.snapshot()
+        snap = table
         t = np.frombuffer(snap["t"], dtype="f8") if len(snap["t"]) else np.zeros(0)
         inside = (t >= t0) & (t <= t1)
         for name, col in snap.items():
@@ -71,7 +73,7 @@ class Window:
         if column not in self.columns:
             return why or f"{column} is not reported by this sampler"
         if not whole_run and not len(self.columns["t"]):
-            return "no sample fell inside the steady steps (run too short for the sampler)"
+            return "no sample fell inside the steady steps: the run was too short for the sampler"
         return why or f"{column} was unavailable in every sample"
 
     def values(self, column: str, whole_run: bool = False) -> np.ndarray:

@@ -1,50 +1,110 @@
-"""Which step rows are the measured steps, and which loaders are phases of their own.
+"""Which step rows are the run's steps: one rule, :func:`step_rule`, for the live chart and the
+report alike.
 
-Rules, in order (the first that applies wins):
+The rule, in order (the first that applies wins):
 
 1. explicit markers (``traceml_nb.step()``): the marker rows;
-2. training loaders (optimizer steps followed their batches): their rows, less the truncated
-   last step and, when there is exactly one training loader, the steps an eval loop ran
-   inside (``FLAG_INTERLEAVED``: their time includes the eval); several training loaders
-   consumed together (``zip(a, b)``) count once, as the rows of the most-fetched one;
+2. training loaders (optimizer steps followed their batches): the rows of those that begin
+   steps (``LoaderInfo.leads``: the outer loop's loader, not one drawn inside each step, nor
+   the second of two loaders consumed with ``zip``), less the steps an evaluation ran inside
+   (``FLAG_INTERLEAVED``: their time includes the evaluation). The last step, cut short by
+   the end of the run (``break``, ``islice``, an exception), is a step if its optimizer step
+   ran;
 3. optimizer ``step()`` boundaries;
-4. the loader fetched most often.
+4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
 
-Loaders that are not measured steps become phases (``Summary.phases``), never mixed in.
+Loaders whose rows are not the steps and whose batches are not inside them (evaluation
+loaders) become phases of their own (``Summary.phases``), never mixed in.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..contracts import StepSource
 from ..record import (
     FLAG_INTERLEAVED,
+    FLAG_OPTIMIZER_STEP,
     FLAG_TRUNCATED,
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
     LoaderInfo,
-    RunRecord,
+    RecordSnapshot,
     StepColumns,
     StepTable,
 )
 from .model import PhaseSummary
 
 
+@dataclass(frozen=True)
+class StepRule:
+    """Which rows are steps: those whose source is one of ``sources``, that carry none of
+    ``excluded_flags`` and, if cut short by the run's end (``FLAG_TRUNCATED``), carry
+    ``truncated_if`` (0: such a row is a step anyway)."""
+
+    kind: StepSource
+    sources: tuple[int, ...]  #: loader slots, or ``SOURCE_MARKER`` / ``SOURCE_OPTIMIZER``
+    #: loaders whose batches are inside the steps (not phases of their own)
+    inner: tuple[int, ...] = ()
+    excluded_flags: int = 0
+    truncated_if: int = 0
+
+    def mask(self, cols: StepColumns) -> np.ndarray:
+        """A boolean per row of ``cols``: is it a step."""
+        source = _np(cols.source, "u1")
+        flags = _np(cols.flags, "u1")
+        keep = np.isin(source, self.sources) & ((flags & self.excluded_flags) == 0)
+        if self.truncated_if:
+            keep &= ((flags & FLAG_TRUNCATED) == 0) | ((flags & self.truncated_if) != 0)
+        return keep
+
+
+def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int) -> StepRule:
+    """The rule for a run with these loaders and counts (see the module docstring)."""
+    if markers > 0:
+        return StepRule("marker", (SOURCE_MARKER,))
+    training = [info for info in loaders if info.is_training]
+    if training:
+        leaders = [info for info in training if info.leads > 0] or training
+        return StepRule(
+            "dataloader",
+            tuple(info.slot for info in leaders),
+            tuple(info.slot for info in training),
+            excluded_flags=FLAG_INTERLEAVED,
+            truncated_if=FLAG_OPTIMIZER_STEP,
+        )
+    if optimizer_steps > 0:
+        return StepRule("optimizer", (SOURCE_OPTIMIZER,))
+    if loaders:
+        busiest = max(loaders, key=lambda info: info.fetches)
+        return StepRule("dataloader", (busiest.slot,), (busiest.slot,))
+    return StepRule("none", ())
+
+
+def rule_of(snapshot: RecordSnapshot) -> StepRule:
+    """:func:`step_rule` for a record snapshot."""
+    return step_rule(snapshot.loaders, snapshot.markers, snapshot.optimizer_steps)
+
+
 @dataclass
 class StepSelection:
-    """The measured steps as numpy arrays (times in ms), plus where they came from."""
+    """The steps as numpy arrays (times in ms), plus the rule that picked them."""
 
-    source: str  #: "marker", "dataloader", "optimizer" or "none"
-    slots: list[int]  #: loader slots whose rows are the steps ([] for markers/optimizer)
+    rule: StepRule
     start_s: np.ndarray  #: step start, seconds since the run start
     wall_ms: np.ndarray
     wait_ms: np.ndarray
     batch: np.ndarray  #: -1 where the batch size could not be read
     gpu_stall_ms: np.ndarray  #: NaN while pending or unavailable
     flags: np.ndarray
+
+    @property
+    def source(self) -> StepSource:
+        return self.rule.kind
 
     def __len__(self) -> int:
         return len(self.wall_ms)
@@ -55,106 +115,78 @@ def _np(col: array, dtype: str) -> np.ndarray:
     return np.frombuffer(col, dtype=dtype) if len(col) else np.zeros(0, dtype=dtype)
 
 
-def _training_loaders(loaders: list[LoaderInfo]) -> list[LoaderInfo]:
-    return [info for info in loaders if info.is_training]
-
-
-def _choose(cols: StepColumns, loaders: list[LoaderInfo]) -> tuple[str, list[int], np.ndarray]:
-    """(source, loader slots, boolean mask of the chosen rows)."""
-    source = _np(cols.source, "u1")
-    flags = _np(cols.flags, "u1")
-    if np.any(source == SOURCE_MARKER):
-        return "marker", [], source == SOURCE_MARKER
-    training = _training_loaders(loaders)
-    if training:
-        slots = [info.slot for info in training]
-        complete = (flags & FLAG_TRUNCATED) == 0
-        interleaved = (flags & FLAG_INTERLEAVED) != 0
-        if len(training) == 1:
-            return "dataloader", slots, (source == slots[0]) & complete & ~interleaved
-        # Several training loaders: used one after another, each row is a step; consumed
-        # together (``zip(a, b)``) their rows overlap, and the primary loader's rows, which
-        # carry the whole step's wait, are the steps.
-        primary = max(training, key=lambda info: (info.fetches, -info.slot)).slot
-        mask = complete & ((source == primary) | (np.isin(source, slots) & ~interleaved))
-        return "dataloader", slots, mask
-    if np.any(source == SOURCE_OPTIMIZER):
-        return "optimizer", [], source == SOURCE_OPTIMIZER
-    if loaders:
-        busiest = max(loaders, key=lambda info: info.fetches)
-        mask = (source == busiest.slot) & ((flags & FLAG_TRUNCATED) == 0)
-        return "dataloader", [busiest.slot], mask
-    return "none", [], np.zeros(len(source), dtype=bool)
-
-
-def select_rows(record: RunRecord) -> tuple[StepSelection, StepColumns]:
-    """The measured steps of ``record`` as arrays, and the snapshot they were taken from."""
-    cols = record.steps.snapshot()
-    source, slots, mask = _choose(cols, record.loaders)
-    start_ns = _np(cols.start_ns, "i8")[mask]
-    sel = StepSelection(
-        source=source,
-        slots=slots,
-        start_s=start_ns / 1e9,
+def select_rows(snapshot: RecordSnapshot) -> StepSelection:
+    """The steps of ``snapshot`` as arrays."""
+    cols = snapshot.steps
+    rule = rule_of(snapshot)
+    mask = rule.mask(cols)
+    return StepSelection(
+        rule=rule,
+        start_s=_np(cols.start_ns, "i8")[mask] / 1e9,
         wall_ms=_np(cols.wall_ns, "i8")[mask] / 1e6,
         wait_ms=_np(cols.wait_ns, "i8")[mask] / 1e6,
         batch=_np(cols.batch, "i4")[mask],
         gpu_stall_ms=_np(cols.gpu_stall_ms, "f4")[mask].astype(np.float64),
         flags=_np(cols.flags, "u1")[mask],
     )
-    return sel, cols
 
 
-def select_steps(record: RunRecord) -> tuple[StepColumns, str]:
-    """The rows that are the measured steps (a :class:`StepColumns` copy) and their source:
-    ``"marker"``, ``"dataloader"``, ``"optimizer"`` or ``"none"``."""
-    cols = record.steps.snapshot()
-    source, _, mask = _choose(cols, record.loaders)
+def select_steps(snapshot: RecordSnapshot) -> tuple[StepColumns, StepSource]:
+    """The rows that are the steps (a :class:`StepColumns` copy) and where they come from."""
+    cols = snapshot.steps
+    rule = rule_of(snapshot)
+    mask = rule.mask(cols)
     picked = []
     for name, code in zip(StepTable.COLUMNS, StepTable.TYPECODES, strict=True):
         values = _np(getattr(cols, name), np.dtype(code).str)[mask]
         out = array(code)
         out.frombytes(values.tobytes())
         picked.append(out)
-    return StepColumns(0, *picked), source
+    return StepColumns(0, *picked), rule.kind
 
 
-def phases(record: RunRecord, cols: StepColumns, selection: StepSelection) -> list[PhaseSummary]:
-    """One phase per loader whose rows are not the measured steps (eval loaders, mostly)."""
-    if not record.loaders:
+def phase_loaders(snapshot: RecordSnapshot, selection: StepSelection) -> dict[int, str]:
+    """The loaders that are phases of their own, by slot, with the phase's name."""
+    rule = selection.rule
+    has_training = any(info.is_training for info in snapshot.loaders)
+    out: dict[int, str] = {}
+    for info in snapshot.loaders:
+        if rule.kind == "dataloader" and info.slot in rule.inner + rule.sources:
+            continue
+        if info.is_training and rule.kind != "dataloader":
+            continue  # its batches are inside the marker/optimizer steps already
+        out[info.slot] = f"eval (loader {info.slot})" if has_training else f"loader {info.slot}"
+    return out
+
+
+def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSummary]:
+    """One phase per loader that is neither the steps nor inside them (eval loaders, mostly)."""
+    names = phase_loaders(snapshot, selection)
+    if not names:
         return []
+    cols = snapshot.steps
     source = _np(cols.source, "u1")
     wall = _np(cols.wall_ns, "i8")
     wait = _np(cols.wait_ns, "i8")
-    has_training = any(info.is_training for info in record.loaders)
     out = []
-    for info in record.loaders:
-        if selection.source == "dataloader" and info.slot in selection.slots:
-            continue
-        if info.is_training and selection.source != "dataloader":
-            continue  # its batches are inside the marker/optimizer steps already
-        rows = source == info.slot
+    for slot, name in names.items():
+        rows = source == slot
         n = int(rows.sum())
         if n == 0:
             continue
         total_ns = int(wall[rows].sum())
         share = float(wait[rows].sum()) / total_ns if total_ns > 0 else None
-        out.append(
-            PhaseSummary(
-                name=f"eval (loader {info.slot})" if has_training else f"loader {info.slot}",
-                batches=n,
-                total_s=total_ns / 1e9,
-                data_wait_share=share,
-            )
-        )
+        out.append(PhaseSummary(name, n, total_ns / 1e9, share, slot=slot))
     return out
 
 
-def training_loader(record: RunRecord, selection: StepSelection) -> LoaderInfo | None:
-    """The loader the advice is about: the busiest of the measured (or training) loaders."""
-    candidates = [info for info in record.loaders if info.slot in selection.slots]
+def training_loader(snapshot: RecordSnapshot, selection: StepSelection) -> LoaderInfo | None:
+    """The loader the advice is about: the busiest of those whose rows are the steps (or of
+    the training loaders, or of all)."""
+    loaders = snapshot.loaders
+    candidates = [info for info in loaders if info.slot in selection.rule.sources]
     if not candidates:
-        candidates = _training_loaders(record.loaders) or list(record.loaders)
+        candidates = [info for info in loaders if info.is_training] or list(loaders)
     if not candidates:
         return None
     return max(candidates, key=lambda info: info.fetches)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..capabilities import Capabilities
-from ..record import FLAG_EPOCH_START, LoaderInfo, RunRecord, StepColumns
+from ..record import FLAG_EPOCH_START, LoaderInfo, RecordSnapshot, StepColumns
 from .model import Summary
 from .samples import Reading, Window
 from .steps import StepSelection, phases, select_rows, training_loader
@@ -73,10 +73,10 @@ def resolve_cpus(cpus_available: int | None, host: Window) -> int | None:
         return os.cpu_count()
 
 
-def _elapsed_s(record: RunRecord, steps: StepColumns) -> float:
+def _elapsed_s(snapshot: RecordSnapshot, steps: StepColumns) -> float:
     """The run's duration; while it runs, up to the end of its last step row."""
-    if record.elapsed_ns > 0:
-        return record.elapsed_ns / 1e9
+    if snapshot.ended:
+        return snapshot.elapsed_ns / 1e9
     if not len(steps):
         return 0.0
     ends = np.frombuffer(steps.start_ns, "i8") + np.frombuffer(steps.wall_ns, "i8")
@@ -94,13 +94,14 @@ def _gpu_stall_why(capabilities: Capabilities, sel: StepSelection, stall: np.nda
 
 
 def measure(
-    record: RunRecord,
+    snapshot: RecordSnapshot,
     capabilities: Capabilities,
     warmup: WarmupSpec = "auto",
     cpus_available: int | None = None,
 ) -> Measurements:
     """Select the steps, exclude the warm-up and read the samplers over the steady window."""
-    sel, cols = select_rows(record)
+    cols = snapshot.steps
+    sel = select_rows(snapshot)
     n_warm = detect_warmup(sel.wall_ms, warmup)
     steady = slice(n_warm, None)
     start_s = sel.start_s[steady]
@@ -109,10 +110,10 @@ def measure(
         t0, t1 = float(start_s[0]), float((start_s + wall / 1e3).max())
     else:
         t0, t1 = np.inf, -np.inf
-    gpu_index = min(record.gpus) if record.gpus else None
-    host = Window(record.host, t0, t1, capabilities, "host")
+    gpu_index = min(snapshot.gpus) if snapshot.gpus else None
+    host = Window(snapshot.host, t0, t1, capabilities, "host")
     gpu = Window(
-        record.gpus.get(gpu_index) if gpu_index is not None else None, t0, t1, capabilities, "gpu"
+        snapshot.gpus.get(gpu_index) if gpu_index is not None else None, t0, t1, capabilities, "gpu"
     )
     stall = sel.gpu_stall_ms[steady]
     stall_why = _gpu_stall_why(capabilities, sel, stall)
@@ -145,10 +146,10 @@ def measure(
         host=host,
         gpu=gpu,
         gpu_index=gpu_index,
-        gpu_in_use=capabilities.ok("gpu_events") or bool(record.gpus),
-        loader=training_loader(record, sel),
+        gpu_in_use=capabilities.ok("gpu_events") or bool(snapshot.gpus),
+        loader=training_loader(snapshot, sel),
         cpus=resolve_cpus(cpus_available, host),
-        elapsed_s=_elapsed_s(record, cols),
+        elapsed_s=_elapsed_s(snapshot, cols),
         run_wait_s=float(sel.wait_ms.sum()) / 1e3,
         run_stall_s=None if stall_why else float(np.nansum(all_stall)) / 1e3,
         gpu_stall_why=stall_why,
@@ -181,13 +182,13 @@ def _batch_size(m: Measurements, batches: np.ndarray) -> int | None:
     return None
 
 
-def summarize(record: RunRecord, m: Measurements) -> Summary:
-    """The :class:`Summary` of ``record`` from its measurements."""
+def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
+    """The :class:`Summary` of ``snapshot`` from its measurements."""
     sel = m.selection
     wall, wait = m.wall_ms, m.wait_ms
     unavailable: dict[str, str] = {}
     n = m.steady
-    has_loader = bool(record.loaders)
+    has_loader = bool(snapshot.loaders)
     batches = sel.batch[m.warmup :]
     batch_size = _batch_size(m, batches)
     total_s = float(wall.sum()) / 1e3
@@ -217,9 +218,9 @@ def summarize(record: RunRecord, m: Measurements) -> Summary:
         return r.value
 
     first_fetch = None
-    if record.first_fetch_wait_ns:
-        slot = m.loader.slot if m.loader is not None else min(record.first_fetch_wait_ns)
-        ns = record.first_fetch_wait_ns.get(slot)
+    if snapshot.first_fetch_wait_ns:
+        slot = m.loader.slot if m.loader is not None else min(snapshot.first_fetch_wait_ns)
+        ns = snapshot.first_fetch_wait_ns.get(slot)
         first_fetch = ns / 1e6 if ns is not None else None
     if first_fetch is None:
         unavailable["first_fetch_ms"] = NO_LOADER
@@ -227,7 +228,7 @@ def summarize(record: RunRecord, m: Measurements) -> Summary:
     if m.loader is not None and m.loader.num_workers == 0:
         workers_cpu = None  # not a 0% reading: there is nothing to read
         unavailable["workers_cpu_median_pct"] = (
-            "no DataLoader workers (num_workers=0): batches are loaded in the main process"
+            "no DataLoader workers, num_workers=0: batches are loaded in the main process"
         )
     else:
         workers_cpu = reading("workers_cpu_median_pct", m.host_readings["workers_cpu_pct"])
@@ -263,6 +264,6 @@ def summarize(record: RunRecord, m: Measurements) -> Summary:
         workers_cpu_median_pct=workers_cpu,
         system_cpu_median_pct=reading("system_cpu_median_pct", m.host_readings["sys_cpu_pct"]),
         cpus_available=m.cpus,
-        phases=phases(record, m.columns, sel),
+        phases=phases(snapshot, sel),
         unavailable=unavailable,
     )

@@ -6,6 +6,8 @@ sides. Shares are fractions 0..1, percentages 0..100 (CPU: 100 = one core busy).
 
 from __future__ import annotations
 
+from ..contracts import CLOCK_EVENT_REASONS
+
 # --- warm-up ----------------------------------------------------------------------------------
 #: With at least this many steps, the first step is always warm-up (it includes the first
 #: fetch: worker start-up, lazy CUDA init, cuDNN autotuning, ``torch.compile``).
@@ -70,16 +72,10 @@ THROTTLE_MIN_SHARE = 0.1
 #: ...with at least this many steps in each group (throttled and not).
 THROTTLE_MIN_STEPS = 5
 
-#: NVML clock-event (throttle) reason bits that slow a busy GPU down, named as the GPU sampler
-#: names them (``traceml_nb.sampling.gpu.CLOCK_EVENT_BITS``). Idle, the applications clocks
+#: NVML clock-event reasons that slow a busy GPU down (bits of ``CLOCK_EVENT_REASONS``): the power
+#: cap, hardware slowdown, thermal slowdown and the power brake. Idle, the applications clocks
 #: setting, sync boost and the display clock are not counted.
-THROTTLE_REASON_NAMES = {
-    0x4: "software power cap",
-    0x8: "hardware slowdown",
-    0x20: "software thermal slowdown",
-    0x40: "hardware thermal slowdown",
-    0x80: "hardware power brake",
-}
+THROTTLE_REASON_NAMES = {bit: CLOCK_EVENT_REASONS[bit] for bit in (0x4, 0x8, 0x20, 0x40, 0x80)}
 THROTTLE_REASON_MASK = sum(THROTTLE_REASON_NAMES)
 
 # --- memory pressure --------------------------------------------------------------------------

@@ -54,10 +54,15 @@ class GpuStallTimer:
         self.resolved = 0
         self.errors = 0
 
-    def mark(self) -> EventLike:
-        """Record a new event on the current stream and return it."""
-        ev = self._new_event()
-        ev.record(self._stream())
+    def mark(self) -> EventLike | None:
+        """Record a new event on the current stream and return it (None if that failed: the
+        step's GPU figures are then unavailable, the loop goes on)."""
+        try:
+            ev = self._new_event()
+            ev.record(self._stream())
+        except Exception:
+            self.errors += 1
+            return None
         return ev
 
     def add(self, row: int, enter: EventLike, exit_: EventLike, next_enter: EventLike) -> None:

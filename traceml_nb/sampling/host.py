@@ -120,8 +120,8 @@ class ProcStat(NamedTuple):
 class ProcfsReader:
     """Linux: reads ``/proc`` directly, one open/read/close per file.
 
-    On the H200 test machine psutil's buffered reads (about 7 system calls a file) and parsing
-    cost ~780 µs a sample under load; this keeps the sampler inside its 1%-of-a-core budget.
+    psutil's buffered reads (about 7 system calls a file) and parsing cost several times as
+    much a sample; this keeps the sampler inside its 1%-of-a-core budget.
     Start times are compared on ``CLOCK_BOOTTIME``, the clock ``/proc/<pid>/stat`` uses.
     """
 
@@ -461,7 +461,7 @@ def open_host_source(capabilities: Capabilities) -> HostSource | None:
         reason = f"{type(exc).__name__}: {exc}"
         if psutil is None:
             reason = "psutil is not installed"
-        capabilities.set("host", False, f"host CPU and RAM are not sampled ({reason})")
+        capabilities.set("host", False, f"host CPU and RAM are not sampled: {reason}")
         return None
     capabilities.set("host", True)
     return source

@@ -59,15 +59,15 @@ _KIND_BY_CODE = {
 
 _INIT_REASONS = {
     LIBRARY_NOT_FOUND: (
-        "the NVIDIA driver library (libnvidia-ml) was not found: no NVIDIA driver on this machine"
+        "the NVIDIA driver library, libnvidia-ml, was not found: no NVIDIA driver on this machine"
     ),
-    DRIVER_NOT_LOADED: "the NVIDIA driver is not loaded (no NVIDIA GPU, or the driver is not running)",
-    NO_PERMISSION: "no permission to query the NVIDIA driver (NVML: Insufficient Permissions)",
+    DRIVER_NOT_LOADED: "the NVIDIA driver is not loaded: no NVIDIA GPU, or the driver is not running",
+    NO_PERMISSION: "no permission to query the NVIDIA driver, NVML: Insufficient Permissions",
     LIB_RM_VERSION_MISMATCH: (
-        "the NVML library and the NVIDIA kernel driver have different versions "
-        "(a driver update needs a reboot or a module reload)"
+        "the NVML library and the NVIDIA kernel driver have different versions: "
+        "a driver update needs a reboot or a module reload"
     ),
-    GPU_IS_LOST: "the GPU has fallen off the bus (NVML: GPU is lost)",
+    GPU_IS_LOST: "the GPU has fallen off the bus, NVML: GPU is lost",
 }
 
 
@@ -112,13 +112,14 @@ def error_text(exc: BaseException) -> str:
 def init_failure_reason(exc: BaseException) -> str:
     """Why NVML could not start, in words a user can act on (one line, no traceback)."""
     if isinstance(exc, ImportError):
-        return "nvidia-ml-py (pynvml) is not installed, so GPU counters cannot be read"
+        return "nvidia-ml-py, the pynvml module, is not installed, so GPU counters cannot be read"
     code = error_code(exc)
     if code in _INIT_REASONS:
         return _INIT_REASONS[code]
     if code is not None:
-        return f"NVML failed to start ({error_text(exc)})"
-    return f"NVML failed to start ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        return f"NVML failed to start, {error_text(exc)}"
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    return f"NVML failed to start, {type(exc).__name__}: {message}"
 
 
 def text(value: Any) -> str:
@@ -242,8 +243,8 @@ class PcieCounters(NamedTuple):
 def pcie_byte_counters(nvml: Any, handle: Any) -> PcieCounters:
     """NVML's PCIe byte counters (``NVML_FI_DEV_PCIE_COUNT_RX/TX_BYTES``).
 
-    No waiting, unlike :func:`pcie_throughput_mib_s`; newer drivers and GPUs only (an H200 on
-    driver 580 has them, as 32-bit counters). Raises the pynvml exception of the first field
+    No waiting, unlike :func:`pcie_throughput_mib_s`; newer drivers and GPUs only (some
+    drivers have them as 32-bit counters). Raises the pynvml exception of the first field
     NVML could not read.
     """
     rx_id = getattr(nvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)

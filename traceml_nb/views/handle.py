@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from ..analysis.formatting import fmt_share
-from ..record import RunRecord
-from .report import StepChart, step_chart_svg
-from .text import format_ms, format_seconds
+from ..analysis.formatting import fmt_ms, fmt_s, fmt_share
+from ..analysis.steps import StepRule, rule_of
+from .chart import step_chart_svg
+from .live_data import SnapshotReader, StepRows
+from .model import StepChart
 
 THREAD_NAME = "traceml-handle-view"
 MIN_TICK_S = 1.0  #: at most one update a second
@@ -50,10 +51,10 @@ class LiveStatus:
 
     def headline(self) -> str:
         state = "running" if self.state == "running" else f"{self.state}; the report follows"
-        parts = [f'traceml · "{self.name}" · {state} · {format_seconds(self.elapsed_s)}']
+        parts = [f'traceml · "{self.name}" · {state} · {fmt_s(self.elapsed_s)}']
         parts.append(f"{self.steps:,} steps")
         if self.step_ms is not None:
-            parts.append(f"step {format_ms(self.step_ms)}")
+            parts.append(f"step {fmt_ms(self.step_ms)}")
         if self.data_wait_share is not None:
             parts.append(f"data wait {fmt_share(self.data_wait_share)}")
         return " · ".join(parts)
@@ -77,32 +78,34 @@ class LiveStatus:
 
 
 class RecentSteps:
-    """Reads new step rows from a record and keeps the last ones of the shown step source."""
+    """Reads new step rows through the engine and keeps the last ``keep`` steps."""
 
-    def __init__(self, record: RunRecord, keep: int = RECENT_STEPS) -> None:
-        self.record = record
+    def __init__(self, read: SnapshotReader, keep: int = RECENT_STEPS) -> None:
+        self.read = read
         self.keep = keep
         self._read = 0
-        self._recent: dict[int, deque[tuple[float, float]]] = {}
-        self._counts: dict[int, int] = {}
+        self._rule: StepRule | None = None
+        self._recent: deque[tuple[float, float]] = deque(maxlen=keep)
+        self._count = 0
 
     def poll(self) -> tuple[int, list[float], list[float]]:
-        """``(steps, recent step ms, recent data wait ms)`` of the source the live chart shows."""
-        from .live_data import choose_step_source
-
-        cols = self.record.steps.snapshot(self._read)
-        self._read += len(cols)
-        for source, wall, wait in zip(cols.source, cols.wall_ns, cols.wait_ns, strict=True):
-            recent = self._recent.get(source)
-            if recent is None:
-                recent = self._recent[source] = deque(maxlen=self.keep)
-            recent.append((wall / 1e6, wait / 1e6))
-            self._counts[source] = self._counts.get(source, 0) + 1
-        source = choose_step_source(self.record)
-        if source is None or source not in self._recent:
-            return 0, [], []
-        rows = self._recent[source]
-        return self._counts[source], [r[0] for r in rows], [r[1] for r in rows]
+        """``(steps, recent step ms, recent data wait ms)`` of the run's steps so far."""
+        snap = self.read(self._read)
+        rule = rule_of(snap)
+        if rule != self._rule:  # the steps are other rows now: read them all again
+            snap = self.read(0)
+            rule = rule_of(snap)
+            self._rule = rule
+            self._read = 0
+            self._recent.clear()
+            self._count = 0
+        self._read += len(snap.steps)
+        rows = StepRows.of_rule(snap.steps, rule)
+        self._count += len(rows)
+        for wall, wait in zip(rows.wall_ns[-self.keep :], rows.wait_ns[-self.keep :], strict=True):
+            self._recent.append((wall / 1e6, wait / 1e6))
+        recent = list(self._recent)
+        return self._count, [r[0] for r in recent], [r[1] for r in recent]
 
 
 class HandleView:
@@ -116,7 +119,7 @@ class HandleView:
         self.tick_s = max(MIN_TICK_S, tick_s)
         self.display = display
         self.updates = 0
-        self._steps = RecentSteps(run.record)
+        self._steps = RecentSteps(lambda row: run.snapshot(row, samples=False))
         self._handle: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -134,7 +137,7 @@ class HandleView:
         self._thread.start()
 
     def _loop(self) -> None:
-        with self.run.step_reader():  # this thread brings the step rows up to date
+        with self.run.reading():  # this thread asks for the step rows: the loop only logs
             while not self._stop.wait(self.tick_s):
                 try:
                     self._publish()
@@ -142,7 +145,6 @@ class HandleView:
                     return
 
     def _publish(self) -> None:
-        self.run.process_steps()
         status = self.status()
         if self._handle is not None:
             self._handle.update(status)

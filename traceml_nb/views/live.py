@@ -7,7 +7,7 @@
     ...                    # training
     view.stop()            # joins the thread, sends the final points
 
-Cost rules (see DESIGN.md, "Views"): one writer thread; at most 4 ticks per second; each tick
+Cost rules: one writer thread; at most 4 ticks per second; each tick
 reads only the rows added since the last one, turns them into at most one update per chart
 source (:mod:`.live_data`: batched, downsampled, bounded) and sends *all* of the tick's
 changes as one Bokeh ``PATCH-DOC`` message (three comm messages), so the frontend gets at
@@ -18,25 +18,19 @@ capabilities.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import html
-import json
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, LayoutDOM
+from bokeh.models import ColumnDataSource
 from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
-from bokeh.protocol import Protocol
-from jupyter_bokeh import BokehModel
 
+from .bokeh_patch import BatchedBokehModel
 from .live_data import (
     MAX_POINTS,
     RATE_WINDOW_STEPS,
@@ -82,105 +76,6 @@ GPU_COLORS = (
     "#fd8d3c",
     "#6baed6",
 )
-
-
-class BatchedBokehModel(BokehModel):
-    """A ``BokehModel`` that can send many document changes as one ``PATCH-DOC`` message.
-
-    Inside :meth:`batch` the changes are held and sent together when the block ends, in the
-    same wire format as ``BokehModel`` uses for a single change. ``sent_messages`` counts the
-    comm messages this widget sent.
-    """
-
-    def __init__(self, model: LayoutDOM, **kwargs: Any) -> None:
-        self._held: list[Any] | None = None
-        self.sent_messages = 0
-        super().__init__(model, **kwargs)
-
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Hold the document changes made in the block and send them as one message."""
-        self._held = []
-        try:
-            yield
-        finally:
-            events, self._held = self._held, None
-            if events:
-                self._send_patch(events)
-
-    def _document_patched(self, event: Any) -> None:
-        if event.setter is self:
-            return
-        if self._held is not None:
-            self._held.append(event)
-        else:
-            self._send_patch([event])
-
-    def _send_patch(self, events: list[Any]) -> None:
-        msg = patch_message(events)
-        self.send({"msg": "patch", "payload": msg.header_json})
-        self.send({"msg": "patch", "payload": msg.metadata_json})
-        self.send({"msg": "patch", "payload": msg.content_json})
-        for buffer in msg.buffers:
-            self.send({"msg": "patch", "payload": json.dumps(buffer.ref)})
-            self.send({"msg": "patch"}, [buffer.to_bytes()])
-
-    def send(self, content: Any, buffers: Any = None) -> None:
-        self.sent_messages += 1
-        super().send(content, buffers)
-
-    def close(self) -> None:
-        """Close the comm and detach from the document; unlike ``BokehModel``'s, safe twice."""
-        if getattr(self, "_detached", False) or not hasattr(self, "_model"):
-            return  # closed already, or never built (ipywidgets calls close() from __del__)
-        self._detached = True
-        super().close()
-
-
-#: gzip level of the arrays sent inline: 0, stored. BokehJS gunzips every inline array, so it
-#: must be gzip; but chart columns of float32 barely compress (a 2,000-point column: 7.2 KB
-#: instead of 8 KB) and deflating them took 20-75 us each at any level from 1 to Bokeh's own
-#: (``bokeh.settings.compression_level``, the user's setting, which we leave alone), ~0.15%
-#: of the run time in the first seconds, against 2-3 us stored.
-INLINE_GZIP_LEVEL = 0
-
-
-try:
-    from bokeh.core.serialization import BytesRep, Serializer
-
-    class _InlineSerializer(Serializer):
-        """Bokeh's ``Serializer`` with arrays inline, gzip-compressed at
-        :data:`INLINE_GZIP_LEVEL`."""
-
-        def _encode_bytes(self, obj: Any) -> Any:
-            packed = gzip.compress(bytes(obj), compresslevel=INLINE_GZIP_LEVEL, mtime=1)
-            return BytesRep(type="bytes", data=base64.b64encode(packed).decode("ascii"))
-
-except ImportError:  # Bokeh's internals differ: patch_message falls back
-    _InlineSerializer = None  # type: ignore[assignment,misc]
-
-
-def patch_message(events: list[Any]) -> Any:
-    """A Bokeh ``PATCH-DOC`` message for ``events`` with its arrays inline (base64).
-
-    ``Protocol().create`` puts every array in a separate binary buffer, which ``BokehModel``
-    sends as two more comm messages each; inline, a tick is three messages however many
-    columns it updates. Falls back to ``Protocol().create`` if Bokeh's internals differ.
-    """
-    try:
-        from bokeh.document.json import PatchJson
-        from bokeh.protocol.messages.patch_doc import patch_doc
-
-        doc = events[0].document
-        references = doc.models.synced_references
-    except (ImportError, AttributeError):
-        references = None
-    if references is None or _InlineSerializer is None:
-        return Protocol().create("PATCH-DOC", events)
-    serializer = _InlineSerializer(references=references, deferred=False)
-    content = PatchJson(events=serializer.encode(events))
-    doc.models.flush_synced(lambda model: not serializer.has_ref(model))
-    return patch_doc(patch_doc.create_header(), {}, content)
 
 
 def _unavailable_box(text: str) -> Div:
@@ -423,8 +318,8 @@ class LiveView:
 
     Counters for the cost measurement: ``updates`` (ticks that sent something), ``messages``
     (comm messages sent to the frontend), ``ticks``, ``busy_s`` (CPU seconds the view spent
-    updating, writer thread plus the final update, including turning the run's step log into
-    rows: :meth:`traceml_nb.Run.process_steps`), ``analysis_busy_s`` (the part of it spent
+    updating, writer thread plus the final update, including the engine's turning the run's
+    step log into rows when the view asks for them), ``analysis_busy_s`` (the part of it spent
     computing the running verdict).
     """
 
@@ -453,7 +348,7 @@ class LiveView:
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
-        self._step_series = StepSeries(run.record, max_points)
+        self.step_series = StepSeries(lambda row: run.snapshot(row, samples=False), max_points)
         self._rate_history: deque[tuple[float, int]] = deque()
         self._verdict: str | None = None
         self._analyze: Any = None
@@ -536,7 +431,7 @@ class LiveView:
 
     # --- the writer thread ----------------------------------------------------------------------
     def _loop(self) -> None:
-        with self.run.step_reader():  # this thread brings the step rows up to date
+        with self.run.reading():  # this thread asks for the step rows: the loop only logs
             wait = min(self.tick_s, MIN_TICK_S)  # the first points as soon as allowed
             while not self._stop_event.wait(wait):
                 if not self._tick(final=False):
@@ -568,15 +463,14 @@ class LiveView:
         widget = self.widget
         assert charts is not None and widget is not None
         sent_before = widget.sent_messages
-        self.run.process_steps()
         with widget.batch():
-            upd = self._step_series.update(final=final)
+            upd = self.step_series.update(final=final)
             if upd is not None:
                 charts.choose_rate_field(upd)
                 self._apply(charts.steps, upd)
                 title = "Step time: data wait + compute"
-                if self._step_series.k > 1:
-                    title += f" (median per {self._step_series.k} steps)"
+                if self.step_series.k > 1:
+                    title += f" (median per {self.step_series.k} steps)"
                 if charts.step_fig.title.text != title:
                     charts.step_fig.title.text = title
             for series, source in charts.sample_series:
@@ -613,7 +507,7 @@ class LiveView:
     def _header(self, final: bool = False) -> str:
         run = self.run
         elapsed = run.elapsed_s
-        steps = self._step_series.steps
+        steps = self.step_series.steps
         history = self._rate_history
         history.append((elapsed, steps))
         while len(history) > 2 and history[1][0] <= elapsed - RATE_WINDOW_S:
@@ -638,7 +532,7 @@ class LiveView:
             self._analyze = analyze
         c0 = time.thread_time()
         try:
-            analysis = self._analyze(self.run.record, self.run.capabilities)
+            analysis = self._analyze(self.run.snapshot(), self.run.capabilities)
             diagnosis = analysis.diagnosis
             self._verdict = diagnosis.title or diagnosis.verdict
             self._analysis_errors = 0

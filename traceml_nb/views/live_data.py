@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..record import SOURCE_MARKER, SOURCE_OPTIMIZER, LoaderInfo, RunRecord, StepColumns
+from ..analysis.steps import StepRule, rule_of
+from ..record import RecordSnapshot, StepColumns
 
 NAN = float("nan")
 
@@ -110,22 +111,6 @@ def recent_rate(history: Sequence[tuple[float, int]]) -> float | None:
     return (n1 - n0) / (t1 - t0)
 
 
-def choose_step_source(record: RunRecord) -> int | None:
-    """Which step rows the live chart shows: markers, else the training loader, else the
-    loader fetched most, else optimizer steps; ``None`` while there is no step at all."""
-    if record.markers > 0:
-        return SOURCE_MARKER
-    loaders: list[LoaderInfo] = list(record.loaders)
-    training = [info for info in loaders if info.optimizer_steps > 0]
-    if training:
-        return max(training, key=lambda info: info.optimizer_steps).slot
-    if loaders:
-        return max(loaders, key=lambda info: info.fetches).slot
-    if record.optimizer_steps > 0:
-        return SOURCE_OPTIMIZER
-    return None
-
-
 _NS = np.int64
 
 
@@ -143,9 +128,9 @@ class StepRows:
         return cls(*(np.empty(0, dtype=_NS) for _ in range(4)))
 
     @classmethod
-    def of_source(cls, cols: StepColumns, source: int) -> StepRows:
-        """The rows of ``cols`` whose step source is ``source``."""
-        keep = np.frombuffer(cols.source, dtype=np.uint8) == source if len(cols) else None
+    def of_rule(cls, cols: StepColumns, rule: StepRule) -> StepRows:
+        """The rows of ``cols`` that are steps by ``rule``."""
+        keep = rule.mask(cols) if len(cols) else None
 
         def column(values: Any) -> np.ndarray:
             if keep is None:
@@ -238,29 +223,31 @@ def bin_samples(cols: Mapping[str, np.ndarray], k: int, *, partial: bool) -> tup
     return out, used
 
 
-class StepSeries:
-    """The step chart's points for one run: the chosen step source, ≤ ``max_points`` buckets.
+#: Reads the run's record: step rows from the given row on (``Run.snapshot``).
+SnapshotReader = Callable[[int], RecordSnapshot]
 
-    ``source_of`` picks the step source from the record each update (default
-    :func:`choose_step_source`); when its answer changes the series is rebuilt.
+
+class StepSeries:
+    """The step chart's points for one run: its steps (:func:`~traceml_nb.analysis.steps.step_rule`),
+    ≤ ``max_points`` buckets.
+
+    Each update reads the rows added since the last one (``read(first_row)``); when the rule
+    that picks the steps changes (the training loader becomes known, markers appear) the
+    series is rebuilt from the whole record. :attr:`snapshot` is what the last update read
+    (its counters and loaders), :attr:`steps` the number of steps it holds.
     """
 
-    def __init__(
-        self,
-        record: RunRecord,
-        max_points: int = MAX_POINTS,
-        source_of: Callable[[RunRecord], int | None] = choose_step_source,
-    ) -> None:
-        self.record = record
+    def __init__(self, read: SnapshotReader, max_points: int = MAX_POINTS) -> None:
+        self.read = read
         self.max_points = max_points
-        self.source_of = source_of
-        self.source: int | None = None
+        self.rule: StepRule | None = None
+        self.snapshot: RecordSnapshot | None = None
         self.k = 1  #: steps per point
         self.points = 0  #: points the chart holds after the updates handed out so far
-        self.steps = 0  #: steps of the chosen source read so far
+        self.steps = 0  #: steps read so far
         self.finished = False
         self._rows_read = 0  # rows of the step table read (all sources)
-        self._binned = 0  # steps of the chosen source already in a sent point
+        self._binned = 0  # steps already in a sent point
         self._pending = StepRows.empty()  # steps read but not yet in a sent point, after...
         self._context = 0  # ...this many steps already sent, kept for the throughput window
 
@@ -269,15 +256,15 @@ class StepSeries:
         if self.finished:
             return None
         self.finished = final
-        source = self.source_of(self.record)
-        if source is None:
+        snap = self.read(self._rows_read)
+        self.snapshot = snap
+        rule = rule_of(snap)
+        if rule.kind == "none":
             return None
-        if source != self.source:
-            self.source = source
+        if rule != self.rule:
             return self._rebuild(final)
-        snap = self.record.steps.snapshot(self._rows_read)
-        self._rows_read += len(snap)
-        new = StepRows.of_source(snap, source)
+        self._rows_read += len(snap.steps)
+        new = StepRows.of_rule(snap.steps, rule)
         total = self._binned + len(self._pending) - self._context + len(new)
         if bucket_size(total, self.max_points) != self.k:
             return self._rebuild(final)
@@ -290,11 +277,12 @@ class StepSeries:
         return SeriesUpdate(data, replace=False)
 
     def _rebuild(self, final: bool) -> SeriesUpdate:
-        """All points again from the whole record (new step source or new bucket size)."""
-        assert self.source is not None
-        snap = self.record.steps.snapshot(0)
-        self._rows_read = len(snap)
-        rows = StepRows.of_source(snap, self.source)
+        """All points again from the whole record (new rule or new bucket size)."""
+        snap = self.read(0)
+        self.snapshot = snap
+        self.rule = rule_of(snap)
+        self._rows_read = len(snap.steps)
+        rows = StepRows.of_rule(snap.steps, self.rule)
         self.k = bucket_size(len(rows), self.max_points)
         self.steps = len(rows)
         self._pending = rows

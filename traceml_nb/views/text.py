@@ -1,8 +1,8 @@
-"""Numbers as the report shows them, the metric lines, and the plain-text report.
+"""The report's metric lines and sentences, and the plain-text report.
 
 Everything here is pure: values in, strings out. A value that was not measured is shown as
-``unavailable (why)``, never as 0. The HTML report (:mod:`.report`) uses the same formatting
-and the same metric lines, so the two versions always say the same thing.
+``unavailable (why)``, never as 0. The HTML report (:mod:`.html`) uses the same metric lines
+and sentences, so the two versions always say the same thing.
 """
 
 from __future__ import annotations
@@ -10,32 +10,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share
 from ..analysis.model import Summary
 from ..capabilities import Capabilities
-
-if TYPE_CHECKING:
-    from .report import Report, RunMeta
+from .model import ReportContent, RunMeta
 
 
-# --- numbers (the analysis' formatting, so every part of the product writes numbers alike) ---
 def _finite(value: float | None) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def format_seconds(seconds: float) -> str:
-    """A duration given in seconds: ``0.84 s``, ``12.3 s``, ``633 s``, ``1 h 02 min``."""
-    if seconds >= 3600:
-        hours, rest = divmod(int(round(seconds)), 3600)
-        return f"{hours} h {rest // 60:02d} min"
-    return fmt_s(seconds)
-
-
-def format_ms(ms: float) -> str:
-    """A duration given in milliseconds: ``3.16 ms``, ``316 ms``, ``1.23 s`` from 1 s on."""
-    return format_seconds(ms / 1000) if ms >= 1000 else fmt_ms(ms)
 
 
 def format_value(value: Any) -> str:
@@ -76,10 +60,10 @@ class _Metric:
 
 
 def _ms_with_spread(s: Summary, v: float) -> str:
-    text = format_ms(v)
+    text = fmt_ms(v)
     if _finite(s.step_ms_p10) and _finite(s.step_ms_p90):
         assert s.step_ms_p10 is not None and s.step_ms_p90 is not None
-        text += f" (p10 {format_ms(s.step_ms_p10)}, p90 {format_ms(s.step_ms_p90)})"
+        text += f" (p10 {fmt_ms(s.step_ms_p10)}, p90 {fmt_ms(s.step_ms_p90)})"
     return text
 
 
@@ -91,8 +75,8 @@ def _memory(s: Summary, v: float) -> str:
 
 METRICS: tuple[_Metric, ...] = (
     _Metric("step time (median)", "step_ms_median", "steps", _ms_with_spread),
-    _Metric("data wait (median)", "data_wait_ms_median", "data_wait", lambda s, v: format_ms(v)),
-    _Metric("rest of the step (median)", "compute_ms_median", "steps", lambda s, v: format_ms(v)),
+    _Metric("data wait (median)", "data_wait_ms_median", "data_wait", lambda s, v: fmt_ms(v)),
+    _Metric("rest of the step (median)", "compute_ms_median", "steps", lambda s, v: fmt_ms(v)),
     _Metric("data wait share", "data_wait_share", "data_wait", lambda s, v: fmt_share(v)),
     _Metric("GPU input stall share", "gpu_stall_share", "gpu_events", lambda s, v: fmt_share(v)),
     _Metric(
@@ -105,9 +89,7 @@ METRICS: tuple[_Metric, ...] = (
     _Metric("throughput", "samples_per_s", "steps", lambda s, v: fmt_rate(v, "samples/s")),
     _Metric("steps per second", "steps_per_s", "steps", lambda s, v: fmt_rate(v, "steps/s")),
     _Metric("batch size", "batch_size", "steps", lambda s, v: f"{v:,}"),
-    _Metric(
-        "first batch (worker start-up)", "first_fetch_ms", "data_wait", lambda s, v: format_ms(v)
-    ),
+    _Metric("first batch (worker start-up)", "first_fetch_ms", "data_wait", lambda s, v: fmt_ms(v)),
     _Metric(
         "main process CPU",
         "process_cpu_median_pct",
@@ -215,11 +197,11 @@ def _metrics_text(metrics: Sequence[MetricLine]) -> list[str]:
     return lines
 
 
-def render_text(report: Report) -> str:
+def render_text(report: ReportContent) -> str:
     """The whole report as plain text (the ``text/plain`` version, and what a terminal shows)."""
     meta, summary, diagnosis = report.meta, report.analysis.summary, report.analysis.diagnosis
     lines = [
-        f"traceml report: {run_label(meta)} {meta.status} in {format_seconds(meta.elapsed_s)}, "
+        f"traceml report: {run_label(meta)} {meta.status} in {fmt_s(meta.elapsed_s)}, "
         f"{steps_phrase(summary)}"
     ]
     warning = status_sentence(meta.status, meta.error, summary)
@@ -240,9 +222,7 @@ def render_text(report: Report) -> str:
     for item in report.comparisons:
         lines.append(f"vs {item.title}: {item.comparison.headline}")
     lines += _metrics_text(metric_lines(summary, report.capabilities))
-    lines += [
-        f"  {p.name}: {p.batches:,} batches, {format_seconds(p.total_s)}" for p in summary.phases
-    ]
+    lines += [f"  {p.name}: {p.batches:,} batches, {fmt_s(p.total_s)}" for p in summary.phases]
     lines += _bullets("Notes", report.notes)
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""Hand-built run records: for tests, examples and renderer development without torch or a GPU.
+"""Hand-built run records, for tests of the analysis and the renderers without torch or a GPU.
 
 ::
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..capabilities import Capabilities
-from ..record import (
+from traceml_nb.capabilities import Capabilities
+from traceml_nb.record import (
     FLAG_EPOCH_START,
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
@@ -29,10 +29,11 @@ from ..record import (
     RunRecord,
     SampleTable,
 )
+from traceml_nb.run import NO_CUDA
 
 Values = float | int | Sequence[float] | np.ndarray | Callable[[Any], Any] | None
 
-CPU_ONLY = "no CUDA device in this run (CPU-only)"
+CPU_ONLY = NO_CUDA
 
 
 def _spread(values: Values, n: int, index: np.ndarray) -> np.ndarray:
@@ -98,10 +99,13 @@ class RecordBuilder:
         stall_ms: Values = None,
         flags: int = 0,
         epoch_len: int | None = None,
+        leads: bool = True,
     ) -> None:
         """Append ``count`` consecutive steps of loader slot / ``SOURCE_*`` ``source``.
 
         ``epoch_len``: flag every ``epoch_len``-th step (from the first) as an epoch start.
+        ``leads``: a training loader's fetches begin these steps (``LoaderInfo.leads``);
+        ``False`` for a loader consumed alongside another (``zip``) or drawn inside its steps.
         """
         idx = np.arange(count)
         walls = _spread(wall_ms, count, idx)
@@ -129,6 +133,8 @@ class RecordBuilder:
         if info is not None and source in self._training:
             info.optimizer_steps += count
             rec.optimizer_steps += count
+            if leads:
+                info.leads += count
         if source == SOURCE_MARKER:
             rec.markers += count
         elif source == SOURCE_OPTIMIZER:

@@ -1,8 +1,8 @@
 """``RunResult``: what ``%%traceml -o VAR`` stores, a run's numbers as plain Python data.
 
-It holds the summary, the diagnosis, the comparison with the previous run of the cell, the
-capabilities, the per-step arrays and the sampler columns. It shows itself as the report in a
-notebook and converts to a dict, JSON or a pandas DataFrame.
+It holds the summary, the diagnosis, the comparisons with earlier runs of the cell, the
+capabilities, the per-step arrays and the sampler columns, and converts to a dict, JSON or a
+pandas DataFrame. A notebook shows it as the report (:mod:`traceml_nb.views.report`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,13 @@ import math
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
-from .analysis.model import Analysis, Diagnosis, Summary
-from .capabilities import Capabilities
-from .record import RunRecord, SampleTable
+from ..analysis.comparison import Comparison
+from ..analysis.formatting import fmt_ms
+from ..analysis.model import Analysis, Diagnosis, Summary
+from ..analysis.steps import StepSelection
+from ..capabilities import Capabilities
+from ..contracts import EndStatus
+from ..record import RecordSnapshot
 
 #: Phase names of the measured steps (other loaders keep their phase name, e.g. "eval (loader 1)").
 PHASE_WARMUP = "warmup"
@@ -51,19 +55,20 @@ def _maybe(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def step_arrays(record: RunRecord, warmup_steps: int) -> StepArrays:
-    """The measured steps (first ``warmup_steps`` of them warm-up) and the other loaders' steps.
+def step_arrays(
+    snapshot: RecordSnapshot, selection: StepSelection, warmup_steps: int
+) -> StepArrays:
+    """The measured steps (the first ``warmup_steps`` of them warm-up) and the steps of the
+    other loaders (their phases), in time order.
 
     Rows that are another segmentation of the same time (optimizer-step rows when the steps
     are DataLoader batches, loader rows inside explicit markers) are left out, so the step
     times never count the same interval twice.
     """
-    from .analysis.steps import phases, select_rows
+    from ..analysis.steps import phase_loaders
 
-    selection, cols = select_rows(record)
     rows: list[tuple[float, float, float, int, float, str]] = []
     for i in range(len(selection)):
-        phase = PHASE_WARMUP if i < warmup_steps else PHASE_TRAIN
         rows.append(
             (
                 float(selection.start_s[i]),
@@ -71,27 +76,24 @@ def step_arrays(record: RunRecord, warmup_steps: int) -> StepArrays:
                 float(selection.wait_ms[i]),
                 int(selection.batch[i]),
                 float(selection.gpu_stall_ms[i]),
-                phase,
+                PHASE_WARMUP if i < warmup_steps else PHASE_TRAIN,
             )
         )
-    phase_names = {p.name for p in phases(record, cols, selection)}
-    for info in record.loaders:
-        names = {f"eval (loader {info.slot})", f"loader {info.slot}"} & phase_names
-        if not names:
-            continue
-        name = names.pop()
-        for j, source in enumerate(cols.source):
-            if source == info.slot:
-                rows.append(
-                    (
-                        cols.start_ns[j] / 1e9,
-                        cols.wall_ns[j] / 1e6,
-                        cols.wait_ns[j] / 1e6,
-                        cols.batch[j],
-                        cols.gpu_stall_ms[j],
-                        name,
-                    )
+    cols = snapshot.steps
+    names = phase_loaders(snapshot, selection)
+    for j, source in enumerate(cols.source):
+        name = names.get(source)
+        if name is not None:
+            rows.append(
+                (
+                    cols.start_ns[j] / 1e9,
+                    cols.wall_ns[j] / 1e6,
+                    cols.wait_ns[j] / 1e6,
+                    cols.batch[j],
+                    cols.gpu_stall_ms[j],
+                    name,
                 )
+            )
     rows.sort(key=lambda r: r[0])
     out = StepArrays()
     for start, wall, wait, batch, stall, phase in rows:
@@ -105,14 +107,18 @@ def step_arrays(record: RunRecord, warmup_steps: int) -> StepArrays:
     return out
 
 
-def sample_columns(record: RunRecord) -> dict[str, dict[str, list[float | None]]]:
-    """Sampler columns by source (``"host"``, ``"gpu:0"``...); ``t`` is seconds from the start."""
-    tables: dict[str, SampleTable] = {}
-    if record.host is not None:
-        tables["host"] = record.host
-    for index, table in sorted(record.gpus.items()):
-        tables[f"gpu:{index}"] = table
-    return {name: {col: table.column(col) for col in table.names} for name, table in tables.items()}
+def sample_columns(snapshot: RecordSnapshot) -> dict[str, dict[str, list[float | None]]]:
+    """Sampler columns by source (``"host"``, ``"gpu:0"``...); ``t`` is seconds from the start,
+    ``None`` where a value was unavailable."""
+    tables: dict[str, dict[str, Any]] = {}
+    if snapshot.host is not None:
+        tables["host"] = snapshot.host
+    for index, columns in sorted(snapshot.gpus.items()):
+        tables[f"gpu:{index}"] = columns
+    return {
+        name: {col: [_maybe(v) for v in values] for col, values in columns.items()}
+        for name, columns in tables.items()
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -135,17 +141,25 @@ def _plain(value: Any) -> Any:
 
 
 @dataclass
+class LabelledComparison:
+    """A comparison with an earlier run; ``title`` names it, e.g. ``previous run #1 baseline``."""
+
+    title: str
+    comparison: Comparison
+
+
+@dataclass
 class RunResult:
     """The outcome of one measured run.
 
     ``comparison`` is the comparison with the previous run of the same cell (``None`` for the
     first run or with ``--no-compare``), ``comparison_best`` the one with its best run when
-    that is another run. ``samples`` maps a sampler source to its columns (see
-    :func:`sample_columns`).
+    that is another run; ``comparisons`` both, titled. ``samples`` maps a sampler source to its
+    columns (see :func:`sample_columns`).
     """
 
     name: str
-    status: str  #: "completed", "failed" or "interrupted"
+    status: EndStatus
     error: str | None
     elapsed_s: float
     run_id: int | None  #: number in the session history (``%traceml compare``)
@@ -154,9 +168,10 @@ class RunResult:
     capabilities: Capabilities
     steps: StepArrays
     samples: dict[str, dict[str, list[float | None]]]
-    comparison: Any = None
-    comparison_best: Any = None
-    report: Any = None  #: the :class:`~traceml_nb.views.report.Report` shown at the end
+    device: str = "cpu"  #: "cpu", "cuda:N", or "cuda:N, not available"
+    comparison: Comparison | None = None
+    comparison_best: Comparison | None = None
+    comparisons: list[LabelledComparison] = field(default_factory=list)
 
     @property
     def analysis(self) -> Analysis:
@@ -199,80 +214,9 @@ class RunResult:
         return pd.DataFrame(self.samples[table])
 
     def __repr__(self) -> str:
-        from .views.text import format_ms
-
         step = self.summary.step_ms_median
-        step_text = f", step {format_ms(step)} (median)" if step is not None else ""
+        step_text = f", step {fmt_ms(step)} (median)" if step is not None else ""
         return (
             f"<traceml_nb.RunResult #{self.run_id} {self.name!r} {self.status}: "
             f"{self.diagnosis.verdict}, {self.summary.total_steps} steps{step_text}>"
         )
-
-    def _repr_html_(self) -> str | None:
-        return self.report._repr_html_() if self.report is not None else None
-
-
-def conclude_run(
-    run: Any,
-    *,
-    warmup: str | int = "auto",
-    compare: bool = True,
-    cell_key: str | None = None,
-    source: str | None = None,
-    named: bool = False,
-) -> RunResult:
-    """Analyse an ended run, compare it with the earlier runs of its cell, add it to the
-    session history and return its :class:`RunResult` (whose ``report`` is ready to show).
-
-    ``named``: the run's name was given by the user (``--name``), not derived from the cell.
-    """
-    from .analysis import analyze
-    from .analysis import compare as compare_runs
-    from .history import entry_from, session_history
-    from .views.report import LabelledComparison, Report, RunMeta, StepChart
-
-    analysis = analyze(run.record, run.capabilities, warmup=warmup)
-    history = session_history()
-    entry = history.add(entry_from(run, analysis, cell_key=cell_key, source=source, named=named))
-    with_previous = with_best = None
-    comparisons: list[LabelledComparison] = []
-    if compare:
-        previous = history.previous_of(entry)
-        best = history.best_of(entry)
-        if previous is not None:
-            with_previous = compare_runs(previous, entry)
-            comparisons.append(LabelledComparison(f"previous run {previous.label}", with_previous))
-        if best is not None and best is not previous:
-            with_best = compare_runs(best, entry)
-            comparisons.append(LabelledComparison(f"best run {best.label}", with_best))
-
-    steps = step_arrays(run.record, analysis.summary.warmup_steps)
-    measured = [i for i, phase in enumerate(steps.phase) if phase in (PHASE_WARMUP, PHASE_TRAIN)]
-    chart = StepChart(
-        wall_ms=[steps.wall_ms[i] for i in measured],
-        data_wait_ms=[steps.data_wait_ms[i] for i in measured],
-        warmup_steps=analysis.summary.warmup_steps,
-    )
-    device = "cpu"
-    if run.device_kind == "cuda":
-        usable = run.capabilities.ok("gpu_events")
-        device = f"cuda:{run.cuda_index}" + ("" if usable else " (not available)")
-    meta = RunMeta(run.name, run.status, run.error, run.elapsed_s, device, entry.id)
-    report = Report(
-        meta, analysis, run.capabilities, comparisons, chart, list(run.capabilities.notes)
-    )
-    return RunResult(
-        name=run.name,
-        status=run.status,
-        error=run.error,
-        elapsed_s=run.elapsed_s,
-        run_id=entry.id,
-        summary=analysis.summary,
-        diagnosis=analysis.diagnosis,
-        capabilities=run.capabilities,
-        steps=steps,
-        samples=sample_columns(run.record),
-        comparison=with_previous,
-        comparison_best=with_best,
-        report=report,
-    )

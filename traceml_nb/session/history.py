@@ -7,27 +7,22 @@ same frontend cell id, or, failing both, the most similar cell source (``difflib
 still pairs the two runs.
 
 The history is bounded to ``MAX_RUNS`` runs (the oldest are dropped) and can be saved to and
-loaded from a JSON file; loading validates the whole file before the history is touched, and
-never unpickles or evaluates anything.
+loaded from a JSON file (:mod:`.history_file`).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import os
 import re
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .analysis.formatting import fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
-from .analysis.model import Analysis, Diagnosis, Summary
-from .analysis.pipeline import steady_step_ms
-from .analysis.thresholds import MAX_STORED_STEPS
+from ..analysis.model import Analysis, Diagnosis, Summary
+from ..analysis.thresholds import MAX_STORED_STEPS
+from ..contracts import END_STATUSES, EndStatus
 
 #: Runs kept per session; adding one more drops the oldest.
 MAX_RUNS = 500
@@ -36,16 +31,9 @@ MAX_RUNS = 500
 #: training cell; that training cell scores 0.46 against an evaluation cell and 0.52 against
 #: another training loop, and 0.1-0.3 against unrelated cells.
 SIMILAR_SOURCE_RATIO = 0.6
-#: Only this many of the latest earlier runs are compared by source (difflib costs ~1 ms each).
+#: Only this many of the latest earlier runs are compared by source (difflib is slow on long cells).
 SIMILARITY_WINDOW = 50
-FILE_FORMAT = "traceml_nb.history"
-FILE_VERSION = 1
-STATUSES = ("completed", "failed", "interrupted")
 DEFAULT_RUN_NAME = "run"
-
-
-class HistoryFileError(ValueError):
-    """A history file that cannot be loaded (corrupt, not ours, or another version)."""
 
 
 def downsample(values: Any, limit: int = MAX_STORED_STEPS) -> list[float]:
@@ -63,9 +51,9 @@ class RunEntry:
 
     id: int  #: assigned by the history: 1, 2, 3…
     name: str
-    cell_key: str | None  #: the frontend's cell id, when known
+    cell_id: str | None  #: the frontend's cell id, when known
     source: str | None  #: the cell's text
-    status: str  #: "completed", "failed" or "interrupted"
+    status: EndStatus
     error: str | None
     started_at: float  #: epoch seconds
     elapsed_s: float
@@ -80,7 +68,7 @@ class RunEntry:
             "id": self.id,
             "name": self.name,
             "named": self.named,
-            "cell_key": self.cell_key,
+            "cell_id": self.cell_id,
             "source": self.source,
             "status": self.status,
             "error": self.error,
@@ -104,7 +92,7 @@ class RunEntry:
         return cls(
             id=data["id"],
             name=data["name"],
-            cell_key=data.get("cell_key"),
+            cell_id=data.get("cell_id", data.get("cell_key")),  # "cell_key" before 0.2
             source=data.get("source"),
             status=data["status"],
             error=data.get("error"),
@@ -137,7 +125,7 @@ def _check_entry(data: Any) -> None:
             "a positive integer",
         ),
         ("name", lambda v: isinstance(v, str), "a string"),
-        ("status", lambda v: v in STATUSES, f"one of {', '.join(STATUSES)}"),
+        ("status", lambda v: v in END_STATUSES, f"one of {', '.join(END_STATUSES)}"),
         ("started_at", _is_number, "a number"),
         ("elapsed_s", _is_number, "a number"),
         ("summary", lambda v: isinstance(v, dict), "an object"),
@@ -158,7 +146,7 @@ def _check_entry(data: Any) -> None:
             raise ValueError(f"'{key}' is missing")
         if not ok(data[key]):
             raise ValueError(f"'{key}' must be {what}")
-    for key in ("cell_key", "source", "error"):
+    for key in ("cell_id", "cell_key", "source", "error"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ValueError(f"'{key}' must be a string or null")
     for key in ("verdict", "title", "confidence"):
@@ -168,41 +156,28 @@ def _check_entry(data: Any) -> None:
         raise ValueError("'summary.step_source' must be a string")
 
 
-def entry_from(
-    run_like: Any,
-    analysis: Analysis,
-    *,
-    cell_key: str | None = None,
-    source: str | None = None,
-    named: bool | None = None,
-) -> RunEntry:
-    """A history entry (id 0 until added) for a finished :class:`traceml_nb.run.Run`.
-
-    ``cell_key``/``source`` default to the run's ``cell_id``/``source``; ``named`` defaults to
-    "the run's name is not the default ``run``".
-    """
+def entry_from(run_like: Any, analysis: Analysis) -> RunEntry:
+    """A history entry (id 0 until added) for an ended :class:`traceml_nb.run.Run`: its name,
+    ``named``, ``cell_id``, ``source``, status and times, and ``analysis``' figures."""
     name = str(getattr(run_like, "name", None) or DEFAULT_RUN_NAME)
-    if named is None:
-        named = name != DEFAULT_RUN_NAME
-    record = run_like.record
-    steps = steady_step_ms(record, analysis.summary.warmup_steps)
+    named = bool(getattr(run_like, "named", name != DEFAULT_RUN_NAME))
     status = getattr(run_like, "status", "completed")
-    if status not in STATUSES:
+    if status not in END_STATUSES:
         raise ValueError(f"run {name!r} is {status}: only an ended run can join the history")
     return RunEntry(
         id=0,
         name=name,
-        cell_key=cell_key if cell_key is not None else getattr(run_like, "cell_id", None),
-        source=source if source is not None else getattr(run_like, "source", None),
+        cell_id=getattr(run_like, "cell_id", None),
+        source=getattr(run_like, "source", None),
         status=status,
         error=getattr(run_like, "error", None),
         started_at=float(getattr(run_like, "started_at", None) or time.time()),
         elapsed_s=float(getattr(run_like, "elapsed_s", 0.0)),
         summary=analysis.summary,
         diagnosis=analysis.diagnosis,
-        step_ms=downsample(steps),
-        loaders=[info.to_dict() for info in record.loaders],
-        named=bool(named),
+        step_ms=downsample(analysis.steady_step_ms),
+        loaders=[info.to_dict() for info in run_like.record.loaders],
+        named=named,
     )
 
 
@@ -310,8 +285,8 @@ class History:
             same_name = [e for e in earlier if e.named and e.name == entry.name]
             if same_name:
                 return same_name[-1]
-        if entry.cell_key is not None:
-            same_key = [e for e in earlier if e.cell_key == entry.cell_key]
+        if entry.cell_id is not None:
+            same_key = [e for e in earlier if e.cell_id == entry.cell_id]
             if same_key:
                 return same_key[-1]
         if not entry.source:
@@ -354,6 +329,9 @@ class History:
 
     # --- persistence --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The history as the JSON document :mod:`.history_file` writes."""
+        from .history_file import FILE_FORMAT, FILE_VERSION
+
         return {
             "format": FILE_FORMAT,
             "version": FILE_VERSION,
@@ -362,25 +340,11 @@ class History:
         }
 
     def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the history to ``path`` as JSON, atomically (a crash leaves the old file)."""
-        target = os.path.abspath(os.fspath(path))
-        data = _finite(self.to_dict())
-        fd, tmp = tempfile.mkstemp(
-            prefix=".traceml-history-", suffix=".tmp", dir=os.path.dirname(target)
-        )
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, allow_nan=False, indent=1)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return target
+        """Write the history to ``path`` as JSON, atomically (a crash leaves the old file);
+        returns the absolute path written."""
+        from .history_file import write_history_file
+
+        return write_history_file(path, self.to_dict())
 
     def load(self, path: str | os.PathLike[str]) -> int:
         """Replace the history with the runs saved in ``path``; returns how many were loaded.
@@ -388,161 +352,8 @@ class History:
         The whole file is read and checked first; on any problem :class:`HistoryFileError` is
         raised and the history is left as it was.
         """
+        from .history_file import read_history_file
+
         entries, next_id = read_history_file(path)
         self._replace(entries[-self.max_runs :], next_id)
         return len(self.entries)
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN/infinity replaced by None (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def read_history_file(path: str | os.PathLike[str]) -> tuple[list[RunEntry], int]:
-    """The runs in a history file and the next id, or :class:`HistoryFileError`."""
-    where = os.fspath(path)
-    try:
-        with open(where, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise HistoryFileError(f"cannot read history file {where}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise HistoryFileError(
-            f"{where} is not a traceml_nb history file (not UTF-8 text)"
-        ) from None
-    try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError) as exc:
-        raise HistoryFileError(f"{where} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
-        raise HistoryFileError(
-            f'{where} is not a traceml_nb history file (no "format": "{FILE_FORMAT}")'
-        )
-    version = data.get("version")
-    if version != FILE_VERSION:
-        raise HistoryFileError(
-            f"{where} is a traceml_nb history of version {version!r}; this traceml_nb reads version {FILE_VERSION}"
-        )
-    runs = data.get("runs")
-    if not isinstance(runs, list):
-        raise HistoryFileError(f"{where}: 'runs' must be a list")
-    entries = []
-    for position, item in enumerate(runs, 1):
-        try:
-            entries.append(RunEntry.from_dict(item))
-        except ValueError as exc:
-            raise HistoryFileError(f"{where}: run {position} of {len(runs)}: {exc}") from None
-    ids = [e.id for e in entries]
-    if len(set(ids)) != len(ids) or ids != sorted(ids):
-        raise HistoryFileError(f"{where}: run ids must be unique and increasing")
-    next_id = data.get("next_id")
-    if not (isinstance(next_id, int) and not isinstance(next_id, bool)) or next_id <= max(
-        ids, default=0
-    ):
-        raise HistoryFileError(f"{where}: 'next_id' must be an integer above every run id")
-    return entries, next_id
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in a history file")
-
-
-# --- the plain table behind `%traceml history` -----------------------------------------------
-def history_table(history: History) -> list[dict[str, Any]]:
-    """One plain dict per run, oldest first, for the text and HTML renderers.
-
-    Keys: ``id``, ``label``, ``name``, ``status``, ``started_at`` (epoch s), ``started``
-    (HH:MM:SS local), ``elapsed_s``, ``steady_steps``, ``step_ms_median``, ``samples_per_s``,
-    ``data_wait_share``, ``gpu_util_median_pct``, ``gpu_mem_peak_mb``, ``verdict``, ``cause``,
-    ``previous_id`` (the earlier run of the same cell, or None) and ``step_change`` (median step
-    time relative to it, e.g. -0.43; None without a previous run).
-    """
-    rows = []
-    for e in history.entries:
-        s = e.summary
-        prev = history.previous_of(e)
-        change = None
-        if prev is not None and prev.summary.step_ms_median and s.step_ms_median is not None:
-            change = s.step_ms_median / prev.summary.step_ms_median - 1
-        rows.append(
-            {
-                "id": e.id,
-                "label": e.label,
-                "name": e.name,
-                "status": e.status,
-                "started_at": e.started_at,
-                "started": time.strftime("%H:%M:%S", time.localtime(e.started_at)),
-                "elapsed_s": e.elapsed_s,
-                "steady_steps": s.steady_steps,
-                "step_ms_median": s.step_ms_median,
-                "samples_per_s": s.samples_per_s,
-                "data_wait_share": s.data_wait_share,
-                "gpu_util_median_pct": s.gpu_util_median_pct,
-                "gpu_mem_peak_mb": s.gpu_mem_peak_mb,
-                "verdict": e.diagnosis.verdict,
-                "cause": e.diagnosis.cause,
-                "previous_id": prev.id if prev is not None else None,
-                "step_change": change,
-            }
-        )
-    return rows
-
-
-def history_cells(row: dict[str, Any]) -> dict[str, str]:
-    """One row of :func:`history_table` as the cells shown (text and HTML alike), keyed by
-    column title; unavailable values are a dash, never 0."""
-
-    def maybe(value: Any, fmt: Callable[[Any], str]) -> str:
-        return "\u2014" if value is None else fmt(value)
-
-    vs = ""
-    if row.get("previous_id") is not None and row.get("step_change") is not None:
-        vs = f"{signed_pct(row['step_change'])} vs #{row['previous_id']}"
-    return {
-        "run": str(row["label"]),
-        "status": str(row["status"]),
-        "started": str(row["started"]),
-        "time": fmt_s(row["elapsed_s"]),
-        "steps": f"{row['steady_steps']:,}",
-        "step": maybe(row.get("step_ms_median"), fmt_ms),
-        "throughput": maybe(row.get("samples_per_s"), lambda v: fmt_rate(v, "samples/s")),
-        "data wait": maybe(row.get("data_wait_share"), fmt_share),
-        "GPU util": maybe(row.get("gpu_util_median_pct"), fmt_pct),
-        "verdict": str(row["verdict"]),
-        "vs": vs,
-    }
-
-
-def render_history_text(history: History) -> str:
-    """``%traceml history`` as plain text: a fixed-width table, oldest run first."""
-    rows = [history_cells(r) for r in history_table(history)]
-    if not rows:
-        return "No traceml_nb runs in this session yet."
-    lines = [tuple(rows[0]), *(tuple(r.values()) for r in rows)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    text = [
-        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
-        for line in lines
-    ]
-    if history.dropped:
-        text.append(
-            f"({history.dropped} older runs dropped: the history keeps the last {history.max_runs})"
-        )
-    return "\n".join(text)
-
-
-_session: History | None = None
-
-
-def session_history() -> History:
-    """The history of this kernel session (one per process)."""
-    global _session
-    if _session is None:
-        _session = History()
-    return _session

@@ -1,0 +1,177 @@
+"""What the run installs in torch, and that it all goes away: the DataLoader ``__next__``
+wrapper and the global optimizer post-step hook."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import torch
+import torch.optim.optimizer as optim_mod
+from leakcheck import ORIGINAL_NEXT
+from torch.optim.optimizer import Optimizer
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+import traceml_nb
+from traceml_nb.instrument import hooks
+from traceml_nb.record import FLAG_OPTIMIZER_STEP
+
+
+def _loader(n: int = 400, batch: int = 4) -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(n, 8), torch.zeros(n).long()), batch_size=batch)
+
+
+def _step(model, opt, x, y) -> None:
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def _model_and_opt(cls=torch.optim.SGD):
+    model = torch.nn.Linear(8, 2)
+    return model, cls(model.parameters(), lr=0.1)
+
+
+def _train(model, opt, loader, on_step=None) -> int:
+    steps = 0
+    for i, (x, y) in enumerate(loader):
+        _step(model, opt, x, y)
+        steps += 1
+        if on_step is not None:
+            on_step(i)
+    return steps
+
+
+def test_the_run_installs_one_wrapper_and_one_global_hook_and_removes_both() -> None:
+    model, opt = _model_and_opt()
+    seen = {}
+    with traceml_nb.Run("hooks", sample=False) as run:
+
+        def look(i: int) -> None:
+            if i == 30:
+                seen["next"] = _BaseDataLoaderIter.__dict__["__next__"]
+                seen["hooks"] = list(optim_mod._global_optimizer_post_hooks.values())
+                seen["installed"] = hooks.is_installed()
+
+        steps = _train(model, opt, _loader(), look)
+    assert seen["installed"] and not hooks.is_installed()
+    assert seen["next"] is not ORIGINAL_NEXT and seen["next"].__wrapped__ is ORIGINAL_NEXT
+    assert seen["next"].__qualname__ == ORIGINAL_NEXT.__qualname__
+    assert [h.__func__.__name__ for h in seen["hooks"]] == ["on_optimizer_step"]
+    # everything put back
+    assert _BaseDataLoaderIter.__dict__["__next__"] is ORIGINAL_NEXT
+    assert dict(optim_mod._global_optimizer_post_hooks) == {}
+    assert "_optimizer_step_code" not in vars(opt) and "step" not in vars(opt)
+    # and every step counted
+    assert run.record.optimizer_steps == steps == run.record.loaders[0].optimizer_steps
+    s = run.record.steps
+    loader_rows = [i for i in range(len(s)) if s.source[i] == 0]
+    assert len(loader_rows) == steps
+    assert all(s.flags[i] & FLAG_OPTIMIZER_STEP for i in loader_rows)
+
+
+def test_an_optimizer_made_during_the_run_is_counted() -> None:
+    model, opt = _model_and_opt()
+    other = {}
+    with traceml_nb.Run("new-optimizer", sample=False) as run:
+
+        def second_optimizer(i: int) -> None:
+            if i == 40:
+                other["model"], other["opt"] = _model_and_opt(torch.optim.Adam)
+            if i >= 40:
+                x = torch.randn(4, 8)
+                _step(other["model"], other["opt"], x, torch.zeros(4).long())
+
+        steps = _train(model, opt, _loader(), second_optimizer)
+    assert run.record.optimizer_steps == steps + (steps - 40)
+
+
+def test_optimizers_with_a_step_of_their_own_are_counted() -> None:
+    class PlainSGD(torch.optim.Optimizer):
+        """A custom optimizer: torch wraps every subclass's ``step`` with the hooks."""
+
+        def __init__(self, params, lr: float) -> None:
+            super().__init__(params, {"lr": lr})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-group["lr"])
+
+    model, opt = _model_and_opt(PlainSGD)
+    lbfgs_model, lbfgs = _model_and_opt(torch.optim.LBFGS)
+    x, y = torch.randn(4, 8), torch.zeros(4).long()
+
+    def closure():
+        lbfgs.zero_grad()
+        loss = torch.nn.functional.cross_entropy(lbfgs_model(x), y)
+        loss.backward()
+        return loss
+
+    with traceml_nb.Run("own step", sample=False) as run:
+        steps = _train(model, opt, _loader(n=80))
+        lbfgs.step(closure)
+    assert run.record.optimizer_steps == steps + 1
+
+
+def test_a_users_own_global_hook_runs_alongside_ours_and_stays() -> None:
+    calls = []
+    handle = optim_mod.register_optimizer_step_post_hook(lambda o, a, k: calls.append(o))
+    try:
+        model, opt = _model_and_opt()
+        with traceml_nb.Run("their hook", sample=False) as run:
+            steps = _train(model, opt, _loader(n=40))
+        _step(model, opt, torch.randn(4, 8), torch.zeros(4).long())
+        assert len(calls) == steps + 1
+        assert run.record.optimizer_steps == steps
+        assert len(optim_mod._global_optimizer_post_hooks) == 1  # theirs only
+    finally:
+        handle.remove()
+
+
+def test_an_optimizer_can_be_copied_and_pickled_while_it_is_counted() -> None:
+    model, opt = _model_and_opt()
+    with traceml_nb.Run("copy", sample=False) as run:
+        _train(model, opt, _loader(n=200))
+        clone = copy.deepcopy(opt)
+        restored = pickle.loads(pickle.dumps(opt))
+        _step(model, clone, torch.randn(4, 8), torch.zeros(4).long())
+    assert clone.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+    assert restored.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+    assert run.record.optimizer_steps == 50 + 1
+
+
+def test_torch_profiler_with_python_stacks_works_inside_a_run_and_after() -> None:
+    model, opt = _model_and_opt()
+    with traceml_nb.Run("profiler", sample=False) as run:
+        _train(model, opt, _loader(n=200))
+        with torch.profiler.profile(with_stack=True) as prof:
+            for x, y in _loader(n=40):
+                _step(model, opt, x, y)
+    assert any("Optimizer.step" in e.name for e in prof.events())
+    assert run.record.optimizer_steps == 50 + 10
+    with torch.profiler.profile(with_stack=True) as prof:  # after the run: as without us
+        _step(model, opt, torch.randn(4, 8), torch.zeros(4).long())
+    assert any("Optimizer.step" in e.name for e in prof.events())
+
+
+def test_a_wrapper_stacked_on_ours_is_left_alone_and_ours_goes_inert() -> None:
+    with traceml_nb.Run("stacked", sample=False) as run:
+        ours = _BaseDataLoaderIter.__next__
+
+        def theirs(self):
+            return ours(self)
+
+        _BaseDataLoaderIter.__next__ = theirs
+    try:
+        assert _BaseDataLoaderIter.__dict__["__next__"] is theirs
+        assert any("another wrapper" in n for n in run.capabilities.notes)
+        assert len(list(_loader(n=8))) == 2  # theirs works, ours only calls through
+        assert len(run.record.steps) == 0
+        assert not hooks.is_installed()
+    finally:
+        _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
+    assert Optimizer.__dict__["step"] is not None
