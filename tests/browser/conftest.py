@@ -3,7 +3,9 @@
 The server runs from this virtualenv (its kernelspec starts this virtualenv's Python, and the
 ipywidgets and jupyter_bokeh lab extensions come from its ``share/jupyter``), with temporary
 ``JUPYTER_*`` directories, a fixed token, on 127.0.0.1 and a free port, with news and update
-checks switched off. Chromium is Debian's ``/usr/bin/chromium`` driven by Playwright.
+checks switched off, and with the application exposed as ``window.jupyterapp`` (in JupyterLab
+and in Notebook 7) so that the tests can wait on the notebook's session and run its commands.
+Chromium is Debian's ``/usr/bin/chromium`` driven by Playwright.
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ class LabServer:
 
     def notebook_url(self, name: str) -> str:
         return f"{self.url}/lab/tree/{name}?token={self.token}&reset"
+
+    def sessions(self) -> list[dict]:
+        """The server's sessions (``GET /api/sessions``): each with its path and its kernel."""
+        req = urllib.request.Request(
+            f"{self.url}/api/sessions", headers={"Authorization": f"token {self.token}"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
 
 
 def _free_port() -> int:
@@ -143,6 +153,11 @@ def lab_server(
         f"--LabApp.workspaces_dir={dirs['workspaces']}",
         "--LabApp.news_url=None",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        # window.jupyterapp: the tests wait on the notebook's session context and run cells by
+        # its commands (the page's own state, not a status icon that reads "idle" before any
+        # kernel exists)
+        "--LabApp.expose_app_in_browser=True",
+        "--JupyterNotebookApp.expose_app_in_browser=True",
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)

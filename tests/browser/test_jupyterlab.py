@@ -1,11 +1,22 @@
 """The live chart in a real JupyterLab 4 in headless Chromium.
 
-A notebook trains a small model on a real (deliberately slow) DataLoader for ~15 s under
-``%%traceml`` (or, while the magic is absent, under ``traceml_nb.Run`` + ``LiveView``). While
-the cell's prompt still reads ``[*]:`` the test reads the chart twice, ~2 s apart, and checks
-that both the header's step count and the rendered pixels changed; after the cell ends it
-checks the final state is shown. A screenshot of the running chart is written to the test's
+A notebook trains a small model on a real (deliberately slow) DataLoader under ``%%traceml``
+(or, while the magic is absent, under ``traceml_nb.Run`` + ``LiveView``) until the test lets it
+stop. While the cell's prompt still reads ``[*]:`` the test reads the chart twice, ~2 s apart,
+and checks that both the header's step count and the rendered pixels changed; then it ends the
+loop (by creating a file the loop looks for) and checks the final state is shown. The loop does
+not train for a fixed time: under load the page and the live view can take most of such a
+time to show up, and the cell would end before the test has read the running chart. A screenshot of the running chart is written to the test's
 temporary directory, and to ``docs/screenshot.png`` when ``TRACEML_UPDATE_SCREENSHOT=1``.
+
+Each test opens its notebook and waits, on the page's own ``window.jupyterapp``, until the
+notebook's session has a kernel that is connected and idle (and the server lists that kernel
+for the notebook's path) before it runs a cell; it runs cells by JupyterLab's commands on a
+cell it makes active, and checks that the cell's prompt turned to ``[*]:``. The execution
+indicator in the notebook's toolbar is no readiness signal: it reads ``idle`` from the moment
+the notebook is opened, before the session even asked for a kernel, and a run command that
+arrives while the kernel is still being started is dropped without a trace (the prompt stays
+``[ ]:``).
 
 Bokeh 3 renders inside open shadow roots: Playwright's CSS locators pierce them.
 """
@@ -16,6 +27,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +39,58 @@ REPO = HERE.parent.parent
 NOTEBOOKS = HERE / "notebooks"
 SCREENSHOT = REPO / "docs" / "screenshot.png"
 TRAIN_CELL = 2  #: index of the training cell (0: markdown, 1: setup)
+GATE_CAP_S = 240  #: the longest a gated training loop runs if the test never ends it
+KERNEL_READY_TIMEOUT_S = 90.0
+#: a cell that was started: running or queued (``[*]:``), or already done (``[n]:``)
+STARTED = re.compile(r"^\[(\*|\d+)\]:$")
+
+#: The state of the notebook at ``path`` as the page's application sees it: its panel in the
+#: main area (JupyterLab's or Notebook 7's shell), its content, its session and its kernel.
+NOTEBOOK_STATE_JS = """
+(path) => {
+  const app = window.jupyterapp;
+  if (!app) return {app: false};
+  const panel = Array.from(app.shell.widgets('main')).find(
+    (w) => w.context && w.context.path === path && w.sessionContext && w.content);
+  if (!panel) return {app: true, panel: false};
+  const session = panel.sessionContext;
+  const kernel = session.session ? session.session.kernel : null;
+  return {
+    app: true,
+    panel: true,
+    current: app.shell.currentWidget === panel,
+    contentReady: panel.context.isReady,
+    cells: panel.content.widgets.length,
+    sessionReady: session.isReady,
+    pendingInput: session.pendingInput,
+    kernelId: kernel ? kernel.id : null,
+    connection: kernel ? kernel.connectionStatus : null,
+    status: kernel ? kernel.status : null,
+  };
+}
+"""
+
+#: Make cell ``index`` the only selected, active cell of the notebook at ``path`` and start
+#: ``command`` on it; false when the notebook is not the current widget (the notebook commands
+#: act on the current one). The command's promise (resolved when the cells have run) is not
+#: awaited.
+RUN_COMMAND_JS = """
+([path, command, index]) => {
+  const app = window.jupyterapp;
+  const panel = Array.from(app.shell.widgets('main')).find(
+    (w) => w.context && w.context.path === path && w.sessionContext && w.content);
+  if (!panel || app.shell.currentWidget !== panel || !app.commands.isEnabled(command)) {
+    if (panel) app.shell.activateById(panel.id);
+    return false;
+  }
+  const notebook = panel.content;
+  notebook.mode = 'command';
+  notebook.activeCellIndex = index;
+  notebook.deselectAll();
+  void app.commands.execute(command);
+  return true;
+}
+"""
 
 
 def magic_available() -> bool:
@@ -59,33 +123,141 @@ def prompt_of(page, index: int):
     return page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputPrompt")
 
 
+def notebook_state(page, path: str) -> dict:
+    return page.evaluate(NOTEBOOK_STATE_JS, path)
+
+
+def _kernel_ready(state: dict) -> bool:
+    return bool(
+        state.get("contentReady")
+        and state.get("sessionReady")
+        and not state.get("pendingInput")
+        and state.get("kernelId")
+        and state.get("connection") == "connected"
+        and state.get("status") == "idle"
+    )
+
+
+def wait_for_kernel_idle(page, lab_server, path: str) -> str:
+    """Wait until the notebook at ``path`` is loaded and its session's kernel is connected and
+    idle in the page, and the server lists that same kernel (started) for ``path``; return the
+    kernel's id. Until then a run command would be dropped."""
+    deadline = time.monotonic() + KERNEL_READY_TIMEOUT_S
+    state: dict = {}
+    server: list[dict] = []
+    while time.monotonic() < deadline:
+        state = notebook_state(page, path)
+        if _kernel_ready(state):
+            server = lab_server.sessions()
+            if any(
+                s["path"] == path
+                and s["kernel"]["id"] == state["kernelId"]
+                and s["kernel"]["execution_state"] in ("idle", "busy")
+                for s in server
+            ):
+                return state["kernelId"]
+        time.sleep(0.2)
+    raise AssertionError(
+        f"the kernel of {path} was not connected and idle after {KERNEL_READY_TIMEOUT_S:.0f} s:"
+        f" page {state}, server {server}"
+    )
+
+
+def run_cell(page, path: str, index: int, command: str = "notebook:run-cell") -> None:
+    """Run cell ``index`` of the notebook at ``path`` (or, with ``notebook:run-all-cells``, all
+    of them) by a JupyterLab command, and check that the cell was started: its prompt reads
+    ``[*]:`` (running or queued) or already ``[n]:``."""
+    from playwright.sync_api import expect
+
+    deadline = time.monotonic() + 10
+    while not page.evaluate(RUN_COMMAND_JS, [path, command, index]):
+        assert time.monotonic() < deadline, (
+            f"{command} is not enabled on {path}: {notebook_state(page, path)}"
+        )
+        time.sleep(0.2)
+    expect(prompt_of(page, index)).to_have_text(STARTED, timeout=30_000)
+
+
+def open_notebook(page, lab_server, url: str, path: str) -> str:
+    """Open the notebook at ``path`` (served at ``url``), ready to run cells: its kernel is
+    connected and idle. Returns the kernel's id."""
+    page.goto(url)
+    # exposed by the server's expose_app_in_browser options (conftest.py)
+    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=90_000)
+    kernel = wait_for_kernel_idle(page, lab_server, path)
+    dismiss_news(page)
+    return kernel
+
+
+def report_failure(page, lab_server, path: str, tmp_path: Path) -> None:
+    """On a failed test: a screenshot of the page (if it is still open), the notebook's state
+    in the page and in the server, the end of the server's log."""
+    if not page.is_closed():
+        shot = tmp_path / "failure.png"
+        try:
+            page.screenshot(path=str(shot), full_page=True)
+            print("screenshot of the failure:", shot)
+            print("notebook state in the page:", notebook_state(page, path))
+        except Exception as exc:
+            print("no screenshot:", exc)
+    try:
+        print("server sessions:", lab_server.sessions())
+    except Exception as exc:
+        print("no server sessions:", exc)
+    print("server log:\n", lab_server.log.read_text()[-4000:])
+
+
 def steps_shown(page) -> int:
     text = page.locator(".traceml-steps").first.inner_text(timeout=5000)
     return int(re.sub(r"[^0-9]", "", text))
 
 
+def gated_notebook(name: str, stop: Path):
+    """The notebook ``NOTEBOOKS/name`` with its training loop gated on the file ``stop``: the
+    loop runs until the test creates that file (at most ``GATE_CAP_S``), not ``TRAIN_SECONDS``."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    setup, train = nb.cells[1], nb.cells[TRAIN_CELL]
+    assert "TRAIN_SECONDS = 15" in setup.source, setup.source
+    assert "if time.monotonic() > deadline:" in train.source, train.source
+    setup.source = setup.source.replace(
+        "TRAIN_SECONDS = 15",
+        f"TRAIN_SECONDS = {GATE_CAP_S}  # at most: the test ends the loop\n"
+        f"import os\nSTOP = {str(stop)!r}",
+    )
+    train.source = train.source.replace(
+        "if time.monotonic() > deadline:",
+        "if time.monotonic() > deadline or os.path.exists(STOP):",
+    )
+    return nb
+
+
 @pytest.fixture
-def notebook(lab_server) -> str:
+def stop(tmp_path: Path) -> Iterator[Path]:
+    """The file that ends the training loop of a :func:`gated_notebook`; created at the end of
+    the test at the latest, so that a failed test leaves no loop training on."""
+    path = tmp_path / "stop"
+    yield path
+    path.touch()
+
+
+@pytest.fixture
+def notebook(lab_server, stop) -> str:
+    import nbformat
+
     name = "traceml_magic.ipynb" if magic_available() else "live_view_direct.ipynb"
-    shutil.copy(NOTEBOOKS / name, lab_server.root / name)
+    nbformat.write(gated_notebook(name, stop), lab_server.root / name)
     return name
 
 
-def test_live_chart_updates_while_the_cell_runs(lab_server, page, notebook, tmp_path):
+def test_live_chart_updates_while_the_cell_runs(lab_server, page, notebook, stop, tmp_path):
     from playwright.sync_api import expect
 
-    page.goto(lab_server.notebook_url(notebook))
-    expect(page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL)).to_be_visible(timeout=90_000)
-    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
-        1, timeout=90_000
-    )
-    dismiss_news(page)
-
-    page.locator(".jp-Notebook .jp-Cell").nth(1).click()
-    page.get_by_text("Run", exact=True).first.click()
-    page.get_by_text("Run All Cells", exact=True).first.click()
-
     try:
+        open_notebook(page, lab_server, lab_server.notebook_url(notebook), notebook)
+        expect(page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL)).to_be_visible()
+        run_cell(page, notebook, 1, "notebook:run-all-cells")
         running = prompt_of(page, TRAIN_CELL)
         expect(running).to_have_text("[*]:", timeout=60_000)
         header = page.locator(".traceml-steps").first
@@ -115,10 +287,11 @@ def test_live_chart_updates_while_the_cell_runs(lab_server, page, notebook, tmp_
             shutil.copy(shot, SCREENSHOT)
 
         # the cell ends: its prompt gets a number and the final state is visible
+        stop.touch()
         expect(running).to_have_text(re.compile(r"\[\d+\]:"), timeout=90_000)
         output = page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL).locator(".jp-OutputArea")
         if notebook == "traceml_magic.ipynb":
-            from traceml_nb.analysis.model import VERDICTS
+            from traceml_nb.analysis import VERDICTS
 
             report = output.locator(".traceml-report").first
             expect(report).to_be_visible(timeout=30_000)
@@ -134,14 +307,12 @@ def test_live_chart_updates_while_the_cell_runs(lab_server, page, notebook, tmp_
             ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
         )
         assert errors.count() == 0 or "Error" not in errors.first.inner_text()
-    except Exception:
-        page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
-        print("screenshot of the failure:", tmp_path / "failure.png")
-        print("server log:\n", lab_server.log.read_text()[-4000:])
+    except BaseException:
+        report_failure(page, lab_server, notebook, tmp_path)
         raise
 
 
-def test_closing_the_tab_mid_run_harms_nothing(lab_server, page, tmp_path):
+def test_closing_the_tab_mid_run_harms_nothing(lab_server, page, stop, tmp_path):
     """The user closes the browser tab while the cell runs: the kernel finishes the cell, the
     run completes with its report and lands in the history (saved by a queued later cell)."""
     import json
@@ -152,28 +323,29 @@ def test_closing_the_tab_mid_run_harms_nothing(lab_server, page, tmp_path):
     if not magic_available():
         pytest.skip("needs %%traceml")
     saved = tmp_path / "history.json"
-    nb = nbformat.read(NOTEBOOKS / "traceml_magic.ipynb", as_version=4)
-    nb.cells[1].source = nb.cells[1].source.replace("TRAIN_SECONDS = 15", "TRAIN_SECONDS = 8")
+    nb = gated_notebook("traceml_magic.ipynb", stop)
     nb.cells[2].source = nb.cells[2].source.replace("--name browser-test", "--name closed-tab")
     nb.cells.append(nbformat.v4.new_code_cell(f"%traceml save {saved}"))
-    nbformat.write(nb, lab_server.root / "closed_tab.ipynb")
+    path = "closed_tab.ipynb"
+    nbformat.write(nb, lab_server.root / path)
 
-    page.goto(lab_server.notebook_url("closed_tab.ipynb"))
-    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
-        1, timeout=90_000
-    )
-    dismiss_news(page)
-    page.locator(".jp-Notebook .jp-Cell").nth(1).click()
-    page.keyboard.press("Shift+Enter")  # the setup cell, alone
-    expect(prompt_of(page, 1)).to_have_text(re.compile(r"\[\d+\]:"), timeout=90_000)
-    started = time.monotonic()
-    page.keyboard.press("Shift+Enter")  # the training cell...
-    page.keyboard.press("Shift+Enter")  # ...and the save cell, queued behind it
-    expect(page.locator(".traceml-steps").first).to_be_visible(timeout=60_000)
-    visible_after = time.monotonic() - started
-    print(f"\nlive view visible {visible_after:.2f} s after the cell was started")
-    expect(prompt_of(page, TRAIN_CELL)).to_have_text("[*]:")
+    try:
+        open_notebook(page, lab_server, lab_server.notebook_url(path), path)
+        run_cell(page, path, 1)  # the setup cell, alone
+        expect(prompt_of(page, 1)).to_have_text(re.compile(r"\[\d+\]:"), timeout=90_000)
+        started = time.monotonic()
+        run_cell(page, path, TRAIN_CELL)  # the training cell...
+        run_cell(page, path, TRAIN_CELL + 1)  # ...and the save cell, queued behind it
+        expect(page.locator(".traceml-steps").first).to_be_visible(timeout=60_000)
+        visible_after = time.monotonic() - started
+        print(f"\nlive view visible {visible_after:.2f} s after the cell was started")
+        expect(prompt_of(page, TRAIN_CELL)).to_have_text("[*]:")
+    except BaseException:
+        report_failure(page, lab_server, path, tmp_path)
+        raise
     page.close()  # the tab goes away while the live view is still sending updates
+    time.sleep(3.0)  # ...and it goes on sending them for a while
+    stop.touch()
 
     deadline = time.monotonic() + 120
     while not saved.exists() and time.monotonic() < deadline:
@@ -186,7 +358,7 @@ def test_closing_the_tab_mid_run_harms_nothing(lab_server, page, tmp_path):
     assert run["diagnosis"]["verdict"] == "input-bound"
 
 
-def test_notebook_7_shows_the_live_chart_and_the_report(lab_server, page):
+def test_notebook_7_shows_the_live_chart_and_the_report(lab_server, page, stop, tmp_path):
     """The same cell in Notebook 7's UI (served by the same server): the chart updates while
     the cell runs and the report with its verdict is shown at the end."""
     import nbformat
@@ -194,30 +366,30 @@ def test_notebook_7_shows_the_live_chart_and_the_report(lab_server, page):
 
     if not magic_available():
         pytest.skip("needs %%traceml")
-    nb = nbformat.read(NOTEBOOKS / "traceml_magic.ipynb", as_version=4)
-    nb.cells[1].source = nb.cells[1].source.replace("TRAIN_SECONDS = 15", "TRAIN_SECONDS = 8")
-    nbformat.write(nb, lab_server.root / "notebook7.ipynb")
+    nb = gated_notebook("traceml_magic.ipynb", stop)
+    path = "notebook7.ipynb"
+    nbformat.write(nb, lab_server.root / path)
 
-    page.goto(f"{lab_server.url}/notebooks/notebook7.ipynb?token={lab_server.token}")
-    expect(page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL)).to_be_visible(timeout=90_000)
-    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
-        1, timeout=90_000
-    )
-    dismiss_news(page)
-    page.locator(".jp-Notebook .jp-Cell").nth(1).click()
-    page.get_by_text("Run", exact=True).first.click()
-    page.get_by_text("Run All Cells", exact=True).first.click()
-    running = prompt_of(page, TRAIN_CELL)
-    expect(running).to_have_text("[*]:", timeout=60_000)
-    expect(page.locator(".traceml-steps").first).to_be_visible(timeout=60_000)
-    deadline = time.monotonic() + 30
-    while steps_shown(page) == 0 and time.monotonic() < deadline:
-        time.sleep(0.25)
-    before = steps_shown(page)
-    time.sleep(2.0)
-    assert running.inner_text() == "[*]:", "the cell ended before the second reading"
-    assert steps_shown(page) > before > 0
-    expect(running).to_have_text(re.compile(r"\[\d+\]:"), timeout=90_000)
-    report = page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL).locator(".traceml-report")
-    expect(report.first).to_be_visible(timeout=30_000)
-    assert "input-bound" in report.first.inner_text().lower()
+    try:
+        url = f"{lab_server.url}/notebooks/{path}?token={lab_server.token}"
+        open_notebook(page, lab_server, url, path)
+        expect(page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL)).to_be_visible()
+        run_cell(page, path, 1, "notebook:run-all-cells")
+        running = prompt_of(page, TRAIN_CELL)
+        expect(running).to_have_text("[*]:", timeout=60_000)
+        expect(page.locator(".traceml-steps").first).to_be_visible(timeout=60_000)
+        deadline = time.monotonic() + 30
+        while steps_shown(page) == 0 and time.monotonic() < deadline:
+            time.sleep(0.25)
+        before = steps_shown(page)
+        time.sleep(2.0)
+        assert running.inner_text() == "[*]:", "the cell ended before the second reading"
+        assert steps_shown(page) > before > 0
+        stop.touch()
+        expect(running).to_have_text(re.compile(r"\[\d+\]:"), timeout=90_000)
+        report = page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL).locator(".traceml-report")
+        expect(report.first).to_be_visible(timeout=30_000)
+        assert "input-bound" in report.first.inner_text().lower()
+    except BaseException:
+        report_failure(page, lab_server, path, tmp_path)
+        raise
