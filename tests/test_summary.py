@@ -40,7 +40,7 @@ def test_markers_take_precedence_over_loader_and_optimizer_rows():
     assert set(cols.source) == {SOURCE_MARKER}
 
 
-def test_training_loader_rows_without_truncated_and_interleaved_steps():
+def test_training_loader_rows_count_the_interleaved_step_and_not_the_truncated_one():
     b = RecordBuilder()
     b.loader(batch_size=8)
     b.loader(batch_size=64, training=False)
@@ -53,15 +53,22 @@ def test_training_loader_rows_without_truncated_and_interleaved_steps():
     record = b.finish()
     cols, source = select_steps(record)
     assert source == "dataloader"
-    assert len(cols) == 8
+    # one count everywhere: the step the eval ran inside is a step of the loop; the truncated
+    # one, whose optimizer step never ran, is not
+    assert len(cols) == 9
     assert set(cols.source) == {0}
-    assert max(cols.wall_ns) == 10_000_000
+    assert sorted(cols.wall_ns)[-2:] == [10_000_000, 500_000_000]
     for name, code in zip(StepTable.COLUMNS, StepTable.TYPECODES, strict=True):
         assert getattr(cols, name).typecode == code
 
-    summary = analyze(record, cpu_capabilities(), warmup=0, cpus_available=2).summary
-    assert summary.total_steps == 8
+    analysis = analyze(record, cpu_capabilities(), warmup=0, cpus_available=2)
+    summary = analysis.summary
+    assert (summary.total_steps, summary.interleaved_steps, summary.steady_steps) == (9, 1, 8)
     assert summary.data_wait_share == pytest.approx(0.1)  # the eval loader's waits stay out
+    assert summary.step_ms_median == 10.0  # the statistics leave the interleaved step out
+    assert "1 step that contained an evaluation is left out of the statistics." in (
+        analysis.diagnosis.secondary
+    )
     [phase] = summary.phases
     assert phase.name == "eval (loader 1)"
     assert phase.batches == 4

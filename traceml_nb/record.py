@@ -197,6 +197,15 @@ class StepColumns:
     def __len__(self) -> int:
         return len(self.flags)
 
+    def tail(self, start: int) -> StepColumns:
+        """The rows from row ``start`` of the table on (``start`` counts from the table's first
+        row, as :attr:`offset` does)."""
+        skip = max(0, start - self.offset)
+        return StepColumns(
+            self.offset + skip,
+            *(getattr(self, name)[skip:] for name in StepTable.COLUMNS),
+        )
+
 
 class SampleTable:
     """A time series of periodic samples with named float columns (``NaN`` = unavailable).

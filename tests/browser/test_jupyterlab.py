@@ -212,6 +212,30 @@ def steps_shown(page) -> int:
     return int(re.sub(r"[^0-9]", "", text))
 
 
+HEADER_STEPS = re.compile(r" · ([\d,]+) (steps?) · ")
+COLLECTING = re.compile(r"collecting: ([\d,]+) (steps?) so far, a verdict after 10 steady steps")
+
+
+def check_header_agrees(page) -> str:
+    """Read the live header once (one string, so its parts are of the same update) and check
+    that its verdict part agrees with its step count: "collecting" with the same count before
+    there is a verdict, then "verdict so far"; never a verdict of no steps while it counts
+    some, and "1 step", not "1 steps". Returns what the verdict part says."""
+    text = page.locator(".traceml-live-header").first.inner_text(timeout=5000)
+    counted = HEADER_STEPS.search(text)
+    assert counted, text
+    steps = int(counted.group(1).replace(",", ""))
+    assert counted.group(2) == ("step" if steps == 1 else "steps"), text
+    assert "No training steps" not in text, text
+    collecting = COLLECTING.search(text)
+    if collecting:
+        assert int(collecting.group(1).replace(",", "")) == steps, text
+        assert collecting.group(2) == ("step" if steps == 1 else "steps"), text
+        return "collecting"
+    assert "verdict so far: " in text and steps >= 10, text
+    return "verdict so far"
+
+
 def gated_notebook(name: str, stop: Path):
     """The notebook ``NOTEBOOKS/name`` with its training loop gated on the file ``stop``: the
     loop runs until the test creates that file (at most ``GATE_CAP_S``), not ``TRAIN_SECONDS``."""
@@ -262,10 +286,13 @@ def test_live_chart_updates_while_the_cell_runs(lab_server, page, notebook, stop
         expect(running).to_have_text("[*]:", timeout=60_000)
         header = page.locator(".traceml-steps").first
         expect(header).to_be_visible(timeout=60_000)  # BokehJS loaded, the widget rendered
-        # wait for the first steps to arrive, then read the chart twice, 2 s apart
+        # wait for the first steps to arrive (the header agreeing with itself all along), then
+        # read the chart twice, 2 s apart
         deadline = time.monotonic() + 30
+        seen = [check_header_agrees(page)]
         while steps_shown(page) == 0 and time.monotonic() < deadline:
             time.sleep(0.25)
+            seen.append(check_header_agrees(page))
         chart = page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL).locator(".jp-OutputArea")
         dismiss_news(page)
         steps_before = steps_shown(page)
@@ -277,6 +304,13 @@ def test_live_chart_updates_while_the_cell_runs(lab_server, page, notebook, stop
         assert still_running == "[*]:", "the cell ended before the second reading"
         assert steps_after > steps_before > 0
         assert pixels_after != pixels_before
+        # the header keeps agreeing with itself until there is a verdict, and keeps it
+        deadline = time.monotonic() + 30
+        while seen[-1] != "verdict so far" and time.monotonic() < deadline:
+            time.sleep(0.25)
+            seen.append(check_header_agrees(page))
+        assert running.inner_text() == "[*]:" and seen[-1] == "verdict so far", seen
+        assert "collecting" not in seen[seen.index("verdict so far") :], seen
 
         time.sleep(3.0)  # a few more seconds of chart for the picture
         dismiss_news(page)

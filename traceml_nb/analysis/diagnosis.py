@@ -117,6 +117,12 @@ def diagnose(summary: Summary, m: Measurements, capabilities: Capabilities) -> D
     diagnosis = _verdict(facts)
     diagnosis.evidence = evidence
     diagnosis.secondary = _secondary(facts, diagnosis.verdict) + diagnosis.secondary
+    if summary.interleaved_steps:
+        n = summary.interleaved_steps
+        diagnosis.secondary.append(
+            f"{n:,} step{'s' if n != 1 else ''} that contained an evaluation "
+            f"{'are' if n != 1 else 'is'} left out of the statistics."
+        )
     if not m.gpu_in_use:
         why = capabilities.why("gpu_events") or "no GPU in this run"
         diagnosis.secondary.append(f"GPU evidence unavailable ({why}): judged on host timings.")

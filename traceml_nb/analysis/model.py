@@ -34,9 +34,9 @@ class Summary:
     """Steady-state statistics of one run (warm-up steps excluded, reported separately)."""
 
     step_source: StepSource
-    total_steps: int  #: all steps of the measured phase
+    total_steps: int  #: every step the loop made
     warmup_steps: int  #: leading steps excluded as warm-up / compile
-    steady_steps: int
+    steady_steps: int  #: the steps the statistics are about
     elapsed_s: float  #: wall time of the run
     warmup_s: float  #: wall time of the warm-up steps
     step_ms_median: float | None
@@ -60,6 +60,9 @@ class Summary:
     cpus_available: int | None
     phases: list[PhaseSummary] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)  #: metric -> why
+    #: steps an evaluation ran inside: counted, but left out of the statistics (their time is
+    #: the evaluation's too)
+    interleaved_steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

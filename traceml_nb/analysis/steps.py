@@ -6,10 +6,10 @@ The rule, in order (the first that applies wins):
 1. explicit markers (``traceml_nb.step()``): the marker rows;
 2. training loaders (optimizer steps followed their batches): the rows of those that begin
    steps (``LoaderInfo.leads``: the outer loop's loader, not one drawn inside each step, nor
-   the second of two loaders consumed with ``zip``), less the steps an evaluation ran inside
-   (``FLAG_INTERLEAVED``: their time includes the evaluation). The last step, cut short by
-   the end of the run (``break``, ``islice``, an exception), is a step if its optimizer step
-   ran;
+   the second of two loaders consumed with ``zip``). The last step, cut short by the end of
+   the run (``break``, ``islice``, an exception), is a step if its optimizer step ran. A step
+   an evaluation ran inside (``FLAG_INTERLEAVED``) is a step, which the statistics leave out
+   (:mod:`.summary`): its time includes the evaluation;
 3. optimizer ``step()`` boundaries;
 4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
 
@@ -27,7 +27,6 @@ import numpy as np
 
 from ..contracts import StepSource
 from ..record import (
-    FLAG_INTERLEAVED,
     FLAG_OPTIMIZER_STEP,
     FLAG_TRUNCATED,
     SOURCE_MARKER,
@@ -74,7 +73,6 @@ def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int)
             "dataloader",
             tuple(info.slot for info in leaders),
             tuple(info.slot for info in training),
-            excluded_flags=FLAG_INTERLEAVED,
             truncated_if=FLAG_OPTIMIZER_STEP,
         )
     if optimizer_steps > 0:

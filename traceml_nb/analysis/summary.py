@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..capabilities import Capabilities
-from ..record import FLAG_EPOCH_START, LoaderInfo, RecordSnapshot, StepColumns
+from ..record import FLAG_EPOCH_START, FLAG_INTERLEAVED, LoaderInfo, RecordSnapshot, StepColumns
 from .model import Summary
 from .samples import Reading, Window
 from .steps import StepSelection, phases, select_rows, training_loader
@@ -29,6 +29,9 @@ class Measurements:
     columns: StepColumns  #: the snapshot of every step row the analysis worked on
     selection: StepSelection
     warmup: int  #: leading steps excluded
+    warmup_index: np.ndarray  #: indices (in ``selection``) of the warm-up steps
+    steady_index: np.ndarray  #: ...and of the steady steps
+    interleaved: int  #: steps an evaluation ran inside, left out of the statistics
     wall_ms: np.ndarray  #: steady steps
     wait_ms: np.ndarray
     stall_ms: np.ndarray  #: GPU input stall, NaN where unresolved
@@ -102,8 +105,11 @@ def measure(
     """Select the steps, exclude the warm-up and read the samplers over the steady window."""
     cols = snapshot.steps
     sel = select_rows(snapshot)
-    n_warm = detect_warmup(sel.wall_ms, warmup)
-    steady = slice(n_warm, None)
+    # a step an evaluation ran inside is a step, but its time is the evaluation's too
+    eligible = (sel.flags & FLAG_INTERLEAVED) == 0
+    index = np.flatnonzero(eligible)
+    n_warm = detect_warmup(sel.wall_ms[index], warmup)
+    steady = index[n_warm:]
     start_s = sel.start_s[steady]
     wall = sel.wall_ms[steady]
     if len(wall):
@@ -117,7 +123,7 @@ def measure(
     )
     stall = sel.gpu_stall_ms[steady]
     stall_why = _gpu_stall_why(capabilities, sel, stall)
-    all_stall = sel.gpu_stall_ms
+    all_stall = sel.gpu_stall_ms[eligible]
     host_readings = {
         name: host.median(name)
         for name in (
@@ -138,6 +144,9 @@ def measure(
         columns=cols,
         selection=sel,
         warmup=n_warm,
+        warmup_index=index[:n_warm],
+        steady_index=steady,
+        interleaved=int(len(sel) - len(index)),
         wall_ms=wall,
         wait_ms=sel.wait_ms[steady],
         stall_ms=stall,
@@ -150,7 +159,7 @@ def measure(
         loader=training_loader(snapshot, sel),
         cpus=resolve_cpus(cpus_available, host),
         elapsed_s=_elapsed_s(snapshot, cols),
-        run_wait_s=float(sel.wait_ms.sum()) / 1e3,
+        run_wait_s=float(sel.wait_ms[eligible].sum()) / 1e3,
         run_stall_s=None if stall_why else float(np.nansum(all_stall)) / 1e3,
         gpu_stall_why=stall_why,
         host_readings=host_readings,
@@ -189,7 +198,7 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
     unavailable: dict[str, str] = {}
     n = m.steady
     has_loader = bool(snapshot.loaders)
-    batches = sel.batch[m.warmup :]
+    batches = sel.batch[m.steady_index]
     batch_size = _batch_size(m, batches)
     total_s = float(wall.sum()) / 1e3
     steps_per_s = n / total_s if n and total_s > 0 else None
@@ -243,8 +252,9 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         total_steps=len(sel),
         warmup_steps=m.warmup,
         steady_steps=n,
+        interleaved_steps=m.interleaved,
         elapsed_s=m.elapsed_s,
-        warmup_s=float(sel.wall_ms[: m.warmup].sum()) / 1e3,
+        warmup_s=float(sel.wall_ms[m.warmup_index].sum()) / 1e3,
         step_ms_median=median,
         step_ms_p10=p10,
         step_ms_p90=p90,

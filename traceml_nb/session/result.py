@@ -18,11 +18,13 @@ from ..analysis.model import Analysis, Diagnosis, Summary
 from ..analysis.steps import StepSelection
 from ..capabilities import Capabilities
 from ..contracts import EndStatus
-from ..record import RecordSnapshot
+from ..record import FLAG_INTERLEAVED, RecordSnapshot
 
 #: Phase names of the measured steps (other loaders keep their phase name, e.g. "eval (loader 1)").
 PHASE_WARMUP = "warmup"
 PHASE_TRAIN = "train"
+#: a training step an evaluation ran inside (left out of the statistics)
+PHASE_INTERLEAVED = "train, evaluation inside"
 
 
 @dataclass
@@ -32,7 +34,8 @@ class StepArrays:
     ``wall_ms`` step duration; ``data_wait_ms`` time inside the DataLoader's ``__next__``;
     ``compute_ms`` the rest of the step; ``batch`` batch size (``None`` when it could not be
     read); ``gpu_stall_ms`` GPU input stall from CUDA events (``None`` where unavailable);
-    ``phase`` ``"warmup"``/``"train"`` for the measured steps, else the loader's phase name;
+    ``phase`` ``"warmup"``/``"train"``/``"train, evaluation inside"`` for the run's steps, else
+    the loader's phase name;
     ``start_s`` seconds from the run start to the step's start.
     """
 
@@ -68,7 +71,14 @@ def step_arrays(
     from ..analysis.steps import phase_loaders
 
     rows: list[tuple[float, float, float, int, float, str]] = []
+    interleaved = (selection.flags & FLAG_INTERLEAVED) != 0
+    eligible_seen = 0
     for i in range(len(selection)):
+        if interleaved[i]:
+            phase = PHASE_INTERLEAVED
+        else:
+            phase = PHASE_WARMUP if eligible_seen < warmup_steps else PHASE_TRAIN
+            eligible_seen += 1
         rows.append(
             (
                 float(selection.start_s[i]),
@@ -76,7 +86,7 @@ def step_arrays(
                 float(selection.wait_ms[i]),
                 int(selection.batch[i]),
                 float(selection.gpu_stall_ms[i]),
-                PHASE_WARMUP if i < warmup_steps else PHASE_TRAIN,
+                phase,
             )
         )
     cols = snapshot.steps

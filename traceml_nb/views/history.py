@@ -16,7 +16,8 @@ def history_table(history: History) -> list[dict[str, Any]]:
     """One plain dict per run, oldest first, for the text and HTML renderers.
 
     Keys: ``id``, ``label``, ``name``, ``status``, ``started_at`` (epoch s), ``started``
-    (HH:MM:SS local), ``elapsed_s``, ``steady_steps``, ``step_ms_median``, ``samples_per_s``,
+    (HH:MM:SS local), ``elapsed_s``, ``total_steps`` (every step the loop made, as the report
+    counts them), ``steady_steps``, ``step_ms_median``, ``samples_per_s``,
     ``data_wait_share``, ``gpu_util_median_pct``, ``gpu_mem_peak_mb``, ``verdict``, ``cause``,
     ``previous_id`` (the earlier run of the same cell, or None) and ``step_change`` (median step
     time relative to it, e.g. -0.43; None without a previous run).
@@ -37,6 +38,7 @@ def history_table(history: History) -> list[dict[str, Any]]:
                 "started_at": e.started_at,
                 "started": time.strftime("%H:%M:%S", time.localtime(e.started_at)),
                 "elapsed_s": e.elapsed_s,
+                "total_steps": s.total_steps,
                 "steady_steps": s.steady_steps,
                 "step_ms_median": s.step_ms_median,
                 "samples_per_s": s.samples_per_s,
@@ -67,7 +69,7 @@ def history_cells(row: dict[str, Any]) -> dict[str, str]:
         "status": str(row["status"]),
         "started": str(row["started"]),
         "time": fmt_s(row["elapsed_s"]),
-        "steps": f"{row['steady_steps']:,}",
+        "steps": f"{row['total_steps']:,}",
         "step": maybe(row.get("step_ms_median"), fmt_ms),
         "throughput": maybe(row.get("samples_per_s"), lambda v: fmt_rate(v, "samples/s")),
         "data wait": maybe(row.get("data_wait_share"), fmt_share),

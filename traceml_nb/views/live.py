@@ -30,6 +30,7 @@ from bokeh.models import ColumnDataSource
 from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
+from ..analysis.thresholds import MIN_STEADY_STEPS
 from .bokeh_patch import BatchedBokehModel
 from .live_data import (
     MAX_POINTS,
@@ -39,6 +40,7 @@ from .live_data import (
     StepSeries,
     recent_rate,
 )
+from .live_verdict import RunningVerdict, plural
 
 THREAD_NAME = "traceml-view"
 MIN_TICK_S = 0.25  #: at most 4 ticks per second
@@ -292,20 +294,20 @@ def header_html(
     steps: int,
     elapsed_s: float,
     steps_per_s: float | None,
-    verdict: str | None,
+    verdict: str,
 ) -> str:
-    """The header line: run name, status, step count, elapsed seconds, recent steps/s, verdict."""
+    """The header line: run name, status, step count, elapsed seconds, recent steps/s, and the
+    verdict part (:meth:`~.live_verdict.RunningVerdict.text`; '' for none)."""
     rate = f"{steps_per_s:,.1f} steps/s" if steps_per_s is not None else "– steps/s"
     parts = [
         f'<b class="traceml-name">{html.escape(name)}</b>',
         f'<span class="traceml-status">{html.escape(status)}</span>',
-        f'<span class="traceml-steps">{steps:,} steps</span>',
+        f'<span class="traceml-steps">{plural(steps, "step")}</span>',
         f'<span class="traceml-elapsed">{elapsed_s:,.1f} s</span>',
         f'<span class="traceml-rate">{rate}</span>',
     ]
     if verdict:
-        label = "verdict so far" if status == "running" else "verdict"
-        parts.append(f'<span class="traceml-verdict">{label}: {html.escape(verdict)}</span>')
+        parts.append(f'<span class="traceml-verdict">{html.escape(verdict)}</span>')
     return '<div class="traceml-live-header">' + " · ".join(parts) + "</div>"
 
 
@@ -314,7 +316,9 @@ class LiveView:
 
     ``tick_s``: seconds between updates (default 0.5; at least 0.25: at most 4 a second).
     ``display``: show the widget in the notebook; ``False`` builds it and sends its updates
-    without showing it (benchmarks, tests).
+    without showing it (benchmarks, tests). ``analysis_interval_s`` and ``analysis_max_duty``:
+    the running verdict is recomputed at most that often, and takes at most that share of one
+    core (:mod:`.live_verdict` says what the header shows).
 
     Counters for the cost measurement: ``updates`` (ticks that sent something), ``messages``
     (comm messages sent to the frontend), ``ticks``, ``busy_s`` (CPU seconds the view spent
@@ -331,8 +335,12 @@ class LiveView:
         display: bool = True,
         max_points: int = MAX_POINTS,
         settle_s: float = SETTLE_S,
+        analysis_interval_s: float = ANALYSIS_MIN_INTERVAL_S,
+        analysis_max_duty: float = ANALYSIS_MAX_DUTY,
     ) -> None:
         self.run = run
+        self.analysis_interval_s = analysis_interval_s
+        self.analysis_max_duty = analysis_max_duty
         self.settle_s = settle_s
         self.tick_s = max(float(tick_s), MIN_TICK_S)
         self.display = display
@@ -350,7 +358,7 @@ class LiveView:
         self._stopped = False
         self.step_series = StepSeries(lambda row: run.snapshot(row, samples=False), max_points)
         self._rate_history: deque[tuple[float, int]] = deque()
-        self._verdict: str | None = None
+        self.verdict = RunningVerdict()
         self._analyze: Any = None
         self._analysis_failed = False
         self._analysis_errors = 0
@@ -367,16 +375,18 @@ class LiveView:
         return self._thread is not None and self._thread.is_alive()
 
     # --- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Show the charts and start the writer thread; a failure is noted, never raised."""
+    def start(self, *, background: bool = True) -> None:
+        """Show the charts and start the writer thread; a failure is noted, never raised.
+        ``background=False`` starts no thread: the caller updates the view with :meth:`tick`
+        (tests that follow the view tick by tick)."""
         if self._thread is not None or self._stopped or self.widget is not None:
             return
         try:
-            self._start()
+            self._start(background)
         except Exception as exc:
             self._fail("live view failed to start", exc)
 
-    def _start(self) -> None:
+    def _start(self, background: bool) -> None:
         if self.display:
             self._bokehjs = load_bokehjs_inline()
         charts = LiveCharts(self.run, self.max_points)
@@ -388,8 +398,9 @@ class LiveView:
 
             display(self.widget)
         self._started_at = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
-        self._thread.start()
+        if background:
+            self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
         """Stop and join the thread, then send the final points. Safe to call twice."""
@@ -407,7 +418,7 @@ class LiveView:
                 return
             self._thread = None
         if self.widget is not None and self.error is None:
-            self._tick(final=True)
+            self.tick(final=True)
         self._drop_bokehjs()
 
     def _drop_bokehjs(self) -> None:
@@ -434,12 +445,13 @@ class LiveView:
         with self.run.reading():  # this thread asks for the step rows: the loop only logs
             wait = min(self.tick_s, MIN_TICK_S)  # the first points as soon as allowed
             while not self._stop_event.wait(wait):
-                if not self._tick(final=False):
+                if not self.tick():
                     return
                 wait = self.tick_s
 
-    def _tick(self, *, final: bool) -> bool:
-        """One update; False (and the error noted) when it failed and the view must stop."""
+    def tick(self, *, final: bool = False) -> bool:
+        """One update (``final``: the last, after the run); False (and the error noted) when it
+        failed and the view must stop."""
         c0 = time.thread_time()
         try:
             self._update(final)
@@ -463,8 +475,11 @@ class LiveView:
         widget = self.widget
         assert charts is not None and widget is not None
         sent_before = widget.sent_messages
+        # When the verdict is due, one copy of the whole record feeds the chart, the step count
+        # and the analysis alike: all three say the same rows.
+        snapshot = self.run.snapshot() if self._analysis_due(final) else None
         with widget.batch():
-            upd = self.step_series.update(final=final)
+            upd = self.step_series.update(final=final, snapshot=snapshot)
             if upd is not None:
                 charts.choose_rate_field(upd)
                 self._apply(charts.steps, upd)
@@ -477,6 +492,8 @@ class LiveView:
                 upd = series.update(final=final)
                 if upd is not None:
                     self._apply(source, upd)
+            if snapshot is not None:
+                self._analyse(snapshot, final)
             text = self._header(final)
             if text != charts.header.text:
                 charts.header.text = text
@@ -514,40 +531,45 @@ class LiveView:
             history.popleft()
         rate = recent_rate(list(history))
         status = "running" if not final else str(run.status)
-        return header_html(run.name, status, steps, elapsed, rate, self._running_verdict(final))
+        verdict = self.verdict.text(steps, running=not final)
+        return header_html(run.name, status, steps, elapsed, rate, verdict)
 
-    def _running_verdict(self, final: bool) -> str | None:
-        """The analysis' verdict on the record so far: at most once a second, and less often
-        when the analysis is slow, so that it takes at most ``ANALYSIS_MAX_DUTY`` of one core;
-        ``None`` while the analysis is unavailable."""
-        now = time.monotonic()
-        if self._analysis_failed or (now < self._next_analysis and not final):
-            return self._verdict
+    def _analysis_due(self, final: bool) -> bool:
+        """The running verdict is recomputed at most every ``analysis_interval_s`` (and less
+        often when the analysis is slow, so that it takes at most ``analysis_max_duty`` of one
+        core), once there can be enough steady steps, and at the end."""
+        if self._analysis_failed:
+            return False
+        if final:
+            return True
+        enough = self.step_series.steps >= MIN_STEADY_STEPS
+        return enough and time.monotonic() >= self._next_analysis
+
+    def _analyse(self, snapshot: Any, final: bool) -> None:
+        """The analysis of ``snapshot`` into the running verdict; a failure is survived."""
         if self._analyze is None:
             try:
-                from ..analysis import analyze  # type: ignore[attr-defined]
+                from ..analysis import analyze
             except Exception:
                 self._analysis_failed = True
-                return None
+                return
             self._analyze = analyze
         c0 = time.thread_time()
         try:
-            analysis = self._analyze(self.run.snapshot(), self.run.capabilities)
-            diagnosis = analysis.diagnosis
-            self._verdict = diagnosis.title or diagnosis.verdict
+            self.verdict.update(self._analyze(snapshot, self.run.capabilities), final=final)
             self._analysis_errors = 0
         except Exception as exc:
             # the record is read while it grows: one failure may be a passing state of it
             self._analysis_errors += 1
             if final:
-                self._verdict = None  # the last word must not be a stale verdict
+                self.verdict = RunningVerdict()  # the last word must not be a stale verdict
             if self._analysis_errors >= ANALYSIS_MAX_ERRORS:
                 self._analysis_failed = True
-                self._verdict = None
+                self.verdict = RunningVerdict()
                 self.run.capabilities.note(
                     f"running verdict unavailable: {type(exc).__name__}: {exc}"
                 )
         spent = time.thread_time() - c0
         self.analysis_busy_s += spent
-        self._next_analysis = now + max(ANALYSIS_MIN_INTERVAL_S, spent / ANALYSIS_MAX_DUTY)
-        return self._verdict
+        interval = max(self.analysis_interval_s, spent / self.analysis_max_duty)
+        self._next_analysis = time.monotonic() + interval

@@ -15,7 +15,7 @@ the final update. Values that were not measured stay ``NaN`` (a gap in the chart
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -251,23 +251,30 @@ class StepSeries:
         self._pending = StepRows.empty()  # steps read but not yet in a sent point, after...
         self._context = 0  # ...this many steps already sent, kept for the throughput window
 
-    def update(self, *, final: bool = False) -> SeriesUpdate | None:
-        """The points to send now, or ``None`` when there is nothing new."""
+    def update(
+        self, *, final: bool = False, snapshot: RecordSnapshot | None = None
+    ) -> SeriesUpdate | None:
+        """The points to send now, or ``None`` when there is nothing new. ``snapshot``: a copy
+        of the whole record read by the caller (rows from the first on), to use instead of
+        reading again, so that the caller's other readings see the very rows the chart does."""
         if self.finished:
             return None
         self.finished = final
-        snap = self.read(self._rows_read)
+        if snapshot is not None:
+            snap = replace(snapshot, steps=snapshot.steps.tail(self._rows_read))
+        else:
+            snap = self.read(self._rows_read)
         self.snapshot = snap
         rule = rule_of(snap)
         if rule.kind == "none":
             return None
         if rule != self.rule:
-            return self._rebuild(final)
+            return self._rebuild(final, snapshot)
         self._rows_read += len(snap.steps)
         new = StepRows.of_rule(snap.steps, rule)
         total = self._binned + len(self._pending) - self._context + len(new)
         if bucket_size(total, self.max_points) != self.k:
-            return self._rebuild(final)
+            return self._rebuild(final, snapshot)
         self._pending.extend(new)
         self.steps = total
         data = self._bin(final)
@@ -276,9 +283,9 @@ class StepSeries:
         self.points += len(data["step"])
         return SeriesUpdate(data, replace=False)
 
-    def _rebuild(self, final: bool) -> SeriesUpdate:
+    def _rebuild(self, final: bool, snapshot: RecordSnapshot | None) -> SeriesUpdate:
         """All points again from the whole record (new rule or new bucket size)."""
-        snap = self.read(0)
+        snap = snapshot if snapshot is not None else self.read(0)
         self.snapshot = snap
         self.rule = rule_of(snap)
         self._rows_read = len(snap.steps)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..session.history import History
-from ..session.result import PHASE_TRAIN, PHASE_WARMUP, RunResult
+from ..session.result import PHASE_INTERLEAVED, PHASE_TRAIN, PHASE_WARMUP, RunResult
 from .history import NO_RUNS, history_cells, history_table, history_text
 from .html import compare_html, history_html, render_html
 from .model import ReportContent, RunMeta, StepChart

@@ -134,14 +134,16 @@ def metric_lines(summary: Summary, capabilities: Capabilities) -> list[MetricLin
 
 # --- the report's sentences, shared by the text and HTML versions ----------------------------
 def steps_phrase(summary: Summary) -> str:
-    """``200 steps (5 warm-up, 195 measured)``, or why there are none."""
+    """``200 steps (5 warm-up, 195 measured)``, with the steps an evaluation ran inside when
+    there are any, or why there are none."""
     if summary.total_steps == 0:
         return "no training steps seen"
     noun = "step" if summary.total_steps == 1 else "steps"
-    return (
-        f"{summary.total_steps:,} {noun} ({summary.warmup_steps:,} warm-up, "
-        f"{summary.steady_steps:,} measured)"
-    )
+    parts = [f"{summary.warmup_steps:,} warm-up"]
+    if summary.interleaved_steps:
+        parts.append(f"{summary.interleaved_steps:,} with an evaluation inside")
+    parts.append(f"{summary.steady_steps:,} measured")
+    return f"{summary.total_steps:,} {noun} ({', '.join(parts)})"
 
 
 def status_sentence(status: str, error: str | None, summary: Summary) -> str | None:
