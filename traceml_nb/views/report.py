@@ -25,9 +25,8 @@ class Report(ReportContent):
     def of(cls, result: RunResult) -> Report:
         """The report of an analysed run."""
         steps = result.steps
-        measured = [
-            i for i, phase in enumerate(steps.phase) if phase in (PHASE_WARMUP, PHASE_TRAIN)
-        ]
+        own = (PHASE_WARMUP, PHASE_TRAIN, PHASE_INTERLEAVED)  # the run's steps, not its phases
+        measured = [i for i, phase in enumerate(steps.phase) if phase in own]
         chart = StepChart(
             wall_ms=[steps.wall_ms[i] for i in measured],
             data_wait_ms=[steps.data_wait_ms[i] for i in measured],
