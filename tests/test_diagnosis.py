@@ -13,7 +13,9 @@ from builders import (
 from traceml_nb.analysis import analyze
 from traceml_nb.analysis.advice import Change, loader_changes, more_workers, worker_target
 from traceml_nb.analysis.diagnosis import (
+    BATCHED_INDEXING,
     CAUSE_CPU_SATURATED,
+    CAUSE_FIRST_EPOCH,
     CAUSE_PAGEABLE,
     CAUSE_STORAGE,
     CAUSE_TOO_FEW_WORKERS,
@@ -32,6 +34,8 @@ from traceml_nb.analysis.thresholds import (
     MIN_INPUT_WAIT_MS,
     MIN_STEADY_STEPS,
     SMALL_BATCH,
+    STALL_FACTOR,
+    STALL_MAX_SHARE,
     STRONG_FACTOR,
     SYSTEM_SATURATED_PCT,
     THROTTLE_CLOCK_RATIO,
@@ -146,8 +150,8 @@ def test_input_bound_share_both_sides():
         "Compute-bound: the steps spend their time computing, not waiting for data "
         "(input stalls 15% of step time)"
     )
-    assert d.secondary[0] == (
-        "Minor input stalls: data wait is 15% of step time (input-bound from 15%)."
+    assert d.secondary[0] == (  # one decimal: "15% (input-bound from 15%)" would contradict
+        "Minor input stalls: data wait is 14.9% of step time (input-bound from 15%)."
     )
 
 
@@ -159,7 +163,7 @@ def test_absolute_wait_floor_both_sides():
     assert d.verdict == "compute-bound"
     assert d.secondary[0] == (
         "The data wait is 50% of a very short step (0.99 ms per step, below the 1 ms floor): "
-        "not an input problem."
+        "the cost of indexing and collating each batch, not an input pipeline that lags."
     )
 
 
@@ -169,8 +173,19 @@ def test_tiny_model_on_an_in_memory_dataset_is_not_input_bound():
     assert d.verdict == "compute-bound"
     assert d.secondary[0] == (
         "The data wait is 33% of a very short step (0.05 ms per step, below the 1 ms floor): "
-        "not an input problem."
+        "the cost of indexing and collating each batch, not an input pipeline that lags."
     )
+    # headline, advice and what will not help say the same thing, and none calls 33% "only"
+    assert d.title == (
+        "Compute-bound: the steps are very short (0.15 ms), and 33% of them is making each "
+        "batch, not waiting for a slow input pipeline"
+    )
+    assert d.advice == [BATCHED_INDEXING] and "__getitems__" in d.advice[0]
+    assert d.wont_help == [
+        "More DataLoader workers: at 0.05 ms a batch, handing each batch over from a worker "
+        "process costs about as much as making it in the training loop."
+    ]
+    assert not any(" is only " in line for line in [d.title, *d.wont_help, *d.secondary])
 
 
 def test_minor_share_both_sides():
@@ -406,7 +421,7 @@ def test_first_epoch_factor_both_sides():
     later = 0.14
     d = first_epoch_run(FIRST_EPOCH_FACTOR * later + 0.01, later)
     assert d.verdict == "input-bound"
-    assert d.cause == CAUSE_STORAGE
+    assert d.cause == CAUSE_FIRST_EPOCH
     assert d.advice == [
         "The first epoch waited 29% of its step time, later epochs only 14%: the first pass "
         "reads from slow storage and later ones from the page cache. Copy the dataset to local "
@@ -688,3 +703,79 @@ def test_optimizer_steps_on_cpu_with_a_loader():
     d = analyze(b.finish(), cpu_capabilities(), warmup=0, cpus_available=2).diagnosis
     assert d.verdict == "input-bound"
     assert d.cause == CAUSE_TOO_FEW_WORKERS
+
+
+def test_a_one_epoch_run_is_never_said_to_be_slow_on_its_first_epoch():
+    b = RecordBuilder()
+    b.loader(num_workers=2, pin_memory=True, persistent_workers=True)
+    b.steps(150, STEP_MS, STEP_MS * 0.5, epoch_len=1000)  # one epoch, waiting half the time
+    b.samples("host", **saturated_host(20.0))
+    d = analyze(b.finish(), cpu_capabilities(), warmup=0, cpus_available=2).diagnosis
+    assert d.verdict == "input-bound"
+    assert d.cause == CAUSE_STORAGE != CAUSE_FIRST_EPOCH
+    assert "first epoch" not in d.cause and not any("first epoch" in a for a in d.advice)
+
+
+# --- stalls: one long pause is not an input pipeline -------------------------------------------
+def stall_run(stall_ms: float, stalls: int = 1, *, steps: int = 150, step_ms: float = 3.4):
+    """Fast steps (0.5 ms of data wait each) with ``stalls`` fetches that wait ``stall_ms``."""
+    b = RecordBuilder()
+    b.loader(num_workers=0, batch_size=8)
+    at = {37 + 20 * k for k in range(stalls)}
+    b.steps(
+        steps,
+        lambda i: step_ms + (stall_ms if i + 1 in at else 0.0),
+        lambda i: 0.5 + (stall_ms if i + 1 in at else 0.0),
+    )
+    return analyze(b.finish(), cpu_capabilities(), warmup=0, cpus_available=2)
+
+
+def test_one_long_pause_is_a_stall_named_not_an_input_bound_pipeline():
+    a = stall_run(1000.0)
+    d = a.diagnosis
+    assert a.summary.data_wait_share > 0.6  # the plain share: one second of 1.5
+    assert d.verdict == "compute-bound", d.title
+    assert "15%" in d.title  # the share without the stall: 0.5 ms of 3.4 ms
+    stall_line = [line for line in d.secondary if line.startswith("One fetch")]
+    assert stall_line == [
+        "One fetch, at step 37, took 1 s: a stall, not a slow pipeline; without it the run "
+        "would take at most 66% less time."
+    ]
+    evidence = {e.label: e.text for e in d.evidence}["data wait"]
+    assert evidence.startswith("15% of step time (0.5 ms per step) without the stall at step 37")
+    assert not any("input-bound" in line.lower() for line in [d.title, *d.advice])
+
+
+def test_stall_factor_both_sides():
+    # 3.4 ms steps: a wait above 10x the median step (34 ms) is a stall, one below is not
+    below = stall_run(STALL_FACTOR * 3.4 - 1.0).diagnosis
+    above = stall_run(STALL_FACTOR * 3.4 + 1.0).diagnosis
+    assert not any("a stall" in line for line in below.secondary)
+    assert any("One fetch, at step 37" in line for line in above.secondary)
+
+
+def test_stall_max_share_both_sides():
+    # 150 steps: up to 2% (3 steps) are stalls; a fourth makes them the pipeline's pace
+    three = stall_run(200.0, stalls=int(STALL_MAX_SHARE * 150)).diagnosis
+    four = stall_run(200.0, stalls=int(STALL_MAX_SHARE * 150) + 1).diagnosis
+    assert three.verdict == "compute-bound"
+    assert any(
+        line.startswith("3 fetches, at steps 37, 57 and 77, took 200 ms, 200 ms and 200 ms")
+        for line in three.secondary
+    )
+    assert four.verdict == "input-bound"  # many long waits: a slow pipeline after all
+    assert not any("a stall" in line or "stalls, not" in line for line in four.secondary)
+
+
+def test_a_stall_on_top_of_a_slow_pipeline_is_input_bound_and_named():
+    b = RecordBuilder()
+    b.loader(num_workers=0, batch_size=8)
+    b.steps(
+        150,
+        lambda i: 20.0 + (2000.0 if i == 36 else 0.0),
+        lambda i: 10.0 + (2000.0 if i == 36 else 0.0),
+    )
+    d = analyze(b.finish(), cpu_capabilities(), warmup=0, cpus_available=2).diagnosis
+    assert d.verdict == "input-bound" and "50%" in d.title  # judged without the stall
+    assert any(line.startswith("One fetch, at step 37, took 2.01 s") for line in d.secondary)
+    assert d.saving_bound_share > 0.5  # the bound still counts the stall

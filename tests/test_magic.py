@@ -158,6 +158,9 @@ BAD_LINES = [
     ("--bogus", "unrecognized arguments: --bogus"),
     ("extra words", "unrecognized arguments: extra words"),
     ('--name "unclosed', "No closing quotation"),
+    ('--name ""', "the run's name must not be empty"),
+    ("--name '   '", "the run's name must not be empty"),
+    ("--device cuda:7", "device cuda:7 does not exist"),
 ]
 
 
@@ -454,3 +457,36 @@ def test_unload_and_reload(ip):
     assert ip.find_cell_magic("traceml") is None and ip.find_line_magic("traceml") is None
     ip.run_line_magic("load_ext", "traceml_nb")
     assert ip.find_cell_magic("traceml") is not None
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['--name "4 workers, pinned"', "--name '4 workers, pinned'", "--name 4\\ workers,\\ pinned"],
+)
+def test_a_quoted_name_is_parsed_as_a_shell_would_in_both_magics(ip, capsys, line):
+    run(ip, "%%traceml --view none --name slow\ntrain(DataLoader(dataset, batch_size=2))\n")
+    assert run(ip, f"%%traceml --view none {line}\n" + TRAIN).success
+    assert [e.name for e in session_history().entries] == ["slow", "4 workers, pinned"]
+    capsys.readouterr()
+    ip.run_line_magic("traceml", 'compare slow "4 workers, pinned"')
+    assert capsys.readouterr().out.startswith("#2 4 workers, pinned vs #1 slow: step time ")
+
+
+def test_compare_of_a_name_that_is_the_other_run_takes_the_latest_other_run_of_that_name(
+    ip, capsys
+):
+    for _ in range(2):
+        run(ip, "%%traceml --view none --name base\n" + TRAIN)
+    run(ip, "%%traceml --view none --name solo\n" + TRAIN)
+    capsys.readouterr()
+    ip.run_line_magic("traceml", "compare base 2")  # 'base' is #2 itself: #1 is meant
+    out = capsys.readouterr().out
+    assert "the first run, 'base', would have been the other run itself" in out
+    assert "latest other run of that name, #1 base" in out
+    assert "#2 base vs #1 base: step time " in out
+    ip.run_line_magic("traceml", "compare 1 base")  # the latest 'base' is #2: no question
+    assert "#2 base vs #1 base" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="'solo' is run #3 solo itself, and no other run"):
+        ip.run_line_magic("traceml", "compare solo 3")
+    with pytest.raises(UsageError, match="are the same run, #1 base"):
+        ip.run_line_magic("traceml", "compare 1 #1")

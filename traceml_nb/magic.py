@@ -63,6 +63,13 @@ def _warmup(text: str) -> str | int:
     return value
 
 
+def _name(text: str) -> str:
+    name = " ".join(text.split())
+    if not name:
+        raise argparse.ArgumentTypeError("the run's name must not be empty")
+    return name
+
+
 def _identifier(text: str) -> str:
     if not text.isidentifier() or keyword.iskeyword(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a valid Python variable name")
@@ -93,8 +100,8 @@ class CellOptions:
 def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
     """Parse ``line`` with ``magic``'s parser; any problem is a UsageError showing the usage."""
     parser = magic.parser  # type: ignore[attr-defined]
-    try:
-        args = parser.parse_argstring(line)
+    try:  # as a shell splits it: --name "4 workers, pinned" is one name, without its quotes
+        args = parser.parse_args(shlex.split(line))
     except (UsageError, ValueError) as exc:
         usage = " ".join(parser.format_usage().replace("::", "").split())
         raise UsageError(f"usage: {usage}\n%%traceml: {exc}") from None
@@ -143,6 +150,7 @@ class TraceMLMagics(Magics):
     @argument(
         "--name",
         metavar="LABEL",
+        type=_name,
         default=None,
         help="label of the run in the report and the history "
         "(default: the cell's leading comment, else 'cell [n]')",
@@ -372,20 +380,18 @@ def _cmd_history(session: Session) -> None:
     display(HistoryTable.of(session.history))
 
 
-def _get_entry(session: Session, ref: str) -> Any:
-    try:
-        return session.get(ref)
-    except KeyError as exc:
-        raise UsageError(f"%traceml: {exc.args[0]}") from None
-
-
 def _cmd_compare(session: Session, ref_a: str, ref_b: str) -> None:
     from IPython.display import display
 
     from .analysis import compare
     from .views.report import ComparisonView
 
-    before, after = _get_entry(session, ref_a), _get_entry(session, ref_b)
+    try:
+        before, after, note = session.pair(ref_a, ref_b)
+    except KeyError as exc:
+        raise UsageError(f"%traceml compare: {exc.args[0]}") from None
+    if note:
+        print(f"traceml: {note}")
     display(ComparisonView(before.label, after.label, compare(before, after)))
 
 

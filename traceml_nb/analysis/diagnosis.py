@@ -21,7 +21,7 @@ from ..contracts import CONFIDENCE_LEVELS, Confidence
 from ..record import LoaderInfo
 from .advice import Change, change_line, explain_changes, loader_changes, more_workers
 from .evidence import InputSignal, collect, input_signal, memory_share
-from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share
+from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share, fmt_share_below
 from .model import Diagnosis, Summary
 from .summary import Measurements
 from .thresholds import (
@@ -46,7 +46,8 @@ from .throttle import ThrottleFinding, find_throttling
 CAUSE_TOO_FEW_WORKERS = "too few DataLoader workers"
 CAUSE_CPU_SATURATED = "DataLoader workers CPU-saturated (decode/augmentation bound)"
 CAUSE_PAGEABLE = "host-to-device copies from pageable memory"
-CAUSE_STORAGE = "slow storage / first epoch"
+CAUSE_FIRST_EPOCH = "slow storage on the first epoch (later epochs read from the cache)"
+CAUSE_STORAGE = "slow storage (the workers are idle, yet cannot keep up)"
 CAUSE_UNKNOWN = "input pipeline too slow (worker CPU unavailable)"
 
 
@@ -83,6 +84,18 @@ class _Facts:
             and s.per_step_ms is not None
             and s.share >= INPUT_BOUND_SHARE
             and s.per_step_ms >= MIN_INPUT_WAIT_MS
+        )
+
+    @property
+    def tiny_steps(self) -> bool:
+        """The input wait is a large share of steps so short that it is the cost of making each
+        batch, not a wait for a slow pipeline (below ``MIN_INPUT_WAIT_MS`` a step)."""
+        s = self.signal
+        return (
+            s.share is not None
+            and s.per_step_ms is not None
+            and s.share >= INPUT_BOUND_SHARE
+            and s.per_step_ms < MIN_INPUT_WAIT_MS
         )
 
     @property
@@ -259,7 +272,7 @@ def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
     cpu_text = f"the {cpus} CPUs available" if cpus is not None else "the CPUs"
     if epochs is not None:
         first, later = epochs
-        d.cause = CAUSE_STORAGE
+        d.cause = CAUSE_FIRST_EPOCH
         d.advice.append(
             f"The first epoch waited {fmt_share(first)} of its step time, later epochs only "
             f"{fmt_share(later)}: the first pass reads from slow storage and later ones from the "
@@ -336,7 +349,9 @@ def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
 def _not_input_text(f: _Facts) -> str:
     sig = f.signal
     if sig.share is None:
-        return f"input waits unavailable ({sig.why})"
+        return f"input waits unavailable: {sig.why}"
+    if f.tiny_steps:
+        return f"data loading is {fmt_share(sig.share)} of very short steps"
     return f"input stalls {fmt_share(sig.share)} of step time"
 
 
@@ -344,9 +359,24 @@ def _wont_help_input(f: _Facts) -> list[str]:
     sig = f.signal
     if sig.share is None:
         return []
+    if f.tiny_steps:
+        return [
+            f"More DataLoader workers: at {fmt_ms(sig.per_step_ms)} a batch, handing each batch "
+            "over from a worker process costs about as much as making it in the training loop."
+        ]
+    if sig.share >= INPUT_BOUND_SHARE:
+        return []
     return [
         f"DataLoader tuning (workers, pin_memory, prefetch): {sig.label} is only {fmt_share(sig.share)} of step time."
     ]
+
+
+#: The advice for steps that spend a large share making tiny batches (``_Facts.tiny_steps``).
+BATCHED_INDEXING = (
+    "Make each batch in one call instead of item by item: give the dataset a __getitems__ "
+    "(the DataLoader then fetches a whole batch at once), or slice the tensors directly "
+    "instead of iterating a DataLoader over a TensorDataset."
+)
 
 
 def _throttled(f: _Facts) -> Diagnosis:
@@ -446,6 +476,14 @@ def _compute_bound(f: _Facts) -> Diagnosis:
         )
         advice = []
         conf = "low"
+    elif f.tiny_steps:
+        title = (
+            f"Compute-bound: the steps are very short ({fmt_ms(f.summary.step_ms_median)}), and "
+            f"{fmt_share(sig.share)} of them is making each batch, not waiting for a slow input "
+            "pipeline"
+        )
+        advice = [BATCHED_INDEXING]
+        conf = confidence(False, m.steady)
     else:
         title = f"Compute-bound: the steps spend their time computing, not waiting for data ({_not_input_text(f)})"
         advice = [
@@ -462,22 +500,43 @@ def _compute_bound(f: _Facts) -> Diagnosis:
 
 
 # --- secondary findings -----------------------------------------------------------------------
+def _stalls_sentence(f: _Facts) -> str:
+    """``One fetch, at step 37, took 1.0 s: a stall, not a slow pipeline; ...``"""
+    stalls = f.signal.stalls
+    waits = [fmt_ms(s.wait_ms) for s in stalls]
+    steps = [str(s.step) for s in stalls]
+    if len(stalls) == 1:
+        text = f"One fetch, at step {steps[0]}, took {waits[0]}: a stall, not a slow pipeline"
+    else:
+        listed = f"{', '.join(steps[:-1])} and {steps[-1]}"
+        took = f"{', '.join(waits[:-1])} and {waits[-1]}"
+        text = f"{len(stalls)} fetches, at steps {listed}, took {took}: stalls, not a slow pipeline"
+    elapsed = f.m.elapsed_s
+    if elapsed > 0:
+        share = min(1.0, sum(s.wait_ms for s in stalls) / 1e3 / elapsed)
+        text += f"; without {'it' if len(stalls) == 1 else 'them'} the run would take at most {fmt_share(share)} less time"
+    return text + "."
+
+
 def _secondary(f: _Facts, verdict: str) -> list[str]:
     out: list[str] = []
     if verdict == "insufficient-data":
         return out
     sig = f.signal
+    if sig.stalls:
+        out.append(_stalls_sentence(f))
     if verdict != "input-bound" and sig.share is not None and sig.per_step_ms is not None:
-        if sig.share >= INPUT_BOUND_SHARE and sig.per_step_ms < MIN_INPUT_WAIT_MS:
+        if f.tiny_steps:
             out.append(
                 f"The {sig.label} is {fmt_share(sig.share)} of a very short step "
-                f"({fmt_ms(sig.per_step_ms)} per step, below the {fmt_ms(MIN_INPUT_WAIT_MS)} floor): "
-                "not an input problem."
+                f"({fmt_ms(sig.per_step_ms)} per step, below the {fmt_ms(MIN_INPUT_WAIT_MS)} "
+                "floor): the cost of indexing and collating each batch, not an input pipeline "
+                "that lags."
             )
         elif sig.share >= INPUT_MINOR_SHARE:
             out.append(
-                f"Minor input stalls: {sig.label} is {fmt_share(sig.share)} of step time "
-                f"(input-bound from {fmt_share(INPUT_BOUND_SHARE)})."
+                f"Minor input stalls: {sig.label} is {fmt_share_below(sig.share, INPUT_BOUND_SHARE)}"
+                f" of step time (input-bound from {fmt_share(INPUT_BOUND_SHARE)})."
             )
     if verdict != "throttled" and f.throttle is not None:
         t = f.throttle

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -10,6 +10,7 @@ from .advice import describe_loader
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_share
 from .model import Evidence, Summary
 from .summary import Measurements
+from .thresholds import STALL_FACTOR, STALL_MAX_SHARE
 from .throttle import ThrottleFinding
 
 
@@ -23,25 +24,72 @@ class InputSignal:
     """
 
     kind: str | None  #: "gpu", "host" or None (nothing measured)
-    share: float | None  #: of the steady step time
-    per_step_ms: float | None  #: mean over the steady steps
-    run_s: float | None  #: over every measured step of the run, warm-up included
+    #: of the steady step time, the stalls left out (what the input-bound rules judge)
+    share: float | None
+    per_step_ms: float | None  #: mean over the steady steps, the stalls left out
+    run_s: float | None  #: over every measured step of the run, warm-up and stalls included
     fallback: bool = False
     why: str = ""
+    stalls: list[Stall] = field(default_factory=list)
+    #: with the stalls: the share of the steady step time spent waiting
+    share_with_stalls: float | None = None
 
     @property
     def label(self) -> str:
         return "GPU input stall" if self.kind == "gpu" else "data wait"
 
 
+@dataclass(frozen=True)
+class Stall:
+    """One step whose input wait dwarfs the others (``STALL_FACTOR``)."""
+
+    step: int  #: its number in the run, from 1
+    wait_ms: float
+
+
+def find_stalls(wait_ms: np.ndarray, wall_ms: np.ndarray, numbers: np.ndarray) -> list[Stall]:
+    """The steps (``numbers``: their step numbers) whose wait is more than ``STALL_FACTOR`` ×
+    the median step, when there are at most ``STALL_MAX_SHARE`` of them (at least one)."""
+    if not len(wall_ms):
+        return []
+    waits = np.where(np.isfinite(wait_ms), wait_ms, 0.0)
+    big = np.flatnonzero(waits > STALL_FACTOR * float(np.median(wall_ms)))
+    if not len(big) or len(big) > max(1, int(STALL_MAX_SHARE * len(wall_ms))):
+        return []
+    return [Stall(int(numbers[i]), float(waits[i])) for i in big]
+
+
+def _without(
+    waits: np.ndarray, walls: np.ndarray, stalls: list[Stall], numbers: np.ndarray
+) -> tuple[float | None, float | None]:
+    """(share, mean per step) of ``waits`` in ``walls`` with each stall's wait taken out of its
+    step (the run as it would have been without the stalls); the mean is over the other steps."""
+    waits = np.where(np.isfinite(waits), waits, 0.0)
+    out = np.isin(numbers, [s.step for s in stalls])
+    walls = walls - np.where(out, waits, 0.0)
+    kept = waits[~out]
+    total = float(walls.sum())
+    share = float(kept.sum()) / total if total > 0 else None
+    return share, float(kept.mean()) if len(kept) else None
+
+
 def input_signal(summary: Summary, m: Measurements) -> InputSignal:
+    numbers = m.steady_index + 1
     if m.gpu_in_use and summary.gpu_stall_share is not None:
-        resolved = m.stall_ms[np.isfinite(m.stall_ms)]
-        per_step = float(resolved.mean()) if len(resolved) else None
-        return InputSignal("gpu", summary.gpu_stall_share, per_step, m.run_stall_s)
+        ok = np.isfinite(m.stall_ms)
+        stalls = find_stalls(m.stall_ms[ok], m.wall_ms[ok], numbers[ok])
+        share, per_step = _without(m.stall_ms[ok], m.wall_ms[ok], stalls, numbers[ok])
+        return InputSignal(
+            "gpu", share, per_step, m.run_stall_s, stalls=stalls,
+            share_with_stalls=summary.gpu_stall_share,
+        )  # fmt: skip
     if summary.data_wait_share is not None:
-        per_step = float(m.wait_ms.mean())
-        return InputSignal("host", summary.data_wait_share, per_step, m.run_wait_s, m.gpu_in_use)
+        stalls = find_stalls(m.wait_ms, m.wall_ms, numbers)
+        share, per_step = _without(m.wait_ms, m.wall_ms, stalls, numbers)
+        return InputSignal(
+            "host", share, per_step, m.run_wait_s, m.gpu_in_use, stalls=stalls,
+            share_with_stalls=summary.data_wait_share,
+        )  # fmt: skip
     why = summary.unavailable.get("data_wait_share", "not measured")
     return InputSignal(None, None, None, None, why=why)
 
@@ -50,9 +98,27 @@ def _unavailable(label: str, why: str) -> Evidence:
     return Evidence(label, None, f"unavailable ({why})")
 
 
-def _share_evidence(label: str, share: float | None, per_step: float | None, why: str) -> Evidence:
+def stalls_phrase(stalls: list[Stall]) -> str:
+    """``the stall at step 37``, ``the 3 stalls at steps 37, 80 and 120``."""
+    steps = [str(s.step) for s in stalls]
+    if len(steps) == 1:
+        return f"the stall at step {steps[0]}"
+    return f"the {len(steps)} stalls at steps {', '.join(steps[:-1])} and {steps[-1]}"
+
+
+def _share_evidence(
+    label: str, share: float | None, per_step: float | None, why: str, signal: InputSignal
+) -> Evidence:
     if share is None:
         return _unavailable(label, why)
+    if signal.label == label and signal.stalls and signal.share is not None:
+        pronoun = "it" if len(signal.stalls) == 1 else "them"
+        return Evidence(
+            label,
+            signal.share,
+            f"{fmt_share(signal.share)} of step time ({fmt_ms(signal.per_step_ms)} per step) "
+            f"without {stalls_phrase(signal.stalls)}, {fmt_share(share)} with {pronoun}",
+        )
     return Evidence(label, share, f"{fmt_share(share)} of step time ({fmt_ms(per_step)} per step)")
 
 
@@ -82,13 +148,17 @@ def collect(
     wait_per_step = float(m.wait_ms.mean()) if m.steady else None
     ev.append(
         _share_evidence(
-            "data wait", s.data_wait_share, wait_per_step, why.get("data_wait_share", "")
+            "data wait", s.data_wait_share, wait_per_step, why.get("data_wait_share", ""), signal
         )
     )
     stall_per_step = signal.per_step_ms if signal.kind == "gpu" else None
     ev.append(
         _share_evidence(
-            "GPU input stall", s.gpu_stall_share, stall_per_step, why.get("gpu_stall_share", "")
+            "GPU input stall",
+            s.gpu_stall_share,
+            stall_per_step,
+            why.get("gpu_stall_share", ""),
+            signal,
         )
     )
     if s.gpu_util_median_pct is None:

@@ -38,6 +38,15 @@ def fmt_share(share: float | None) -> str:
     return f"{pct:.0f}%"
 
 
+def fmt_share_below(share: float, threshold: float) -> str:
+    """``share``, known to be below ``threshold``, written so that it reads below it: one
+    decimal where the whole percent would round up to the threshold (14.9%, not 15%)."""
+    text = fmt_share(share)
+    if text == fmt_share(threshold):
+        text = f"{share * 100:.1f}%"
+    return text
+
+
 def fmt_pct(pct: float | None) -> str:
     """A percentage 0..100 (or more for CPU, 100 = one core): 51%."""
     return "unavailable" if pct is None else f"{pct:.0f}%"

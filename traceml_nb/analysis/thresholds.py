@@ -34,6 +34,13 @@ INPUT_MINOR_SHARE = 0.05
 #: a tiny model on an in-memory dataset waits microseconds per step; a large share of a tiny
 #: step is no input problem.
 MIN_INPUT_WAIT_MS = 1.0
+#: A step whose input wait is more than this many times the median steady step is a *stall*
+#: (a pause of the storage, the network, the garbage collector), not the pace of the pipeline:
+#: the input-bound rules judge the run without it, and the report names it.
+STALL_FACTOR = 10.0
+#: ...as long as such steps are at most this share of the steady steps (at least one step);
+#: more of them are the pipeline's pace after all, and are judged with the rest.
+STALL_MAX_SHARE = 0.02
 #: Evidence this many times past its threshold gives a "high" confidence.
 STRONG_FACTOR = 2.0
 

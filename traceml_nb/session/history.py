@@ -241,20 +241,37 @@ class History:
         self._predecessors = {}
 
     # --- lookup -----------------------------------------------------------------------------
-    def get(self, ref: int | str) -> RunEntry:
-        """A run by id (``3``, ``"3"``, ``"#3"``) or by name (the latest run with that name)."""
-        if isinstance(ref, int) and not isinstance(ref, bool):
-            found = self._by_id(ref)
+    def get(self, ref: int | str, *, other_than: RunEntry | None = None) -> RunEntry:
+        """A run by id (``3``, ``"3"``, ``"#3"``) or by name (the latest run with that name,
+        other than ``other_than``); ``KeyError`` saying what the history has otherwise."""
+        if self.is_number(ref):
+            found = self._by_id(int(str(ref).strip().lstrip("#")))
+            if found is not None and found is other_than:
+                found = None
         else:
             text = str(ref).strip()
-            digits = text[1:] if text.startswith("#") else text
-            found = self._by_id(int(digits)) if digits.isdigit() else None
-            if found is None and not (text.startswith("#") and digits.isdigit()):
-                named = [e for e in self.entries if e.name == text]
-                found = named[-1] if named else None
+            named = [e for e in self.entries if e.name == text and e is not other_than]
+            found = named[-1] if named else None
+            if found is None and other_than is not None and other_than.name == text:
+                raise KeyError(
+                    f"{text!r} is run {other_than.label} itself, and no other run has that name"
+                )
         if found is None:
             raise KeyError(self._unknown(ref))
         return found
+
+    def is_number(self, ref: int | str) -> bool:
+        """``ref`` names a run by its number (``3``, ``"3"``, ``"#3"``) rather than its name;
+        a name of digits only is taken as a number only when no run has that number."""
+        if isinstance(ref, bool):
+            return False
+        if isinstance(ref, int):
+            return True
+        text = str(ref).strip()
+        digits = text[1:] if text.startswith("#") else text
+        if not digits.isdigit():
+            return False
+        return text.startswith("#") or self._by_id(int(digits)) is not None
 
     def _by_id(self, run_id: int) -> RunEntry | None:
         return self._index.get(run_id)

@@ -83,11 +83,34 @@ class Session:
         ``KeyError`` saying what the history has otherwise."""
         return self.history.get(ref)
 
+    def pair(self, before: int | str, after: int | str) -> tuple[RunEntry, RunEntry, str]:
+        """The two runs to compare, and a note ('' when there is nothing to say). Where both
+        refer to the same run, a name among them is taken as the latest *other* run of that
+        name (the note says which), and ``KeyError`` where there is none."""
+        first, second = self.get(before), self.get(after)
+        if first is not second:
+            return first, second, ""
+        if not self.history.is_number(before):
+            first = self.history.get(before, other_than=second)
+            which, ref, run = "first", before, first
+        elif not self.history.is_number(after):
+            second = self.history.get(after, other_than=first)
+            which, ref, run = "second", after, second
+        else:
+            raise KeyError(f"{before!r} and {after!r} are the same run, {first.label}")
+        note = (
+            f"the {which} run, {ref!r}, would have been the other run itself: "
+            f"compared with the latest other run of that name, {run.label}"
+        )
+        return first, second, note
+
     def compare(self, before: int | str, after: int | str) -> Any:
-        """Run ``after`` against run ``before`` (numbers or names, as :meth:`get` takes them)."""
+        """Run ``after`` against run ``before`` (numbers or names, as :meth:`pair` takes
+        them)."""
         from ..analysis import compare as compare_runs
 
-        return compare_runs(self.get(before), self.get(after))
+        first, second, _ = self.pair(before, after)
+        return compare_runs(first, second)
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the history to ``path`` (JSON, atomically); returns the path written."""

@@ -1,0 +1,132 @@
+"""What counts as a step, against ground truth the test keeps itself: the loop's own iteration
+count and ``perf_counter``, batches counted in ``__getitem__``."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import traceml_nb
+from traceml_nb.session import Session
+
+
+class Counted(Dataset):
+    """Items that cost ``sleep_s`` each and are counted as they are made."""
+
+    def __init__(self, n: int = 4000, sleep_s: float = 0.0) -> None:
+        self.n = n
+        self.sleep_s = sleep_s
+        self.items = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        self.items += 1
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return torch.randn(8), torch.randn(1)
+
+
+def model_and_opt():
+    model = torch.nn.Linear(8, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def train_step(model, opt, x, y) -> None:
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def result_of(run):
+    """The run's result in a session of its own (no other run to compare with)."""
+    return Session().result(run)
+
+
+@pytest.mark.parametrize(
+    "how", ["break", "islice", "exception after the step", "interrupt after the step"]
+)
+def test_a_loop_that_ends_without_another_fetch_keeps_its_last_step(how):
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(), batch_size=4)
+    made = 0
+    error = {"exception after the step": ValueError, "interrupt after the step": KeyboardInterrupt}
+    with pytest.raises(error[how]) if how in error else contextlib.nullcontext():
+        with traceml_nb.Run(how, sample=False) as run:
+            batches = itertools.islice(loader, 40) if how == "islice" else loader
+            for x, y in batches:
+                train_step(model, opt, x, y)
+                made += 1
+                if made == 40:
+                    if how == "break":
+                        break
+                    if how in error:
+                        raise error[how]
+    assert made == 40
+    res = result_of(run)
+    assert res.summary.total_steps == 40
+    assert len(res.steps.wall_ms) == 40
+
+
+def test_a_step_that_failed_before_its_optimizer_step_is_not_a_step():
+    model, opt = model_and_opt()
+    made = 0
+    with pytest.raises(RuntimeError), traceml_nb.Run("fails mid-step", sample=False) as run:
+        for x, y in DataLoader(Counted(), batch_size=4):
+            if made == 12:
+                raise RuntimeError("the forward pass of the 13th batch failed")
+            train_step(model, opt, x, y)
+            made += 1
+    assert result_of(run).summary.total_steps == made == 12
+
+
+def test_an_interrupted_run_of_enough_steps_gets_a_verdict():
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(sleep_s=0.001), batch_size=4)
+    made = 0
+    with pytest.raises(KeyboardInterrupt), traceml_nb.Run("stopped", sample=False) as run:
+        for x, y in loader:
+            train_step(model, opt, x, y)
+            made += 1
+            if made == 11:
+                raise KeyboardInterrupt  # the stop button right after the 11th step
+    res = result_of(run)
+    assert res.status == "interrupted"
+    assert res.summary.total_steps == 11 and res.summary.steady_steps == 10
+    assert res.diagnosis.verdict != "insufficient-data", res.diagnosis.title
+
+
+def test_a_loader_drawn_inside_each_step_is_part_of_the_step():
+    """A second loader drawn three batches a step (a memory bank, an auxiliary loss): the steps
+    are the outer loader's, and the inner draws' wait is the step's wait."""
+    model, opt = model_and_opt()
+    outer = DataLoader(Counted(sleep_s=0.0), batch_size=4)
+    inner_data = Counted(sleep_s=0.002)
+    inner = itertools.cycle(DataLoader(inner_data, batch_size=2))
+    made, starts = 0, []
+    with traceml_nb.Run("inner draws", sample=False) as run:
+        for x, y in outer:
+            starts.append(time.perf_counter())
+            for _ in range(3):
+                next(inner)
+            train_step(model, opt, x, y)
+            made += 1
+            if made == 40:
+                break
+        end = time.perf_counter()
+    res = result_of(run)
+    assert res.summary.total_steps == made == 40
+    # step times: the loop's own clock (from one step's start to the next) against ours
+    truth_ms = sorted((b - a) * 1e3 for a, b in zip(starts, [*starts[1:], end], strict=True))
+    ours_ms = sorted(res.steps.wall_ms[i] for i, p in enumerate(res.steps.phase) if p != "eval")
+    assert ours_ms[len(ours_ms) // 2] == pytest.approx(truth_ms[len(truth_ms) // 2], rel=0.15)
+    # each step waited for its three inner batches of two 2 ms items (a sleep never ends early)
+    assert res.summary.data_wait_ms_median >= 3 * 2 * 2.0
+    assert res.summary.phases == []  # the inner loader is no phase of its own
