@@ -2,10 +2,10 @@
 
     .venv/bin/python benchmarks/long_run.py [--steps N]
 
-Reports what the issue on long runs asks for: the record's memory per step and in total, the
-process's RSS growth, the live view's points held (headless writer running the whole time),
-and how long the end-of-run analysis and report take. Figures, not assertions: the test
-suite never asserts on time.
+Reports what a long run costs: the record's memory per step and in total, the process's RSS
+growth, the live view's points held (headless writer running the whole time), and how long
+the end-of-run analysis (``Run.result()``) and the report take. Figures, not assertions: the
+test suite never asserts on time.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import traceml_nb
-from traceml_nb.result import conclude_run
 from traceml_nb.views.live import LiveView
+from traceml_nb.views.report import Report
 
 
 def main() -> None:
@@ -46,9 +46,10 @@ def main() -> None:
     rss1 = me.memory_info().rss
 
     t1 = time.perf_counter()
-    result = conclude_run(run)
-    html = result.report._repr_html_()
-    text = repr(result.report)
+    result = run.result()
+    report = Report.of(result)
+    html = report._repr_html_()
+    text = repr(report)
     report_s = time.perf_counter() - t1
 
     steps = len(run.record.steps)

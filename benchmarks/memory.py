@@ -2,8 +2,11 @@
 
 Each synthetic step is what a real loop produces: one DataLoader fetch (through
 ``StepTracer.wrap_next``, with a batch of two small tensors) and one ``optimizer.step()`` (through
-the optimizer post-hook). Each step writes one loader row; optimizer rows stop once the loader
-has closed a step. No torch loader runs, which makes a million steps take seconds.
+``StepTracer.optimizer_hook()``, the run's global post-step hook). The tracer logs both and
+processes its log into rows every ``PROCESS_EVENTS`` events, as a run without a live view does.
+Each step writes one loader row, plus an optimizer row for the first few optimizer steps (until
+the loader is known to fetch in step with them). No torch loader runs, which makes a million
+steps take seconds.
 
 Run on its own: ``.venv/bin/python benchmarks/memory.py [steps]``.
 """
@@ -48,7 +51,7 @@ def _drive(steps: int) -> tuple[RunRecord, int]:
     optimizer = object()
     next_batch = _SyntheticIterator.next_batch
     fetch = tracer.wrap_next(next_batch)
-    hook = tracer.optimizer_step
+    hook = tracer.optimizer_hook()
     gc.disable()
     try:
         t0 = time.perf_counter_ns()
@@ -72,7 +75,8 @@ def memory_per_step(steps: int = 1_000_000, heap_steps: int = 100_000) -> dict[s
     ``bytes_per_step``: ``RunRecord.nbytes / steps`` after ``steps`` synthetic steps.
     ``heap_bytes_per_step``: Python heap growth per step (``tracemalloc``) over
     ``min(steps, heap_steps)`` steps: the record plus anything else the tracer keeps.
-    ``tracer_us_per_step``: host time of the tracer's two calls per step, microseconds.
+    ``tracer_us_per_step``: host time of the tracer's two calls per step, segmenting the log
+    included, warm, microseconds.
     """
     record, spent_ns = _drive(steps)
     heap_n = min(steps, heap_steps)

@@ -98,8 +98,8 @@ print("VIEW-COST " + json.dumps(dict(
     ticks=view.ticks,
     updates=view.updates,
     messages=view.messages,
-    k=view._step_series.k,
-    points=view._step_series.points,
+    k=view.step_series.k,
+    points=view.step_series.points,
     error=view.error,
     notes=run.capabilities.notes,
 )))
@@ -136,6 +136,7 @@ while True:
         rec.steps.append(t, wall, wall // 3, 32, 0, 8)
         rec.steps.append(t, wall, wall // 3, 32, SOURCE_OPTIMIZER, 0)
         rec.loaders[0].fetches += 1
+        rec.loaders[0].leads += 1
         rec.loaders[0].optimizer_steps += 1
         rec.optimizer_steps += 1
         written += 1
