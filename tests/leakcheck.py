@@ -29,9 +29,7 @@ def leak_report(grace_s: float = 3.0) -> list[str]:
     if _BaseDataLoaderIter.__dict__["__next__"] is not ORIGINAL_NEXT:
         problems.append("_BaseDataLoaderIter.__next__ is still patched")
     posthooks = getattr(optim_mod, "_global_optimizer_post_hooks", {})
-    if any(
-        getattr(h, "__self__", None).__class__.__name__ == "StepTracer" for h in posthooks.values()
-    ):
+    if any("StepTracer" in getattr(h, "__qualname__", "") for h in posthooks.values()):
         problems.append("optimizer step hook left registered")
     if hooks.is_installed():
         problems.append("tracer still installed")

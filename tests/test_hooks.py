@@ -58,7 +58,7 @@ def test_the_run_installs_one_wrapper_and_one_global_hook_and_removes_both() -> 
     assert seen["installed"] and not hooks.is_installed()
     assert seen["next"] is not ORIGINAL_NEXT and seen["next"].__wrapped__ is ORIGINAL_NEXT
     assert seen["next"].__qualname__ == ORIGINAL_NEXT.__qualname__
-    assert [h.__func__.__name__ for h in seen["hooks"]] == ["on_optimizer_step"]
+    assert [h.__name__ for h in seen["hooks"]] == ["on_optimizer_step"]
     # everything put back
     assert _BaseDataLoaderIter.__dict__["__next__"] is ORIGINAL_NEXT
     assert dict(optim_mod._global_optimizer_post_hooks) == {}

@@ -31,7 +31,7 @@ def test_leak_report_sees_an_optimizer_hook_of_ours_left_registered():
     from traceml_nb.instrument.tracer import StepTracer
     from traceml_nb.record import RunRecord
 
-    handle = optim_mod.register_optimizer_step_post_hook(StepTracer(RunRecord()).on_optimizer_step)
+    handle = optim_mod.register_optimizer_step_post_hook(StepTracer(RunRecord()).optimizer_hook())
     try:
         problems = leak_report()
     finally:

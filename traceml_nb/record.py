@@ -274,6 +274,9 @@ class LoaderInfo:
     dataset_type: str
     dataset_len: int | None
     iterable: bool
+    #: ``id()`` of its dataset: loaders built anew over one dataset (a trainer's evaluation
+    #: loader, made for each evaluation) are one phase
+    dataset_id: int = 0
     fetches: int = 0
     epochs: int = 0
     #: optimizer steps that ran inside this loader's steps (its batches were followed by them)
@@ -281,6 +284,35 @@ class LoaderInfo:
     #: steps this loader's fetch began: the first fetch of the run or the first after an
     #: optimizer step. A loader drawn inside another's steps (an inner draw) leads none.
     leads: int = 0
+    #: closed steps without an optimizer step inside: those that began an epoch, and the others
+    #: (gradient accumulation makes the latter; a loop that fetches its next batch before it
+    #: uses the current one, as trainers do, only the former)
+    epoch_first_rows_without_step: int = 0
+    rows_without_step: int = 0
+    rows_with_step: int = 0
+    #: time away from training while this loader was iterated (not a training loader): from the
+    #: first fetch of each run of its fetches to the next fetch of another loader or the next
+    #: optimizer step, ns; and the part of it, and of its fetches, before the run's first
+    #: optimizer step (a trainer's sanity check of its validation loader)
+    phase_ns: int = 0
+    phase_before_training_ns: int = 0
+    fetches_before_training: int = 0
+    #: where its fetches come from: "transformers", "lightning", "accelerate" (their trainers
+    #: and wrappers iterate the loader), or None (the user's own loop)
+    driver: str | None = None
+
+    @property
+    def fetches_ahead(self) -> bool | None:
+        """The loop fetches this loader's next batch before it trains on the current one
+        (a trainer's prefetch of one batch: the first step of each epoch holds two fetches and
+        no optimizer step): True, False, or None while too few steps tell."""
+        if self.rows_without_step or (
+            self.rows_with_step and not self.epoch_first_rows_without_step
+        ):
+            return False
+        if self.epoch_first_rows_without_step and self.rows_with_step >= 2:
+            return True
+        return None
 
     @property
     def is_training(self) -> bool:

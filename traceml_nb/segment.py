@@ -16,9 +16,13 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   (``LoaderInfo.leads``): the outer loop's loader, not one drawn inside the step.
   A step inside which a loader that no optimizer step followed was iterated (an evaluation)
   is flagged ``FLAG_INTERLEAVED``.
-* **Without a DataLoader** the steps are the intervals between the first optimizer's
-  ``step()`` calls (several optimizers, as in a GAN, make one step); these rows are written
-  until a training loader is known. **Markers** (``traceml_nb.step()``) make rows of their own.
+* **Optimizer rows.** The intervals between the first optimizer's ``step()`` calls (several
+  optimizers, as in a GAN, make one step) are rows of their own, with the data wait of the
+  fetches inside: the steps of a loop without a DataLoader, and of a loop that fetches its
+  next batch before it uses the current one (``LoaderInfo.fetches_ahead``: the trainers of
+  transformers and Lightning, accelerate's prepared loaders), whose loader rows are one batch
+  out of step with its training steps. They are written until the training loaders are
+  known to fetch in step. **Markers** (``traceml_nb.step()``) make rows of their own.
 
 Which of these rows are *the* steps of the run is one rule, :func:`traceml_nb.analysis.steps.choose_steps`.
 """
@@ -46,6 +50,19 @@ from .record import (
 GpuSink = Callable[[int, Any, Any, Any], None]
 
 
+def counted_size(batch_size: int, samples: int, number: int) -> int:
+    """Samples in batch ``number`` (from 1) of an epoch of ``samples`` batched by
+    ``batch_size`` (a loader whose sizes are counted:
+    :func:`traceml_nb.instrument.loader.counted_batch_size`): ``batch_size`` for every batch
+    but the epoch's last, which holds what is left. Where ``samples`` is unknown (-1: the
+    sampler has no length) every batch counts as full; the segmenter makes the epoch's last
+    one unknown when the epoch ends."""
+    if samples < 0:
+        return batch_size
+    left = samples - (number - 1) * batch_size
+    return min(batch_size, left) if left > 0 else -1
+
+
 class _Loader:
     """One loader's open step and counters."""
 
@@ -61,6 +78,7 @@ class _Loader:
         "gpu_enter",
         "gpu_exit",
         "since_optimizer",
+        "first_fetch_ns",
     )
 
     def __init__(self, slot: int, info: LoaderInfo) -> None:
@@ -75,6 +93,7 @@ class _Loader:
         self.gpu_enter: Any = None
         self.gpu_exit: Any = None
         self.since_optimizer = 0  #: fetches since the last optimizer step
+        self.first_fetch_ns = -1  #: when the loader's first fetch of the run was entered
 
 
 class StepSegmenter:
@@ -90,14 +109,21 @@ class StepSegmenter:
         self._gpu_sink = gpu_sink
         self._loaders: dict[int, _Loader] = {}  #: by loader key
         self._by_slot: dict[int, _Loader] = {}
-        self._iterators: dict[int, _Loader] = {}  #: by iterator id
+        #: by id() of the iterator: its loader, and the batch size and epoch's samples its sizes
+        #: are counted with (0: they are read)
+        self._iterators: dict[int, tuple[_Loader, int, int]] = {}
         self._open: dict[int, _Loader] = {}  #: loaders with an open step, by slot
         self._current: _Loader | None = None  #: the loader fetched last
         self._after_optimizer = True  #: the next fetch begins a step
-        self._training_known = False
         self._lead_optimizer: int | None = None
         self._optimizer_prev_ns = 0
         self._optimizer_wait_mark = 0
+        self._fetched_since_optimizer: set[int] = set()  #: loader slots fetched since the last
+        self._epoch_started_since_optimizer = False
+        self._trained = False  #: an optimizer step has run
+        self._rows_needed: bool | None = None  #: optimizer rows needed, once it is decided
+        self._phase: _Loader | None = None  #: the loader whose phase runs (see ``phase_ns``)
+        self._phase_start_ns = 0
         self._marker_prev_ns = 0
         self._marker_wait_mark = 0
         self._wait_total = 0  #: data wait of every fetch so far, ns
@@ -124,6 +150,7 @@ class StepSegmenter:
 
     def finish(self, t_end_ns: int) -> None:
         """Close every open step at the run's end ``t_end_ns`` (``FLAG_TRUNCATED``)."""
+        self._end_phase(t_end_ns)
         try:
             for st in list(self._open.values()):
                 self._close(st, t_end_ns, None, truncated=True)
@@ -136,29 +163,41 @@ class StepSegmenter:
         if st is None:
             slot = len(self.record.loaders)
             if ev.settings is None or slot >= MAX_LOADERS:
-                self._iterators.pop(ev.iterator, None)
+                self._iterators.pop(id(ev.iterator), None)
                 return  # past MAX_LOADERS: counted nowhere rather than mislabelled
             ev.settings.slot = slot
             st = _Loader(slot, ev.settings)
             self.record.loaders.append(ev.settings)
             self._loaders[ev.loader] = st
             self._by_slot[slot] = st
-        self._iterators[ev.iterator] = st
+        self._iterators[id(ev.iterator)] = (st, ev.batch_size, ev.samples)
 
     def _fetch(self, ev: Fetch) -> None:
-        st = self._iterators.get(ev.iterator)
-        if st is None:
+        _, iterator, number, t_enter, t_exit, size, gpu_enter, gpu_exit = ev
+        known = self._iterators.get(id(iterator))
+        if known is None:
             return  # a loader past MAX_LOADERS
+        st, per_batch, samples = known
+        batch = counted_size(per_batch, samples, number) if per_batch else size
         if st.start >= 0:
-            self._close(st, ev.t_enter_ns, ev.gpu_enter, truncated=False)
-        wait = ev.t_exit_ns - ev.t_enter_ns
+            self._close(st, t_enter, gpu_enter, truncated=False)
+        wait = t_exit - t_enter
         info = st.info
         info.fetches += 1
         if info.fetches == 1:
             self.record.first_fetch_wait_ns[st.slot] = wait
-        first = ev.number == 1
+            st.first_fetch_ns = t_enter
+        first = number == 1
         if first:
             info.epochs += 1
+            self._epoch_started_since_optimizer = True
+        if not self._trained:
+            info.fetches_before_training += 1
+        if self._phase is not st:
+            self._end_phase(t_enter)
+            if not info.is_training:
+                self._phase, self._phase_start_ns = st, t_enter
+        self._fetched_since_optimizer.add(st.slot)
         if self._after_optimizer:
             info.leads += 1
             self._after_optimizer = False
@@ -166,47 +205,97 @@ class StepSegmenter:
             other.wait += wait
             other.inside.add(st.slot)
         st.since_optimizer += 1
-        st.start = ev.t_enter_ns
+        st.start = t_enter
         st.wait = wait
-        st.batch = ev.batch
+        st.batch = batch
         st.flags = FLAG_EPOCH_START if first else 0
-        st.gpu_enter, st.gpu_exit = ev.gpu_enter, ev.gpu_exit
+        st.gpu_enter, st.gpu_exit = gpu_enter, gpu_exit
         self._open[st.slot] = st
         self._current = st
         self._wait_total += wait
-        self._last_batch = ev.batch
+        self._last_batch = batch
 
     def _exhausted(self, ev: Exhausted) -> None:
-        st = self._iterators.pop(ev.iterator, None)
-        if st is not None and st.start >= 0:
+        known = self._iterators.pop(id(ev.iterator), None)
+        if known is not None and known[0].start >= 0:
+            st, per_batch, samples = known
+            if per_batch and samples < 0:
+                st.batch = -1  # the epoch's last batch, of a sampler without a length: unknown
             self._close(st, ev.t_enter_ns, ev.gpu_enter, truncated=False)
 
     def _optimizer_step(self, ev: OptimizerStep) -> None:
-        rec = self.record
-        rec.optimizer_steps += 1
-        if self._lead_optimizer is None:
-            self._lead_optimizer = ev.optimizer
-        if ev.optimizer == self._lead_optimizer and not self._training_known:
-            start = self._optimizer_prev_ns or self._t0
-            wait = self._wait_total - self._optimizer_wait_mark
-            self._row(start, ev.t_ns - start, wait, self._last_batch, SOURCE_OPTIMIZER, 0)
-            self._optimizer_prev_ns = ev.t_ns
-            self._optimizer_wait_mark = self._wait_total
+        self.record.optimizer_steps += 1
+        self._end_phase(ev.t_ns)
+        self._trained = True
         self._after_optimizer = True
         cur = self._current
-        if cur is None:
-            return
         # The loader fetched last trains, and so does any loader fetched alongside it since
         # the previous optimizer step, no more often than it (``zip(a, b)``, an outer loader
         # around an inner draw); not an evaluation that ran since (more batches than that).
-        for st in self._by_slot.values():
-            if st is cur or (0 < st.since_optimizer <= cur.since_optimizer and st.start >= 0):
+        ahead_of = cur.since_optimizer if cur is not None else 0
+        for st in self._by_slot.values() if cur is not None else ():
+            if st is cur or (0 < st.since_optimizer <= ahead_of and st.start >= 0):
+                if not st.info.optimizer_steps:
+                    self._rows_needed = None  # a loader is known to train: decide again
                 st.info.optimizer_steps += 1
                 if st.start >= 0:
                     st.flags |= FLAG_OPTIMIZER_STEP
                     st.last_optimizer_ns = ev.t_ns
-                self._training_known = True
             st.since_optimizer = 0
+        optimizer = id(ev.optimizer)
+        if self._lead_optimizer is None:
+            self._lead_optimizer = optimizer
+        if optimizer == self._lead_optimizer:
+            if self._optimizer_rows_needed():
+                self._optimizer_row(ev.t_ns)
+            self._optimizer_prev_ns = ev.t_ns
+            self._optimizer_wait_mark = self._wait_total
+            self._fetched_since_optimizer = set()
+            self._epoch_started_since_optimizer = False
+
+    def _optimizer_rows_needed(self) -> bool:
+        """Optimizer rows are the steps, or may be: no loader trains yet, or one of those that
+        do fetches ahead of its steps or has not shown yet that it does not (decided once the
+        training loaders have shown how they fetch, until another loader starts to train)."""
+        if self._rows_needed is not None:
+            return self._rows_needed
+        ahead = [st.info.fetches_ahead for st in self._by_slot.values() if st.info.is_training]
+        if ahead and None not in ahead:
+            self._rows_needed = any(ahead)
+            return self._rows_needed
+        return True
+
+    def _optimizer_row(self, t_ns: int) -> None:
+        """The row from the previous optimizer step (the first: the training loaders' first
+        fetch) to this one, with the data wait of the fetches between them."""
+        start = self._optimizer_prev_ns
+        if not start:
+            firsts = [
+                st.first_fetch_ns
+                for st in self._by_slot.values()
+                if st.info.is_training and 0 <= st.first_fetch_ns <= t_ns
+            ]
+            start = min(firsts, default=self._t0)
+        flags = FLAG_OPTIMIZER_STEP
+        slots = self._fetched_since_optimizer
+        if any(not self._by_slot[slot].info.is_training for slot in slots):
+            flags |= FLAG_INTERLEAVED
+        if self._epoch_started_since_optimizer:
+            flags |= FLAG_EPOCH_START
+        wait = self._wait_total - self._optimizer_wait_mark
+        self._row(start, t_ns - start, wait, self._last_batch, SOURCE_OPTIMIZER, flags)
+
+    def _end_phase(self, t_ns: int) -> None:
+        """The loader iterated away from training (an evaluation) is done at ``t_ns``: the
+        training went on, or another loader is iterated."""
+        st = self._phase
+        if st is None:
+            return
+        spent = max(0, t_ns - self._phase_start_ns)
+        st.info.phase_ns += spent
+        if not self._trained:
+            st.info.phase_before_training_ns += spent
+        self._phase = None
 
     def _marker(self, ev: Marker) -> None:
         self.record.markers += 1
@@ -220,13 +309,21 @@ class StepSegmenter:
     def _close(self, st: _Loader, t_end_ns: int, next_gpu: Any, *, truncated: bool) -> None:
         """Write ``st``'s open step as a row, ending at ``t_end_ns``."""
         flags = st.flags
-        if any(not self._by_slot[slot].info.is_training for slot in st.inside):
+        if st.inside and any(not self._by_slot[slot].info.is_training for slot in st.inside):
             flags |= FLAG_INTERLEAVED
         end = t_end_ns
         if truncated:
             flags |= FLAG_TRUNCATED
             if st.last_optimizer_ns >= 0:
                 end = st.last_optimizer_ns
+        else:
+            info = st.info
+            if flags & FLAG_OPTIMIZER_STEP:
+                info.rows_with_step += 1
+            elif flags & FLAG_EPOCH_START:
+                info.epoch_first_rows_without_step += 1
+            else:
+                info.rows_without_step += 1
         row = self._row(st.start, end - st.start, st.wait, st.batch, st.slot, flags)
         if st.gpu_enter is not None and next_gpu is not None and self._gpu_sink is not None:
             self._gpu.append((row, st.gpu_enter, st.gpu_exit, next_gpu))

@@ -22,11 +22,15 @@ def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
 class PhaseSummary:
     """A phase other than the measured steps (an eval loader, an extra loader)."""
 
-    name: str  #: e.g. "eval (loader 1)"
+    name: str  #: e.g. "eval (loader 1)", "eval (loaders 1–4)"
     batches: int
-    total_s: float  #: wall time of the phase's steps
+    total_s: float  #: time away from training the phase took, s
     data_wait_share: float | None
-    slot: int | None = None  #: the phase's loader
+    slot: int | None = None  #: the phase's (first) loader
+    #: of ``batches`` and ``total_s``, what came before the run's first optimizer step (a
+    #: trainer's sanity check of its validation loader)
+    before_training_batches: int = 0
+    before_training_s: float = 0.0
 
 
 @dataclass

@@ -9,7 +9,9 @@ The rule, in order (the first that applies wins):
    the second of two loaders consumed with ``zip``). The last step, cut short by the end of
    the run (``break``, ``islice``, an exception), is a step if its optimizer step ran. A step
    an evaluation ran inside (``FLAG_INTERLEAVED``) is a step, which the statistics leave out
-   (:mod:`.summary`): its time includes the evaluation;
+   (:mod:`.summary`): its time includes the evaluation. Where the loop fetches each batch
+   one step ahead (``LoaderInfo.fetches_ahead``: a trainer's prefetch), the steps are the
+   optimizer rows instead, which end where each training step ends;
 3. optimizer ``step()`` boundaries;
 4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
 
@@ -69,6 +71,10 @@ def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int)
     training = [info for info in loaders if info.is_training]
     if training:
         leaders = [info for info in training if info.leads > 0] or training
+        if any(info.fetches_ahead for info in leaders):
+            return StepRule(
+                "dataloader", (SOURCE_OPTIMIZER,), tuple(info.slot for info in training)
+            )
         return StepRule(
             "dataloader",
             tuple(info.slot for info in leaders),
@@ -144,21 +150,39 @@ def select_steps(snapshot: RecordSnapshot) -> tuple[StepColumns, StepSource]:
 
 
 def phase_loaders(snapshot: RecordSnapshot, selection: StepSelection) -> dict[int, str]:
-    """The loaders that are phases of their own, by slot, with the phase's name."""
+    """The loaders that are phases of their own (neither the steps nor inside them), by slot,
+    with the name of their phase: the loaders over one dataset (a trainer builds its
+    evaluation loader anew for each evaluation) are one phase."""
     rule = selection.rule
     has_training = any(info.is_training for info in snapshot.loaders)
-    out: dict[int, str] = {}
+    groups: dict[int, list[int]] = {}
     for info in snapshot.loaders:
         if rule.kind == "dataloader" and info.slot in rule.inner + rule.sources:
             continue
         if info.is_training and rule.kind != "dataloader":
             continue  # its batches are inside the marker/optimizer steps already
-        out[info.slot] = f"eval (loader {info.slot})" if has_training else f"loader {info.slot}"
+        key = info.dataset_id or -1 - info.slot  # an unknown dataset: a phase of its own
+        groups.setdefault(key, []).append(info.slot)
+    out: dict[int, str] = {}
+    for slots in groups.values():
+        which = f"loader {slots[0]}" if len(slots) == 1 else f"loaders {_slots_text(slots)}"
+        name = f"eval ({which})" if has_training else which
+        out.update(dict.fromkeys(slots, name))
     return out
 
 
+def _slots_text(slots: list[int]) -> str:
+    """``1–4`` for consecutive slots, ``1, 3, 7`` otherwise."""
+    if slots == list(range(slots[0], slots[-1] + 1)):
+        return f"{slots[0]}\u2013{slots[-1]}"
+    return ", ".join(str(slot) for slot in slots)
+
+
 def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSummary]:
-    """One phase per loader that is neither the steps nor inside them (eval loaders, mostly)."""
+    """One phase per dataset of the loaders that are neither the steps nor inside them (the
+    evaluation, mostly): its batches, the time away from training it took
+    (``LoaderInfo.phase_ns``; the sum of its steps where that is not known) and its data wait,
+    with the part before the run's first optimizer step apart."""
     names = phase_loaders(snapshot, selection)
     if not names:
         return []
@@ -166,23 +190,38 @@ def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSumm
     source = _np(cols.source, "u1")
     wall = _np(cols.wall_ns, "i8")
     wait = _np(cols.wait_ns, "i8")
+    infos = {info.slot: info for info in snapshot.loaders}
     out = []
-    for slot, name in names.items():
-        rows = source == slot
-        n = int(rows.sum())
-        if n == 0:
+    for name in dict.fromkeys(names.values()):
+        slots = [slot for slot, phase in names.items() if phase == name]
+        rows = np.isin(source, slots)
+        batches = int(rows.sum())
+        if batches == 0:
             continue
-        total_ns = int(wall[rows].sum())
-        share = float(wait[rows].sum()) / total_ns if total_ns > 0 else None
-        out.append(PhaseSummary(name, n, total_ns / 1e9, share, slot=slot))
+        group = [infos[slot] for slot in slots]
+        away_ns = sum(info.phase_ns for info in group)
+        total_ns = away_ns if away_ns > 0 else int(wall[rows].sum())
+        share = min(1.0, float(wait[rows].sum()) / total_ns) if total_ns > 0 else None
+        out.append(
+            PhaseSummary(
+                name,
+                batches,
+                total_ns / 1e9,
+                share,
+                slot=slots[0],
+                before_training_batches=sum(info.fetches_before_training for info in group),
+                before_training_s=sum(info.phase_before_training_ns for info in group) / 1e9,
+            )
+        )
     return out
 
 
 def training_loader(snapshot: RecordSnapshot, selection: StepSelection) -> LoaderInfo | None:
-    """The loader the advice is about: the busiest of those whose rows are the steps (or of
-    the training loaders, or of all)."""
+    """The loader the advice is about: the busiest of those whose rows are the steps, or whose
+    batches are inside them (or of the training loaders, or of all)."""
     loaders = snapshot.loaders
-    candidates = [info for info in loaders if info.slot in selection.rule.sources]
+    rule = selection.rule
+    candidates = [info for info in loaders if info.slot in rule.sources + rule.inner]
     if not candidates:
         candidates = [info for info in loaders if info.is_training] or list(loaders)
     if not candidates:

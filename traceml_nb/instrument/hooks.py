@@ -6,7 +6,8 @@
   reports every ``optimizer.step()``.
 
 When the run ends both are put back. If something else wrapped ``__next__`` on top of ours
-during the run, ours stays beneath it, inert (it only calls through), so theirs keeps working.
+during the run, ours stays beneath it and theirs keeps working; what ours still logs is
+dropped.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def install(tracer: StepTracer) -> None:
     cls = _iter_class()
     original = cls.__dict__["__next__"]
     wrapper = tracer.wrap_next(original)
-    handle = optim_mod.register_optimizer_step_post_hook(tracer.on_optimizer_step)
+    handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook())
+    tracer.on_stop = handle.remove  # tracing stopped on an error: no more optimizer steps
     cls.__next__ = wrapper
     _installed = _Installed(tracer, original, wrapper, handle)
 
@@ -54,7 +56,8 @@ def uninstall() -> list[str]:
     if installed is None:
         return []
     notes: list[str] = []
-    installed.tracer.deactivate()  # the wrapper calls through from now on, wherever it is
+    installed.tracer.deactivate()  # what the wrapper still logs is dropped, wherever it is
+    installed.tracer.on_stop = None
     installed.hook_handle.remove()
     cls = _iter_class()
     if cls.__dict__.get("__next__") is installed.wrapper:

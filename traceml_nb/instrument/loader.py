@@ -26,7 +26,42 @@ def loader_settings(it: Any) -> LoaderInfo:
         dataset_type=type(dataset).__name__,
         dataset_len=dataset_len,
         iterable=getattr(it, "_dataset_kind", 0) == 1,  # torch's _DatasetKind.Iterable
+        dataset_id=id(dataset),
     )
+
+
+def epoch_samples(batch_sampler: Any) -> int:
+    """Samples a ``BatchSampler`` will batch in the epoch it has just started, -1 unknown."""
+    try:
+        return len(batch_sampler.sampler)
+    except Exception:
+        return -1
+
+
+def counted_batch_size(it: Any) -> int:
+    """The batch size when a loader's batch sizes are counted instead of read, else 0.
+
+    They are when torch's own ``BatchSampler`` feeds a map-style dataset through the default
+    collate: that collate stacks exactly one sample per index, so batch k (from 1) of an epoch
+    of n samples holds ``min(batch_size, n - (k - 1) * batch_size)`` samples, n being ``len()``
+    of the sampler the ``BatchSampler`` batches (as ``len(loader)`` assumes too). Counting
+    costs the fetch three attribute reads of the iterator, where reading the size from the
+    batch costs far more with the caches cold after a model's step. A custom collate, a custom
+    batch sampler or an iterable dataset can yield other sizes: their batches are read
+    (:func:`batch_size_of`). The wrapper (:meth:`.tracer.StepTracer.wrap_next`) makes the same
+    decision on every fetch; the segmenter counts (:func:`traceml_nb.segment.counted_size`).
+    """
+    from torch.utils.data import BatchSampler, default_collate
+
+    sampler = getattr(it, "_index_sampler", None)
+    if (
+        type(sampler) is not BatchSampler
+        or getattr(it, "_collate_fn", None) is not default_collate
+        or getattr(it, "_dataset_kind", None) != 0  # torch's _DatasetKind.Map
+    ):
+        return 0
+    size = getattr(sampler, "batch_size", None)
+    return size if type(size) is int and size > 0 else 0
 
 
 def batch_size_of(batch: Any, _depth: int = 0) -> int:
@@ -35,6 +70,15 @@ def batch_size_of(batch: Any, _depth: int = 0) -> int:
     Looks at most two levels deep and at the first four items of a level, so the usual
     ``(inputs, targets)`` and ``{"input_ids": ...}`` batches cost a few attribute reads.
     """
+    kind = type(batch)
+    if (kind is tuple or kind is list) and batch:  # the usual (inputs, targets), read directly
+        first = getattr(batch[0], "shape", None)
+        if first is not None:
+            try:
+                if len(first):
+                    return int(first[0])
+            except Exception:
+                pass  # the general path below gives this item's answer (-1) and goes on
     shape = getattr(batch, "shape", None)
     if shape is not None:
         try:

@@ -1,15 +1,21 @@
 """The training thread's side of a run: log each fetch, optimizer step and marker, and have the
 log turned into step rows (:class:`~traceml_nb.segment.StepSegmenter`) in batches.
 
-The hot path, a fetch, reads two clocks and the iterator's batch count, reads the batch size and
-appends one :class:`~traceml_nb.events.Fetch` to the log; an optimizer step appends one
-:class:`~traceml_nb.events.OptimizerStep`. Everything else happens later, many events at a time:
+The hot path, a fetch, reads two clocks and the iterator's batch count and appends one tuple
+(:mod:`traceml_nb.events`) to the log, with the batch's size where it cannot be counted
+(:func:`~.loader.counted_batch_size`); an optimizer step appends one more.
+Everything else happens later, many events at a time, on whichever thread processes the log:
+the tuples become typed events, iterators new to the run or starting an epoch over are
+announced with their loader's settings, and the segmenter writes the rows. Who processes:
 
 * with a reader attached (:meth:`StepTracer.attach_reader`: the live view, which asks for fresh
-  rows before each of its updates) the reader's thread segments the log; the training thread
-  does it only past :data:`READER_MAX_EVENTS` events (a reader that fell behind or stopped);
-* without one, the training thread does it every :data:`PROCESS_EVENTS` events;
-* the run's end segments the rest and closes what is still open.
+  rows before each of its updates), the reader's thread; the training thread only past
+  :data:`READER_MAX_EVENTS` events (a reader that fell behind or stopped);
+* without one, the training thread, once the log holds :data:`PROCESS_EVENTS` events, at an
+  iterator's first batch of an epoch and every :data:`CHECK_EVERY`-th (torch's ``__next__``
+  counts an iterator's batches; an optimizer step or a marker checks only against
+  :data:`READER_MAX_EVENTS`, the log's bound);
+* the run's end processes the rest and closes what is still open.
 
 A failure of our own bookkeeping stops the tracing for the rest of the run (the steps before it
 are kept, :attr:`StepTracer.error` says why), never the user's loop.
@@ -19,20 +25,32 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from ..events import Event, Exhausted, Fetch, IteratorStarted, Marker, OptimizerStep
+from ..events import (
+    EPOCH_STARTED,
+    EXHAUSTED,
+    FETCH,
+    MARKER,
+    OPTIMIZER_STEP,
+    Event,
+    IteratorStarted,
+    typed,
+)
 from ..record import RunRecord
 from ..segment import StepSegmenter
 from .gpu_events import GpuStallTimer
-from .loader import batch_size_of, loader_settings
+from .loader import batch_size_of, counted_batch_size, epoch_samples, loader_settings
 
-#: Without a reader, the training thread segments the log once it holds this many events
-#: (about every 128 steps of a loop with one fetch and one optimizer step a step).
+#: Without a reader, the training thread processes the log once it holds this many events...
 PROCESS_EVENTS = 256
-#: With a reader attached, the training thread segments the log only once it holds this many
-#: events (a reader that fell behind or stopped; the log stays bounded, about 1 MB).
+#: ...looked at every this many batches of an iterator (a power of two: the check is a mask of
+#: the iterator's own batch count, which costs the fetch nothing).
+CHECK_EVERY = 256
+#: With a reader attached, the training thread processes the log only once it holds this many
+#: events (a reader that fell behind or stopped); without one, an optimizer step or a marker
+#: processes it at this length too (a loop without a DataLoader). About 1 MB of log.
 READER_MAX_EVENTS = 8192
 
 T = TypeVar("T")
@@ -50,57 +68,63 @@ class StepTracer:
         self.record = record
         self.gpu = gpu
         self.clock = clock
-        #: False once the run has ended or the tracing stopped: the wrapper calls through
+        #: False once the run has ended or the tracing stopped: the log is dropped from then on
         self.active = True
         #: why the tracing stopped during the run (a failure of ours), else None
         self.error: str | None = None
-        #: events not segmented yet, in order (always this list: the wrapper holds it)
-        self.log: list[Event] = []
-        #: the log length at which the logging thread segments it
+        #: logged tuples not processed yet, in order (always this list: the wrapper holds it)
+        self.log: list[tuple[Any, ...]] = []
+        #: the log length at which the logging thread processes it
         self.max_log = PROCESS_EVENTS
-        #: held while the log is segmented; a reader holds it to read rows and loaders alike
+        #: held while the log is processed; a reader holds it to read rows and loaders alike
         self.lock = threading.Lock()
-        #: time the logging threads (the training loop) spent segmenting, ns
+        #: time the logging threads (the training loop) spent processing, ns
         self.processing_ns = 0
         #: ...and the time readers spent on it, on their own threads, ns
         self.reader_processing_ns = 0
+        #: called once if the tracing stops on an error (the hooks take the optimizer hook back)
+        self.on_stop: Callable[[], None] | None = None
         self._segmenter = StepSegmenter(record, gpu.add if gpu is not None else None)
-        self._announced: set[int] = set()  # ids of the iterators announced to the segmenter
+        #: id of each iterator announced to the segmenter -> (its last batch count, its loader)
+        self._iterators: dict[int, tuple[int, int]] = {}
         #: loader key -> its batch sampler, held so that no other object takes its id
         self._loaders: dict[int, Any] = {}
 
     # --- the hot path ---------------------------------------------------------------------
     def wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """A ``__next__`` that calls ``original`` and logs the fetch; once the tracer is no
-        longer :attr:`active` it only calls through (harmless if something stacked on top of
-        it keeps calling it)."""
+        """A ``__next__`` that calls ``original`` and logs the fetch."""
+        from torch.utils.data import BatchSampler, default_collate
+
         tracer = self
         clock = self.clock
-        log = self.log
-        append = log.append
-        announced = self._announced
+        append = self.log.append
         mark = self.gpu.mark if self.gpu is not None else None
 
         def __next__(it: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841 (IPython and pytest hide this frame)
-            if not tracer.active:
-                return original(it)
             t_enter = clock()
             gpu_enter = mark() if mark is not None else None
             try:
                 batch = original(it)
             except StopIteration:
-                append(Exhausted(id(it), t_enter, gpu_enter))
+                append((EXHAUSTED, it, t_enter, gpu_enter))
                 raise
             t_exit = clock()
             gpu_exit = mark() if mark is not None else None
-            key = id(it)
             number = it._num_yielded
-            if number == 1 or key not in announced:
-                tracer.announce(it, key)
-            append(Fetch(key, number, t_enter, t_exit, batch_size_of(batch), gpu_enter, gpu_exit))
-            if len(log) >= tracer.max_log:
-                tracer.process_due()
+            if number == 1:
+                tracer.epoch_started(it)
+            if (  # counted_batch_size(it) > 0, read off the iterator as it is at hand
+                type(it._index_sampler) is BatchSampler
+                and it._collate_fn is default_collate
+                and not it._dataset_kind
+            ):
+                size = -1  # the segmenter counts it
+            else:
+                size = batch_size_of(batch)
+            append((FETCH, it, number, t_enter, t_exit, size, gpu_enter, gpu_exit))
+            if not number % CHECK_EVERY:
+                tracer.check()
             return batch
 
         __next__.__wrapped__ = original  # type: ignore[attr-defined]
@@ -108,38 +132,47 @@ class StepTracer:
         __next__.__doc__ = getattr(original, "__doc__", None)
         return __next__
 
-    def announce(self, it: Any, key: int) -> None:
-        """Log that iterator ``it`` (id ``key``) starts an epoch or is new to the run, with its
-        loader's settings the first time that loader is seen."""
+    def optimizer_hook(self) -> Callable[[Any, Any, Any], None]:
+        """A global optimizer post-step hook that logs each step."""
+        tracer = self
+        clock = self.clock
+        log = self.log
+        append = log.append
+
+        def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            append((OPTIMIZER_STEP, optimizer, clock()))
+            if len(log) > READER_MAX_EVENTS:
+                tracer.check()
+
+        return on_optimizer_step
+
+    def epoch_started(self, it: Any) -> None:
+        """``it`` yielded its epoch's first batch: log how many samples its sampler holds now
+        (a sampler's length may change between epochs)."""
         try:
             sampler = it._index_sampler
-            loader = id(sampler)
-            settings = None
-            if loader not in self._loaders:
-                self._loaders[loader] = sampler
-                settings = loader_settings(it)
-            self._announced.add(key)
-            self.log.append(IteratorStarted(key, loader, settings))
-        except Exception as exc:
-            self.stop_on_error(exc)
-
-    def on_optimizer_step(self, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
-        """A global optimizer post-step hook: log the step."""
-        if self.active:
-            log = self.log
-            log.append(OptimizerStep(id(optimizer), self.clock()))
-            if len(log) >= self.max_log:
-                self.process_due()
+            samples = epoch_samples(sampler) if counted_batch_size(it) else -1
+        except Exception:
+            samples = -1
+        self.log.append((EPOCH_STARTED, it, samples))
+        self.check()  # a loop that makes a new iterator for every few batches checks here
 
     def marker(self) -> None:
         """An explicit end of a step (``traceml_nb.step()``)."""
-        if self.active:
-            log = self.log
-            log.append(Marker(self.clock()))
-            if len(log) >= self.max_log:
-                self.process_due()
+        log = self.log
+        log.append((MARKER, self.clock()))
+        if len(log) > READER_MAX_EVENTS:
+            self.check()
 
-    # --- segmenting the log ---------------------------------------------------------------
+    def check(self) -> None:
+        """The logging thread's look at its log: process it when it is due; drop it once the
+        tracing is over (a wrapper that stayed in place keeps logging into it)."""
+        if not self.active:
+            self.log.clear()
+        elif len(self.log) >= self.max_log:
+            self.processing_ns += self._process()
+
+    # --- processing the log ---------------------------------------------------------------
     def attach_reader(self, attached: bool = True) -> None:
         """A thread that reads the rows while the run goes on calls :meth:`process` before each
         read; the training thread then only logs, up to :data:`READER_MAX_EVENTS` events.
@@ -147,12 +180,12 @@ class StepTracer:
         self.max_log = READER_MAX_EVENTS if attached else PROCESS_EVENTS
 
     def process(self) -> None:
-        """Segment the events logged so far, now (a reader, before it reads; its time counts in
+        """Process the events logged so far, now (a reader, before it reads; its time counts in
         :attr:`reader_processing_ns`). A failure stops the tracing, not the reader."""
         self.reader_processing_ns += self._process()
 
     def read(self, reader: Callable[[], T]) -> T:
-        """Segment the events logged so far and return ``reader()``, both under :attr:`lock`,
+        """Process the events logged so far and return ``reader()``, both under :attr:`lock`,
         so that what it reads (rows, loaders, counters) is one consistent state. Its time
         counts in :attr:`reader_processing_ns`."""
         t0 = time.perf_counter_ns()
@@ -166,12 +199,8 @@ class StepTracer:
         finally:
             self.reader_processing_ns += time.perf_counter_ns() - t0
 
-    def process_due(self) -> None:
-        """The logging thread's segmenting (the log has reached :attr:`max_log`)."""
-        self.processing_ns += self._process()
-
     def _process(self) -> int:
-        """Segment the log; returns the time it took (real time, whatever :attr:`clock` is), ns."""
+        """Process the log; returns the time it took (real time, whatever :attr:`clock` is), ns."""
         t0 = time.perf_counter_ns()
         try:
             with self.lock:
@@ -181,38 +210,80 @@ class StepTracer:
         return time.perf_counter_ns() - t0
 
     def _segment(self) -> None:
-        """Segment the log (the caller holds :attr:`lock`). If it is interrupted (Ctrl-C while
-        it runs on the training thread) the events it had not reached go back to the front of
-        the log, for :meth:`close`."""
+        """Hand the log to the segmenter as typed events (the caller holds :attr:`lock`). If it
+        is interrupted (Ctrl-C while it runs on the training thread) the tuples it had not
+        reached go back to the front of the log, for :meth:`close`."""
+        if not self.active and self.error is not None:
+            self.log.clear()
+            return
         log = self.log
         n = len(log)
-        events = log[:n]
+        logged = log[:n]
         del log[:n]  # what another thread appended meanwhile stays, in order
-        pending = iter(events)
+        pending = iter(logged)
         try:
-            self._segmenter.feed(pending)
+            self._segmenter.feed(self._events(pending))
         except BaseException:
             log[:0] = list(pending)
             raise
 
-    def stop_on_error(self, exc: Exception) -> None:
+    def _events(self, logged: Iterable[tuple[Any, ...]]) -> Iterator[Event]:
+        """The typed events of the logged tuples, each fetch of an iterator that is new to the
+        run or starts its epoch over (its batch count fell) announced first."""
+        iterators = self._iterators
+        starting: dict[int, int] = {}  # iterator id -> samples of the epoch it announced
+        for item in logged:
+            kind = item[0]
+            if kind == EPOCH_STARTED:
+                starting[id(item[1])] = item[2]
+                continue
+            if kind == FETCH:
+                it, number = item[1], item[2]
+                key = id(it)
+                seen = iterators.get(key)
+                loader = id(it._index_sampler)
+                if seen is None or number <= seen[0] or loader != seen[1]:
+                    samples = starting.pop(key, None)
+                    if samples is None:  # it started before the run: its epoch is this one
+                        samples = epoch_samples(it._index_sampler) if counted_batch_size(it) else -1
+                    yield self._announce(it, loader, samples)
+                iterators[key] = (number, loader)
+            elif kind == EXHAUSTED:
+                iterators.pop(id(item[1]), None)
+            yield typed(item)
+
+    def _announce(self, it: Any, loader: int, samples: int) -> IteratorStarted:
+        """``it`` starts an epoch of ``samples`` samples (-1 unknown), or is new to the run:
+        with its loader's settings the first time that loader is seen."""
+        settings = None
+        if loader not in self._loaders:
+            self._loaders[loader] = it._index_sampler
+            settings = loader_settings(it)
+        return IteratorStarted.of(it, loader, settings, counted_batch_size(it), samples)
+
+    def stop_on_error(self, exc: BaseException) -> None:
         """Stop tracing for the rest of the run because ``exc`` broke our bookkeeping: the
-        wrapper calls through, optimizer steps and markers are ignored, the log is dropped."""
+        optimizer hook is taken back (:attr:`on_stop`), the log is dropped from now on."""
         self.error = f"{type(exc).__name__}: {exc}"
         self.deactivate()
         self.max_log = 1 << 62
         self.log.clear()
+        on_stop, self.on_stop = self.on_stop, None
+        if on_stop is not None:
+            try:
+                on_stop()
+            except Exception:
+                pass
 
     def deactivate(self) -> None:
-        """Log nothing more."""
+        """Log nothing more: what the wrapper still logs is dropped at its next check."""
         self.active = False
 
     # --- end ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Segment the rest of the log, close every open step at the run's end and resolve the
+        """Process the rest of the log, close every open step at the run's end and resolve the
         GPU events (the run's one synchronisation); after an :attr:`error`, only let go of the
         loaders. A reader may still call :meth:`process` afterwards: it finds nothing."""
-        self.deactivate()
         t_end = self.clock()
         t0 = time.perf_counter_ns()
         with self.lock:
@@ -224,5 +295,7 @@ class StepTracer:
                     if self.gpu is not None:
                         self.gpu.finish()
             finally:
+                self.deactivate()
+                self.log.clear()
                 self._loaders.clear()  # a sampler holds its dataset
-                self._announced.clear()
+                self._iterators.clear()

@@ -15,6 +15,7 @@ from .model import ReportContent
 from .text import (
     format_value,
     metric_lines,
+    phase_text,
     run_label,
     saving_sentence,
     status_sentence,
@@ -130,7 +131,7 @@ def render_html(report: ReportContent) -> str:
     )
     phases = "".join(
         f'<tr><td style="{_TD}{_MUTED}">{escape(p.name)}</td>'
-        f'<td style="{_TD}">{p.batches:,} batches, {fmt_s(p.total_s)}</td></tr>'
+        f'<td style="{_TD}">{escape(phase_text(p))}</td></tr>'
         for p in summary.phases
     )
     out.append(f'<table style="{_TABLE}">{metrics}{phases}</table>')

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share
-from ..analysis.model import Summary
+from ..analysis.model import PhaseSummary, Summary
 from ..capabilities import Capabilities
 from .model import ReportContent, RunMeta
 
@@ -169,6 +169,17 @@ def saving_sentence(saving_text: str | None, saving_bound_share: float | None) -
         assert saving_bound_share is not None
         return f"Fixing the cause saves at most {fmt_share(saving_bound_share)} of the wall time."
     return None
+
+
+def phase_text(phase: PhaseSummary) -> str:
+    """``40 batches, 0.66 s; 2 of them, 0.05 s, before training`` (a sanity check apart)."""
+    text = f"{phase.batches:,} batches, {fmt_s(phase.total_s)}"
+    if phase.before_training_batches and phase.before_training_batches < phase.batches:
+        text += (
+            f"; {phase.before_training_batches:,} of them, {fmt_s(phase.before_training_s)}, "
+            "before training"
+        )
+    return text
 
 
 # --- the plain-text report -------------------------------------------------------------------
