@@ -490,3 +490,28 @@ def test_compare_of_a_name_that_is_the_other_run_takes_the_latest_other_run_of_t
         ip.run_line_magic("traceml", "compare solo 3")
     with pytest.raises(UsageError, match="are the same run, #1 base"):
         ip.run_line_magic("traceml", "compare 1 #1")
+
+
+def test_one_count_of_steps_in_the_report_the_history_and_the_result(ip, capsys):
+    """The report's header, the history table and the result say the same number of steps, and
+    the steps an evaluation ran inside are said in words."""
+    source = (
+        "%%traceml --view text -o counted\n"
+        "for i, (x, y) in enumerate(DataLoader(dataset, batch_size=4)):\n"
+        "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+        "    if i in (5, 15):\n"
+        "        with torch.no_grad():\n"
+        "            for ex, _ in DataLoader(dataset, batch_size=32):\n"
+        "                model(ex)\n"
+    )
+    assert run(ip, source).success
+    report = capsys.readouterr().out
+    res = ip.user_ns["counted"]
+    assert res.summary.total_steps == 24 and res.summary.interleaved_steps == 2
+    assert "24 steps (" in report and "2 with an evaluation inside" in report
+    assert "2 steps that contained an evaluation are left out of the statistics." in report
+    from traceml_nb.views.history import history_cells, history_table
+
+    [row] = history_table(session_history())
+    assert history_cells(row)["steps"] == "24"  # what %traceml history shows

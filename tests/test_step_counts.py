@@ -130,3 +130,37 @@ def test_a_loader_drawn_inside_each_step_is_part_of_the_step():
     # each step waited for its three inner batches of two 2 ms items (a sleep never ends early)
     assert res.summary.data_wait_ms_median >= 3 * 2 * 2.0
     assert res.summary.phases == []  # the inner loader is no phase of its own
+
+
+class OnePause(Dataset):
+    """Fast items, but one of them takes ``pause_s`` (a storage hiccup, a cold cache)."""
+
+    def __init__(self, n: int, pause_at: int, pause_s: float) -> None:
+        self.n, self.pause_at, self.pause_s = n, pause_at, pause_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.pause_at:
+            time.sleep(self.pause_s)
+        return torch.randn(8), torch.randn(1)
+
+
+def test_one_long_pause_in_a_real_loop_is_named_not_called_a_slow_pipeline():
+    model, opt = model_and_opt()
+    loader = DataLoader(OnePause(600, pause_at=4 * 36, pause_s=0.6), batch_size=4)
+    compute = time.sleep  # each step computes 3 ms, so that the pause is one step's wait
+
+    with traceml_nb.Run("one pause", sample=False) as run:
+        for x, y in loader:
+            train_step(model, opt, x, y)
+            compute(0.003)
+    res = result_of(run)
+    assert res.summary.total_steps == 150
+    assert res.summary.data_wait_share > 0.3  # the pause dominates the plain share
+    d = res.diagnosis
+    assert d.verdict != "input-bound", d.title
+    stall = [line for line in d.secondary if line.startswith("One fetch, at step 37, took ")]
+    assert stall and "a stall, not a slow pipeline" in stall[0], d.secondary
+    assert "less time" in stall[0]  # what removing it would save, still counted

@@ -92,9 +92,10 @@ class EpochStarted(_Event):
     training thread, read by the tracer (the segmenter sees an :class:`IteratorStarted`)."""
 
     __slots__ = ()
-    _fields = ("iterator", "samples")
+    _fields = ("iterator", "samples", "driver")
     iterator: Any = _field(1, "the iterator")
     samples: int = _field(2, "samples in the epoch that starts, -1 unknown")
+    driver: str | None = _field(3, "what iterates it: a trainer's package (LoaderInfo.driver)")
 
 
 class IteratorStarted(_Event):

@@ -194,7 +194,8 @@ class StepSegmenter:
         if not self._trained:
             info.fetches_before_training += 1
         if self._phase is not st:
-            self._end_phase(t_enter)
+            if self._phase is not None:
+                self._end_phase(t_enter)
             if not info.is_training:
                 self._phase, self._phase_start_ns = st, t_enter
         self._fetched_since_optimizer.add(st.slot)
@@ -225,7 +226,8 @@ class StepSegmenter:
 
     def _optimizer_step(self, ev: OptimizerStep) -> None:
         self.record.optimizer_steps += 1
-        self._end_phase(ev.t_ns)
+        if self._phase is not None:
+            self._end_phase(ev.t_ns)
         self._trained = True
         self._after_optimizer = True
         cur = self._current
@@ -246,11 +248,11 @@ class StepSegmenter:
         if self._lead_optimizer is None:
             self._lead_optimizer = optimizer
         if optimizer == self._lead_optimizer:
-            if self._optimizer_rows_needed():
+            if self._rows_needed is not False and self._optimizer_rows_needed():
                 self._optimizer_row(ev.t_ns)
             self._optimizer_prev_ns = ev.t_ns
             self._optimizer_wait_mark = self._wait_total
-            self._fetched_since_optimizer = set()
+            self._fetched_since_optimizer.clear()
             self._epoch_started_since_optimizer = False
 
     def _optimizer_rows_needed(self) -> bool:
@@ -277,8 +279,7 @@ class StepSegmenter:
             ]
             start = min(firsts, default=self._t0)
         flags = FLAG_OPTIMIZER_STEP
-        slots = self._fetched_since_optimizer
-        if any(not self._by_slot[slot].info.is_training for slot in slots):
+        if any(not self._by_slot[s].info.is_training for s in self._fetched_since_optimizer):
             flags |= FLAG_INTERLEAVED
         if self._epoch_started_since_optimizer:
             flags |= FLAG_EPOCH_START
@@ -324,21 +325,22 @@ class StepSegmenter:
                 info.epoch_first_rows_without_step += 1
             else:
                 info.rows_without_step += 1
-        row = self._row(st.start, end - st.start, st.wait, st.batch, st.slot, flags)
+        self._row(st.start, end - st.start, st.wait, st.batch, st.slot, flags)
         if st.gpu_enter is not None and next_gpu is not None and self._gpu_sink is not None:
+            row = len(self.record.steps) + len(self._rows) - 1  # its index, once written
             self._gpu.append((row, st.gpu_enter, st.gpu_exit, next_gpu))
         st.start = -1
-        st.inside = set()
+        if st.inside:
+            st.inside.clear()
         st.last_optimizer_ns = -1
         st.gpu_enter = st.gpu_exit = None
         del self._open[st.slot]
 
     def _row(
         self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int
-    ) -> int:
-        """Queue one row (times relative to the run start) and return its index in the table."""
+    ) -> None:
+        """Queue one row (times relative to the run start); :meth:`_flush` writes it."""
         self._rows.append((start_ns - self._t0, wall_ns, wait_ns, batch, source, flags))
-        return len(self.record.steps) + len(self._rows) - 1
 
     def _flush(self) -> None:
         """Write the queued rows in one go, then hand the GPU figures of those rows on."""

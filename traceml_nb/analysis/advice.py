@@ -1,4 +1,7 @@
-"""Concrete DataLoader changes, read from the user's own loader and the CPUs really available."""
+"""Concrete DataLoader changes, read from the user's own loader and the CPUs really available,
+written in the terms of whatever built the loader: the user's own ``DataLoader(...)``, the
+transformers ``TrainingArguments``, a Lightning module's ``train_dataloader()``, or the loader
+passed to accelerate's ``Accelerator.prepare``."""
 
 from __future__ import annotations
 
@@ -10,13 +13,40 @@ from .thresholds import MAX_SUGGESTED_WORKERS, SUGGESTED_PREFETCH
 TORCH_DEFAULT_PREFETCH = 2
 
 
+#: The ``TrainingArguments`` field of each DataLoader setting (transformers' Trainer builds the
+#: loaders from them).
+TRAINING_ARGUMENTS = {
+    "num_workers": "dataloader_num_workers",
+    "pin_memory": "dataloader_pin_memory",
+    "persistent_workers": "dataloader_persistent_workers",
+    "prefetch_factor": "dataloader_prefetch_factor",
+    "batch_size": "per_device_train_batch_size",
+}
+#: Where the change goes, by what iterated the loader (``LoaderInfo.driver``).
+WHERE = {
+    None: "Change the training DataLoader",
+    "transformers": "Change the Trainer's TrainingArguments",
+    "lightning": "Change the DataLoader that your LightningModule's (or DataModule's) "
+    "train_dataloader() returns",
+    "accelerate": "Change the DataLoader you pass to Accelerator.prepare()",
+}
+
+
+def setting_name(setting: str, driver: str | None) -> str:
+    """What a DataLoader setting is called where the user sets it."""
+    return TRAINING_ARGUMENTS.get(setting, setting) if driver == "transformers" else setting
+
+
 def describe_loader(loader: LoaderInfo) -> str:
     """The loader's settings as the user would write them."""
-    return (
-        f"num_workers={loader.num_workers}, pin_memory={loader.pin_memory}, "
-        f"prefetch_factor={loader.prefetch_factor}, persistent_workers={loader.persistent_workers}, "
-        f"batch_size={loader.batch_size}"
-    )
+    values = {
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": loader.persistent_workers,
+        "batch_size": loader.batch_size,
+    }
+    return ", ".join(f"{setting_name(k, loader.driver)}={v}" for k, v in values.items())
 
 
 def worker_target(cpus: int | None, gpu: bool) -> int:
@@ -45,9 +75,14 @@ class Change:
     old: object = None  #: shown as ``old → new`` when set
 
     def __str__(self) -> str:
+        return self.text(None)
+
+    def text(self, driver: str | None) -> str:
+        """The change in the terms of ``driver`` (``LoaderInfo.driver``)."""
+        name = setting_name(self.setting, driver)
         if self.old is None:
-            return f"{self.setting}={self.new}"
-        return f"{self.setting}={self.old} \u2192 {self.setting}={self.new}"
+            return f"{name}={self.new}"
+        return f"{name}={self.old} \u2192 {name}={self.new}"
 
 
 def loader_changes(
@@ -82,15 +117,20 @@ def loader_changes(
     return changes
 
 
-def change_line(changes: list[Change]) -> str:
-    """The one-line instruction shown first in the advice."""
-    return "Change the training DataLoader: " + ", ".join(str(c) for c in changes)
+def change_line(changes: list[Change], driver: str | None = None) -> str:
+    """The one-line instruction shown first in the advice, where the user makes it."""
+    where = WHERE.get(driver, WHERE[None])
+    return f"{where}: " + ", ".join(c.text(driver) for c in changes)
 
 
 def explain_changes(
     loader: LoaderInfo, changes: list[Change], cpus: int | None, gpu: bool
 ) -> list[str]:
-    """One sentence per change saying why it helps."""
+    """One sentence per change saying why it helps (in the terms of ``loader.driver``)."""
+
+    def name(setting: str) -> str:
+        return setting_name(setting, loader.driver)
+
     lines = []
     for change in changes:
         if change.setting == "num_workers":
@@ -107,22 +147,22 @@ def explain_changes(
             else:
                 cpu_text = f" (more than the {cpus} CPUs: workers that wait need little CPU)"
             lines.append(
-                f"With num_workers={nw}, {who} while {waiter} waits; {change.new} workers"
+                f"With {name('num_workers')}={nw}, {who} while {waiter} waits; {change.new} workers"
                 f"{cpu_text} load batches in parallel with the compute."
             )
         elif change.setting == "pin_memory":
             lines.append(
-                "pin_memory=True puts batches in page-locked memory, so copying them to the GPU "
+                f"{name('pin_memory')}=True puts batches in page-locked memory, so copying them to the GPU "
                 "with .to(device, non_blocking=True) overlaps the compute."
             )
         elif change.setting == "persistent_workers":
             lines.append(
-                "persistent_workers=True keeps the workers alive between epochs instead of "
+                f"{name('persistent_workers')}=True keeps the workers alive between epochs instead of "
                 "starting them again (each start costs the first-batch wait again)."
             )
         elif change.setting == "prefetch_factor":
             lines.append(
-                f"prefetch_factor={change.new} keeps {change.new} batches per worker in flight, "
+                f"{name('prefetch_factor')}={change.new} keeps {change.new} batches per worker in flight, "
                 "which absorbs slow samples."
             )
     return lines

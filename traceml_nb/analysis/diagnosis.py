@@ -259,7 +259,7 @@ def _lead_with_changes(
 ) -> None:
     """Put the loader changes (if any) first in the advice, and their explanations last."""
     if changes:
-        d.advice.insert(0, change_line(changes))
+        d.advice.insert(0, change_line(changes, loader.driver))
         d.advice.extend(explain_changes(loader, changes, cpus, gpu))
 
 
@@ -288,7 +288,7 @@ def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
     if workers is not None:
         d.cause = CAUSE_TOO_FEW_WORKERS
         changes = loader_changes(loader, workers=workers, gpu=gpu)
-        d.advice.append(change_line(changes))
+        d.advice.append(change_line(changes, loader.driver))
         d.advice.extend(explain_changes(loader, changes, cpus, gpu))
         if cpus is not None:
             d.wont_help.append(
@@ -316,7 +316,7 @@ def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
     if gpu and not loader.pin_memory:
         d.cause = CAUSE_PAGEABLE
         changes = loader_changes(loader, workers=None, gpu=gpu)
-        d.advice.append(change_line(changes))
+        d.advice.append(change_line(changes, loader.driver))
         d.advice.extend(explain_changes(loader, changes, cpus, gpu))
         if sat.known:
             d.wont_help.append(f"More CPU: {sat.text}, not saturated.")

@@ -30,6 +30,32 @@ def loader_settings(it: Any) -> LoaderInfo:
     )
 
 
+#: The packages whose trainers and wrappers iterate a DataLoader for the user, by the name of
+#: their top module, and what the advice calls them (``LoaderInfo.driver``).
+DRIVERS = {
+    "transformers": "transformers",
+    "pytorch_lightning": "lightning",
+    "lightning": "lightning",
+    "accelerate": "accelerate",
+}
+#: Frames looked at, from the fetch outwards, for a driver.
+DRIVER_FRAMES = 80
+
+
+def driver_of(frame: Any) -> str | None:
+    """What iterates the loader whose fetch ``frame`` belongs to: the outermost frame of a
+    package of :data:`DRIVERS` on the stack (transformers' Trainer iterates through accelerate's
+    loader, and it is the Trainer the user configures), or None (the user's own loop)."""
+    found = None
+    for _ in range(DRIVER_FRAMES):
+        if frame is None:
+            break
+        module = frame.f_globals.get("__name__") or ""
+        found = DRIVERS.get(module.partition(".")[0], found)
+        frame = frame.f_back
+    return found
+
+
 def epoch_samples(batch_sampler: Any) -> int:
     """Samples a ``BatchSampler`` will batch in the epoch it has just started, -1 unknown."""
     try:

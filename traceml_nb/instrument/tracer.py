@@ -23,6 +23,7 @@ are kept, :attr:`StepTracer.error` says why), never the user's loop.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -41,7 +42,7 @@ from ..events import (
 from ..record import RunRecord
 from ..segment import StepSegmenter
 from .gpu_events import GpuStallTimer
-from .loader import batch_size_of, counted_batch_size, epoch_samples, loader_settings
+from .loader import batch_size_of, counted_batch_size, driver_of, epoch_samples, loader_settings
 
 #: Without a reader, the training thread processes the log once it holds this many events...
 PROCESS_EVENTS = 256
@@ -85,8 +86,8 @@ class StepTracer:
         #: called once if the tracing stops on an error (the hooks take the optimizer hook back)
         self.on_stop: Callable[[], None] | None = None
         self._segmenter = StepSegmenter(record, gpu.add if gpu is not None else None)
-        #: id of each iterator announced to the segmenter -> (its last batch count, its loader)
-        self._iterators: dict[int, tuple[int, int]] = {}
+        #: id of each iterator announced to the segmenter -> its last batch count
+        self._iterators: dict[int, int] = {}
         #: loader key -> its batch sampler, held so that no other object takes its id
         self._loaders: dict[int, Any] = {}
 
@@ -148,13 +149,15 @@ class StepTracer:
 
     def epoch_started(self, it: Any) -> None:
         """``it`` yielded its epoch's first batch: log how many samples its sampler holds now
-        (a sampler's length may change between epochs)."""
+        (a sampler's length may change between epochs) and what iterates it (a trainer's own
+        loop: :func:`~.loader.driver_of`)."""
         try:
             sampler = it._index_sampler
             samples = epoch_samples(sampler) if counted_batch_size(it) else -1
+            driver = driver_of(sys._getframe(2))  # past this method and the wrapper
         except Exception:
-            samples = -1
-        self.log.append((EPOCH_STARTED, it, samples))
+            samples, driver = -1, None
+        self.log.append((EPOCH_STARTED, it, samples, driver))
         self.check()  # a loop that makes a new iterator for every few batches checks here
 
     def marker(self) -> None:
@@ -229,36 +232,38 @@ class StepTracer:
 
     def _events(self, logged: Iterable[tuple[Any, ...]]) -> Iterator[Event]:
         """The typed events of the logged tuples, each fetch of an iterator that is new to the
-        run or starts its epoch over (its batch count fell) announced first."""
+        run or starts its epoch over (its batch count fell: a new iterator that took a dead
+        one's id starts at 1 too) announced first."""
         iterators = self._iterators
-        starting: dict[int, int] = {}  # iterator id -> samples of the epoch it announced
+        starting: dict[int, tuple[int, str | None]] = {}  # iterator id -> its EPOCH_STARTED
         for item in logged:
             kind = item[0]
             if kind == EPOCH_STARTED:
-                starting[id(item[1])] = item[2]
+                starting[id(item[1])] = (item[2], item[3])
                 continue
             if kind == FETCH:
                 it, number = item[1], item[2]
                 key = id(it)
-                seen = iterators.get(key)
-                loader = id(it._index_sampler)
-                if seen is None or number <= seen[0] or loader != seen[1]:
-                    samples = starting.pop(key, None)
+                last = iterators.get(key)
+                if last is None or number <= last:
+                    samples, driver = starting.pop(key, (None, None))
                     if samples is None:  # it started before the run: its epoch is this one
                         samples = epoch_samples(it._index_sampler) if counted_batch_size(it) else -1
-                    yield self._announce(it, loader, samples)
-                iterators[key] = (number, loader)
+                    yield self._announce(it, samples, driver)
+                iterators[key] = number
             elif kind == EXHAUSTED:
                 iterators.pop(id(item[1]), None)
             yield typed(item)
 
-    def _announce(self, it: Any, loader: int, samples: int) -> IteratorStarted:
+    def _announce(self, it: Any, samples: int, driver: str | None) -> IteratorStarted:
         """``it`` starts an epoch of ``samples`` samples (-1 unknown), or is new to the run:
-        with its loader's settings the first time that loader is seen."""
+        with its loader's settings (and what iterates it) the first time that loader is seen."""
+        loader = id(it._index_sampler)
         settings = None
         if loader not in self._loaders:
             self._loaders[loader] = it._index_sampler
             settings = loader_settings(it)
+            settings.driver = driver
         return IteratorStarted.of(it, loader, settings, counted_batch_size(it), samples)
 
     def stop_on_error(self, exc: BaseException) -> None:

@@ -1,0 +1,182 @@
+"""Real trainers on tiny models built from a config and synthetic data (nothing downloaded):
+the steps counted against the trainer's own counter, the evaluation phase against the time the
+trainer spent evaluating, and the advice in the trainer's own terms."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import traceml_nb
+from traceml_nb.session import Session
+
+ITEM_SLEEP_S = 0.002  #: each item costs this much (a decode): the loops wait for data
+
+
+class Tokens(Dataset):
+    """Token ids, as a tokenized text dataset holds them; each item sleeps a little."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(ITEM_SLEEP_S)
+        ids = torch.randint(0, 100, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+class Pairs(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(ITEM_SLEEP_S)
+        return torch.randn(8), torch.randn(1)
+
+
+def result_of(run):
+    return Session().result(run)
+
+
+def test_transformers_trainer_counts_its_own_steps_and_one_evaluation_phase(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(
+        vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config)
+    evaluations: list[float] = []
+
+    class Timed(transformers.TrainerCallback):
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            evaluations.append(metrics["eval_runtime"])
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=40, per_device_train_batch_size=4,
+        per_device_eval_batch_size=8, eval_strategy="steps", eval_steps=10, logging_steps=1000,
+        save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=Tokens(400), eval_dataset=Tokens(32),
+        callbacks=[Timed()],
+    )  # fmt: skip
+    with traceml_nb.Run("hf", sample=False) as run:
+        trainer.train()
+    res = result_of(run)
+    assert res.summary.total_steps == trainer.state.global_step == 40
+    # the evaluations after steps 10, 20 and 30 ran inside a step; the one after the last
+    # step ran after it
+    assert res.summary.interleaved_steps == 3
+    [phase] = res.summary.phases  # the Trainer's four evaluation loaders: one phase
+    assert phase.name == "eval (loaders 1\u20134)" and phase.batches == 4 * 4
+    assert phase.total_s == pytest.approx(sum(evaluations), rel=0.25)
+    d = res.diagnosis
+    assert d.verdict == "input-bound", d.title
+    assert d.advice[0].startswith(
+        "Change the Trainer's TrainingArguments: dataloader_num_workers=0 \u2192 "
+        "dataloader_num_workers="
+    )
+    assert "DataLoader(" not in " ".join(d.advice)
+    loader = {e.label: e.text for e in d.evidence}["DataLoader"]
+    assert loader.startswith("dataloader_num_workers=0, dataloader_pin_memory=")
+
+
+def test_lightning_counts_its_steps_times_validation_and_shows_the_sanity_check_apart():
+    pl = pytest.importorskip("pytorch_lightning")
+    warnings.filterwarnings("ignore", module="pytorch_lightning")
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    spent = {"val": 0.0, "sanity": 0.0}
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, i):
+            x, y = batch
+            return ((self.layer(x) - y) ** 2).mean()
+
+        def validation_step(self, batch, i):
+            x, y = batch
+            time.sleep(0.01)  # validation costs something of its own
+            return ((self.layer(x) - y) ** 2).mean()
+
+        def on_validation_epoch_start(self) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_validation_epoch_end(self) -> None:
+            key = "sanity" if self.trainer.sanity_checking else "val"
+            spent[key] += time.perf_counter() - self._t0
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self):
+            return DataLoader(Pairs(160), batch_size=4)
+
+        def val_dataloader(self):
+            return DataLoader(Pairs(40), batch_size=4)
+
+    trainer = pl.Trainer(
+        max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, val_check_interval=20,
+        num_sanity_val_steps=2,
+    )  # fmt: skip
+    with traceml_nb.Run("lightning", sample=False) as run:
+        trainer.fit(Module())
+    res = result_of(run)
+    assert res.summary.total_steps == trainer.global_step == 80
+    [phase] = res.summary.phases
+    assert phase.before_training_batches == 2  # the sanity check, apart
+    assert phase.before_training_s == pytest.approx(spent["sanity"], rel=0.5, abs=0.02)
+    validation = phase.total_s - phase.before_training_s
+    assert validation == pytest.approx(spent["val"], rel=0.25)
+    assert validation < 0.5 * res.elapsed_s  # not the whole run
+    d = res.diagnosis
+    assert d.verdict == "input-bound", d.title
+    assert d.advice[0].startswith(
+        "Change the DataLoader that your LightningModule's (or DataModule's) train_dataloader() "
+        "returns: num_workers=0 \u2192 num_workers="
+    )
+
+
+def test_accelerate_prepared_loader_counts_the_loops_steps():
+    accelerate = pytest.importorskip("accelerate")
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    accelerator = accelerate.Accelerator(cpu=True)
+    model, opt, loader = accelerator.prepare(model, opt, DataLoader(Pairs(200), batch_size=4))
+    made, starts = 0, []
+    with traceml_nb.Run("accelerate", sample=False) as run:
+        for x, y in loader:
+            starts.append(time.perf_counter())
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            accelerator.backward(loss)
+            opt.step()
+            made += 1
+    res = result_of(run)
+    assert res.summary.total_steps == made == 50
+    # each step waited for its batch's four 2 ms items (a sleep never ends early)
+    assert res.summary.data_wait_ms_median >= 4 * ITEM_SLEEP_S * 1e3
+    d = res.diagnosis
+    assert d.verdict == "input-bound", d.title
+    assert d.advice[0].startswith(
+        "Change the DataLoader you pass to Accelerator.prepare(): num_workers=0 \u2192 "
+    )
