@@ -4,9 +4,10 @@ segmenter (:mod:`traceml_nb.segment`) reads.
 The training thread appends plain tuples whose first item is the event's kind (``FETCH``,
 ``EXHAUSTED``, ``OPTIMIZER_STEP``, ``MARKER``) and whose other items are the event's fields,
 in the order of the event's class below: a tuple of locals costs the hot path about nothing,
-where building an object of a class of ours costs a call. The tracer turns each logged tuple
-into its typed event with :func:`typed` (the event *is* that tuple, under its class), off the
-hot path, and adds the :class:`IteratorStarted` events the segmenter needs.
+where building an object of a class of ours costs a call. A logged tuple *is* its event: the
+segmenter dispatches on the kind and unpacks the fields in their class's order, so the tracer
+hands the log on as it is, adding the :class:`IteratorStarted` events the segmenter needs.
+:func:`typed` gives a logged tuple its class, to read its fields by name (tests, debugging).
 
 Times are ``time.perf_counter_ns()`` values. Iterators and optimizers are the objects
 themselves; the segmenter names them by ``id()``, which is only reused once an object is gone

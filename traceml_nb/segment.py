@@ -32,7 +32,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .events import Event, Exhausted, Fetch, IteratorStarted, Marker, OptimizerStep
+from .events import (
+    EXHAUSTED,
+    FETCH,
+    ITERATOR_STARTED,
+    MARKER,
+    OPTIMIZER_STEP,
+    Event,
+    Exhausted,
+    Fetch,
+    IteratorStarted,
+    Marker,
+    OptimizerStep,
+)
 from .record import (
     FLAG_EPOCH_START,
     FLAG_INTERLEAVED,
@@ -130,21 +142,24 @@ class StepSegmenter:
         self._last_batch = -1
         self._rows: list[tuple[int, int, int, int, int, int]] = []
         self._gpu: list[tuple[int, Any, Any, Any]] = []
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            Fetch: self._fetch,
-            OptimizerStep: self._optimizer_step,
-            IteratorStarted: self._iterator_started,
-            Exhausted: self._exhausted,
-            Marker: self._marker,
+        #: by event kind (an event's first item)
+        self._handlers: dict[int, Callable[[Any], None]] = {
+            FETCH: self._fetch,
+            OPTIMIZER_STEP: self._optimizer_step,
+            ITERATOR_STARTED: self._iterator_started,
+            EXHAUSTED: self._exhausted,
+            MARKER: self._marker,
         }
 
-    def feed(self, events: Iterable[Event]) -> None:
-        """Apply ``events`` in order. The rows made are written even if an event raises (the
-        events not reached stay in ``events``, an iterator, for the caller)."""
+    def feed(self, events: Iterable[Event | tuple[Any, ...]]) -> None:
+        """Apply ``events`` in order: typed events, or the tuples the tracer logged as they are
+        (the same items, in the order of their event's class). The rows made are written even
+        if an event raises (the events not reached stay in ``events``, an iterator, for the
+        caller)."""
         handlers = self._handlers
         try:
             for event in events:
-                handlers[type(event)](event)
+                handlers[event[0]](event)
         finally:
             self._flush()
 
@@ -159,18 +174,19 @@ class StepSegmenter:
 
     # --- events ------------------------------------------------------------------------------
     def _iterator_started(self, ev: IteratorStarted) -> None:
-        st = self._loaders.get(ev.loader)
+        _, iterator, loader, settings, batch_size, samples = ev
+        st = self._loaders.get(loader)
         if st is None:
             slot = len(self.record.loaders)
-            if ev.settings is None or slot >= MAX_LOADERS:
-                self._iterators.pop(id(ev.iterator), None)
+            if settings is None or slot >= MAX_LOADERS:
+                self._iterators.pop(id(iterator), None)
                 return  # past MAX_LOADERS: counted nowhere rather than mislabelled
-            ev.settings.slot = slot
-            st = _Loader(slot, ev.settings)
-            self.record.loaders.append(ev.settings)
-            self._loaders[ev.loader] = st
+            settings.slot = slot
+            st = _Loader(slot, settings)
+            self.record.loaders.append(settings)
+            self._loaders[loader] = st
             self._by_slot[slot] = st
-        self._iterators[id(ev.iterator)] = (st, ev.batch_size, ev.samples)
+        self._iterators[id(iterator)] = (st, batch_size, samples)
 
     def _fetch(self, ev: Fetch) -> None:
         _, iterator, number, t_enter, t_exit, size, gpu_enter, gpu_exit = ev
@@ -184,73 +200,95 @@ class StepSegmenter:
         wait = t_exit - t_enter
         info = st.info
         info.fetches += 1
-        if info.fetches == 1:
-            self.record.first_fetch_wait_ns[st.slot] = wait
-            st.first_fetch_ns = t_enter
         first = number == 1
-        if first:
-            info.epochs += 1
-            self._epoch_started_since_optimizer = True
-        if not self._trained:
-            info.fetches_before_training += 1
-        if self._phase is not st:
-            if self._phase is not None:
-                self._end_phase(t_enter)
-            if not info.is_training:
-                self._phase, self._phase_start_ns = st, t_enter
-        self._fetched_since_optimizer.add(st.slot)
+        if first or info.fetches == 1 or not self._trained:
+            self._first_fetches(st, info, first, t_enter, wait)
+        phase = self._phase
+        if phase is not st and (phase is not None or not info.optimizer_steps):
+            self._change_phase(st, t_enter)
+        slot = st.slot
+        self._fetched_since_optimizer.add(slot)
         if self._after_optimizer:
             info.leads += 1
             self._after_optimizer = False
-        for other in self._open.values():  # this wait is part of every step still open
-            other.wait += wait
-            other.inside.add(st.slot)
+        open_steps = self._open
+        if open_steps:
+            for other in open_steps.values():  # this wait is part of every step still open
+                other.wait += wait
+                other.inside.add(slot)
         st.since_optimizer += 1
         st.start = t_enter
         st.wait = wait
         st.batch = batch
         st.flags = FLAG_EPOCH_START if first else 0
-        st.gpu_enter, st.gpu_exit = gpu_enter, gpu_exit
-        self._open[st.slot] = st
+        st.gpu_enter = gpu_enter
+        st.gpu_exit = gpu_exit
+        open_steps[slot] = st
         self._current = st
         self._wait_total += wait
         self._last_batch = batch
 
+    def _first_fetches(
+        self, st: _Loader, info: LoaderInfo, first: bool, t_enter: int, wait: int
+    ) -> None:
+        """What a fetch counts when it is the loader's first of the run, begins an epoch, or
+        comes before the run's first optimizer step."""
+        if info.fetches == 1:
+            self.record.first_fetch_wait_ns[st.slot] = wait
+            st.first_fetch_ns = t_enter
+        if first:
+            info.epochs += 1
+            self._epoch_started_since_optimizer = True
+        if not self._trained:
+            info.fetches_before_training += 1
+
+    def _change_phase(self, st: _Loader, t_enter: int) -> None:
+        """A fetch of ``st`` after another loader's phase, or of a loader no optimizer step has
+        followed yet: the phase away from training ends, or begins (see ``LoaderInfo.phase_ns``)."""
+        if self._phase is not None:
+            self._end_phase(t_enter)
+        if not st.info.is_training:
+            self._phase, self._phase_start_ns = st, t_enter
+
     def _exhausted(self, ev: Exhausted) -> None:
-        known = self._iterators.pop(id(ev.iterator), None)
+        _, iterator, t_enter, gpu_enter = ev
+        known = self._iterators.pop(id(iterator), None)
         if known is not None and known[0].start >= 0:
             st, per_batch, samples = known
             if per_batch and samples < 0:
                 st.batch = -1  # the epoch's last batch, of a sampler without a length: unknown
-            self._close(st, ev.t_enter_ns, ev.gpu_enter, truncated=False)
+            self._close(st, t_enter, gpu_enter, truncated=False)
 
     def _optimizer_step(self, ev: OptimizerStep) -> None:
+        _, optimizer, t_ns = ev
         self.record.optimizer_steps += 1
         if self._phase is not None:
-            self._end_phase(ev.t_ns)
+            self._end_phase(t_ns)
         self._trained = True
         self._after_optimizer = True
         cur = self._current
-        # The loader fetched last trains, and so does any loader fetched alongside it since
-        # the previous optimizer step, no more often than it (``zip(a, b)``, an outer loader
-        # around an inner draw); not an evaluation that ran since (more batches than that).
-        ahead_of = cur.since_optimizer if cur is not None else 0
-        for st in self._by_slot.values() if cur is not None else ():
-            if st is cur or (0 < st.since_optimizer <= ahead_of and st.start >= 0):
-                if not st.info.optimizer_steps:
-                    self._rows_needed = None  # a loader is known to train: decide again
-                st.info.optimizer_steps += 1
-                if st.start >= 0:
-                    st.flags |= FLAG_OPTIMIZER_STEP
-                    st.last_optimizer_ns = ev.t_ns
-            st.since_optimizer = 0
-        optimizer = id(ev.optimizer)
+        if cur is not None:
+            # The loader fetched last trains, and so does any loader fetched alongside it since
+            # the previous optimizer step, no more often than it (``zip(a, b)``, an outer loader
+            # around an inner draw); not an evaluation that ran since (more batches than that).
+            ahead_of = cur.since_optimizer
+            for st in self._by_slot.values():
+                if st is cur or (0 < st.since_optimizer <= ahead_of and st.start >= 0):
+                    info = st.info
+                    if not info.optimizer_steps:
+                        self._rows_needed = None  # a loader is known to train: decide again
+                    info.optimizer_steps += 1
+                    if st.start >= 0:
+                        st.flags |= FLAG_OPTIMIZER_STEP
+                        st.last_optimizer_ns = t_ns
+                st.since_optimizer = 0
+        key = id(optimizer)
         if self._lead_optimizer is None:
-            self._lead_optimizer = optimizer
-        if optimizer == self._lead_optimizer:
+            self._lead_optimizer = key
+        if key == self._lead_optimizer:
             if self._rows_needed is not False and self._optimizer_rows_needed():
-                self._optimizer_row(ev.t_ns)
-            self._optimizer_prev_ns = ev.t_ns
+                self._optimizer_row(t_ns)
+            self._optimizer_prev_ns = t_ns
             self._optimizer_wait_mark = self._wait_total
             self._fetched_since_optimizer.clear()
             self._epoch_started_since_optimizer = False
@@ -299,11 +337,12 @@ class StepSegmenter:
         self._phase = None
 
     def _marker(self, ev: Marker) -> None:
+        t_ns = ev[1]
         self.record.markers += 1
         start = self._marker_prev_ns or self._t0
         wait = self._wait_total - self._marker_wait_mark
-        self._row(start, ev.t_ns - start, wait, self._last_batch, SOURCE_MARKER, 0)
-        self._marker_prev_ns = ev.t_ns
+        self._row(start, t_ns - start, wait, self._last_batch, SOURCE_MARKER, 0)
+        self._marker_prev_ns = t_ns
         self._marker_wait_mark = self._wait_total
 
     # --- rows --------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ The hot path, a fetch, reads two clocks and the iterator's batch count and appen
 (:mod:`traceml_nb.events`) to the log, with the batch's size where it cannot be counted
 (:func:`~.loader.counted_batch_size`); an optimizer step appends one more.
 Everything else happens later, many events at a time, on whichever thread processes the log:
-the tuples become typed events, iterators new to the run or starting an epoch over are
-announced with their loader's settings, and the segmenter writes the rows. Who processes:
+iterators new to the run or starting an epoch over are announced with their loader's settings,
+and the segmenter writes the rows. Who processes:
 
 * with a reader attached (:meth:`StepTracer.attach_reader`: the live view, which asks for fresh
   rows before each of its updates), the reader's thread; the training thread only past
@@ -35,9 +35,7 @@ from ..events import (
     FETCH,
     MARKER,
     OPTIMIZER_STEP,
-    Event,
     IteratorStarted,
-    typed,
 )
 from ..record import RunRecord
 from ..segment import StepSegmenter
@@ -213,9 +211,9 @@ class StepTracer:
         return time.perf_counter_ns() - t0
 
     def _segment(self) -> None:
-        """Hand the log to the segmenter as typed events (the caller holds :attr:`lock`). If it
-        is interrupted (Ctrl-C while it runs on the training thread) the tuples it had not
-        reached go back to the front of the log, for :meth:`close`."""
+        """Hand the log to the segmenter (the caller holds :attr:`lock`). If it is interrupted
+        (Ctrl-C while it runs on the training thread) the tuples it had not reached go back to
+        the front of the log, for :meth:`close`."""
         if not self.active and self.error is not None:
             self.log.clear()
             return
@@ -230,10 +228,10 @@ class StepTracer:
             log[:0] = list(pending)
             raise
 
-    def _events(self, logged: Iterable[tuple[Any, ...]]) -> Iterator[Event]:
-        """The typed events of the logged tuples, each fetch of an iterator that is new to the
-        run or starts its epoch over (its batch count fell: a new iterator that took a dead
-        one's id starts at 1 too) announced first."""
+    def _events(self, logged: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+        """The logged events, each fetch of an iterator that is new to the run or starts its
+        epoch over (its batch count fell: a new iterator that took a dead one's id starts at 1
+        too) announced first."""
         iterators = self._iterators
         starting: dict[int, tuple[int, str | None]] = {}  # iterator id -> its EPOCH_STARTED
         for item in logged:
@@ -253,7 +251,7 @@ class StepTracer:
                 iterators[key] = number
             elif kind == EXHAUSTED:
                 iterators.pop(id(item[1]), None)
-            yield typed(item)
+            yield item
 
     def _announce(self, it: Any, samples: int, driver: str | None) -> IteratorStarted:
         """``it`` starts an epoch of ``samples`` samples (-1 unknown), or is new to the run:
