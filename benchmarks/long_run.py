@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import time
 
 import psutil
@@ -20,6 +21,9 @@ from torch.utils.data import DataLoader
 
 import traceml_nb
 from traceml_nb.views.live import LiveView
+
+# a benchmark's runs are not the user's: kept out of the run store unless one is chosen
+os.environ.setdefault("TRACEML_NB_STORE", "off")
 from traceml_nb.views.report import Report
 
 

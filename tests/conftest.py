@@ -1,13 +1,23 @@
 """Shared fixtures. The autouse ``no_leaks`` check fails any test that leaves behind a thread,
-a hook, a patched method or an active run of ours."""
+a hook, a patched method or an active run of ours; the autouse ``run_store`` gives each test
+its own run store, so no test writes to the user's data directory or sees another's runs."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+#: For the whole session (module fixtures, kernels and servers started by tests inherit it):
+#: never the user's ``~/.local/share/traceml_nb``.
+_SESSION_STORE_DIR = tempfile.mkdtemp(prefix="traceml-test-store-")
+atexit.register(shutil.rmtree, _SESSION_STORE_DIR, ignore_errors=True)
+os.environ["TRACEML_NB_STORE"] = os.path.join(_SESSION_STORE_DIR, "runs.sqlite")
 
 from leakcheck import force_clean, leak_report  # noqa: E402
 
@@ -19,6 +29,14 @@ def no_leaks():
     if problems:
         force_clean()
         pytest.fail("traceml_nb left state behind: " + "; ".join(problems))
+
+
+@pytest.fixture(autouse=True)
+def run_store(tmp_path, monkeypatch):
+    """This test's own run store (``TRACEML_NB_STORE``), in its tmp directory."""
+    path = tmp_path / "traceml-runs.sqlite"
+    monkeypatch.setenv("TRACEML_NB_STORE", str(path))
+    return path
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ __all__ = [
     "RunAlreadyActiveError",
     "Session",
     "active_run",
+    "check",
     "default_session",
     "step",
     "load_ipython_extension",
@@ -39,6 +40,28 @@ def __getattr__(name: str) -> Any:
 
         return getattr(session, name)
     raise AttributeError(f"module 'traceml_nb' has no attribute {name!r}")
+
+
+def check(
+    name: str,
+    *,
+    store: Any = None,
+    max_slowdown: float | None = None,
+    against: str | int = "baseline",
+    any_hardware: bool = False,
+) -> Any:
+    """The CI gate as an API (``python -m traceml_nb check``): the latest stored run of
+    ``name`` against its baseline. Returns a :class:`~traceml_nb.views.check.CheckReport`:
+    ``exit_code`` (0 no regression, 1 regression, 2 no baseline / unreadable store),
+    ``text()``, ``markdown()``, ``junit()``. ``max_slowdown``: a fraction (default 0.10)."""
+    from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
+    from .session.check import check as run_check
+    from .views.check import CheckReport
+
+    limit = DEFAULT_MAX_SLOWDOWN if max_slowdown is None else max_slowdown
+    return CheckReport(
+        run_check(name, store=store, max_slowdown=limit, against=against, any_hardware=any_hardware)
+    )
 
 
 def _default_session() -> Any:

@@ -95,6 +95,8 @@ class CellOptions:
     out: str | None
     device: str
     compare: bool
+    #: where the run is stored: a path (``--store``), False (``--no-store``), None (default)
+    store: str | bool | None = None
 
 
 def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
@@ -113,6 +115,7 @@ def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
         out=args.out,
         device=args.device,
         compare=not args.no_compare,
+        store=False if args.no_store else args.store,
     )
 
 
@@ -121,11 +124,14 @@ LINE_HELP = """\
 %traceml: the runs measured in this kernel session.
 
   %traceml history          table of the runs (name, status, verdict, step time...)
+  %traceml history --all    the stored runs of every session (the latest 100)
+  %traceml history --name NAME   the stored runs named NAME
   %traceml compare A B      compare run A (before) with run B (after); A and B as listed
-                            by %traceml history (number or name)
+                            by %traceml history (number or name), or stored runs (@17)
+  %traceml baseline NAME    the baseline of NAME; ... set @3,@4,@5 pins it, ... clear unpins
   %traceml save PATH        write the history to a JSON file
-  %traceml load PATH        replace the history with the runs saved in PATH
-  %traceml clear            forget every run of this session
+  %traceml load PATH        replace the history with the runs saved in PATH (and store them)
+  %traceml clear            forget every run of this session (the store keeps them)
   %traceml help             this text
 
 Measure a cell with %%traceml on its first line; see %%traceml? for its options.
@@ -201,6 +207,18 @@ class TraceMLMagics(Magics):
         action="store_true",
         help="do not compare with earlier runs of this cell",
     )
+    @argument(
+        "--store",
+        metavar="PATH",
+        default=None,
+        help="SQLite run store to write the run to (default: TRACEML_NB_STORE, else "
+        "$XDG_DATA_HOME/traceml_nb/runs.sqlite)",
+    )
+    @argument(
+        "--no-store",
+        action="store_true",
+        help="do not write this run to the run store",
+    )
     @cell_magic("traceml")  # type: ignore[arg-type]
     def traceml_cell(self, line: str, cell: str) -> None:
         """Measure the training in this cell: live charts while it runs, a diagnosis at the end.
@@ -212,7 +230,9 @@ class TraceMLMagics(Magics):
         it ends, a report says whether the run was input-bound, host-bound, compute-bound or
         throttled, with the evidence, the fix taken from your DataLoader settings, an upper
         bound of what the fix saves, and a comparison with the previous and the best run of
-        the same cell. The run is added to the session history (``%traceml history``).
+        the same cell and its baseline. The run is added to the session history (``%traceml
+        history``) and written to the run store (``--store PATH``, ``--no-store``), where
+        later sessions and ``python -m traceml_nb check`` find it.
 
         The cell behaves like a plain cell: variables it assigns stay defined, its last
         expression is shown as ``Out[n]``, an exception stops the notebook as usual (after
@@ -281,7 +301,9 @@ class TraceMLMagics(Magics):
         try:
             from .views.report import Report
 
-            result = self.session.result(run, warmup=options.warmup, compare=options.compare)
+            result = self.session.result(
+                run, warmup=options.warmup, compare=options.compare, store=options.store
+            )
             report = Report.of(result)
         except Exception as report_exc:  # a broken report must not hide the cell's own outcome
             where = traceback.extract_tb(report_exc.__traceback__)[-1]
@@ -308,7 +330,9 @@ class TraceMLMagics(Magics):
         ::
 
           %traceml history          table of the runs (name, status, verdict, step time...)
-          %traceml compare A B      compare run A (before) with run B (after)
+          %traceml history --all    the stored runs of every session; --name NAME: of NAME
+          %traceml compare A B      compare run A (before) with run B (after); @17: stored
+          %traceml baseline NAME [set RUNS|clear]   show, pin or unpin a baseline
           %traceml save PATH        write the history to a JSON file
           %traceml load PATH        replace the history with the runs saved in PATH
           %traceml clear            forget every run of this session
@@ -323,9 +347,14 @@ class TraceMLMagics(Magics):
         if handler is None:
             raise UsageError(f"%traceml: unknown command {command!r}\n\n{LINE_HELP}")
         arity = _LINE_ARITY[command]
-        if len(args) != arity:
+        if len(args) not in (arity if isinstance(arity, tuple) else (arity,)):
+            allowed = (
+                " to ".join(str(n) for n in arity[:: len(arity) - 1])
+                if isinstance(arity, tuple)
+                else str(arity)
+            )
             raise UsageError(
-                f"%traceml {command}: expected {arity} argument(s), got {len(args)}\n\n{LINE_HELP}"
+                f"%traceml {command}: expected {allowed} argument(s), got {len(args)}\n\n{LINE_HELP}"
             )
         handler(self.session, *args)
 
@@ -372,27 +401,88 @@ def _cmd_help(session: Session) -> None:
     print(LINE_HELP)
 
 
-def _cmd_history(session: Session) -> None:
+def _cmd_history(session: Session, *args: str) -> None:
     from IPython.display import display
 
     from .views.report import HistoryTable
 
-    display(HistoryTable.of(session.history))
+    if not args:
+        display(HistoryTable.of(session.history))
+        return
+    if args == ("--all",):
+        name = None
+    elif len(args) == 2 and args[0] == "--name":
+        name = args[1]
+    else:
+        raise UsageError(f"%traceml history: expected --all or --name NAME\n\n{LINE_HELP}")
+    from .session.store import StoreError
+    from .views.history import StoredHistory
+
+    store = session.store()
+    if store is None:
+        raise UsageError("%traceml history: storing is off (TRACEML_NB_STORE=off)")
+    try:
+        display(StoredHistory.of(store, name=name))
+    except StoreError as exc:
+        raise UsageError(f"%traceml history: {exc}") from None
 
 
 def _cmd_compare(session: Session, ref_a: str, ref_b: str) -> None:
     from IPython.display import display
 
     from .analysis import compare
+    from .analysis.attribution import what_changed
     from .views.report import ComparisonView
 
     try:
-        before, after, note = session.pair(ref_a, ref_b)
+        before, after, note = session.compare_refs(ref_a, ref_b)
     except KeyError as exc:
         raise UsageError(f"%traceml compare: {exc.args[0]}") from None
     if note:
         print(f"traceml: {note}")
-    display(ComparisonView(before.label, after.label, compare(before, after)))
+    comparison = compare(before, after)
+    comparison.changes = what_changed(before, after, verdict=comparison.verdict).lines()
+    display(ComparisonView(before.label, after.label, comparison))
+
+
+def _cmd_baseline(session: Session, name: str, *args: str) -> None:
+    from .session.store import StoreError
+
+    store = session.store()
+    if store is None:
+        raise UsageError("%traceml baseline: storing is off (TRACEML_NB_STORE=off)")
+    try:
+        if not args:
+            pinned = store.pins(name) if _exists(store) else []
+            if pinned:
+                runs = ", ".join(f"@{i}" for i in pinned)
+                print(f"traceml: the baseline of {name!r} is pinned to {runs}")
+            else:
+                print(
+                    f"traceml: the baseline of {name!r} is its last runs on the same hardware "
+                    "(none pinned)"
+                )
+        elif args == ("clear",):
+            count = store.unpin(name) if _exists(store) else 0
+            print(f"traceml: unpinned the baseline of {name!r} ({count} run(s))")
+        elif len(args) == 2 and args[0] == "set":
+            ids = [w.strip().lstrip("@") for w in args[1].split(",") if w.strip()]
+            if not ids or not all(i.isdigit() for i in ids):
+                raise UsageError(
+                    f"%traceml baseline: RUNS must be stored run ids like @3,@4, got {args[1]!r}"
+                )
+            store.pin(name, [int(i) for i in ids])
+            print(f"traceml: the baseline of {name!r} is now {', '.join('@' + i for i in ids)}")
+        else:
+            raise UsageError(f"%traceml baseline: expected NAME [set RUNS|clear]\n\n{LINE_HELP}")
+    except StoreError as exc:
+        raise UsageError(f"%traceml baseline: {exc}") from None
+
+
+def _exists(store: Any) -> bool:
+    import os
+
+    return os.path.exists(store.path)
 
 
 def _cmd_save(session: Session, path: str) -> None:
@@ -411,6 +501,11 @@ def _cmd_load(session: Session, path: str) -> None:
     except HistoryFileError as exc:
         raise UsageError(f"%traceml load: {exc} (the history is unchanged)") from None
     print(f"traceml: loaded {loaded} run(s) from {path}")
+    stored, why = session.import_to_store()
+    if why:
+        print(f"traceml: the loaded runs were not stored: {why}")
+    elif stored:
+        print(f"traceml: stored {stored} of them in the run store")
 
 
 def _cmd_clear(session: Session) -> None:
@@ -421,11 +516,20 @@ _LINE_COMMANDS: dict[str, Callable[..., None]] = {
     "help": _cmd_help,
     "history": _cmd_history,
     "compare": _cmd_compare,
+    "baseline": _cmd_baseline,
     "save": _cmd_save,
     "load": _cmd_load,
     "clear": _cmd_clear,
 }
-_LINE_ARITY = {"help": 0, "history": 0, "compare": 2, "save": 1, "load": 1, "clear": 0}
+_LINE_ARITY: dict[str, int | tuple[int, ...]] = {
+    "help": 0,
+    "history": (0, 1, 2),
+    "compare": 2,
+    "baseline": (1, 2, 3),
+    "save": 1,
+    "load": 1,
+    "clear": 0,
+}
 
 
 # --- extension hooks ----------------------------------------------------------------------------

@@ -4,7 +4,9 @@ The step-time verdict rests on a bootstrap confidence interval of the ratio of m
 times (candidate / baseline): both runs' steady step times are resampled with replacement
 ``BOOTSTRAP_RESAMPLES`` times with a fixed seed. A change is *significant* when the interval
 excludes 1 **and** the medians differ by at least ``MIN_PRACTICAL_EFFECT``; consecutive steps
-are not independent, so the interval alone would call noise significant.
+are not independent, so the interval alone would call noise significant. Given the baseline's
+run-to-run noise (:class:`~.model.BaselineNoise`, :mod:`.baseline`), the medians must also
+differ by more than that noise's margin.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 
 from ..contracts import PROBLEM_VERDICTS
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_share, signed_pct, signed_points
-from .model import Diagnosis, Summary
+from .model import BaselineNoise, Diagnosis, Summary
 from .thresholds import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -62,6 +64,14 @@ class Comparison:
     ci_high: float | None = None
     verdict: str = NO_CHANGE  #: "faster", "slower" or "no significant change"
     headline: str = ""
+    #: the baseline's run-to-run noise the verdict was judged against (None: step level only)
+    noise: BaselineNoise | None = None
+    #: what differs between the two runs (code, settings, environment, load), one item a line
+    changes: list[str] = field(default_factory=list)
+    #: the runs the baseline is made of (one for a run-to-run comparison)
+    baseline_ids: list[int] = field(default_factory=list)
+    #: said before the headline, e.g. that the runs are on different hardware classes
+    note: str = ""
 
     @property
     def significant(self) -> bool:
@@ -77,11 +87,17 @@ class Comparison:
             "ci_high": self.ci_high,
             "verdict": self.verdict,
             "headline": self.headline,
+            "noise": self.noise.to_dict() if self.noise is not None else None,
+            "changes": list(self.changes),
+            "baseline_ids": list(self.baseline_ids),
+            "note": self.note,
         }
 
     def to_text(self) -> str:
         """A plain-text table of the comparison."""
         lines = [f"#{self.candidate_id} vs #{self.baseline_id}: {self.headline}"]
+        if self.note:
+            lines.insert(0, self.note)
         width = max((len(r.label) for r in self.rows), default=0)
         for r in self.rows:
             lines.append(f"  {r.label:<{width}}  {r.before:>14}  \u2192  {r.after:<14}  {r.delta}")
@@ -124,9 +140,12 @@ def bootstrap_ratio_ci(
     return float(low), float(high)
 
 
-def step_verdict(ratio: float, ci_low: float, ci_high: float) -> str:
-    """ "faster"/"slower" when the interval excludes 1 and the change is at least practical."""
-    if abs(ratio - 1) < MIN_PRACTICAL_EFFECT or ci_low <= 1 <= ci_high:
+def step_verdict(
+    ratio: float, ci_low: float, ci_high: float, margin: float = MIN_PRACTICAL_EFFECT
+) -> str:
+    """ "faster"/"slower" when the interval excludes 1 and the change is at least ``margin``
+    (``MIN_PRACTICAL_EFFECT``, or the baseline noise's margin when that is larger)."""
+    if abs(ratio - 1) < max(margin, MIN_PRACTICAL_EFFECT) or ci_low <= 1 <= ci_high:
         return NO_CHANGE
     return FASTER if ratio < 1 else SLOWER
 
@@ -190,19 +209,46 @@ def _throughput_row(a: Summary, b: Summary) -> ComparisonRow:
     )
 
 
-def compare(a: RunLike, b: RunLike) -> Comparison:
-    """Run ``b`` (the candidate) against run ``a`` (the baseline)."""
+def verdict_tail(verdict: str, noise: BaselineNoise | None) -> str:
+    """The words after the change in a headline: ``slower, significant`` (step level only),
+    ``slower, beyond the run-to-run noise (±3.0%)``, ``no significant change (within ...)``,
+    or with the noise unknown, how many more runs would tell."""
+    if noise is None:
+        return f"{verdict}, significant" if verdict != NO_CHANGE else NO_CHANGE
+    if noise.known:
+        band = f"the run-to-run noise of {noise.runs} baseline runs, \u00b1{fmt_pct_plain(noise.margin)}"
+        if verdict == NO_CHANGE:
+            return f"{NO_CHANGE}: within {band}"
+        return f"{verdict}, beyond {band}"
+    more = noise.runs_needed
+    unknown = (
+        f"run-to-run noise not known yet: {more} more run{'s' if more != 1 else ''} would tell"
+    )
+    head = f"{verdict}, significant" if verdict != NO_CHANGE else NO_CHANGE
+    return f"{head}; {unknown}"
+
+
+def fmt_pct_plain(share: float) -> str:
+    """A fraction as a percentage with one decimal below 10%: 0.031 → '3.1%', 0.12 → '12%'."""
+    pct = share * 100
+    return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
+
+
+def compare(a: RunLike, b: RunLike, *, noise: BaselineNoise | None = None) -> Comparison:
+    """Run ``b`` (the candidate) against run ``a`` (the baseline); ``noise``: the baseline's
+    run-to-run noise, which a change must exceed too (None: the step-level rule alone)."""
     values_a = np.asarray(a.step_ms, dtype=float)
     values_b = np.asarray(b.step_ms, dtype=float)
     med_a, med_b = _median(a, values_a), _median(b, values_b)
-    result = Comparison(baseline_id=a.id, candidate_id=b.id)
+    result = Comparison(baseline_id=a.id, candidate_id=b.id, noise=noise, baseline_ids=[a.id])
+    margin = noise.margin if noise is not None and noise.known else MIN_PRACTICAL_EFFECT
     step_direction = NEUTRAL
     if med_a and med_b and len(values_a) >= 2 and len(values_b) >= 2:
         ratio = med_b / med_a
         low, high = bootstrap_ratio_ci(values_a, values_b)
         result.step_ratio, result.ci_low, result.ci_high = ratio, low, high
-        result.verdict = step_verdict(ratio, low, high)
-        tail = f"{result.verdict}, significant" if result.significant else NO_CHANGE
+        result.verdict = step_verdict(ratio, low, high, margin)
+        tail = verdict_tail(result.verdict, noise)
         result.headline = (
             f"step time {fmt_ms(med_a)} \u2192 {fmt_ms(med_b)} ({signed_pct(ratio - 1)}, {tail})"
         )

@@ -133,3 +133,90 @@ class Analysis:
 
     def to_dict(self) -> dict[str, Any]:
         return {"summary": self.summary.to_dict(), "diagnosis": self.diagnosis.to_dict()}
+
+
+@dataclass
+class BaselineNoise:
+    """The run-to-run noise of a baseline: how far identical reruns' median step times scatter.
+
+    ``runs`` baseline runs with a median; ``center_ms`` the median of their median step times
+    (ms); ``spread`` their robust relative standard deviation (``MAD_TO_SIGMA`` × median
+    absolute deviation / ``center_ms``, a fraction; None with fewer than ``MIN_BASELINE_RUNS``
+    runs); ``margin`` the relative change a run must exceed to be slower or faster (a fraction:
+    the larger of ``MIN_PRACTICAL_EFFECT`` and ``NOISE_MULTIPLIER`` × ``spread``);
+    ``runs_needed`` how many more baseline runs would make the noise known (0 when known).
+    """
+
+    runs: int
+    center_ms: float | None
+    spread: float | None
+    margin: float
+    runs_needed: int
+
+    @property
+    def known(self) -> bool:
+        return self.spread is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class IdleCost:
+    """What a run's idle accelerator time cost.
+
+    ``idle_gpu_s`` idle GPU seconds (the run's wall time × the idle share); ``idle_share`` the
+    idle share, 0..1, from ``method``: ``"1 - GPU utilisation"`` (NVML's median busy share)
+    or ``"GPU input stall"`` (CUDA events); ``usd_per_hour`` the price of one GPU-hour used,
+    ``cost_usd`` the idle time's price (both None without a price for the GPU), ``price_source``
+    where the price comes from.
+    """
+
+    idle_gpu_s: float
+    idle_share: float
+    method: str
+    gpu_name: str | None
+    usd_per_hour: float | None
+    cost_usd: float | None
+    price_source: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Changes:
+    """What differs between a run and its baseline (each list: one item a difference).
+
+    ``code``: changed lines of the cell source (``- old`` / ``+ new``); ``settings``: the
+    training DataLoader's settings and dataset (``num_workers 0 → 4``); ``environment``: the
+    hardware and software fields (``torch_version 2.2.0 → 2.3.1``); ``load``: a sentence on
+    the machine's load when it differs (others' CPU share ``load_share``, 0..1, in this run,
+    ``baseline_load_share`` in the baseline); ``summary``: one sentence over all of it.
+    """
+
+    code: list[str] = field(default_factory=list)
+    settings: list[str] = field(default_factory=list)
+    environment: list[str] = field(default_factory=list)
+    load: str | None = None
+    load_share: float | None = None
+    baseline_load_share: float | None = None
+    summary: str = ""
+
+    @property
+    def only_load(self) -> bool:
+        """Code, settings and environment are the same; only the machine's load differs."""
+        return self.load is not None and not (self.code or self.settings or self.environment)
+
+    def lines(self) -> list[str]:
+        """Every difference as one line, the summary sentence first."""
+        out = [self.summary] if self.summary else []
+        out += [f"cell source: {line}" for line in self.code]
+        out += [f"DataLoader: {line}" for line in self.settings]
+        out += [f"environment: {line}" for line in self.environment]
+        if self.load:
+            out.append(f"machine load: {self.load}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

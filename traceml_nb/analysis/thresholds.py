@@ -106,3 +106,30 @@ MIN_PRACTICAL_EFFECT = 0.05
 NEUTRAL_POINTS = 2.0
 #: At most this many steady step times are kept per run in the history (evenly downsampled).
 MAX_STORED_STEPS = 4000
+
+# --- baselines: run-to-run noise ---------------------------------------------------------------
+#: The baseline of a run: this many earlier completed runs of the same name on the same
+#: hardware class (unless a baseline is pinned).
+BASELINE_RUNS = 5
+#: With fewer baseline runs than this the run-to-run noise is not known: the report says so
+#: and how many more runs would tell, and only the step-level rule judges the change.
+MIN_BASELINE_RUNS = 3
+#: A change beyond the noise must exceed this many robust standard deviations of the baseline
+#: runs' median step times (relative to their median). The robust standard deviation is
+#: ``MAD_TO_SIGMA`` × the median absolute deviation: for normal run-to-run noise, 3 of them
+#: leave ~0.3% of identical reruns outside, and one odd baseline run barely moves it.
+NOISE_MULTIPLIER = 3.0
+#: The median absolute deviation × this estimates the standard deviation of normal data.
+MAD_TO_SIGMA = 1.4826
+#: The CI gate's default: a regression is a slowdown of more than this share of the step time
+#: (``python -m traceml_nb check --max-slowdown``), beyond the noise as well.
+DEFAULT_MAX_SLOWDOWN = 0.10
+
+# --- what changed -----------------------------------------------------------------------------
+#: Other processes using at least this share of the machine's CPUs during a run load the
+#: machine enough to slow a training loop that needs the CPU (a quarter of the cores).
+BUSY_MACHINE_SHARE = 0.25
+#: ...and the load differs between two runs when the share moved by at least this much.
+LOAD_CHANGE_SHARE = 0.15
+#: At most this many changed lines of the cell source are listed in a comparison.
+SOURCE_DIFF_LINES = 6

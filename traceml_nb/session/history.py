@@ -62,6 +62,17 @@ class RunEntry:
     step_ms: list[float] = field(default_factory=list)  #: steady step times, ≤ MAX_STORED_STEPS
     loaders: list[dict[str, Any]] = field(default_factory=list)  #: LoaderInfo.to_dict() each
     named: bool = False  #: the user named the run (``--name``), so the name identifies the cell
+    #: :func:`~.environment.capture_environment` of the run ({} when not captured)
+    environment: dict[str, Any] = field(default_factory=dict)
+    #: the machine's load during the run: ``other_cpu_share`` (0..1 of the machine's CPUs used
+    #: by other processes, mean over the run; None when not sampled)
+    load: dict[str, Any] = field(default_factory=dict)
+    #: the idle-GPU cost (:class:`~traceml_nb.analysis.model.IdleCost` as a dict; None for a
+    #: CPU run)
+    cost: dict[str, Any] | None = None
+    stored_id: int | None = None  #: the run's id in the store (``@id``), once stored
+    origin: str = "session"  #: "session" (this kernel's history) or "store" (read back)
+    session_id: str | None = None  #: the session that measured it (stored runs)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +89,10 @@ class RunEntry:
             "diagnosis": self.diagnosis.to_dict(),
             "step_ms": list(self.step_ms),
             "loaders": [dict(d) for d in self.loaders],
+            "environment": dict(self.environment),
+            "load": dict(self.load),
+            "cost": dict(self.cost) if self.cost is not None else None,
+            "stored_id": self.stored_id,
         }
 
     @classmethod
@@ -103,11 +118,17 @@ class RunEntry:
             step_ms=[float(v) for v in data["step_ms"]],
             loaders=[dict(d) for d in data["loaders"]],
             named=bool(data.get("named", False)),
+            environment=dict(data.get("environment") or {}),
+            load=dict(data.get("load") or {}),
+            cost=dict(data["cost"]) if isinstance(data.get("cost"), dict) else None,
+            stored_id=data.get("stored_id") if isinstance(data.get("stored_id"), int) else None,
         )
 
     @property
     def label(self) -> str:
-        """``#3 baseline``."""
+        """``#3 baseline`` (a run of this session) or ``@17 baseline`` (a stored run)."""
+        if self.origin == "store":
+            return f"@{self.stored_id} {self.name}"
         return f"#{self.id} {self.name}"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..analysis.comparison import Comparison
 from ..analysis.formatting import fmt_ms
-from ..analysis.model import Analysis, Diagnosis, Summary
+from ..analysis.model import Analysis, Diagnosis, IdleCost, Summary
 from ..analysis.steps import StepSelection
 from ..capabilities import Capabilities
 from ..contracts import EndStatus
@@ -164,7 +164,8 @@ class RunResult:
 
     ``comparison`` is the comparison with the previous run of the same cell (``None`` for the
     first run or with ``--no-compare``), ``comparison_best`` the one with its best run when
-    that is another run; ``comparisons`` both, titled. ``samples`` maps a sampler source to its
+    that is another run, ``baseline`` the one with its baseline; ``comparisons`` all of them,
+    titled. ``samples`` maps a sampler source to its
     columns (see :func:`sample_columns`).
     """
 
@@ -182,6 +183,13 @@ class RunResult:
     comparison: Comparison | None = None
     comparison_best: Comparison | None = None
     comparisons: list[LabelledComparison] = field(default_factory=list)
+    #: the comparison with the run's baseline (several earlier runs, noise-aware), when it has
+    #: one other than the previous run alone
+    baseline: Comparison | None = None
+    stored_id: int | None = None  #: the run's id in the store (``@17``); None: not stored
+    store_note: str | None = None  #: why the run was not stored ('' / None: stored or off)
+    environment: dict[str, Any] = field(default_factory=dict)  #: see session.environment
+    cost: IdleCost | None = None  #: idle GPU time and its price (None: CPU run)
 
     @property
     def analysis(self) -> Analysis:
@@ -199,6 +207,11 @@ class RunResult:
             "diagnosis": _plain(self.diagnosis),
             "comparison": _plain(self.comparison),
             "comparison_best": _plain(self.comparison_best),
+            "baseline": _plain(self.baseline),
+            "stored_id": self.stored_id,
+            "store_note": self.store_note,
+            "environment": _plain(self.environment),
+            "cost": _plain(self.cost),
             "capabilities": self.capabilities.to_dict(),
             "steps": _plain(self.steps.to_dict()),
             "samples": _plain(self.samples),

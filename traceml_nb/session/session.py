@@ -13,49 +13,139 @@ The magic holds the kernel's default session; a script or a test may hold its ow
 from __future__ import annotations
 
 import os
+import re
+import time
+import uuid
 from typing import Any
 
 from ..run import Run
 from .history import History, RunEntry, entry_from
 from .result import LabelledComparison, RunResult
 
+#: ``cell [12]``: the name of a run given none; it names no cell across sessions.
+_FALLBACK_NAME = re.compile(r"^cell \[\d+\]$")
+GPU_PRICE_ENV = "TRACEML_NB_GPU_PRICE"
+
+
+def stable_name(entry: RunEntry) -> bool:
+    """The run's name identifies its cell across sessions: given with ``--name``, or read from
+    the cell's leading comment (not the ``cell [n]`` fallback, nor the default ``run``)."""
+    return entry.named or not (_FALLBACK_NAME.match(entry.name) or entry.name == "run")
+
 
 class Session:
-    """The runs of one kernel or script, oldest first (:attr:`history`), and their results."""
+    """The runs of one kernel or script, oldest first (:attr:`history`), and their results.
 
-    def __init__(self, history: History | None = None) -> None:
+    ``store``: where runs are stored (:mod:`.store`): a path, ``False`` for none, or ``None``
+    for ``TRACEML_NB_STORE`` / the default path, read at each run.
+    """
+
+    def __init__(
+        self, history: History | None = None, *, store: str | os.PathLike[str] | bool | None = None
+    ) -> None:
         self.history = history if history is not None else History()
+        self.store_option = store
+        self.id = uuid.uuid4().hex[:12]  #: this session's id in the store
+        self.last_write_s: float | None = None  #: seconds the last store write took
 
     def run(self, name: str | None = None, **options: Any) -> Run:
         """A :class:`~traceml_nb.run.Run` whose :meth:`~traceml_nb.run.Run.result` reports here
         (``options`` as for ``Run``)."""
         return Run(name, session=self, **options)
 
-    def result(self, run: Run, *, warmup: str | int = "auto", compare: bool = True) -> RunResult:
-        """Analyse the ended ``run``, compare it with the earlier runs of its cell (the previous
-        one and the best one) unless ``compare`` is False, keep it in the history and return
-        its :class:`RunResult`. ``warmup``: ``"auto"`` or the number of leading steps to
-        leave out of the statistics."""
+    # --- the store --------------------------------------------------------------------------
+    def store(self, option: str | os.PathLike[str] | bool | None = None) -> Any:
+        """The :class:`~.store.Store` runs go to (``option`` as ``--store``/``--no-store``
+        give it, else this session's), or None when storing is off."""
+        from .store import Store, resolve_store_path
+
+        chosen = option if option is not None else self.store_option
+        path = resolve_store_path(chosen)
+        if path is None:
+            return None
+        explicit = (chosen is not None and chosen is not True) or bool(
+            os.environ.get("TRACEML_NB_STORE", "").strip()
+        )
+        return Store(path, create_dir=not explicit)
+
+    def baseline_for(
+        self, entry: RunEntry, store: Any = None, *, any_hardware: bool = False
+    ) -> tuple[list[RunEntry], str]:
+        """The baseline runs of ``entry`` (oldest first) and a note ('' or why it is what it
+        is): from the store when the run has a stable name (:func:`stable_name`) and the store
+        can be read, else the earlier runs of its cell in this session; completed runs with
+        steady steps, on ``entry``'s hardware class unless ``any_hardware``."""
+        from ..analysis.thresholds import BASELINE_RUNS
+        from .environment import hardware_class
+        from .store import StoreError
+
+        hardware = None if any_hardware else hardware_class(entry.environment)
+        note = ""
+        if store is not None and stable_name(entry) and os.path.exists(store.path):
+            try:
+                runs = store.baseline(entry.name, hardware=hardware, k=BASELINE_RUNS)
+                if entry.stored_id is not None:
+                    runs = [r for r in runs if r.stored_id != entry.stored_id]
+                return runs, note
+            except StoreError as exc:
+                note = f"baseline from this session only: {exc}"
+        runs = [
+            e
+            for e in self.history.same_cell(entry)
+            if e.status == "completed"
+            and len(e.step_ms) >= 2
+            and (hardware is None or hardware_class(e.environment) == hardware)
+        ]
+        return runs[-BASELINE_RUNS:], note
+
+    # --- a run's result ---------------------------------------------------------------------
+    def result(
+        self,
+        run: Run,
+        *,
+        warmup: str | int = "auto",
+        compare: bool = True,
+        store: str | os.PathLike[str] | bool | None = None,
+    ) -> RunResult:
+        """Analyse the ended ``run``, compare it with its baseline and the earlier runs of its
+        cell (the previous one and the best one) unless ``compare`` is False, keep it in the
+        history, write it to the store (``store`` as :meth:`store` takes it) and return its
+        :class:`RunResult`. ``warmup``: ``"auto"`` or the number of leading steps to leave out
+        of the statistics. A store that cannot be written is one note in the result."""
         from ..analysis import analyze
-        from ..analysis import compare as compare_runs
+        from ..analysis.attribution import other_cpu_share
+        from ..analysis.cost import idle_cost
+        from .environment import capture_environment
         from .result import sample_columns, step_arrays
 
         snapshot = run.record.snapshot()
         analysis = analyze(snapshot, run.capabilities, warmup=warmup)
-        entry = self.history.add(entry_from(run, analysis))
-        with_previous = with_best = None
+        entry = entry_from(run, analysis)
+        entry.environment = capture_environment(run)
+        entry.load = {
+            "other_cpu_share": other_cpu_share(snapshot.host, entry.environment.get("cpu_count"))
+        }
+        cost = (
+            idle_cost(
+                analysis.summary,
+                run.elapsed_s,
+                entry.environment.get("gpu_name"),
+                os.environ.get(GPU_PRICE_ENV),
+            )
+            if run.device_kind == "cuda"
+            else None
+        )
+        entry.cost = cost.to_dict() if cost is not None else None
+        entry = self.history.add(entry)
+        entry.session_id = self.id
+        target = self.store(store)
         comparisons: list[LabelledComparison] = []
+        with_previous = with_best = with_baseline = None
         if compare:
-            previous = self.history.previous_of(entry)
-            best = self.history.best_of(entry)
-            if previous is not None:
-                with_previous = compare_runs(previous, entry)
-                comparisons.append(
-                    LabelledComparison(f"previous run {previous.label}", with_previous)
-                )
-            if best is not None and best is not previous:
-                with_best = compare_runs(best, entry)
-                comparisons.append(LabelledComparison(f"best run {best.label}", with_best))
+            with_baseline, with_previous, with_best, comparisons = self._comparisons(entry, target)
+        stored_id, store_note = self._write(entry, target)
+        if store_note:
+            run.capabilities.note(store_note)
         device = "cpu"
         if run.device_kind == "cuda":
             usable = run.capabilities.ok("gpu_events")
@@ -75,7 +165,71 @@ class Session:
             comparison=with_previous,
             comparison_best=with_best,
             comparisons=comparisons,
+            baseline=with_baseline,
+            stored_id=stored_id,
+            store_note=store_note,
+            environment=dict(entry.environment),
+            cost=cost,
         )
+
+    def _write(self, entry: RunEntry, target: Any) -> tuple[int | None, str | None]:
+        """Store ``entry``: its store id, or a note saying why it was not stored."""
+        from .store import StoreError
+
+        if target is None:
+            return None, None
+        started = time.perf_counter()
+        try:
+            entry.stored_id = target.add(entry, session=self.id)
+        except StoreError as exc:
+            return None, f"this run was not stored: {exc}"
+        except Exception as exc:  # our bug: still never the user's cell
+            return None, f"this run was not stored ({type(exc).__name__}: {exc})"
+        self.last_write_s = time.perf_counter() - started
+        return entry.stored_id, None
+
+    def _comparisons(
+        self, entry: RunEntry, target: Any
+    ) -> tuple[Any, Any, Any, list[LabelledComparison]]:
+        from ..analysis import compare as compare_runs
+        from ..analysis.attribution import what_changed
+        from ..analysis.baseline import baseline_noise, compare_with_baseline
+
+        baseline, note = self.baseline_for(entry, target)
+        noise = baseline_noise([r.summary.step_ms_median for r in baseline]) if baseline else None
+        previous = self.history.previous_of(entry)
+        best = self.history.best_of(entry)
+        comparisons: list[LabelledComparison] = []
+        with_baseline = with_previous = with_best = None
+        same_as_previous = (
+            len(baseline) == 1
+            and previous is not None
+            and (baseline[0] is previous or baseline[0].stored_id == previous.stored_id)
+        )
+        if baseline and not same_as_previous:
+            with_baseline = compare_with_baseline(baseline, entry, noise=noise)
+            loads = [r.load.get("other_cpu_share") for r in baseline]
+            known = sorted(v for v in loads if v is not None)
+            changes = what_changed(
+                baseline[-1],
+                entry,
+                verdict=with_baseline.verdict,
+                baseline_load_share=known[len(known) // 2] if known else None,
+            )
+            with_baseline.changes = changes.lines()
+            if note:
+                with_baseline.note = note
+            comparisons.append(LabelledComparison(baseline_title(entry, baseline), with_baseline))
+        if previous is not None:
+            with_previous = compare_runs(previous, entry, noise=noise)
+            with_previous.changes = what_changed(
+                previous, entry, verdict=with_previous.verdict
+            ).lines()
+            comparisons.append(LabelledComparison(f"previous run {previous.label}", with_previous))
+        if best is not None and best is not previous:
+            with_best = compare_runs(best, entry, noise=noise)
+            comparisons.append(LabelledComparison(f"best run {best.label}", with_best))
+        return with_baseline, with_previous, with_best, comparisons
 
     # --- the history ----------------------------------------------------------------------
     def get(self, ref: int | str) -> RunEntry:
@@ -104,6 +258,40 @@ class Session:
         )
         return first, second, note
 
+    def compare_refs(
+        self, before: int | str, after: int | str, *, store: Any = None
+    ) -> tuple[RunEntry, RunEntry, str]:
+        """Like :meth:`pair`, where a ref may also be a stored run, ``@17`` (read from
+        ``store``, default :meth:`store`); the note says when the two runs are on different
+        hardware classes."""
+        from .environment import hardware_class
+        from .store import StoreError
+
+        if not (str(before).startswith("@") or str(after).startswith("@")):
+            first, second, note = self.pair(before, after)
+        else:
+            target = store if store is not None else self.store()
+            runs = []
+            for ref in (before, after):
+                text = str(ref).strip()
+                if text.startswith("@"):
+                    if target is None:
+                        raise KeyError(f"{text}: storing is off, so there are no stored runs")
+                    if not text[1:].isdigit():
+                        raise KeyError(f"{text!r} is not a stored run id (@ and a number)")
+                    try:
+                        runs.append(target.get(int(text[1:])))
+                    except StoreError as exc:
+                        raise KeyError(str(exc)) from None
+                else:
+                    runs.append(self.get(text))
+            first, second, note = runs[0], runs[1], ""
+        a, b = hardware_class(first.environment), hardware_class(second.environment)
+        if first.environment and second.environment and a != b:
+            across = f"across hardware classes: {a} \u2192 {b}"
+            note = f"{across}; {note}" if note else across
+        return first, second, note
+
     def compare(self, before: int | str, after: int | str) -> Any:
         """Run ``after`` against run ``before`` (numbers or names, as :meth:`pair` takes
         them)."""
@@ -119,6 +307,23 @@ class Session:
     def load(self, path: str | os.PathLike[str]) -> int:
         """Replace the history with the runs saved in ``path``; returns how many were loaded."""
         return self.history.load(path)
+
+    def import_to_store(self) -> tuple[int, str | None]:
+        """Write the history's runs that are not stored yet (loaded from a JSON file) to the
+        store, in one transaction: ``(how many, None)`` or ``(0, why not)``."""
+        from .store import StoreError
+
+        target = self.store()
+        todo = [e for e in self.history.entries if e.stored_id is None]
+        if target is None or not todo:
+            return 0, None
+        try:
+            ids = target.add_many(todo, session=self.id)
+        except StoreError as exc:
+            return 0, str(exc)
+        for entry, stored_id in zip(todo, ids, strict=True):
+            entry.stored_id = stored_id
+        return len(ids), None
 
     def clear(self) -> int:
         """Forget every run; returns how many there were."""
@@ -137,3 +342,14 @@ def default_session() -> Session:
     if _default is None:
         _default = Session()
     return _default
+
+
+def baseline_title(entry: RunEntry, baseline: list[RunEntry]) -> str:
+    """``baseline: 5 runs of 'resnet' (@3–@7)`` / ``baseline: run #2 of 'resnet'``."""
+    labels = [f"@{r.stored_id}" if r.origin == "store" else f"#{r.id}" for r in baseline]
+    earlier = [r for r in baseline if r.session_id is not None and r.session_id != entry.session_id]
+    where = ", from an earlier session" if earlier and len(earlier) == len(baseline) else ""
+    if len(baseline) == 1:
+        return f"baseline: run {labels[0]} of {entry.name!r}{where}"
+    span = f"{labels[0]}\u2013{labels[-1]}"
+    return f"baseline: {len(baseline)} runs of {entry.name!r} ({span}){where}"

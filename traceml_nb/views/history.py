@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.formatting import fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
@@ -95,3 +96,114 @@ def history_text(history: History) -> str:
             f"({history.dropped} older runs dropped: the history keeps the last {history.max_runs})"
         )
     return "\n".join(text)
+
+
+# --- %traceml history --all / --name: the stored runs of every session -------------------------
+#: ``%traceml history --all`` shows the latest this many stored runs (the totals count all).
+STORED_ROWS = 100
+#: The idle-GPU totals cover the runs of the last this many days.
+TOTALS_DAYS = 7
+
+
+def stored_cells(row: Any) -> dict[str, str]:
+    """One :class:`~traceml_nb.session.store.StoredRow` as the cells shown, by column title."""
+
+    def maybe(value: Any, fmt: Callable[[Any], str]) -> str:
+        return "\u2014" if value is None else fmt(value)
+
+    idle = "\u2014"
+    if row.idle_gpu_s is not None:
+        idle = f"{row.idle_gpu_s / 60:.1f} GPU-min"
+        if row.idle_cost_usd is not None:
+            idle += f" \u2248 ${row.idle_cost_usd:.2f}"
+    return {
+        "run": f"@{row.id} {row.name}",
+        "status": str(row.status),
+        "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(row.started_at)),
+        "time": fmt_s(row.elapsed_s),
+        "steps": maybe(row.total_steps, lambda v: f"{v:,}"),
+        "step": maybe(row.step_ms_median, fmt_ms),
+        "data wait": maybe(row.data_wait_share, fmt_share),
+        "GPU util": maybe(row.gpu_util_median_pct, fmt_pct),
+        "verdict": str(row.verdict or "\u2014"),
+        "hardware": str(row.hardware),
+        "GPU idle": idle,
+    }
+
+
+def totals_sentence(total: Any, days: int = TOTALS_DAYS) -> str:
+    """``'resnet': 12 runs in the last 7 days left 3.1 GPU-hours idle ≈ $1.63``."""
+    runs = f"{total.runs} run{'s' if total.runs != 1 else ''}"
+    head = f"{total.name!r}: {runs} in the last {days} days"
+    if total.idle_gpu_s <= 0:
+        return f"{head}, no idle GPU time measured (CPU runs)"
+    hours = total.idle_gpu_s / 3600
+    amount = f"{hours:.1f} GPU-hours" if hours >= 1 else f"{total.idle_gpu_s / 60:.1f} GPU-min"
+    text = f"{head} left {amount} idle"
+    if total.priced_runs:
+        text += f" \u2248 ${total.idle_cost_usd:.2f}"
+    return text
+
+
+def fixed_width(rows: list[dict[str, str]]) -> list[str]:
+    """``rows`` (same keys) as a fixed-width text table, the keys as its head."""
+    lines = [tuple(rows[0]), *(tuple(r.values()) for r in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    ]
+
+
+@dataclass
+class StoredHistory:
+    """``%traceml history --all`` / ``--name NAME``: stored runs of every session, latest
+    ``STORED_ROWS``, and per name the idle GPU time of the last ``TOTALS_DAYS`` days."""
+
+    cells: list[dict[str, str]]
+    totals: list[str]
+    shown: int
+    stored: int
+    path: str
+
+    @classmethod
+    def of(cls, store: Any, *, name: str | None = None, limit: int = STORED_ROWS) -> StoredHistory:
+        import os
+
+        if not os.path.exists(store.path):
+            return cls([], [], 0, 0, store.path)
+        rows = store.rows(name=name, limit=limit)
+        stored = store.count(name)
+        since = time.time() - TOTALS_DAYS * 86400
+        totals = [totals_sentence(t) for t in store.totals(since=since, name=name)]
+        return cls([stored_cells(r) for r in rows], totals, len(rows), stored, store.path)
+
+    @property
+    def text(self) -> str:
+        if not self.cells:
+            return f"No stored runs in {self.path}."
+        lines = fixed_width(self.cells)
+        if self.stored > self.shown:
+            lines.append(f"({self.stored - self.shown:,} earlier stored runs not shown)")
+        lines += self.totals
+        lines.append(f"store: {self.path}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        from .html import history_html
+
+        if not self.cells:
+            return f"<div>{escape(self.text)}</div>"
+        tail = list(self.totals) + [f"store: {self.path}"]
+        if self.stored > self.shown:
+            tail.insert(0, f"({self.stored - self.shown:,} earlier stored runs not shown)")
+        notes = "".join(f"<div>{escape(line)}</div>" for line in tail)
+        return history_html(self.cells, "") + notes
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text)
+
+    def __repr__(self) -> str:
+        return self.text

@@ -84,10 +84,19 @@ def comparison_html(title: str, comp: Any) -> str:
             f'<th style="{_TD}{_MUTED}">{h}</th>' for h in ("", "before", "after", "change")
         )
         table = f'<table style="{_TABLE}"><tr>{head}</tr>{"".join(rows)}</table>'
+    note = getattr(comp, "note", "")
+    head = f'<div style="{_MUTED}">{escape(note)}</div>' if note else ""
+    changes = list(getattr(comp, "changes", []) or [])
+    changed = ""
+    if changes:
+        items = "".join(f"<li>{escape(line)}</li>" for line in changes[1:])
+        changed = f"<div>What changed: {escape(changes[0])}</div>" + (
+            f'<ul style="margin:0 0 0 18px;padding:0">{items}</ul>' if items else ""
+        )
     return (
-        f'<div style="margin-top:6px"><b>{escape(title)}</b>: '
+        f'<div style="margin-top:6px">{head}<b>{escape(title)}</b>: '
         f'<span style="{_direction_style(comp.verdict)}">{escape(comp.headline)}</span>'
-        f"{table}</div>"
+        f"{changed}{table}</div>"
     )
 
 
@@ -121,6 +130,8 @@ def render_html(report: ReportContent) -> str:
     if saving:
         out.append(f"<div><b>Saving bound:</b> {escape(saving)}</div>")
     out.append(_list("Also", diagnosis.secondary))
+    if report.cost_text:
+        out.append(f"<div>{escape(report.cost_text)}</div>")
     out.extend(comparison_html(f"vs {item.title}", item.comparison) for item in report.comparisons)
     if report.chart is not None and report.chart.wall_ms:
         out.append(f'<div style="margin-top:6px">{step_chart_svg(report.chart)}</div>')

@@ -47,3 +47,5 @@ class ReportContent:
     comparisons: list[LabelledComparison] = field(default_factory=list)
     chart: StepChart | None = None
     notes: list[str] = field(default_factory=list)
+    #: the idle GPU time and its price, one sentence (None: a CPU run)
+    cost_text: str | None = None

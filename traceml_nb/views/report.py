@@ -35,6 +35,8 @@ class Report(ReportContent):
         meta = RunMeta(
             result.name, result.status, result.error, result.elapsed_s, result.device, result.run_id
         )
+        from ..analysis.cost import cost_sentence
+
         return cls(
             meta,
             result.analysis,
@@ -42,6 +44,7 @@ class Report(ReportContent):
             list(result.comparisons),
             chart,
             list(result.capabilities.notes),
+            cost_sentence(getattr(result, "cost", None)),
         )
 
     def _repr_html_(self) -> str:

@@ -232,8 +232,10 @@ def render_text(report: ReportContent) -> str:
     if saving:
         lines.append(f"Saving bound: {saving}")
     lines += _bullets("Also", diagnosis.secondary)
+    if report.cost_text:
+        lines.append(report.cost_text)
     for item in report.comparisons:
-        lines.append(f"vs {item.title}: {item.comparison.headline}")
+        lines += comparison_head(f"vs {item.title}", item.comparison)
     lines += _metrics_text(metric_lines(summary, report.capabilities))
     lines += [f"  {p.name}: {p.batches:,} batches, {fmt_s(p.total_s)}" for p in summary.phases]
     lines += _bullets("Notes", report.notes)
@@ -250,5 +252,16 @@ def comparison_lines(comparison: Any) -> list[str]:
     return out
 
 
+def comparison_head(title: str, comparison: Any) -> list[str]:
+    """The note (e.g. across hardware classes), ``title: headline``, and what changed."""
+    out = [comparison.note] if getattr(comparison, "note", "") else []
+    out.append(f"{title}: {comparison.headline}")
+    changes = list(getattr(comparison, "changes", []) or [])
+    if changes:
+        out.append(f"  what changed: {changes[0]}")
+        out += [f"    {line}" for line in changes[1:]]
+    return out
+
+
 def render_comparison_text(title: str, comparison: Any) -> str:
-    return "\n".join([f"{title}: {comparison.headline}", *comparison_lines(comparison)])
+    return "\n".join([*comparison_head(title, comparison), *comparison_lines(comparison)])

@@ -1,0 +1,86 @@
+"""Runs for the store's tests: real analyses of hand-built records, as the session keeps them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from builders import RecordBuilder, cpu_capabilities
+
+from traceml_nb.analysis import analyze
+from traceml_nb.session.history import RunEntry, entry_from
+
+REPO = Path(__file__).resolve().parent.parent
+
+ENV = {
+    "gpu_name": None,
+    "torch_version": "2.3.1",
+    "python_version": "3.11.7",
+    "traceml_nb_version": "0.1.0",
+    "cpu_model": "Test CPU",
+    "cpus_available": 2,
+    "cpu_count": 2,
+    "host_hash": "abc",
+    "git_commit": None,
+    "git_dirty": None,
+    "dataset_type": "TensorDataset",
+    "dataset_len": 96,
+}
+
+
+def make_run(
+    name: str = "smoke",
+    *,
+    step_ms: float = 20.0,
+    steps: int = 60,
+    jitter: float = 0.01,
+    seed: int = 0,
+    source: str = "train(loader)\n",
+    env: dict | None = None,
+    load: float | None = 0.0,
+    status: str = "completed",
+    num_workers: int = 0,
+) -> RunEntry:
+    """A run of ``steps`` steps of about ``step_ms`` (± ``jitter`` relative, seeded)."""
+    rng = np.random.default_rng(seed)
+    walls = step_ms * (1 + jitter * rng.standard_normal(steps))
+    b = RecordBuilder()
+    b.loader(num_workers=num_workers, batch_size=8, dataset_len=96)
+    b.steps(steps, walls, 1.0)
+    record = b.finish()
+    analysis = analyze(record, cpu_capabilities(), cpus_available=2)
+    run = SimpleNamespace(
+        name=name,
+        named=True,
+        status=status,
+        error=None if status == "completed" else "KeyboardInterrupt",
+        started_at=1_700_000_000.0,
+        elapsed_s=record.elapsed_ns / 1e9,
+        record=record,
+        cell_id=None,
+        source=source,
+    )
+    entry = entry_from(run, analysis)
+    entry.environment = dict(ENV if env is None else env)
+    entry.load = {"other_cpu_share": load}
+    return entry
+
+
+def python(code: str, *, env: dict | None = None, timeout: float = 300, cwd: str | None = None):
+    """Run ``code`` in a fresh Python of this virtualenv; the completed process."""
+    full = dict(os.environ)
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full,
+        cwd=cwd or str(REPO),
+        check=False,
+    )

@@ -1,0 +1,206 @@
+"""Noise-aware baselines, what changed, and the idle-GPU cost: pure functions on hand-built
+runs, each rule on both sides of its constant."""
+
+from __future__ import annotations
+
+import pytest
+from store_helpers import ENV, make_run
+
+from traceml_nb.analysis.attribution import (
+    environment_changes,
+    load_sentence,
+    loader_changes,
+    other_cpu_share,
+    source_diff,
+    what_changed,
+)
+from traceml_nb.analysis.baseline import baseline_noise, compare_with_baseline, is_regression
+from traceml_nb.analysis.comparison import NO_CHANGE, SLOWER, compare
+from traceml_nb.analysis.cost import (
+    DEFAULT_GPU_PRICES_USD_PER_HOUR,
+    PRICE_SOURCE,
+    cost_sentence,
+    gpu_price,
+    idle_cost,
+    parse_prices,
+)
+from traceml_nb.analysis.thresholds import (
+    BUSY_MACHINE_SHARE,
+    LOAD_CHANGE_SHARE,
+    MAD_TO_SIGMA,
+    MIN_BASELINE_RUNS,
+    MIN_PRACTICAL_EFFECT,
+    NOISE_MULTIPLIER,
+    SOURCE_DIFF_LINES,
+)
+
+
+# --- the noise ---------------------------------------------------------------------------------
+def test_fewer_than_min_baseline_runs_leave_the_noise_unknown_and_say_how_many_would_tell():
+    noise = baseline_noise([20.0] * (MIN_BASELINE_RUNS - 1))
+    assert not noise.known and noise.spread is None
+    assert noise.runs_needed == 1
+    assert noise.margin == MIN_PRACTICAL_EFFECT
+    assert baseline_noise([20.0] * MIN_BASELINE_RUNS).known
+    assert baseline_noise([]).runs_needed == MIN_BASELINE_RUNS
+
+
+def test_the_spread_is_the_robust_deviation_of_the_run_medians():
+    noise = baseline_noise([100.0, 102.0, 98.0, 101.0, 150.0])  # one odd run
+    assert noise.center_ms == 101.0
+    assert noise.spread == pytest.approx(MAD_TO_SIGMA * 1.0 / 101.0)
+    assert noise.margin == MIN_PRACTICAL_EFFECT  # 3 × 1.5% is below the practical floor
+    wide = baseline_noise([100.0, 110.0, 90.0, 105.0, 95.0])
+    assert wide.spread == pytest.approx(MAD_TO_SIGMA * 5 / 100)
+    assert wide.margin == pytest.approx(NOISE_MULTIPLIER * MAD_TO_SIGMA * 0.05)
+
+
+def baseline_runs(medians, steps=60, jitter=0.01):
+    return [make_run(step_ms=m, steps=steps, jitter=jitter, seed=i) for i, m in enumerate(medians)]
+
+
+def test_a_change_inside_the_noise_is_no_change_and_just_outside_it_is_slower():
+    runs = baseline_runs([100.0, 110.0, 90.0, 105.0, 95.0])  # margin ~ 22%
+    margin = baseline_noise([r.summary.step_ms_median for r in runs]).margin
+    inside = make_run(step_ms=100.0 * (1 + margin - 0.04), jitter=0.005, seed=9)
+    outside = make_run(step_ms=100.0 * (1 + margin + 0.04), jitter=0.005, seed=9)
+    assert compare_with_baseline(runs, inside).verdict == NO_CHANGE
+    beyond = compare_with_baseline(runs, outside)
+    assert beyond.verdict == SLOWER
+    assert "beyond the run-to-run noise of 5 baseline runs" in beyond.headline
+    within = compare_with_baseline(runs, inside)
+    assert "no significant change: within the run-to-run noise" in within.headline
+    # the step-level rule alone calls the first one significant: the noise is what stops it
+    assert compare(runs[-1], inside).verdict == SLOWER
+
+
+def test_a_change_below_the_practical_effect_is_no_change_even_with_no_noise():
+    runs = baseline_runs([100.0] * 5, jitter=0.001)
+    below = make_run(step_ms=100.0 * (1 + MIN_PRACTICAL_EFFECT - 0.01), jitter=0.001, seed=7)
+    above = make_run(step_ms=100.0 * (1 + MIN_PRACTICAL_EFFECT + 0.01), jitter=0.001, seed=7)
+    assert compare_with_baseline(runs, below).verdict == NO_CHANGE
+    assert compare_with_baseline(runs, above).verdict == SLOWER
+
+
+def test_with_the_noise_unknown_the_headline_says_how_many_runs_would_tell():
+    runs = baseline_runs([100.0, 100.0])
+    result = compare_with_baseline(runs, make_run(step_ms=101.0, seed=5))
+    assert "run-to-run noise not known yet: 1 more run would tell" in result.headline
+    single = compare_with_baseline(runs[:1], make_run(step_ms=101.0, seed=5))
+    assert "2 more runs would tell" in single.headline
+
+
+def test_the_step_row_reads_the_median_of_the_baseline_runs():
+    runs = baseline_runs([100.0, 102.0, 98.0])
+    result = compare_with_baseline(runs, make_run(step_ms=130.0, seed=4))
+    assert result.rows[0].label == "median step time (median of 3 runs)"
+    assert result.baseline_ids == [r.id for r in runs]
+
+
+def test_a_regression_needs_the_slowdown_beyond_the_allowed_share():
+    runs = baseline_runs([100.0] * 5, jitter=0.002)
+    slower = compare_with_baseline(runs, make_run(step_ms=115.0, jitter=0.002, seed=8))
+    assert slower.verdict == SLOWER
+    assert is_regression(slower, 0.10)
+    assert not is_regression(slower, 0.20)
+    same = compare_with_baseline(runs, make_run(step_ms=100.5, jitter=0.002, seed=8))
+    assert not is_regression(same, 0.0)
+
+
+# --- what changed ----------------------------------------------------------------------------
+def test_the_source_diff_names_the_changed_lines():
+    before = "for x, y in loader:\n    step(x, y)\n"
+    after = "for x, y in loader:\n    time.sleep(0.01)\n    step(x, y)\n"
+    assert source_diff(before, after) == ["+ time.sleep(0.01)"]
+    assert source_diff(before, before + "\n\n") == []
+    assert source_diff(None, after) == []
+    many = "\n".join(f"line{i}" for i in range(20))
+    diff = source_diff("", many)
+    assert len(diff) == SOURCE_DIFF_LINES + 1 and diff[-1].endswith("more changed lines")
+
+
+def test_loader_and_environment_changes():
+    a = make_run(num_workers=0)
+    b = make_run(num_workers=4)
+    assert "num_workers 0 \u2192 4" in loader_changes(a.loaders, b.loaders)
+    assert loader_changes(a.loaders, a.loaders) == []
+    newer = dict(ENV, torch_version="2.4.0", host_hash="zzz")
+    changes = environment_changes(ENV, newer)
+    assert changes == ["torch_version 2.3.1 \u2192 2.4.0", "another host"]
+    assert environment_changes({}, newer) == []  # not recorded: nothing claimed
+
+
+def test_other_processes_cpu_share_from_the_host_samples():
+    host = {"sys_cpu_pct": [90.0, 90.0], "proc_cpu_pct": [100.0, 100.0], "workers_cpu_pct": []}
+    # two CPUs at 90%: 1.8 cores busy, 1.0 of them this process: others used 0.8 / 2 = 40%
+    assert other_cpu_share(host, 2) == pytest.approx(0.4)
+    assert other_cpu_share(None, 2) is None
+    assert other_cpu_share({"sys_cpu_pct": [float("nan")]}, 2) is None
+
+
+def test_the_load_is_named_only_beyond_its_thresholds():
+    busy = BUSY_MACHINE_SHARE + 0.05
+    assert load_sentence(busy, busy - LOAD_CHANGE_SHARE - 0.01) is not None
+    assert load_sentence(busy, busy - LOAD_CHANGE_SHARE + 0.02) is None  # moved too little
+    quiet = BUSY_MACHINE_SHARE - 0.06
+    assert load_sentence(quiet, 0.0) is None  # never busy enough to matter
+    assert load_sentence(None, 0.0) is None
+
+
+def test_when_only_the_load_differs_the_slowdown_is_the_machines():
+    before = make_run(load=0.02)
+    after = make_run(load=0.8)
+    changes = what_changed(before, after, verdict="slower")
+    assert changes.only_load
+    assert changes.summary == (
+        "same code, same settings, same machine; other processes used 80% of the CPUs during "
+        "this run: the slowdown is the machine's, not your code's."
+    )
+    code = what_changed(
+        before, make_run(load=0.8, source="train(loader)\nsleep()\n"), verdict="slower"
+    )
+    assert not code.only_load and code.code == ["+ sleep()"]
+    assert code.summary == "the code changed, same settings, same machine."
+    same = what_changed(before, make_run(load=0.02))
+    assert same.summary == "same code, same settings, same machine, same machine load."
+    assert same.lines() == [same.summary]
+
+
+# --- the idle GPU's cost ---------------------------------------------------------------------
+def test_a_cpu_run_has_no_idle_gpu_cost():
+    run = make_run()
+    assert run.summary.gpu_util_median_pct is None and run.summary.gpu_stall_share is None
+    assert idle_cost(run.summary, 10.0, None) is None
+    assert cost_sentence(None) is None
+
+
+def test_idle_cost_from_the_utilisation_and_the_default_price():
+    summary = make_run().summary
+    summary.gpu_util_median_pct = 40.0
+    cost = idle_cost(summary, 3600.0, "Tesla T4")
+    assert cost is not None
+    assert cost.idle_share == pytest.approx(0.6) and cost.idle_gpu_s == pytest.approx(2160.0)
+    assert cost.usd_per_hour == DEFAULT_GPU_PRICES_USD_PER_HOUR["T4"]
+    assert cost.cost_usd == pytest.approx(0.6 * DEFAULT_GPU_PRICES_USD_PER_HOUR["T4"])
+    assert cost.price_source == PRICE_SOURCE
+    assert "36.0 GPU-min" in cost_sentence(cost) and "$0.32" in cost_sentence(cost)
+
+
+def test_idle_cost_from_the_stall_share_and_a_configured_price():
+    summary = make_run().summary
+    summary.gpu_stall_share = 0.5
+    cost = idle_cost(summary, 7200.0, "NVIDIA A100-SXM4-40GB", "A100=2.0,T4=0.3")
+    assert cost.method == "GPU input stall" and cost.cost_usd == pytest.approx(2.0)
+    assert idle_cost(summary, 3600.0, "Some GPU", "1.5").cost_usd == pytest.approx(0.75)
+    unknown = idle_cost(summary, 3600.0, "Some GPU")
+    assert unknown.cost_usd is None and "set TRACEML_NB_GPU_PRICE" in cost_sentence(unknown)
+
+
+def test_price_parsing():
+    assert parse_prices("0.53") == (0.53, {})
+    assert parse_prices("T4=0.35, A100=2.9") == (None, {"T4": 0.35, "A100": 2.9})
+    for bad in ("cheap", "T4=", "=3", "-1"):
+        with pytest.raises(ValueError):
+            parse_prices(bad)
+    assert gpu_price("Tesla T4", "garbage")[1] == PRICE_SOURCE  # a bad setting is ignored
+    assert gpu_price(None) is None

@@ -1,0 +1,336 @@
+"""The SQLite run store, on real files: schema and migrations, round trips, paths, many
+writers at once, and every way a store can be unusable (each one a StoreError of one line)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import time
+
+import pytest
+from store_helpers import ENV, make_run, python
+
+from traceml_nb.analysis.thresholds import MAX_STORED_STEPS
+from traceml_nb.session import store as store_mod
+from traceml_nb.session.environment import hardware_class
+from traceml_nb.session.store import (
+    BUSY_TIMEOUT_S,
+    SCHEMA_VERSION,
+    Store,
+    StoreError,
+    default_store_path,
+    resolve_store_path,
+)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path / "runs.sqlite")
+
+
+# --- paths ------------------------------------------------------------------------------------
+def test_the_default_path_is_in_the_user_data_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_store_path() == str(tmp_path / ".local/share/traceml_nb/runs.sqlite")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_store_path() == str(tmp_path / "xdg/traceml_nb/runs.sqlite")
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/dir")  # the XDG spec: ignore a relative one
+    assert default_store_path() == str(tmp_path / ".local/share/traceml_nb/runs.sqlite")
+
+
+def test_the_path_option_and_the_environment_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRACEML_NB_STORE", str(tmp_path / "env.sqlite"))
+    assert resolve_store_path() == str(tmp_path / "env.sqlite")
+    assert resolve_store_path(tmp_path / "opt.sqlite") == str(tmp_path / "opt.sqlite")
+    assert resolve_store_path(False) is None
+    for off in ("off", "OFF", "none", "0", "false"):
+        monkeypatch.setenv("TRACEML_NB_STORE", off)
+        assert resolve_store_path() is None
+        assert resolve_store_path(tmp_path / "x.sqlite") == str(tmp_path / "x.sqlite")
+    monkeypatch.delenv("TRACEML_NB_STORE")
+    assert resolve_store_path() == default_store_path()
+
+
+def test_tests_never_use_the_users_data_directory():
+    assert os.environ["TRACEML_NB_STORE"] != default_store_path()
+    assert "/.local/share/" not in os.environ["TRACEML_NB_STORE"]
+
+
+# --- schema -----------------------------------------------------------------------------------
+def test_a_new_store_has_the_schema_the_wal_journal_and_its_migrations(store):
+    store.add(make_run())
+    conn = sqlite3.connect(store.path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+    assert store.schema() == [(1, "runs and pinned baselines")]
+
+
+def test_a_store_of_an_older_version_is_migrated(tmp_path, monkeypatch):
+    path = tmp_path / "old.sqlite"
+    sqlite3.connect(path).close()  # an empty file: version 0
+    extra = (2, "a test column", ("ALTER TABLE runs ADD COLUMN test_extra TEXT",))
+    Store(path).add(make_run())  # version 1
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, extra])
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    Store(path).add(make_run())
+    assert Store(path).schema() == [(1, "runs and pinned baselines"), (2, "a test column")]
+    assert Store(path).count() == 2
+    columns = [r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(runs)")]
+    assert "test_extra" in columns
+
+
+def test_a_store_of_a_newer_version_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "new.sqlite"
+    Store(path).add(make_run())
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(StoreError, match="written by a newer traceml_nb") as info:
+        Store(path).add(make_run())
+    assert "\n" not in str(info.value)
+
+
+# --- round trip -------------------------------------------------------------------------------
+def test_a_run_comes_back_as_it_was_stored(store):
+    entry = make_run("resnet", steps=80, source="for x, y in loader:\n    step(x, y)\n")
+    entry.cost = {"idle_gpu_s": 12.0, "cost_usd": 0.01}
+    stored_id = store.add(entry, session="s1")
+    back = store.get(stored_id)
+    assert back.stored_id == stored_id and back.label == f"@{stored_id} resnet"
+    assert back.origin == "store" and back.session_id == "s1"
+    assert (back.name, back.named, back.status, back.source) == (
+        "resnet",
+        True,
+        "completed",
+        entry.source,
+    )
+    assert back.summary == entry.summary
+    assert back.diagnosis == entry.diagnosis
+    assert back.loaders == entry.loaders
+    assert back.environment == entry.environment
+    assert back.load == {"other_cpu_share": 0.0}
+    assert back.cost == entry.cost
+    assert back.step_ms == pytest.approx(entry.step_ms, rel=1e-6)  # float32
+    row = store.rows()[0]
+    assert (row.id, row.name, row.hardware) == (stored_id, "resnet", hardware_class(ENV))
+    assert row.idle_gpu_s == 12.0
+
+
+def test_a_run_takes_at_most_50_kb(store, tmp_path):
+    """4,000 kept steps as float32 (16 KB), the summary, the diagnosis, a 3 KB cell."""
+    source = "x = 1\n" * 500
+    for i in range(20):
+        entry = make_run(steps=MAX_STORED_STEPS + 100, seed=i, source=source)
+        assert len(entry.step_ms) == MAX_STORED_STEPS
+        store.add(entry)
+    conn = sqlite3.connect(store.path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    per_run = os.path.getsize(store.path) / 20
+    assert per_run <= 50_000, per_run
+
+
+def test_a_million_step_run_is_written_at_once(store, run_store):
+    """The steps are downsampled before the store sees them; the write is one INSERT. The
+    exact time is in benchmarks/README.md; here only a bound a busy machine keeps."""
+    from traceml_nb.session.history import downsample
+
+    entry = make_run(steps=200)
+    entry.step_ms = downsample(list(range(1_000_000)))
+    store.add(entry)  # the first write creates the schema
+    started = time.perf_counter()
+    store.add(entry)
+    assert time.perf_counter() - started < 1.0
+    assert len(store.get(2).step_ms) == MAX_STORED_STEPS
+
+
+def test_baseline_lookup_takes_the_last_completed_runs_on_the_same_hardware(store):
+    other_hw = dict(ENV, cpu_model="Other CPU")
+    for i in range(8):
+        store.add(make_run("smoke", seed=i))
+    store.add(make_run("smoke", status="interrupted"))
+    store.add(make_run("smoke", env=other_hw))
+    store.add(make_run("other"))
+    hw = hardware_class(ENV)
+    ids = [r.stored_id for r in store.baseline("smoke", hardware=hw, k=5)]
+    assert ids == [4, 5, 6, 7, 8]
+    assert [r.stored_id for r in store.baseline("smoke", hardware=hw, before=4, k=5)] == [1, 2, 3]
+    assert [r.stored_id for r in store.baseline("smoke", hardware=None, k=2)] == [8, 10]
+    assert store.latest("smoke").stored_id == 10
+    assert store.latest("smoke", hardware=hw).stored_id == 9
+    assert store.names() == ["other", "smoke"]
+
+
+def test_a_pinned_baseline_replaces_the_last_runs(store):
+    for i in range(6):
+        store.add(make_run("smoke", seed=i))
+    store.add(make_run("other"))
+    store.pin("smoke", [2, 3])
+    assert store.pins("smoke") == [2, 3]
+    assert [r.stored_id for r in store.baseline("smoke", hardware=None)] == [2, 3]
+    with pytest.raises(StoreError, match="is 'other', not 'smoke'"):
+        store.pin("smoke", [7])
+    with pytest.raises(StoreError, match="no stored run @99"):
+        store.pin("smoke", [99])
+    assert store.pins("smoke") == [2, 3]  # a refused pin changes nothing
+    assert store.unpin("smoke") == 2
+    assert [r.stored_id for r in store.baseline("smoke", hardware=None, k=5)] == [2, 3, 4, 5, 6]
+
+
+# --- many writers -----------------------------------------------------------------------------
+WRITER = """
+import sys
+sys.path.insert(0, "tests")
+from store_helpers import make_run
+from traceml_nb.session.store import Store
+store = Store(sys.argv[1])
+entry = make_run("writer-" + sys.argv[2])
+print("ready", flush=True)
+sys.stdin.readline()
+for i in range(100):
+    store.add(entry, session=sys.argv[2])
+print("done")
+"""
+
+
+def test_two_processes_writing_100_runs_each_at_once_lose_none(tmp_path):
+    import sys
+
+    path = tmp_path / "shared.sqlite"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path), name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(store_mod.__file__).rsplit("/traceml_nb/", 1)[0],
+        )
+        for name in ("a", "b")
+    ]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready"
+    for proc in procs:  # both start writing at the same moment (a fresh file: both migrate)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    store = Store(path)
+    assert store.count() == 200
+    assert len(store.rows(name="writer-a")) == 100 and len(store.rows(name="writer-b")) == 100
+    assert [r.id for r in store.rows()] == list(range(1, 201))
+
+
+# --- unusable stores: one line each ------------------------------------------------------------
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert "\n" not in text and text
+    return text
+
+
+def test_a_corrupt_store(tmp_path):
+    path = tmp_path / "corrupt.sqlite"
+    path.write_bytes(b"this is not a database, just some bytes\n" * 100)
+    with pytest.raises(StoreError) as info:
+        Store(path).add(make_run())
+    assert "is not a readable SQLite database" in one_line(info)
+
+
+def test_a_missing_directory(tmp_path):
+    with pytest.raises(StoreError) as info:
+        Store(tmp_path / "no" / "such" / "dir" / "runs.sqlite").add(make_run())
+    assert "does not exist" in one_line(info)
+    created = Store(tmp_path / "made" / "runs.sqlite", create_dir=True)
+    created.add(make_run())  # the default path's directory is created
+    assert created.count() == 1
+
+
+def test_a_locked_store(tmp_path):
+    path = tmp_path / "locked.sqlite"
+    Store(path).add(make_run())
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.perf_counter()
+        with pytest.raises(StoreError) as info:
+            Store(path, timeout_s=0.5).add(make_run())
+        assert time.perf_counter() - started >= 0.4  # it waited for the other writer first
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "stayed locked by another writer" in one_line(info)
+    assert BUSY_TIMEOUT_S >= 1.0
+
+
+def make_read_only(path) -> None:
+    """A file this process cannot write: chmod for a user, the immutable flag for root."""
+    if os.geteuid() != 0:
+        os.chmod(path, 0o444)
+        os.chmod(os.path.dirname(path), 0o555)
+        return
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot make a file read-only as root here: {done.stderr!r}")
+
+
+def undo_read_only(path) -> None:
+    if os.geteuid() != 0:
+        os.chmod(os.path.dirname(path), 0o755)
+        os.chmod(path, 0o644)
+    else:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+def test_a_read_only_store(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    path = folder / "runs.sqlite"
+    store = Store(path)
+    store.add(make_run())
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=DELETE")  # no -wal/-shm files left beside it
+    conn.close()
+    make_read_only(path)
+    try:
+        with pytest.raises(StoreError) as info:
+            store.add(make_run())
+        assert store.path in one_line(info)
+        assert "read-only" in one_line(info) or "readonly" in one_line(info)
+    finally:
+        undo_read_only(path)
+
+
+def test_reading_a_store_that_does_not_exist_says_so(tmp_path):
+    with pytest.raises(StoreError, match="there is no store at"):
+        Store(tmp_path / "none.sqlite").rows()
+
+
+def test_the_environment_of_a_real_run_is_captured(tmp_path):
+    out = python(
+        """
+        import torch, traceml_nb
+        from torch.utils.data import DataLoader, TensorDataset
+        from traceml_nb.session.environment import capture_environment, hardware_class
+        ds = TensorDataset(torch.randn(32, 4), torch.zeros(32, dtype=torch.long))
+        m = torch.nn.Linear(4, 2); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with traceml_nb.Run("env", sample=False) as run:
+            for x, y in DataLoader(ds, batch_size=4):
+                torch.nn.functional.cross_entropy(m(x), y).backward(); opt.step()
+        env = capture_environment(run)
+        print(repr(env))
+        print(hardware_class(env))
+        """,
+        env={"TRACEML_NB_STORE": "off"},
+    )
+    assert out.returncode == 0, out.stderr
+    env = eval(out.stdout.splitlines()[0])  # noqa: S307 (our own repr of plain data)
+    assert env["dataset_type"] == "TensorDataset" and env["dataset_len"] == 32
+    assert env["gpu_name"] is None  # a CPU run
+    assert env["torch_version"] and env["python_version"] and env["cpus_available"] >= 1
+    assert len(env["host_hash"]) == 12
+    assert len(env["git_commit"] or "") == 40 and env["git_dirty"] in (True, False)
+    assert out.stdout.splitlines()[1].startswith("CPU: ")

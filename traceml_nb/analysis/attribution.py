@@ -1,0 +1,206 @@
+"""What changed between a run and its baseline: the code, the settings, the environment, the
+machine's load. Pure functions of what the runs stored.
+
+A slowdown with the same code, settings and machine, while other processes kept the CPUs busy,
+is the machine's: :func:`what_changed` says so in its summary sentence.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .formatting import fmt_share
+from .model import Changes
+from .thresholds import BUSY_MACHINE_SHARE, LOAD_CHANGE_SHARE, SOURCE_DIFF_LINES
+
+#: The environment fields compared (see ``traceml_nb.session.environment``).
+ENVIRONMENT_FIELDS = (
+    "gpu_name",
+    "gpu_memory_mb",
+    "gpu_driver",
+    "cuda_version",
+    "gpu_compute_capability",
+    "gpu_count",
+    "torch_version",
+    "python_version",
+    "traceml_nb_version",
+    "cpu_model",
+    "cpus_available",
+    "cpu_count",
+    "host_hash",
+    "git_commit",
+    "git_dirty",
+)
+#: The training DataLoader's settings compared, and its dataset.
+LOADER_FIELDS = (
+    "num_workers",
+    "pin_memory",
+    "prefetch_factor",
+    "persistent_workers",
+    "batch_size",
+    "dataset_type",
+    "dataset_len",
+)
+
+
+def source_diff(before: str | None, after: str | None, limit: int = SOURCE_DIFF_LINES) -> list[str]:
+    """The lines of the cell source that changed, ``- old`` and ``+ new`` (blank lines and
+    trailing spaces ignored), at most ``limit`` and then ``… and N more``; [] when the same or
+    when either source is unknown."""
+    if before is None or after is None:
+        return []
+    a = [line.rstrip() for line in before.splitlines() if line.strip()]
+    b = [line.rstrip() for line in after.splitlines() if line.strip()]
+    if a == b:
+        return []
+    out = []
+    for line in difflib.unified_diff(a, b, lineterm="", n=0):
+        if line.startswith(("---", "+++", "@@")):
+            continue
+        out.append(f"{line[0]} {line[1:].strip()}")
+    if len(out) > limit:
+        out = [*out[:limit], f"\u2026 and {len(out) - limit} more changed lines"]
+    return out
+
+
+def training_loader(loaders: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The run's training loader (optimizer steps followed its batches), else its first."""
+    for info in loaders:
+        if info.get("optimizer_steps", 0):
+            return info
+    return loaders[0] if loaders else None
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str) and len(value) == 40 and all(c in "0123456789abcdef" for c in value):
+        return value[:10]  # a git commit
+    return "\u2014" if value is None else str(value)
+
+
+def _field_changes(
+    before: Mapping[str, Any], after: Mapping[str, Any], names: Iterable[str]
+) -> list[str]:
+    return [
+        f"{name} {_show(before.get(name))} \u2192 {_show(after.get(name))}"
+        for name in names
+        if before.get(name) != after.get(name)
+    ]
+
+
+def loader_changes(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """How the training DataLoader's settings and dataset differ (``num_workers 0 → 4``)."""
+    a, b = training_loader(before), training_loader(after)
+    if a is None or b is None:
+        return [] if a is b else ["a DataLoader " + ("appeared" if a is None else "is gone")]
+    return _field_changes(a, b, LOADER_FIELDS)
+
+
+def environment_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """How the environments differ; fields one run did not record (empty dict) are skipped."""
+    if not before or not after:
+        return []
+    names = [n for n in ENVIRONMENT_FIELDS if n in before and n in after]
+    out = _field_changes(before, after, [n for n in names if n != "host_hash"])
+    if before.get("host_hash") != after.get("host_hash"):
+        out.append("another host")
+    return out
+
+
+def other_cpu_share(
+    host: Mapping[str, Sequence[float]] | None, cpu_count: int | None
+) -> float | None:
+    """The mean share (0..1) of the machine's ``cpu_count`` CPUs that *other* processes used
+    during a run, from its host samples: the whole machine's busy share (``sys_cpu_pct``)
+    less this process and its DataLoader workers (``proc_cpu_pct``, ``workers_cpu_pct``, 100 =
+    one core). None without host samples."""
+    if not host or not cpu_count:
+        return None
+    system = host.get("sys_cpu_pct") or ()
+    own = host.get("proc_cpu_pct") or ()
+    workers = host.get("workers_cpu_pct") or ()
+    shares = []
+    for i, sys_pct in enumerate(system):
+        if sys_pct is None or math.isnan(sys_pct):
+            continue
+        mine = 0.0
+        for column in (own, workers):
+            value = column[i] if i < len(column) else None
+            if value is not None and not math.isnan(value):
+                mine += value
+        shares.append(max(0.0, sys_pct / 100 - mine / 100 / cpu_count))
+    return sum(shares) / len(shares) if shares else None
+
+
+def load_sentence(share: float | None, baseline: float | None) -> str | None:
+    """The machine's load in words when it differs from the baseline's (``None`` otherwise):
+    the share moved by ``LOAD_CHANGE_SHARE`` or more and one of them is ``BUSY_MACHINE_SHARE``
+    or more."""
+    if share is None or baseline is None:
+        return None
+    if abs(share - baseline) < LOAD_CHANGE_SHARE or max(share, baseline) < BUSY_MACHINE_SHARE:
+        return None
+    return (
+        f"other processes used {fmt_share(share)} of the CPUs during this run "
+        f"({fmt_share(baseline)} during the baseline)"
+    )
+
+
+def what_changed(
+    before: Any,
+    after: Any,
+    *,
+    verdict: str | None = None,
+    baseline_load_share: float | None = None,
+) -> Changes:
+    """What differs from run ``before`` (the latest baseline run) to run ``after``: both have
+    ``source``, ``loaders`` (dicts), ``environment`` and ``load`` (``other_cpu_share``).
+    ``baseline_load_share`` (default: ``before``'s) is the baseline's load; ``verdict`` the
+    comparison's ("slower" lets the summary say whose slowdown it is)."""
+    base_load = (
+        baseline_load_share
+        if baseline_load_share is not None
+        else (getattr(before, "load", None) or {}).get("other_cpu_share")
+    )
+    share = (getattr(after, "load", None) or {}).get("other_cpu_share")
+    changes = Changes(
+        code=source_diff(getattr(before, "source", None), getattr(after, "source", None)),
+        settings=loader_changes(
+            list(getattr(before, "loaders", []) or []), list(getattr(after, "loaders", []) or [])
+        ),
+        environment=environment_changes(
+            getattr(before, "environment", None) or {}, getattr(after, "environment", None) or {}
+        ),
+        load=load_sentence(share, base_load),
+        load_share=share,
+        baseline_load_share=base_load,
+    )
+    changes.summary = _summary(changes, verdict)
+    return changes
+
+
+def _summary(changes: Changes, verdict: str | None) -> str:
+    parts = [
+        "same code" if not changes.code else "the code changed",
+        "same settings" if not changes.settings else "the DataLoader settings changed",
+        "same machine" if not changes.environment else "the environment changed",
+    ]
+    head = ", ".join(parts)
+    if changes.only_load and changes.load_share is not None:
+        busy = changes.load_share >= (changes.baseline_load_share or 0.0)
+        text = (
+            f"{head}; other processes used {fmt_share(changes.load_share)} of the CPUs during "
+            "this run"
+        )
+        if verdict == "slower" and busy:
+            return text + ": the slowdown is the machine's, not your code's."
+        if verdict == "faster" and not busy:
+            return text + ": the speed-up is the machine's, not your code's."
+        return text + "."
+    if not (changes.code or changes.settings or changes.environment):
+        return f"{head}, same machine load."
+    return head + "."

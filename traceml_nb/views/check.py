@@ -1,0 +1,97 @@
+"""The CI gate's outputs: a paragraph of text, markdown for a CI job summary, JUnit XML."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from ..session.check import ERROR, NO_BASELINE, REGRESSION, CheckResult
+from .text import format_value
+
+_ICON = {"pass": "\u2705", REGRESSION: "\u274c", NO_BASELINE: "\u26a0\ufe0f", ERROR: "\u26a0\ufe0f"}
+
+
+@dataclass
+class CheckReport:
+    """What ``traceml_nb.check(...)`` returns: the :class:`~traceml_nb.session.check.
+    CheckResult` (``result``) and its renderings. ``exit_code`` 0/1/2 as the CLI exits."""
+
+    result: CheckResult
+
+    @property
+    def exit_code(self) -> int:
+        return self.result.exit_code
+
+    @property
+    def passed(self) -> bool:
+        return self.result.exit_code == 0
+
+    def text(self) -> str:
+        """The one-paragraph verdict."""
+        return self.result.verdict
+
+    def markdown(self) -> str:
+        """A heading, the verdict, and the comparison table (for a CI job summary)."""
+        r = self.result
+        lines = [
+            f"### {_ICON.get(r.status, '')} traceml_nb check: `{r.name}` \u2014 {r.status}",
+            "",
+        ]
+        lines += [r.verdict, ""]
+        comparison = r.comparison
+        if comparison is not None and comparison.rows:
+            lines += ["| | baseline | latest | change |", "|---|---|---|---|"]
+            for label, before, after, delta, _direction in comparison.rows:
+                cells = [label, format_value(before), format_value(after), format_value(delta)]
+                lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            lines.append("")
+        if r.changes:
+            lines += ["**What changed**", ""] + [f"- {line}" for line in r.changes] + [""]
+        return "\n".join(lines)
+
+    def junit(self) -> str:
+        """JUnit XML: one test case named after the run; a failure for a regression, a skip for
+        no baseline yet, an error for an unreadable store or a usage error."""
+        r = self.result
+        body = ""
+        message = quoteattr(r.verdict)
+        if r.status == REGRESSION:
+            body = f'<failure message={message} type="regression">{escape(r.verdict)}</failure>'
+        elif r.status == NO_BASELINE:
+            body = f"<skipped message={message}/>"
+        elif r.status == ERROR:
+            body = f'<error message={message} type="store">{escape(r.verdict)}</error>'
+        counts = {
+            "failures": int(r.status == REGRESSION),
+            "errors": int(r.status == ERROR),
+            "skipped": int(r.status == NO_BASELINE),
+        }
+        attrs = " ".join(f'{k}="{v}"' for k, v in counts.items())
+        case = quoteattr(r.name)
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f'<testsuites><testsuite name="traceml_nb check" tests="1" {attrs}>'
+            f'<testcase classname="traceml_nb.check" name={case}>{body}'
+            f"<system-out>{escape(r.verdict)}</system-out></testcase></testsuite></testsuites>\n"
+        )
+
+    def write_junit(self, path: str | os.PathLike[str]) -> str:
+        """Write :meth:`junit` to ``path`` atomically; returns the absolute path."""
+        target = os.path.abspath(os.fspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".traceml-junit-", dir=os.path.dirname(target))
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(self.junit())
+        os.replace(tmp, target)
+        return target
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.result.to_dict()
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown()
+
+    def __repr__(self) -> str:
+        return self.text()
