@@ -40,6 +40,8 @@ STORE_ENV = "TRACEML_NB_STORE"
 OFF_VALUES = frozenset({"off", "no", "none", "false", "0"})
 #: Seconds a writer waits for another writer's transaction before giving up ("locked").
 BUSY_TIMEOUT_S = 3.0
+#: Seconds between attempts to switch a new store to the WAL journal (``Store._use_wal``).
+WAL_RETRY_S = 0.01
 #: The schema this traceml_nb reads and writes.
 SCHEMA_VERSION = 1
 
@@ -269,7 +271,6 @@ class Store:
             return
         if not write:
             raise StoreError(f"the store {self.path} is empty (no run was stored yet)")
-        conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]  # another may have won
@@ -292,6 +293,22 @@ class Store:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        self._use_wal(conn)
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to the WAL journal (it stays so). Outside a transaction, as SQLite
+        requires; and SQLite answers "locked" at once, without its busy timeout, while another
+        process writes (two kernels creating one store together), so this waits up to the busy
+        timeout itself."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(WAL_RETRY_S)
 
     def schema(self) -> list[tuple[int, str]]:
         """The migrations applied to this file: ``(version, description)``, oldest first."""
