@@ -23,7 +23,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,31 @@ def live_view_class() -> tuple[Any, str]:
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return LiveView, ""
+
+
+@contextmanager
+def monitored_run(
+    name: str, view_class: tuple[Any, str]
+) -> Iterator[tuple[traceml_nb.Run, Any, str]]:
+    """A started run with its samplers on (10 Hz) and the live view's writer running headless
+    (``view_class`` as :func:`live_view_class` returns it): ``(run, view, '')``, or
+    ``(run, None, why the view is not available)``. At the end the view is closed, then the
+    run stopped."""
+    live_view, why = view_class
+    run = traceml_nb.Run(name, sample=True, interval=0.1, device="cpu")
+    run.start()
+    view = None
+    try:
+        if live_view is not None:
+            view = live_view(run, display=False)
+            view.start()
+        yield run, view, why
+    finally:
+        try:
+            if view is not None:
+                view.close()
+        finally:
+            run.stop()
 
 
 # --- alternating repetitions of the whole loop -------------------------------------------------
@@ -107,29 +133,17 @@ def time_tracer(work: Workload) -> Timing:
 
 def time_monitor(work: Workload) -> Timing:
     """The full monitor: samplers on (10 Hz) and the live view's writer running headless."""
-    live_view, why = live_view_class()
-    t0 = time.perf_counter_ns()
-    run = traceml_nb.Run("bench-monitor", sample=True, interval=0.1, device="cpu")
-    run.start()
-    view = None
+    view_class = live_view_class()  # imported before the clock starts
     notes: list[str] = []
-    try:
-        if live_view is not None:
-            view = live_view(run, display=False)
-            view.start()
-        else:
+    t0 = time.perf_counter_ns()
+    with monitored_run("bench-monitor", view_class) as (run, view, why):
+        if view is None:
             notes.append(f"view: not available ({why})")
         setup = time.perf_counter_ns() - t0
         loop = _timed_loop(work)
         processing = run.tracer.processing_ns
-    finally:
         t1 = time.perf_counter_ns()
-        try:
-            if view is not None:
-                view.close()
-        finally:
-            run.stop()
-        teardown = time.perf_counter_ns() - t1
+    teardown = time.perf_counter_ns() - t1
     busy = int(run.sampler_busy_s * 1e9) if run.capabilities.ok("host") else None
     view_cpu = None
     if view is not None:
@@ -407,24 +421,11 @@ def monitor_steady_cost(work: Workload, seconds: float) -> dict[str, Any]:
     """Sampler and live-view CPU over a training run of about ``seconds`` (default rates): the
     repetitions' figures include the view's final update in runs of a fraction of a second;
     this is the steady state."""
-    live_view, why = live_view_class()
-    run = traceml_nb.Run("bench-steady", sample=True, interval=0.1, device="cpu")
-    run.start()
-    view = None
     stamps: list[int] = []
-    try:
-        if live_view is not None:
-            view = live_view(run, display=False)
-            view.start()
+    with monitored_run("bench-steady", live_view_class()) as (run, view, why):
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             run_loop(work, stamps)
-    finally:
-        try:
-            if view is not None:
-                view.close()
-        finally:
-            run.stop()
     out: dict[str, Any] = {"seconds": run.elapsed_s, "steps": len(stamps)}
     out["sampler_core_pct"] = (
         100.0 * run.sampler_busy_s / run.elapsed_s if run.capabilities.ok("host") else None

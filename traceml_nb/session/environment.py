@@ -39,6 +39,7 @@ import subprocess
 from typing import Any
 
 from ..analysis.attribution import ENVIRONMENT_FIELDS
+from ..sampling.host import cpus_available
 
 #: Seconds each git command may take (a huge or network-mounted repository must not stall the
 #: end of the cell); past it the commit is unknown.
@@ -92,16 +93,6 @@ def _cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or platform.machine() or None
-
-
-def _cpus_available() -> int | None:
-    affinity = getattr(os, "sched_getaffinity", None)
-    if affinity is not None:
-        try:
-            return len(affinity(0))
-        except OSError:
-            pass
-    return os.cpu_count()
 
 
 @functools.lru_cache(maxsize=8)
@@ -166,7 +157,7 @@ def capture_environment(run: Any, *, cwd: str | None = None) -> dict[str, Any]:
     env.update({"dataset_type": None, "dataset_len": None})
     try:
         env.update(_static())
-        env["cpus_available"] = _cpus_available()
+        env["cpus_available"] = cpus_available()
         if getattr(run, "device_kind", "cpu") == "cuda":
             env.update(_gpu(int(getattr(run, "cuda_index", 0) or 0)))
         env.update(_git(cwd or os.getcwd()))
