@@ -1,13 +1,14 @@
 """End to end on CPU: real torch DataLoaders measured by a real Run, then analysed and compared.
 
 The input-bound loop loads 8 items per batch with a 2 ms ``sleep`` each (~17 ms per batch).
-Each step trains a small model, then waits until 25 ms have passed, as a host waits for a GPU,
+Each step trains a small model, then waits until 40 ms have passed, as a host waits for a GPU,
 so the verdicts do not depend on this machine's speed or load:
 
-* ``num_workers=0``: the main process loads every batch: ~17 ms of each ~42 ms step waits;
-* ``num_workers=2``: two workers deliver a batch every ~8.5 ms, faster than the 25 ms the
+* ``num_workers=0``: the main process loads every batch: ~17 ms of each ~57 ms step waits;
+* ``num_workers=2``: two workers deliver a batch every ~8.5 ms, faster than the 40 ms the
   loop consumes one, so after the first batch the loop waits only for the hand-over of each
-  batch from the worker process (~1 ms here).
+  batch from the worker process: ~1 ms on an idle machine, up to ~5 ms measured on a 2-core
+  machine with both cores busy, still under ``INPUT_BOUND_SHARE`` of a 40 ms step.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import traceml_nb
 from traceml_nb.analysis import analyze, compare
-from traceml_nb.analysis.thresholds import WARMUP_MAX_SHARE
+from traceml_nb.analysis.thresholds import INPUT_BOUND_SHARE, WARMUP_MAX_SHARE
 from traceml_nb.session.history import History, entry_from
 
 ITEM_SLEEP_S = 0.002
 BATCH = 8
 STEPS = 50
-COMPUTE_MS = 25.0
+COMPUTE_MS = 40.0
 CPUS = 2  # what a Colab T4 has; passed explicitly so the advice does not depend on this machine
 
 
@@ -133,7 +134,7 @@ def test_num_workers_2_is_not_input_bound(history_of_the_story):
     for name in ("workers2", "workers2-again"):
         d = analyses[name].diagnosis
         assert d.verdict == "compute-bound", (name, d.title, d.evidence)
-        assert analyses[name].summary.data_wait_share < 0.15
+        assert analyses[name].summary.data_wait_share < INPUT_BOUND_SHARE
 
 
 def test_the_fix_is_faster_significant_and_within_the_predicted_bound(history_of_the_story):
@@ -144,9 +145,15 @@ def test_the_fix_is_faster_significant_and_within_the_predicted_bound(history_of
     assert c.verdict == "faster"
     assert c.headline.endswith(", faster, significant)")
     assert c.ci_high < 1
-    # Steady steps: ~42 ms (17 ms of sleeps, then the 25 ms step) against ~26 ms once two
-    # workers sleep during the step: about 38% faster, and sleeping workers need no free core.
-    assert 1 - c.step_ratio > 0.25
+    # The fix removes the baseline's waits but for the hand-over that remains: the steps get
+    # faster by about that share of the baseline's step (~17 of ~57 ms), whatever the load.
+    removed_ms = (
+        analyses["baseline"].summary.data_wait_ms_median
+        - analyses["workers2"].summary.data_wait_ms_median
+    )
+    expected = removed_ms / analyses["baseline"].summary.step_ms_median
+    assert expected > 0.2
+    assert 1 - c.step_ratio > 0.75 * expected
     # The bound is about the whole run, whose elapsed time includes starting the workers
     bound = analyses["baseline"].diagnosis.saving_bound_share
     measured = 1 - runs["workers2"].elapsed_s / runs["baseline"].elapsed_s
