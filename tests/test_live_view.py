@@ -18,7 +18,13 @@ import traceml_nb
 from traceml_nb.analysis.steps import StepRule, step_rule
 from traceml_nb.record import SOURCE_MARKER, SOURCE_OPTIMIZER, LoaderInfo, RunRecord, SampleTable
 from traceml_nb.views.bokeh_patch import BatchedBokehModel
-from traceml_nb.views.live import LiveView, header_html
+from traceml_nb.views.live import (
+    MAX_TICK_S,
+    VIEW_MAX_DUTY,
+    LiveView,
+    header_html,
+    tick_wait_s,
+)
 from traceml_nb.views.live_data import (
     STEP_FIELDS,
     SampleSeries,
@@ -629,7 +635,8 @@ def test_a_failing_analysis_drops_the_verdict_after_repeated_errors(monkeypatch)
 
     monkeypatch.setattr(analysis_pkg, "analyze", broken_analyze, raising=False)
     with traceml_nb.Run("no-verdict") as run:
-        view = LiveView(run, display=False, analysis_interval_s=0.0)
+        # every tick analyses (max_duty: however long a tick takes on a busy machine)
+        view = LiveView(run, display=False, analysis_interval_s=0.0, max_duty=1.0)
         view.start()
         steps = train(1.5)
     view.stop()
@@ -742,3 +749,53 @@ def test_the_view_thread_turns_the_step_log_into_rows_not_the_training_loop(monk
     assert loop_processing_ns == 0
     assert list(run.record.steps.source).count(0) == steps  # the loader's steps, all there
     assert run.tracer.max_log == PROCESS_EVENTS  # the view has stopped: the loop's own trigger
+
+
+def test_a_tick_that_costs_more_puts_the_next_one_off_within_bounds():
+    assert tick_wait_s(0.0, 0.5) == 0.5
+    assert tick_wait_s(0.5 * VIEW_MAX_DUTY, 0.5) == 0.5  # within the duty: the usual rate
+    assert tick_wait_s(0.8 * VIEW_MAX_DUTY, 0.5) == pytest.approx(0.8)  # past it: spaced out
+    assert tick_wait_s(10.0, 0.5) == MAX_TICK_S  # the charts never stand still longer
+    assert tick_wait_s(10.0, 5.0) == 5.0  # nor update more often than asked
+
+
+def _spin(cpu_s: float) -> None:
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.parametrize("slow", ["drawing", "reading"])
+def test_the_view_spaces_its_ticks_by_its_own_work_not_by_the_engines(monkeypatch, slow):
+    """20 ms of the view's own CPU a tick puts the next one off by MAX_TICK_S; the same time
+    spent getting the step rows (the engine's work, paid with or without a view) does not."""
+    original_header = LiveView._header
+    monkeypatch.setattr(
+        LiveView,
+        "_header",
+        lambda self, final=False: (
+            (_spin(0.02) if slow == "drawing" else None) or original_header(self, final)
+        ),
+    )
+    with traceml_nb.Run("duty", sample=False) as run:
+        original_snapshot = run.snapshot
+
+        def slow_snapshot(*args, **kwargs):
+            if slow == "reading" and kwargs.get("samples") is False:  # the rows, not the verdict's
+                _spin(0.02)
+            return original_snapshot(*args, **kwargs)
+
+        run.snapshot = slow_snapshot
+        view = LiveView(run, display=False)
+        started = time.monotonic()
+        view.start()
+        train(1.6)
+    view.stop()
+    shown_s = time.monotonic() - started
+    assert view.error is None, run.capabilities.notes
+    writer_ticks = view.ticks - 1  # the final update is stop()'s
+    if slow == "drawing":  # the first tick after 0.25 s, then one every MAX_TICK_S
+        assert 1 <= writer_ticks <= 1 + (shown_s - 0.25) / MAX_TICK_S
+    else:  # 0.25 s, then every 0.5 s (a busy machine wakes the thread late: 0.8 s)
+        assert view.reading_s >= 0.02 * writer_ticks
+        assert writer_ticks >= 1 + (shown_s - 0.25) // 0.8

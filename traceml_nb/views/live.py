@@ -7,7 +7,8 @@
     ...                    # training
     view.stop()            # joins the thread, sends the final points
 
-Cost rules: one writer thread; at most 4 ticks per second; each tick
+Cost rules: one writer thread; at most 4 ticks per second, fewer when the view's own work
+would take more than ``VIEW_MAX_DUTY`` of a core (a slow machine); each tick
 reads only the rows added since the last one, turns them into at most one update per chart
 source (:mod:`.live_data`: batched, downsampled, bounded) and sends *all* of the tick's
 changes as one Bokeh ``PATCH-DOC`` message (three comm messages), so the frontend gets at
@@ -48,6 +49,11 @@ MIN_TICK_S = 0.25  #: at most 4 ticks per second
 #: (the budget is 1% of the run time, and a run of a few seconds spends much of it settling).
 #: The first update comes after ``MIN_TICK_S``.
 DEFAULT_TICK_S = 0.5
+#: The view's own work (the copies, the charts' messages, the running verdict; not the engine's
+#: turning of the step log into rows, which the run needs with or without a view) takes at most
+#: this share of one core: a tick that cost more puts the next one off, up to ``MAX_TICK_S``.
+VIEW_MAX_DUTY = 0.005
+MAX_TICK_S = 2.0  #: ...so that the charts never stand still longer than this
 ANALYSIS_MIN_INTERVAL_S = 1.0  #: the running verdict is recomputed at most once a second
 ANALYSIS_MAX_DUTY = 0.002  #: ...and takes at most this share of one core
 ANALYSIS_MAX_ERRORS = 3  #: consecutive analysis failures after which the verdict is dropped
@@ -241,6 +247,13 @@ class LiveCharts:
             self.rate_fig.yaxis.axis_label = "steps/s"
 
 
+def tick_wait_s(own_s: float, tick_s: float, max_duty: float = VIEW_MAX_DUTY) -> float:
+    """Seconds until the next tick after one whose own work took ``own_s`` CPU seconds: the
+    usual ``tick_s``, or long enough that the view's work stays within ``max_duty`` of a core,
+    but never past ``MAX_TICK_S`` (nor below ``tick_s``)."""
+    return max(tick_s, min(own_s / max_duty, MAX_TICK_S))
+
+
 def _empty(names: Any) -> dict[str, np.ndarray]:
     return {name: np.empty(0, dtype=np.float32) for name in names}
 
@@ -314,7 +327,8 @@ def header_html(
 class LiveView:
     """Live charts of a running :class:`traceml_nb.Run`, updated by one background thread.
 
-    ``tick_s``: seconds between updates (default 0.5; at least 0.25: at most 4 a second).
+    ``tick_s``: seconds between updates (default 0.5; at least 0.25: at most 4 a second), longer
+    when a tick's own work took more than ``max_duty`` of them (at most ``MAX_TICK_S``).
     ``display``: show the widget in the notebook; ``False`` builds it and sends its updates
     without showing it (benchmarks, tests). ``analysis_interval_s`` and ``analysis_max_duty``:
     the running verdict is recomputed at most that often, and takes at most that share of one
@@ -323,8 +337,8 @@ class LiveView:
     Counters for the cost measurement: ``updates`` (ticks that sent something), ``messages``
     (comm messages sent to the frontend), ``ticks``, ``busy_s`` (CPU seconds the view spent
     updating, writer thread plus the final update, including the engine's turning the run's
-    step log into rows when the view asks for them), ``analysis_busy_s`` (the part of it spent
-    computing the running verdict).
+    step log into rows when the view asks for them: ``reading_s``), ``analysis_busy_s`` (the
+    part of it spent computing the running verdict).
     """
 
     def __init__(
@@ -337,8 +351,10 @@ class LiveView:
         settle_s: float = SETTLE_S,
         analysis_interval_s: float = ANALYSIS_MIN_INTERVAL_S,
         analysis_max_duty: float = ANALYSIS_MAX_DUTY,
+        max_duty: float = VIEW_MAX_DUTY,
     ) -> None:
         self.run = run
+        self.max_duty = max_duty
         self.analysis_interval_s = analysis_interval_s
         self.analysis_max_duty = analysis_max_duty
         self.settle_s = settle_s
@@ -351,12 +367,13 @@ class LiveView:
         self.ticks = 0
         self.updates = 0
         self.busy_s = 0.0
+        self.reading_s = 0.0  #: the part of ``busy_s`` spent getting the new step rows
         self.analysis_busy_s = 0.0  #: the part of ``busy_s`` spent on the running verdict
         self.error: str | None = None
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
-        self.step_series = StepSeries(lambda row: run.snapshot(row, samples=False), max_points)
+        self.step_series = StepSeries(self._read_rows, max_points)
         self._rate_history: deque[tuple[float, int]] = deque()
         self.verdict = RunningVerdict()
         self._analyze: Any = None
@@ -445,9 +462,19 @@ class LiveView:
         with self.run.reading():  # this thread asks for the step rows: the loop only logs
             wait = min(self.tick_s, MIN_TICK_S)  # the first points as soon as allowed
             while not self._stop_event.wait(wait):
+                busy_s, reading_s = self.busy_s, self.reading_s
                 if not self.tick():
                     return
-                wait = self.tick_s
+                own_s = (self.busy_s - busy_s) - (self.reading_s - reading_s)
+                wait = tick_wait_s(own_s, self.tick_s, self.max_duty)
+
+    def _read_rows(self, row: int) -> Any:
+        """The run's step rows from ``row`` on, brought up to date first (``reading_s``)."""
+        c0 = time.thread_time()
+        try:
+            return self.run.snapshot(row, samples=False)
+        finally:
+            self.reading_s += time.thread_time() - c0
 
     def tick(self, *, final: bool = False) -> bool:
         """One update (``final``: the last, after the run); False (and the error noted) when it
