@@ -1,12 +1,83 @@
-"""A simulated GPU timeline with events that follow ``torch.cuda.Event``'s contract.
+"""A simulated GPU timeline with events that follow ``torch.cuda.Event``'s contract, and a
+stand-in for the part of ``torch.cuda`` that describes the devices.
 
 Only the hardware boundary is faked: ``record(stream)``, ``query()``, ``elapsed_time(other)``
 and ``synchronize()``. Time is a fake host clock in nanoseconds that the test advances; the
 stream runs queued kernels one after another, so an event completes when the work queued
 before it is done (or when it was recorded, if the GPU was idle).
+
+:class:`FakeCuda` answers ``is_available()``, ``device_count()`` and
+``get_device_properties(i)`` with :class:`FakeDeviceProperties` (the attributes of PyTorch's
+``_CudaDeviceProperties`` that are read), or raises PyTorch's errors for them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class FakeDeviceProperties:
+    """What ``torch.cuda.get_device_properties`` gives for one device (the fields read)."""
+
+    name: str
+    total_memory: int  #: bytes
+    major: int
+    minor: int
+    uuid: str | None = None  #: PyTorch prints it without the ``GPU-`` prefix
+    pci_bus_id: int | None = None
+    pci_domain_id: int = 0
+    pci_device_id: int = 0
+
+
+#: As PyTorch describes these GPUs (names as the driver gives them, memory in bytes).
+TESLA_T4 = FakeDeviceProperties("Tesla T4", 15_655_829_504, 7, 5)
+A100_40GB = FakeDeviceProperties("NVIDIA A100-SXM4-40GB", 42_298_834_944, 8, 0)
+
+
+class FakeCuda:
+    """Stands in for ``torch.cuda``: ``devices`` are its CUDA devices, in CUDA's order.
+
+    ``available=False``: ``is_available()`` says no. ``properties_error``: an exception
+    ``get_device_properties`` raises (a CUDA error at the end of a run); an index past the
+    devices raises PyTorch's ``AssertionError("Invalid device id")``. ``count_error``: raised
+    by ``device_count``.
+    """
+
+    def __init__(
+        self,
+        devices: list[FakeDeviceProperties],
+        *,
+        available: bool = True,
+        properties_error: BaseException | None = None,
+        count_error: BaseException | None = None,
+    ) -> None:
+        self.devices = list(devices)
+        self.available = available
+        self.properties_error = properties_error
+        self.count_error = count_error
+        self.property_calls = 0
+
+    def is_available(self) -> bool:
+        return self.available
+
+    def device_count(self) -> int:
+        if self.count_error is not None:
+            raise self.count_error
+        return len(self.devices)
+
+    def get_device_properties(self, index: int) -> FakeDeviceProperties:
+        self.property_calls += 1
+        if self.properties_error is not None:
+            raise self.properties_error
+        if not 0 <= index < len(self.devices):
+            raise AssertionError("Invalid device id")
+        return self.devices[index]
+
+
+def with_uuid(props: FakeDeviceProperties, nvml_uuid: str) -> FakeDeviceProperties:
+    """``props`` with the UUID PyTorch would print for the NVML device ``nvml_uuid``."""
+    return replace(props, uuid=nvml_uuid.removeprefix("GPU-"))
 
 
 class FakeTimeline:

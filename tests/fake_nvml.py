@@ -99,6 +99,7 @@ class FakeGpu:
             "uuid": FakeField(uuid),
             "pci": FakeField(SimpleNamespace(busId=pci_bus_id.encode())),
             "name": FakeField(name),
+            "compute_capability": FakeField((8, 0)),
             "mig_mode": FakeField([mig_mode, mig_mode]),
             "utilization": FakeField(SimpleNamespace(gpu=87, memory=41)),
             "memory": FakeField(
@@ -149,8 +150,10 @@ class FakeNvml:
     """Stands in for the ``pynvml`` module.
 
     ``init_error``: NVML error code ``nvmlInit`` raises. ``missing``: function names this
-    binding lacks (``AttributeError``, as with an old nvidia-ml-py). ``calls`` counts calls by
-    function name; ``inits``/``shutdowns`` count the library's start and stop.
+    binding lacks (``AttributeError``, as with an old nvidia-ml-py). ``driver``: how
+    ``nvmlSystemGetDriverVersion`` behaves (a :class:`FakeField`; a version by default).
+    ``calls`` counts calls by function name; ``inits``/``shutdowns`` count the library's start
+    and stop.
     """
 
     def __init__(
@@ -159,10 +162,12 @@ class FakeNvml:
         *,
         init_error: int | None = None,
         missing: Iterable[str] = (),
+        driver: FakeField | None = None,
     ) -> None:
         self.gpus = list(gpus)
         self.init_error = init_error
         self.missing = set(missing)
+        self.driver = driver if driver is not None else FakeField("550.54.15")
         self.calls: Counter[str] = Counter()
         self.inits = 0
         self.shutdowns = 0
@@ -206,6 +211,12 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         self.shutdowns += 1
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self.calls["nvmlSystemGetDriverVersion"] += 1
+        if not self.initialised:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        return self.driver()
+
     # --- enumeration --------------------------------------------------------------------------
     def nvmlDeviceGetCount(self) -> int:
         self.calls["nvmlDeviceGetCount"] += 1
@@ -227,6 +238,9 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
         return self._call("nvmlDeviceGetName", handle, "name")
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: FakeGpu) -> tuple[int, int]:
+        return self._call("nvmlDeviceGetCudaComputeCapability", handle, "compute_capability")
 
     def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> list[int]:
         return self._call("nvmlDeviceGetMigMode", handle, "mig_mode")

@@ -12,6 +12,8 @@ from traceml_nb.analysis.attribution import (
     loader_changes,
     other_cpu_share,
     source_diff,
+    steal_sentence,
+    steal_share,
     what_changed,
 )
 from traceml_nb.analysis.baseline import baseline_noise, compare_with_baseline, is_regression
@@ -28,10 +30,12 @@ from traceml_nb.analysis.thresholds import (
     BUSY_MACHINE_SHARE,
     LOAD_CHANGE_SHARE,
     MAD_TO_SIGMA,
+    MATERIAL_STEAL_SHARE,
     MIN_BASELINE_RUNS,
     MIN_PRACTICAL_EFFECT,
     NOISE_MULTIPLIER,
     SOURCE_DIFF_LINES,
+    STEAL_CHANGE_SHARE,
 )
 
 
@@ -164,6 +168,98 @@ def test_when_only_the_load_differs_the_slowdown_is_the_machines():
     same = what_changed(before, make_run(load=0.02))
     assert same.summary == "same code, same settings, same machine, same machine load."
     assert same.lines() == [same.summary]
+
+
+# --- steal time ---------------------------------------------------------------------------------
+def with_steal(entry, steal: float | None):
+    entry.load["steal_share"] = steal
+    return entry
+
+
+def test_steal_share_is_the_mean_of_the_samples_that_measured_it():
+    host = {"steal_pct": [10.0, float("nan"), 20.0]}
+    assert steal_share(host) == pytest.approx(0.15)
+    assert steal_share({"steal_pct": [0.0, 0.0]}) == 0.0  # measured: nothing taken
+    assert steal_share({"steal_pct": [float("nan")]}) is None  # the kernel reports none
+    assert steal_share({"sys_cpu_pct": [50.0]}) is None  # a record from before steal_pct
+    assert steal_share(None) is None
+
+
+def test_other_processes_share_leaves_the_steal_time_to_the_hypervisor():
+    # two CPUs at 90%: 1.8 cores busy, 1.0 of them this process, 20% of the CPU time stolen:
+    # others used 0.9 - 0.5 - 0.2 = 20%, not the 40% the busy time alone suggests
+    host = {"sys_cpu_pct": [90.0, 90.0], "proc_cpu_pct": [100.0, 100.0], "steal_pct": [20.0] * 2}
+    assert other_cpu_share(host, 2) == pytest.approx(0.2)
+    unmeasured = dict(host, steal_pct=[float("nan")] * 2)  # no steal time: as before
+    assert other_cpu_share(unmeasured, 2) == pytest.approx(0.4)
+    assert other_cpu_share(dict(host, steal_pct=[95.0, 95.0]), 2) == 0.0  # never below 0
+
+
+def test_steal_time_is_named_only_when_material_and_moved():
+    material = MATERIAL_STEAL_SHARE + 0.02
+    assert steal_sentence(material, 0.0) == (
+        "the hypervisor took 7% of the CPUs (steal time) during this run (0% during the baseline)"
+    )
+    assert steal_sentence(MATERIAL_STEAL_SHARE - 0.01, 0.0) is None  # never material
+    assert steal_sentence(material, material - STEAL_CHANGE_SHARE + 0.01) is None  # too little
+    assert steal_sentence(material, material - STEAL_CHANGE_SHARE - 0.01) is not None
+    assert steal_sentence(0.0, material) is not None  # the baseline's was: it went away
+    assert steal_sentence(material, None) == (
+        "the hypervisor took 7% of the CPUs (steal time) during this run (not measured during "
+        "the baseline)"
+    )
+    assert steal_sentence(MATERIAL_STEAL_SHARE - 0.01, None) is None
+    assert steal_sentence(None, material) is None  # this run did not measure it
+
+
+def test_when_only_the_steal_time_differs_the_slowdown_is_the_machines():
+    before = with_steal(make_run(load=0.02), 0.0)
+    after = with_steal(make_run(load=0.02), 0.12)
+    changes = what_changed(before, after, verdict="slower")
+    assert changes.only_load and changes.load is None
+    assert changes.summary == (
+        "same code, same settings, same machine; the hypervisor took 12% of the CPUs (steal "
+        "time) during this run: the slowdown is the machine's, not your code's."
+    )
+    assert changes.lines()[1] == (
+        "machine load: the hypervisor took 12% of the CPUs (steal time) during this run "
+        "(0% during the baseline)"
+    )
+    quieter = what_changed(after, before, verdict="faster")
+    assert quieter.summary.endswith(
+        "(steal time) during this run: the speed-up is the machine's, not your code's."
+    )
+    # the baseline did not measure it: said, but the slowdown is not blamed on it
+    unknown = what_changed(with_steal(make_run(), None), after, verdict="slower")
+    assert unknown.summary == (
+        "same code, same settings, same machine; the hypervisor took 12% of the CPUs (steal "
+        "time) during this run."
+    )
+    same = what_changed(with_steal(make_run(), 0.11), after, verdict="slower")
+    assert same.steal is None
+    assert same.summary == "same code, same settings, same machine, same machine load."
+
+
+def test_busy_neighbours_and_steal_time_are_said_together():
+    before = with_steal(make_run(load=0.02), 0.0)
+    after = with_steal(make_run(load=0.6), 0.2)
+    changes = what_changed(before, after, verdict="slower")
+    assert changes.summary == (
+        "same code, same settings, same machine; other processes used 60% of the CPUs during "
+        "this run and the hypervisor took 20% of the CPUs (steal time) during this run: the "
+        "slowdown is the machine's, not your code's."
+    )
+    code = what_changed(before, with_steal(make_run(source="sleep()\n"), 0.2), verdict="slower")
+    assert not code.only_load and code.steal is not None
+    assert code.summary == "the code changed, same settings, same machine."
+
+
+def test_the_baseline_steal_time_given_wins_over_the_latest_runs():
+    before = with_steal(make_run(), 0.2)
+    after = with_steal(make_run(), 0.2)
+    assert what_changed(before, after).steal is None
+    changes = what_changed(before, after, baseline_steal_share=0.0)
+    assert changes.baseline_steal_share == 0.0 and changes.steal is not None
 
 
 # --- the idle GPU's cost ---------------------------------------------------------------------

@@ -105,7 +105,10 @@ def test_first_sample_has_every_column():
     time.sleep(0.05)
     values = src.read()
     assert set(values) == set(COLUMNS)
-    assert all(values[c] is not None for c in COLUMNS if c != "workers_cpu_pct"), values
+    optional = {"workers_cpu_pct"}
+    if getattr(psutil.cpu_times(), "steal", None) is None:
+        optional.add("steal_pct")  # a kernel without steal time (tested below)
+    assert all(values[c] is not None for c in COLUMNS if c not in optional), values
     # no child process: worker CPU is unavailable, not 0%
     assert values["workers"] == 0 and values["workers_cpu_pct"] is None
     assert 0 < values["ram_used_mb"] < values["ram_total_mb"]
@@ -296,4 +299,174 @@ def test_a_reused_pid_is_not_mistaken_for_the_old_child(child_processes, reader)
     tracked.started -= 5.0  # as if the pid had belonged to a process started 5 s earlier
     values = src.read()
     assert values["workers"] == 0 and values["workers_cpu_pct"] is None
+    src.close()
+
+
+# --- steal time ------------------------------------------------------------------------------
+#: psutil's scputimes on Linux
+LINUX_FIELDS = (
+    "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice"
+)  # fmt: skip
+MACOS_FIELDS = ("user", "nice", "system", "idle")  # ...on macOS: no steal time
+WINDOWS_FIELDS = ("user", "system", "idle", "interrupt", "dpc")  # ...on Windows: none either
+
+
+class ScriptedCpuTimes:
+    """The real psutil, except ``cpu_times(percpu=True)``: the hardware boundary, answering
+    each call with the next of ``script`` (per-core dicts of cumulative seconds) as psutil's
+    own named tuples with ``fields`` (the platform's field list)."""
+
+    def __init__(self, script: list[list[dict[str, float]]], fields=LINUX_FIELDS) -> None:
+        import collections
+
+        self._tuple = collections.namedtuple("scputimes", fields)
+        self._script = list(script)
+        self.calls = 0
+
+    def __getattr__(self, name: str):
+        return getattr(psutil, name)
+
+    def cpu_times(self, percpu: bool = False):
+        assert percpu, "the host source reads per-core counters"
+        cores = self._script[min(self.calls, len(self._script) - 1)]
+        self.calls += 1
+        return [self._tuple(**{f: core.get(f, 0.0) for f in self._tuple._fields}) for core in cores]
+
+
+def core(**seconds: float) -> dict[str, float]:
+    return seconds
+
+
+def test_steal_time_is_the_hypervisors_share_of_all_cpus_time_from_psutils_counters():
+    """Two cores, 100 s of counter time each between the samples: one had 15 s stolen, the
+    other 5 s, so the hypervisor took 20 of the machine's 200 CPU-seconds, 10%. Steal is busy
+    time for the whole-machine figure (the guest could not use that CPU)."""
+    start = [core(user=100, system=10, idle=80, steal=10), core(user=50, system=5, idle=140)]
+    later = [
+        core(user=130, system=15, idle=130, steal=25),  # +30 +5 +50 +15 = 100 s
+        core(user=95, system=5, idle=190, steal=5),  # +45 +0 +50 +5 = 100 s
+    ]
+    fake = ScriptedCpuTimes([start, later])
+    src = HostSource(PsutilReader(fake), children_refresh_s=3600)
+    values = src.read()
+    assert src.steal_why == ""
+    assert values["steal_pct"] == pytest.approx(10.0)
+    assert values["sys_cpu_pct"] == pytest.approx(50.0)  # (50 + 50) busy of 200, steal inside
+    assert fake.calls == 2
+    src.close()
+
+
+def test_guest_time_stays_out_of_the_total_and_an_idle_machine_reads_0_not_unavailable():
+    start = [core(user=10, idle=10, steal=2, guest=5)]
+    later = [core(user=20, idle=100, steal=2, guest=15)]  # guest time is inside user already
+    src = HostSource(PsutilReader(ScriptedCpuTimes([start, later])), children_refresh_s=3600)
+    values = src.read()
+    assert values["steal_pct"] == 0.0  # measured: the hypervisor took nothing
+    assert values["sys_cpu_pct"] == pytest.approx(10.0)  # 10 busy of 100, not of 110
+    src.close()
+
+
+@pytest.mark.parametrize("fields", [MACOS_FIELDS, WINDOWS_FIELDS], ids=["macos", "windows"])
+def test_a_platform_without_steal_time_reads_unavailable_with_a_reason_never_0(fields):
+    start = [core(user=10, idle=10), core(user=10, idle=10)]
+    later = [core(user=60, idle=60), core(user=30, idle=90)]
+    src = HostSource(
+        PsutilReader(ScriptedCpuTimes([start, later], fields)), children_refresh_s=3600
+    )
+    values = src.read()
+    assert values["steal_pct"] is None
+    assert values["sys_cpu_pct"] == pytest.approx(35.0)  # the rest is measured: 70 of 200 s
+    assert src.steal_why.startswith("psutil reports no steal time on this platform")
+    src.table.append(0.1, values)
+    assert src.table.column("steal_pct") == [None]  # NaN in the record, None when read
+    src.close()
+
+
+def test_open_host_source_says_why_steal_time_is_missing(monkeypatch):
+    from traceml_nb.sampling import host as host_mod
+
+    fake = ScriptedCpuTimes([[core(user=1, idle=1)]], MACOS_FIELDS)
+    monkeypatch.setattr(host_mod, "make_reader", lambda psutil: PsutilReader(fake))
+    caps = Capabilities()
+    src = open_host_source(caps)
+    assert src is not None and caps.ok("host")
+    assert not caps.ok("steal_time")
+    assert caps.why("steal_time") == src.steal_why
+    src.close()
+
+    def broken(psutil):
+        raise RuntimeError("no /proc here")
+
+    monkeypatch.setattr(host_mod, "make_reader", broken)
+    caps = Capabilities()
+    assert open_host_source(caps) is None
+    assert caps.why("steal_time") == caps.why("host")  # no host sampler, no steal time
+
+
+def _fake_proc(root, stat_lines: list[str]) -> None:
+    """A /proc with this process's real stat and meminfo, and the given /proc/stat."""
+    (root / str(os.getpid())).mkdir(exist_ok=True)
+    with open(f"/proc/{os.getpid()}/stat", "rb") as fh:
+        (root / str(os.getpid()) / "stat").write_bytes(fh.read())
+    with open("/proc/meminfo", "rb") as fh:
+        (root / "meminfo").write_bytes(fh.read())
+    (root / "stat").write_text("\n".join(stat_lines) + "\nintr 1 2 3\n")
+
+
+def test_procfs_reads_steal_from_its_column_of_proc_stat(tmp_path):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("Linux only")
+    # user nice system idle iowait irq softirq steal guest guest_nice (clock ticks)
+    _fake_proc(tmp_path, ["cpu  0 0 0 0 0 0 0 0 0 0", "cpu0 100 0 10 80 0 0 0 10 0 0"])
+    src = HostSource(ProcfsReader(psutil, proc_root=str(tmp_path)), children_refresh_s=3600)
+    _fake_proc(tmp_path, ["cpu  0 0 0 0 0 0 0 0 0 0", "cpu0 130 0 15 120 10 0 0 35 5 0"])
+    values = src.read()
+    # +30 user +5 system +40 idle +10 iowait +25 steal = 110 ticks; guest is inside user
+    assert values["steal_pct"] == pytest.approx(25 / 110 * 100)
+    assert values["sys_cpu_pct"] == pytest.approx(60 / 110 * 100)
+    src.close()
+
+
+def test_procfs_on_a_kernel_without_the_steal_column_reads_unavailable(tmp_path):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("Linux only")
+    _fake_proc(tmp_path, ["cpu  0 0 0 0 0 0 0", "cpu0 100 0 10 80 0 0 0"])  # 7 fields
+    src = HostSource(ProcfsReader(psutil, proc_root=str(tmp_path)), children_refresh_s=3600)
+    _fake_proc(tmp_path, ["cpu  0 0 0 0 0 0 0", "cpu0 150 0 10 130 0 0 0"])
+    values = src.read()
+    assert values["steal_pct"] is None and values["sys_cpu_pct"] == pytest.approx(50.0)
+    assert "no steal time column" in src.steal_why
+    src.close()
+
+
+def test_real_steal_time_is_read_where_the_kernel_reports_it(reader):
+    """The real counters of this machine: psutil's own ``cpu_times().steal`` says whether
+    the kernel reports steal time; where it does, the sampler measures it (0 on bare metal is
+    a reading), in range, and in agreement with psutil's counters over the same window."""
+    if getattr(psutil.cpu_times(), "steal", None) is None:
+        src = HostSource(reader)
+        assert src.read()["steal_pct"] is None and src.steal_why
+        src.close()
+        return
+    caps = Capabilities()
+    assert open_host_source(caps) is not None and caps.ok("steal_time")
+
+    def counters() -> tuple[float, float]:
+        cores = psutil.cpu_times(percpu=True)
+        steal = sum(c.steal for c in cores)
+        total = sum(sum(c) - c.guest - c.guest_nice for c in cores)
+        return steal, total
+
+    steal0, total0 = counters()
+    src = HostSource(reader)
+    burn_cpu(0.2)
+    time.sleep(0.8)
+    values = src.read()
+    steal1, total1 = counters()
+    assert src.steal_why == ""
+    assert values["steal_pct"] is not None and 0.0 <= values["steal_pct"] <= 100.0
+    # the source's window lies inside psutil's: the two agree within a few clock ticks of
+    # the edges (1 tick of 2 CPUs over 1 s is half a point)
+    expected = (steal1 - steal0) / (total1 - total0) * 100
+    assert values["steal_pct"] == pytest.approx(expected, abs=3.0)
     src.close()

@@ -65,21 +65,95 @@ def test_a_new_store_has_the_schema_the_wal_journal_and_its_migrations(store):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
-    assert store.schema() == [(1, "runs and pinned baselines")]
+    assert store.schema() == [(1, "runs and pinned baselines"), (2, "steal time of each run")]
 
 
 def test_a_store_of_an_older_version_is_migrated(tmp_path, monkeypatch):
     path = tmp_path / "old.sqlite"
     sqlite3.connect(path).close()  # an empty file: version 0
-    extra = (2, "a test column", ("ALTER TABLE runs ADD COLUMN test_extra TEXT",))
-    Store(path).add(make_run())  # version 1
+    extra = (3, "a test column", ("ALTER TABLE runs ADD COLUMN test_extra TEXT",))
+    Store(path).add(make_run())  # the current version
     monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, extra])
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 3)
     Store(path).add(make_run())
-    assert Store(path).schema() == [(1, "runs and pinned baselines"), (2, "a test column")]
+    assert Store(path).schema() == [
+        (1, "runs and pinned baselines"),
+        (2, "steal time of each run"),
+        (3, "a test column"),
+    ]
     assert Store(path).count() == 2
     columns = [r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(runs)")]
     assert "test_extra" in columns
+
+
+def _write_version_1_store(path, monkeypatch, entries) -> None:
+    """A store as traceml_nb wrote it at schema 1 (before steal time had a column)."""
+    with monkeypatch.context() as m:
+        m.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:1])
+        m.setattr(store_mod, "SCHEMA_VERSION", 1)
+        m.setattr(store_mod, "_RUN_COLUMNS", store_mod._RUN_COLUMNS[:-1])
+        assert "steal_share" not in store_mod._RUN_COLUMNS
+        old = Store(path)
+        old.add_many(entries, session="old")
+        old.pin("smoke", [1, 2])
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    columns = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+    conn.close()
+    assert "steal_share" not in columns
+
+
+@pytest.mark.parametrize("first_use", ["write", "read"])
+def test_a_version_1_store_migrates_to_steal_time_and_loses_nothing(
+    tmp_path, monkeypatch, first_use
+):
+    path = tmp_path / "v1.sqlite"
+    entries = [make_run(seed=i, step_ms=20.0 + i, load=0.1 * i) for i in range(3)]
+    entries[2].cost = {"idle_gpu_s": 3.0, "cost_usd": 0.002}
+    _write_version_1_store(path, monkeypatch, entries)
+    store = Store(path)
+    if first_use == "write":  # a run of the new version: stored with its steal time
+        newer = make_run(seed=9)
+        newer.load["steal_share"] = 0.12
+        assert store.add(newer) == 4
+    else:  # `check` or `history --all` may be the first to open it after an upgrade
+        assert store.count() == 3
+    assert store.schema() == [(1, "runs and pinned baselines"), (2, "steal time of each run")]
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    steal = conn.execute("SELECT steal_share FROM runs ORDER BY id").fetchall()
+    conn.close()
+    assert steal[:3] == [(None,), (None,), (None,)]  # earlier runs did not measure it
+    for stored_id, entry in enumerate(entries, start=1):
+        back = store.get(stored_id)
+        assert back.summary == entry.summary and back.diagnosis == entry.diagnosis
+        assert back.environment == entry.environment and back.loaders == entry.loaders
+        assert back.load == entry.load and "steal_share" not in back.load
+        assert back.cost == entry.cost and back.session_id == "old"
+        assert back.step_ms == pytest.approx(entry.step_ms, rel=1e-6)
+    assert store.pins("smoke") == [1, 2]
+    rows = store.rows()
+    assert [r.id for r in rows][:3] == [1, 2, 3] and rows[0].steal_share is None
+    if first_use == "write":
+        assert steal[3] == (pytest.approx(0.12),)
+        assert store.get(4).load["steal_share"] == pytest.approx(0.12)
+        assert rows[3].steal_share == pytest.approx(0.12)
+
+
+def test_the_steal_time_has_its_own_column(store):
+    entry = make_run()
+    entry.load = {"other_cpu_share": 0.05, "steal_share": 0.12}
+    stored_id = store.add(entry)
+    conn = sqlite3.connect(store.path)
+    column = conn.execute("SELECT steal_share FROM runs WHERE id = ?", (stored_id,)).fetchone()
+    conn.close()
+    assert column == (pytest.approx(0.12),)
+    assert store.get(stored_id).load == {"other_cpu_share": 0.05, "steal_share": 0.12}
+    assert store.rows()[0].steal_share == pytest.approx(0.12)
+    unmeasured = make_run()
+    unmeasured.load = {"other_cpu_share": 0.05, "steal_share": None}  # no steal time here
+    back = store.get(store.add(unmeasured))
+    assert back.load == {"other_cpu_share": 0.05, "steal_share": None}
 
 
 def test_a_store_of_a_newer_version_is_refused_in_one_line(tmp_path):
@@ -334,3 +408,38 @@ def test_the_environment_of_a_real_run_is_captured(tmp_path):
     assert len(env["host_hash"]) == 12
     assert len(env["git_commit"] or "") == 40 and env["git_dirty"] in (True, False)
     assert out.stdout.splitlines()[1].startswith("CPU: ")
+
+
+def test_a_real_runs_steal_time_reaches_the_summary_the_load_and_the_store(tmp_path):
+    """A real CPU run with the host sampler: the kernel's steal time (Linux) is measured, a
+    share of the machine's CPU time, and stored in its column; elsewhere it is unavailable
+    with the sampler's reason, never 0."""
+    import psutil
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from traceml_nb.session.session import Session
+
+    store = Store(tmp_path / "runs.sqlite")
+    session = Session(store=store.path)
+    ds = TensorDataset(torch.randn(64, 4), torch.zeros(64, dtype=torch.long))
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with session.run("steal", interval=0.05) as run:
+        for x, y in DataLoader(ds, batch_size=2):
+            time.sleep(0.01)  # 32 steps, ~0.4 s: several host samples
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    result = run.result()
+    entry = session.history.entries[-1]
+    stored = store.get(result.stored_id)
+    if getattr(psutil.cpu_times(), "steal", None) is not None:
+        assert run.capabilities.ok("steal_time")
+        assert 0.0 <= entry.load["steal_share"] <= 1.0
+        assert 0.0 <= result.summary.steal_mean_pct <= 100.0
+        assert stored.load["steal_share"] == pytest.approx(entry.load["steal_share"])
+        assert store.rows()[-1].steal_share == pytest.approx(entry.load["steal_share"])
+    else:
+        assert entry.load["steal_share"] is None and result.summary.steal_mean_pct is None
+        assert result.summary.unavailable["steal_mean_pct"] == run.capabilities.why("steal_time")
+    assert stored.summary.steal_mean_pct == result.summary.steal_mean_pct

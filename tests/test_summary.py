@@ -14,6 +14,7 @@ from builders import (
 )
 
 from traceml_nb.analysis import analyze, detect_warmup, select_steps
+from traceml_nb.analysis.model import Summary
 from traceml_nb.analysis.summary import NO_LOADER
 from traceml_nb.analysis.thresholds import WARMUP_MAX_SHARE, WARMUP_SLOW_FACTOR
 from traceml_nb.capabilities import Capabilities
@@ -324,6 +325,42 @@ def test_no_sampler_tables_use_the_capability_reason():
     s = analyze(b.finish(), caps, cpus_available=2).summary
     assert s.unavailable["system_cpu_median_pct"] == "sampling switched off for this run"
     assert s.unavailable["gpu_util_median_pct"] == "not measured in this run"
+
+
+def test_steal_time_is_the_mean_over_the_steady_window():
+    b = RecordBuilder()
+    b.loader()
+    b.steps(1, 1000.0, 900.0)  # warm-up: 0..1 s, the hypervisor took nothing
+    b.steps(100, 20.0, 1.0)  # steady: 1..3 s, every other sample (10 of ~20) at 30%
+    b.samples(
+        "host",
+        sys_cpu_pct=50.0,
+        steal_pct=lambda t: 0.0 if t < 1 else (30.0 if round(t * 10) % 2 else 0.0),
+    )
+    caps = cpu_capabilities()
+    caps.set("steal_time", True)
+    s = analyze(b.finish(), caps, cpus_available=2).summary
+    assert 300 / 21 <= s.steal_mean_pct <= 300 / 19  # the mean (the median would be 0)
+    assert "steal_mean_pct" not in s.unavailable
+
+
+def test_steal_time_unavailable_says_why():
+    b = RecordBuilder()
+    b.loader()
+    b.steps(50, 20.0, 1.0)
+    b.samples("host", sys_cpu_pct=50.0, steal_pct=None)
+    caps = cpu_capabilities()
+    caps.set("steal_time", False, "psutil reports no steal time on this platform (darwin)")
+    s = analyze(b.finish(), caps, cpus_available=2).summary
+    assert s.steal_mean_pct is None and s.system_cpu_median_pct == 50.0
+    assert s.unavailable["steal_mean_pct"] == (
+        "psutil reports no steal time on this platform (darwin)"
+    )
+    off = cpu_capabilities(host=False)  # no host sampler: its reason, not steal time's
+    off.set("steal_time", False, "whatever")
+    s = analyze(b.finish(), off, cpus_available=2).summary
+    assert s.unavailable["steal_mean_pct"] == "psutil is not installed"
+    assert Summary.from_dict({k: v for k, v in s.to_dict().items() if k != "steal_mean_pct"})
 
 
 def test_samples_outside_a_short_run():

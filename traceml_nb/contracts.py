@@ -47,6 +47,7 @@ Capability = Literal[
     "nvml",
     "gpu_utilisation",
     "host",
+    "steal_time",
 ]
 CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
 

@@ -1,8 +1,12 @@
 """What changed between a run and its baseline: the code, the settings, the environment, the
 machine's load. Pure functions of what the runs stored.
 
-A slowdown with the same code, settings and machine, while other processes kept the CPUs busy,
-is the machine's: :func:`what_changed` says so in its summary sentence.
+The machine's load has two parts, each a share 0..1 of the machine's CPU time, mean over the
+run: ``other_cpu_share``, what *other processes* of this machine used, and ``steal_share``,
+what the *hypervisor* took for other guests (steal time, where the kernel reports it). A
+slowdown with the same code, settings and machine, while other processes kept the CPUs busy or
+the hypervisor took them, is the machine's: :func:`what_changed` says so in its summary
+sentence.
 """
 
 from __future__ import annotations
@@ -14,10 +18,17 @@ from typing import Any
 
 from .formatting import fmt_share
 from .model import Changes
-from .thresholds import BUSY_MACHINE_SHARE, LOAD_CHANGE_SHARE, SOURCE_DIFF_LINES
+from .thresholds import (
+    BUSY_MACHINE_SHARE,
+    LOAD_CHANGE_SHARE,
+    MATERIAL_STEAL_SHARE,
+    SOURCE_DIFF_LINES,
+    STEAL_CHANGE_SHARE,
+)
 
 #: The environment fields compared (see ``traceml_nb.session.environment``).
 ENVIRONMENT_FIELDS = (
+    "device_kind",
     "gpu_name",
     "gpu_memory_mb",
     "gpu_driver",
@@ -111,29 +122,43 @@ def environment_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> 
     return out
 
 
+def _finite(column: Sequence[float | None], i: int) -> float | None:
+    value = column[i] if i < len(column) else None
+    return None if value is None or math.isnan(value) else float(value)
+
+
 def other_cpu_share(
     host: Mapping[str, Sequence[float]] | None, cpu_count: int | None
 ) -> float | None:
     """The mean share (0..1) of the machine's ``cpu_count`` CPUs that *other* processes used
     during a run, from its host samples: the whole machine's busy share (``sys_cpu_pct``)
     less this process and its DataLoader workers (``proc_cpu_pct``, ``workers_cpu_pct``, 100 =
-    one core). None without host samples."""
+    one core) and less the steal time (``steal_pct``, where measured: the kernel counts it
+    busy, but it is the hypervisor's, see :func:`steal_share`). None without host samples."""
     if not host or not cpu_count:
         return None
     system = host.get("sys_cpu_pct") or ()
     own = host.get("proc_cpu_pct") or ()
     workers = host.get("workers_cpu_pct") or ()
+    steal = host.get("steal_pct") or ()
     shares = []
-    for i, sys_pct in enumerate(system):
-        if sys_pct is None or math.isnan(sys_pct):
+    for i in range(len(system)):
+        sys_pct = _finite(system, i)
+        if sys_pct is None:
             continue
-        mine = 0.0
-        for column in (own, workers):
-            value = column[i] if i < len(column) else None
-            if value is not None and not math.isnan(value):
-                mine += value
-        shares.append(max(0.0, sys_pct / 100 - mine / 100 / cpu_count))
+        mine = sum(v for v in (_finite(own, i), _finite(workers, i)) if v is not None)
+        stolen = _finite(steal, i) or 0.0
+        shares.append(max(0.0, sys_pct / 100 - mine / 100 / cpu_count - stolen / 100))
     return sum(shares) / len(shares) if shares else None
+
+
+def steal_share(host: Mapping[str, Sequence[float]] | None) -> float | None:
+    """The mean share (0..1) of the machine's CPU time the hypervisor took during a run (steal
+    time: it ran other guests while this virtual machine wanted to run), from the host
+    samples' ``steal_pct``. None where no sample measured it (a kernel without steal time)."""
+    column = (host or {}).get("steal_pct") or ()
+    known = [v for v in (_finite(column, i) for i in range(len(column))) if v is not None]
+    return sum(known) / len(known) / 100 if known else None
 
 
 def load_sentence(share: float | None, baseline: float | None) -> str | None:
@@ -150,23 +175,51 @@ def load_sentence(share: float | None, baseline: float | None) -> str | None:
     )
 
 
+def _steal_phrase(share: float) -> str:
+    return f"the hypervisor took {fmt_share(share)} of the CPUs (steal time) during this run"
+
+
+def steal_sentence(share: float | None, baseline: float | None) -> str | None:
+    """The steal time in words when it was material and differs from the baseline's (``None``
+    otherwise): one of the two is ``MATERIAL_STEAL_SHARE`` or more and it moved by
+    ``STEAL_CHANGE_SHARE`` or more, or this run's is material and the baseline did not
+    measure it."""
+    if share is None:
+        return None
+    if baseline is None:
+        if share < MATERIAL_STEAL_SHARE:
+            return None
+        return f"{_steal_phrase(share)} (not measured during the baseline)"
+    if abs(share - baseline) < STEAL_CHANGE_SHARE or max(share, baseline) < MATERIAL_STEAL_SHARE:
+        return None
+    return f"{_steal_phrase(share)} ({fmt_share(baseline)} during the baseline)"
+
+
 def what_changed(
     before: Any,
     after: Any,
     *,
     verdict: str | None = None,
     baseline_load_share: float | None = None,
+    baseline_steal_share: float | None = None,
 ) -> Changes:
     """What differs from run ``before`` (the latest baseline run) to run ``after``: both have
-    ``source``, ``loaders`` (dicts), ``environment`` and ``load`` (``other_cpu_share``).
-    ``baseline_load_share`` (default: ``before``'s) is the baseline's load; ``verdict`` the
-    comparison's ("slower" lets the summary say whose slowdown it is)."""
+    ``source``, ``loaders`` (dicts), ``environment`` and ``load`` (``other_cpu_share``,
+    ``steal_share``). ``baseline_load_share`` and ``baseline_steal_share`` (default:
+    ``before``'s) are the baseline's load; ``verdict`` the comparison's ("slower" lets the
+    summary say whose slowdown it is)."""
+    before_load = getattr(before, "load", None) or {}
+    after_load = getattr(after, "load", None) or {}
     base_load = (
         baseline_load_share
         if baseline_load_share is not None
-        else (getattr(before, "load", None) or {}).get("other_cpu_share")
+        else before_load.get("other_cpu_share")
     )
-    share = (getattr(after, "load", None) or {}).get("other_cpu_share")
+    base_steal = (
+        baseline_steal_share if baseline_steal_share is not None else before_load.get("steal_share")
+    )
+    share = after_load.get("other_cpu_share")
+    steal = after_load.get("steal_share")
     changes = Changes(
         code=source_diff(getattr(before, "source", None), getattr(after, "source", None)),
         settings=loader_changes(
@@ -178,6 +231,9 @@ def what_changed(
         load=load_sentence(share, base_load),
         load_share=share,
         baseline_load_share=base_load,
+        steal=steal_sentence(steal, base_steal),
+        steal_share=steal,
+        baseline_steal_share=base_steal,
     )
     changes.summary = _summary(changes, verdict)
     return changes
@@ -190,15 +246,22 @@ def _summary(changes: Changes, verdict: str | None) -> str:
         "same machine" if not changes.environment else "the environment changed",
     ]
     head = ", ".join(parts)
-    if changes.only_load and changes.load_share is not None:
-        busy = changes.load_share >= (changes.baseline_load_share or 0.0)
-        text = (
-            f"{head}; other processes used {fmt_share(changes.load_share)} of the CPUs during "
-            "this run"
-        )
-        if verdict == "slower" and busy:
+    if changes.only_load:
+        said: list[str] = []
+        moved: list[bool] = []  # per part compared with a known baseline: did it get busier?
+        if changes.load is not None and changes.load_share is not None:
+            said.append(
+                f"other processes used {fmt_share(changes.load_share)} of the CPUs during this run"
+            )
+            moved.append(changes.load_share >= (changes.baseline_load_share or 0.0))
+        if changes.steal is not None and changes.steal_share is not None:
+            said.append(_steal_phrase(changes.steal_share))
+            if changes.baseline_steal_share is not None:
+                moved.append(changes.steal_share >= changes.baseline_steal_share)
+        text = f"{head}; {' and '.join(said)}"
+        if verdict == "slower" and any(moved):
             return text + ": the slowdown is the machine's, not your code's."
-        if verdict == "faster" and not busy:
+        if verdict == "faster" and moved and not any(moved):
             return text + ": the speed-up is the machine's, not your code's."
         return text + "."
     if not (changes.code or changes.settings or changes.environment):

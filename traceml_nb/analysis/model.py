@@ -67,6 +67,10 @@ class Summary:
     #: steps an evaluation ran inside: counted, but left out of the statistics (their time is
     #: the evaluation's too)
     interleaved_steps: int = 0
+    #: steal time: the share of the machine's CPU time the hypervisor gave to other guests
+    #: while this virtual machine wanted to run, percent 0..100 of all its CPUs' time, mean
+    #: over the steady steps (None where the kernel reports none: not Linux)
+    steal_mean_pct: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,7 +196,10 @@ class Changes:
     training DataLoader's settings and dataset (``num_workers 0 → 4``); ``environment``: the
     hardware and software fields (``torch_version 2.2.0 → 2.3.1``); ``load``: a sentence on
     the machine's load when it differs (others' CPU share ``load_share``, 0..1, in this run,
-    ``baseline_load_share`` in the baseline); ``summary``: one sentence over all of it.
+    ``baseline_load_share`` in the baseline); ``steal``: a sentence on the steal time when it
+    was material and differs (the hypervisor's share of the CPU time ``steal_share``, 0..1, in
+    this run, ``baseline_steal_share`` in the baseline; None where not measured);
+    ``summary``: one sentence over all of it.
     """
 
     code: list[str] = field(default_factory=list)
@@ -202,11 +209,16 @@ class Changes:
     load_share: float | None = None
     baseline_load_share: float | None = None
     summary: str = ""
+    steal: str | None = None
+    steal_share: float | None = None
+    baseline_steal_share: float | None = None
 
     @property
     def only_load(self) -> bool:
-        """Code, settings and environment are the same; only the machine's load differs."""
-        return self.load is not None and not (self.code or self.settings or self.environment)
+        """Code, settings and environment are the same; only the machine's load (other
+        processes' CPU use, steal time or both) differs."""
+        machine = self.load is not None or self.steal is not None
+        return machine and not (self.code or self.settings or self.environment)
 
     def lines(self) -> list[str]:
         """Every difference as one line, the summary sentence first."""
@@ -214,8 +226,9 @@ class Changes:
         out += [f"cell source: {line}" for line in self.code]
         out += [f"DataLoader: {line}" for line in self.settings]
         out += [f"environment: {line}" for line in self.environment]
-        if self.load:
-            out.append(f"machine load: {self.load}")
+        for sentence in (self.load, self.steal):
+            if sentence:
+                out.append(f"machine load: {sentence}")
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -24,6 +24,8 @@ GPU_COLUMN_CAPABILITY = {
 }
 GPU_DEFAULT_CAPABILITY = "nvml"
 HOST_CAPABILITY = "host"
+#: Host columns with a capability of their own (while the host sampler itself ran).
+HOST_COLUMN_CAPABILITY = {"steal_pct": "steal_time"}
 
 
 @dataclass
@@ -63,7 +65,10 @@ class Window:
 
     def _capability(self, column: str) -> str:
         if self.kind == "host":
-            return HOST_CAPABILITY
+            own = HOST_COLUMN_CAPABILITY.get(column)
+            if own is None or not self.capabilities.ok(HOST_CAPABILITY):
+                return HOST_CAPABILITY
+            return own
         return GPU_COLUMN_CAPABILITY.get(column, GPU_DEFAULT_CAPABILITY)
 
     def _why_missing(self, column: str, whole_run: bool) -> str:
@@ -87,12 +92,19 @@ class Window:
     def _reduce(self, column: str, how: str, whole_run: bool) -> Reading:
         values = self.values(column, whole_run)
         if len(values):
-            return Reading(float(np.median(values) if how == "median" else values.max()))
+            if how == "median":
+                return Reading(float(np.median(values)))
+            return Reading(float(values.mean() if how == "mean" else values.max()))
         return Reading(None, self._why_missing(column, whole_run))
 
     def median(self, column: str) -> Reading:
         """Median of ``column`` over the steady window."""
         return self._reduce(column, "median", whole_run=False)
+
+    def mean(self, column: str) -> Reading:
+        """Mean of ``column`` over the steady window (for a share of time, such as steal
+        time, the mean is the share of the whole window)."""
+        return self._reduce(column, "mean", whole_run=False)
 
     def peak(self, column: str) -> Reading:
         """Largest value of ``column`` over the whole run."""

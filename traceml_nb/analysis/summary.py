@@ -135,6 +135,7 @@ def measure(
             "cores_saturated",
         )
     }
+    host_readings["steal_pct"] = host.mean("steal_pct")  # a share of time: its mean
     mem_peak = gpu.peak("mem_used_mb")
     if mem_peak.value is None:
         torch_peak = gpu.peak("torch_peak_mb")
@@ -275,5 +276,6 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         system_cpu_median_pct=reading("system_cpu_median_pct", m.host_readings["sys_cpu_pct"]),
         cpus_available=m.cpus,
         phases=phases(snapshot, sel),
+        steal_mean_pct=reading("steal_mean_pct", m.host_readings["steal_pct"]),
         unavailable=unavailable,
     )

@@ -131,5 +131,14 @@ DEFAULT_MAX_SLOWDOWN = 0.10
 BUSY_MACHINE_SHARE = 0.25
 #: ...and the load differs between two runs when the share moved by at least this much.
 LOAD_CHANGE_SHARE = 0.15
+#: Steal time (the hypervisor running other guests on this virtual machine's CPUs while it
+#: wanted to run) of at least this share of the machine's CPU time is material: one CPU tick
+#: in twenty taken away from a loop that needs the CPU. A VM on a quiet host reads well under
+#: 1%; an oversubscribed one (a "noisy neighbour") reads 5-20% and more.
+MATERIAL_STEAL_SHARE = 0.05
+#: ...and steal time differs between two runs when it moved by at least this much (as a
+#: share of the machine's CPU time; a baseline that did not measure it differs whenever this
+#: run's is material).
+STEAL_CHANGE_SHARE = 0.05
 #: At most this many changed lines of the cell source are listed in a comparison.
 SOURCE_DIFF_LINES = 6

@@ -374,19 +374,6 @@ def _fail(capabilities: Capabilities, reason: str) -> None:
     capabilities.set("gpu_utilisation", False, reason)
 
 
-def _start_nvml(nvml: Any | None) -> tuple[Any, str]:
-    """``(nvml module, '')`` after a successful ``nvmlInit``, or ``(None, reason)``."""
-    try:
-        module = nb.load_nvml() if nvml is None else nvml
-    except ImportError as exc:
-        return None, nb.init_failure_reason(exc)
-    try:
-        module.nvmlInit()
-    except Exception as exc:
-        return None, nb.init_failure_reason(exc)
-    return module, ""
-
-
 def open_gpu_sources(
     cuda_devices: list[int],
     capabilities: Capabilities,
@@ -409,7 +396,7 @@ def open_gpu_sources(
             _fail(capabilities, "no CUDA device in this run")
         return {}
     env = os.environ if environ is None else environ
-    module, nvml_reason = _start_nvml(nvml)
+    module, nvml_reason = nb.start_nvml(nvml)
     session = _NvmlSession(module) if module is not None else None
     sources: dict[int, GpuSource] = {}
     reasons: list[str] = []

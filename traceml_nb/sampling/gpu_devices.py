@@ -209,6 +209,11 @@ def torch_device_ids(cuda_index: int) -> CudaDeviceIds:
         props = cuda.get_device_properties(cuda_index)
     except Exception:
         return CudaDeviceIds()
+    return device_ids_of(props)
+
+
+def device_ids_of(props: Any) -> CudaDeviceIds:
+    """UUID and PCI bus id from a ``torch.cuda.get_device_properties`` result."""
     raw_uuid = getattr(props, "uuid", None)
     uuid = str(raw_uuid) if raw_uuid is not None else None
     pci = None

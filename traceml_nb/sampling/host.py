@@ -7,7 +7,12 @@ by decoding" (every core busy). Columns (``None``/NaN = unavailable):
 ``proc_cpu_pct``    CPU used by this (the training) process; 100 = one core fully busy
 ``workers_cpu_pct`` CPU used by all its child processes (DataLoader workers); 100 = one core
 ``workers``         number of child processes alive
-``sys_cpu_pct``     whole-machine CPU use, 0..100 (100 = every core busy)
+``sys_cpu_pct``     whole-machine CPU use, 0..100 (100 = every core busy); steal time counts
+                    as busy, since a CPU the hypervisor took could not run this machine's work
+``steal_pct``       steal time: the share of the machine's CPU time the hypervisor gave to
+                    other guests while this (virtual) machine wanted to run, 0..100 of all its
+                    CPUs' time; unavailable (NaN, with ``STEAL_CAPABILITY``'s reason) where the
+                    kernel reports no steal time (macOS, Windows)
 ``max_core_pct``    busiest core usable by this process (0..100)
 ``cores_saturated`` cores usable by this process that were more than 90% busy
 ``ram_used_mb``     machine RAM in use: total minus available (MiB)
@@ -40,6 +45,7 @@ COLUMNS = (
     "workers_cpu_pct",
     "workers",
     "sys_cpu_pct",
+    "steal_pct",
     "max_core_pct",
     "cores_saturated",
     "ram_used_mb",
@@ -51,6 +57,8 @@ COLUMNS = (
 MIB = 1024 * 1024
 SATURATED_PCT = 90.0  #: a core busier than this counts as saturated
 CHILDREN_REFRESH_S = 1.0  #: the list of child processes is rebuilt at most this often
+#: The capability that says whether ``steal_pct`` is measured, and why not.
+STEAL_CAPABILITY = "steal_time"
 
 
 def proc_children_pids(pid: int, proc_root: Path = Path("/proc")) -> list[int] | None:
@@ -111,6 +119,14 @@ class ProcessGone(Exception):
     """The process ended (or its pid now belongs to another process)."""
 
 
+class CoreTime(NamedTuple):
+    """One CPU's cumulative counters (seconds or clock ticks, one unit per reader)."""
+
+    busy: float  #: time not idle (user, system, interrupts... and steal)
+    total: float  #: all of it: busy + idle + iowait
+    steal: float | None  #: time the hypervisor took (inside ``busy``); None: not reported
+
+
 class ProcStat(NamedTuple):
     cpu_s: float  #: user + system CPU seconds of the process itself (not of reaped children)
     rss_bytes: int
@@ -162,7 +178,10 @@ class ProcfsReader:
             cpu_ticks / self._tick, int(fields[21]) * self._page, int(fields[19]) / self._tick
         )
 
-    def core_times(self) -> list[tuple[float, float]]:
+    #: Why ``CoreTime.steal`` is None from this reader.
+    no_steal_reason = "this kernel's /proc/stat has no steal time column (a kernel before 2.6.11)"
+
+    def core_times(self) -> list[CoreTime]:
         cores = []
         for line in self._read(f"{self._root}/stat").splitlines():
             if line.startswith(b"cpu") and line[3:4].isdigit():
@@ -171,7 +190,8 @@ class ProcfsReader:
                 v = [int(x) for x in line.split()[1:]]
                 total = sum(v[:8])
                 idle = v[3] + (v[4] if len(v) > 4 else 0)
-                cores.append((float(total - idle), float(total)))
+                steal = float(v[7]) if len(v) > 7 else None
+                cores.append(CoreTime(float(total - idle), float(total), steal))
             elif cores:
                 break
         return cores
@@ -239,12 +259,18 @@ class PsutilReader:
             self._processes.pop(pid, None)
             raise ProcessGone(pid) from exc
 
-    def core_times(self) -> list[tuple[float, float]]:
+    @property
+    def no_steal_reason(self) -> str:
+        """Why ``CoreTime.steal`` is None from this reader."""
+        return f"psutil reports no steal time on this platform ({sys.platform}): only Linux has it"
+
+    def core_times(self) -> list[CoreTime]:
         cores = []
         for t in self._psutil.cpu_times(percpu=True):
             total = float(sum(t)) - float(getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0))
             idle = float(t.idle + getattr(t, "iowait", 0.0))
-            cores.append((total - idle, total))
+            steal = getattr(t, "steal", None)  # Linux only (psutil's field list per platform)
+            cores.append(CoreTime(total - idle, total, None if steal is None else float(steal)))
         return cores
 
     def memory(self) -> tuple[int, int]:
@@ -311,6 +337,10 @@ class HostSource:
         self._last_start_clock = reader.now()
         self._last_proc_cpu_s = reader.process_stat(self._pid, rss=False).cpu_s
         self._last_cores = reader.core_times()
+        #: why ``steal_pct`` is unavailable ('' when this machine's kernel reports steal time)
+        self.steal_why = ""
+        if not self._last_cores or any(c.steal is None for c in self._last_cores):
+            self.steal_why = reader.no_steal_reason
         self._usable_cores = self._usable_core_indices(len(self._last_cores))
         self._refresh_children(self._last_t, prime_all=True)
 
@@ -413,15 +443,20 @@ class HostSource:
         self._last_cores = cores
         return values
 
-    def _core_stats(self, cores: list[tuple[float, float]]) -> dict[str, float | int | None]:
+    def _core_stats(self, cores: list[CoreTime]) -> dict[str, float | int | None]:
         if len(cores) != len(self._last_cores):  # a CPU went on- or offline
             return {}
         pcts: list[float | None] = []
-        busy_sum = total_sum = 0.0
-        for (busy, total), (last_busy, last_total) in zip(cores, self._last_cores, strict=True):
-            d_busy, d_total = busy - last_busy, total - last_total
+        busy_sum = total_sum = steal_sum = 0.0
+        steal_known = not self.steal_why
+        for now, last in zip(cores, self._last_cores, strict=True):
+            d_busy, d_total = now.busy - last.busy, now.total - last.total
             busy_sum += max(0.0, d_busy)
             total_sum += max(0.0, d_total)
+            if now.steal is None or last.steal is None:
+                steal_known = False
+            elif steal_known:
+                steal_sum += max(0.0, now.steal - last.steal)
             pcts.append(min(100.0, max(0.0, d_busy / d_total * 100)) if d_total > 0 else None)
         if total_sum <= 0:
             return {}  # the counters have not moved yet (samples closer than a clock tick)
@@ -429,6 +464,8 @@ class HostSource:
         known = [p for p in usable if p is not None]
         return {
             "sys_cpu_pct": min(100.0, busy_sum / total_sum * 100),
+            # of the whole machine's CPU time, as sys_cpu_pct (which holds it), so the two subtract
+            "steal_pct": min(100.0, steal_sum / total_sum * 100) if steal_known else None,
             "max_core_pct": max(known) if known else None,
             "cores_saturated": sum(1 for p in known if p > SATURATED_PCT) if known else None,
         }
@@ -462,6 +499,8 @@ def open_host_source(capabilities: Capabilities) -> HostSource | None:
         if psutil is None:
             reason = "psutil is not installed"
         capabilities.set("host", False, f"host CPU and RAM are not sampled: {reason}")
+        capabilities.set(STEAL_CAPABILITY, False, capabilities.why("host"))
         return None
     capabilities.set("host", True)
+    capabilities.set(STEAL_CAPABILITY, not source.steal_why, source.steal_why)
     return source

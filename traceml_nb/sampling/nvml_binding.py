@@ -78,6 +78,29 @@ def load_nvml() -> Any:
     return pynvml
 
 
+def start_nvml(nvml: Any = None) -> tuple[Any, str]:
+    """``(nvml module, '')`` after a successful ``nvmlInit`` (``nvml`` injects one, tests),
+    or ``(None, reason)``: the library is missing or does not start (:func:`init_failure_reason`).
+    Whoever gets a module calls ``nvmlShutdown`` when done (NVML counts its inits)."""
+    try:
+        module = load_nvml() if nvml is None else nvml
+    except ImportError as exc:
+        return None, init_failure_reason(exc)
+    try:
+        module.nvmlInit()
+    except Exception as exc:
+        return None, init_failure_reason(exc)
+    return module, ""
+
+
+def shutdown(nvml: Any) -> None:
+    """``nvmlShutdown``, whatever it raises (a lost GPU or a dead driver: nothing to shut)."""
+    try:
+        nvml.nvmlShutdown()
+    except Exception:
+        pass
+
+
 def error_code(exc: BaseException) -> int | None:
     """The NVML return code carried by a pynvml exception, None for anything else."""
     value = getattr(exc, "value", None)
@@ -144,6 +167,17 @@ def pci_bus_id(nvml: Any, handle: Any) -> str:
 
 def name(nvml: Any, handle: Any) -> str:
     return text(nvml.nvmlDeviceGetName(handle))
+
+
+def driver_version(nvml: Any) -> str:
+    """The NVIDIA driver's version, e.g. ``550.54.15``."""
+    return text(nvml.nvmlSystemGetDriverVersion())
+
+
+def cuda_compute_capability(nvml: Any, handle: Any) -> str:
+    """The device's CUDA compute capability as ``major.minor``, e.g. ``7.5`` (a T4)."""
+    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+    return f"{int(major)}.{int(minor)}"
 
 
 def mig_enabled(nvml: Any, handle: Any) -> bool:

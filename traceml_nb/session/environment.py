@@ -2,15 +2,17 @@
 
 Captured once at the end of each run (never while it trains) and stored with it, so a later
 comparison can say what differs besides the code. Every field is a plain JSON value; a value
-that cannot be read is ``None`` (never a guess):
+that cannot be read is ``None`` (never a guess), and for a GPU field of a CUDA run
+``unavailable`` says why:
 
 ======================== =========================================================================
-``gpu_name``             CUDA device name as PyTorch reports it (``None`` for a CPU run)
-``gpu_memory_mb``        the device's total memory, MiB
+``device_kind``          ``"cuda"`` or ``"cpu"``: what the run trained on
+``gpu_name``             the CUDA device's name (PyTorch's, else NVML's); ``None`` for a CPU run
+``gpu_memory_mb``        the device's total memory, MiB (PyTorch's, else NVML's)
 ``gpu_driver``           NVIDIA driver version (from NVML), e.g. ``"550.54.15"``
 ``cuda_version``         the CUDA version PyTorch was built with, e.g. ``"12.1"``
-``gpu_compute_capability`` e.g. ``"7.5"`` (a T4), ``"9.0"`` (an H100/H200)
-``gpu_count``            CUDA devices visible to the process
+``gpu_compute_capability`` e.g. ``"7.5"`` (a T4), ``"9.0"`` (an H100/H200); PyTorch's, else NVML's
+``gpu_count``            CUDA devices visible to the process (PyTorch)
 ``torch_version``        ``torch.__version__``
 ``python_version``       e.g. ``"3.11.7"``
 ``traceml_nb_version``   the installed traceml_nb
@@ -22,7 +24,13 @@ that cannot be read is ``None`` (never a guess):
 ``git_dirty``            the work tree had uncommitted changes (``None`` outside a repository)
 ``dataset_type``         the training loader's dataset class, e.g. ``"ImageFolder"``
 ``dataset_len``          its length (``None`` for an iterable dataset)
+``unavailable``          field -> why it is ``None`` (a CUDA run's GPU fields and CUDA version)
 ======================== =========================================================================
+
+PyTorch describes the device the run used; NVML is read through the package's own binding
+(:mod:`traceml_nb.sampling.nvml_binding`) for the driver, and for the device matched to the
+CUDA index (:func:`~traceml_nb.sampling.gpu_devices.match_cuda_device`) where PyTorch could not
+say.
 
 The *hardware class* (:func:`hardware_class`) is what baselines are matched on: the GPU model
 for a GPU run, the CPU model and usable CPU count for a CPU run.
@@ -36,21 +44,44 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 from ..analysis.attribution import ENVIRONMENT_FIELDS
+from ..sampling import nvml_binding as nb
+from ..sampling.gpu_devices import (
+    CudaDeviceIds,
+    device_ids_of,
+    list_nvml_devices,
+    match_cuda_device,
+)
 from ..sampling.host import cpus_available
 
 #: Seconds each git command may take (a huge or network-mounted repository must not stall the
 #: end of the cell); past it the commit is unknown.
 GIT_TIMEOUT_S = 2.0
+#: The fields :func:`gpu_environment` reads.
+GPU_FIELDS = ("gpu_name", "gpu_memory_mb", "gpu_driver", "gpu_compute_capability", "gpu_count")
+#: The fields NVML stands in for when PyTorch cannot read them.
+_NVML_STANDS_IN = ("gpu_name", "gpu_memory_mb", "gpu_compute_capability")
+NO_CUDA_VERSION = "PyTorch reports no CUDA version (torch.version.cuda is None)"
 
 
 def hardware_class(env: dict[str, Any] | None) -> str:
-    """``"GPU: Tesla T4"`` or ``"CPU: AMD EPYC 7B13 ×2"``: runs are compared within a class."""
+    """``"GPU: Tesla T4"`` or ``"CPU: AMD EPYC 7B13 ×2"``: runs are compared within a class.
+
+    A GPU run whose model could not be read is ``"GPU: unknown model (compute capability 7.5,
+    15360 MiB)"`` (what is known of it), never a CPU class."""
     env = env or {}
     if env.get("gpu_name"):
         return f"GPU: {env['gpu_name']}"
+    if env.get("device_kind") == "cuda":
+        known = []
+        if env.get("gpu_compute_capability"):
+            known.append(f"compute capability {env['gpu_compute_capability']}")
+        if env.get("gpu_memory_mb"):
+            known.append(f"{env['gpu_memory_mb']} MiB")
+        return "GPU: unknown model" + (f" ({', '.join(known)})" if known else "")
     cpus = env.get("cpus_available")
     model = env.get("cpu_model") or "unknown CPU"
     return f"CPU: {model} \u00d7{cpus}" if cpus else f"CPU: {model}"
@@ -95,34 +126,138 @@ def _cpu_model() -> str | None:
     return platform.processor() or platform.machine() or None
 
 
-@functools.lru_cache(maxsize=8)
-def _gpu(index: int) -> dict[str, Any]:
-    """The CUDA device ``index`` (cached: it does not change within a process)."""
-    out: dict[str, Any] = {}
+def _failure(exc: BaseException) -> str:
+    """One line for an exception (no traceback)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _torch_cuda() -> Any:
     try:
         import torch
+    except ImportError:
+        return None
+    return torch.cuda
 
-        if not torch.cuda.is_available():
-            return out
-        props = torch.cuda.get_device_properties(index)
-        out["gpu_name"] = str(props.name)
-        out["gpu_memory_mb"] = round(props.total_memory / (1024 * 1024))
-        out["gpu_compute_capability"] = f"{props.major}.{props.minor}"
-        out["gpu_count"] = torch.cuda.device_count()
-    except Exception:
-        return out
+
+def _from_torch(index: int, cuda: Any, values: dict[str, Any]) -> tuple[str, CudaDeviceIds]:
+    """Fill ``values`` from PyTorch's view of ``cuda:index``; ``(why the device's properties
+    could not be read or '', its ids for matching it in NVML)``."""
+    if cuda is None:
+        return "PyTorch is not installed", CudaDeviceIds()
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            out["gpu_driver"] = driver.decode() if isinstance(driver, bytes) else str(driver)
-        finally:
-            pynvml.nvmlShutdown()
+        if not cuda.is_available():
+            return "PyTorch's CUDA is not available in this process", CudaDeviceIds()
+    except Exception as exc:
+        return f"PyTorch's CUDA failed ({_failure(exc)})", CudaDeviceIds()
+    try:
+        values["gpu_count"] = int(cuda.device_count())
     except Exception:
-        pass
-    return out
+        pass  # said by the caller
+    try:
+        props = cuda.get_device_properties(index)
+        name, total = str(props.name), int(props.total_memory)
+        capability = f"{int(props.major)}.{int(props.minor)}"
+    except Exception as exc:
+        return f"PyTorch could not describe cuda:{index} ({_failure(exc)})", CudaDeviceIds()
+    values.update(gpu_name=name, gpu_memory_mb=round(total / nb.MIB))
+    values["gpu_compute_capability"] = capability
+    return "", device_ids_of(props)
+
+
+def _nvml_failure(nvml: Any, exc: BaseException) -> str:
+    return nb.error_text(exc) if nb.is_nvml_error(nvml, exc) else _failure(exc)
+
+
+def _from_nvml(
+    index: int,
+    nvml: Any,
+    ids: CudaDeviceIds,
+    environ: Mapping[str, str],
+    values: dict[str, Any],
+    why: dict[str, str],
+) -> str:
+    """Fill the driver and, for the NVML device matched to ``cuda:index``, the fields PyTorch
+    left ``None``; each field NVML failed on gets its reason in ``why``. Returns why the
+    device itself could not be read ('' when it could, or was not needed)."""
+    try:
+        values["gpu_driver"] = nb.driver_version(nvml)
+    except Exception as exc:
+        why["gpu_driver"] = _nvml_failure(nvml, exc)
+    if all(values[f] is not None for f in _NVML_STANDS_IN):
+        return ""
+    try:
+        devices, handles = list_nvml_devices(nvml)
+    except Exception as exc:
+        return f"NVML could not list the GPUs ({_nvml_failure(nvml, exc)})"
+    match = match_cuda_device(
+        index, ids, devices, environ.get("CUDA_VISIBLE_DEVICES"), environ.get("CUDA_DEVICE_ORDER")
+    )
+    if match is None:
+        return f"cuda:{index} could not be matched to an NVML device"
+    handle = handles[match.device]
+    reads = {
+        "gpu_name": lambda: nb.name(nvml, handle),
+        "gpu_memory_mb": lambda: round(nb.memory_mib(nvml, handle)[1]),
+        "gpu_compute_capability": lambda: nb.cuda_compute_capability(nvml, handle),
+    }
+    for field, read in reads.items():
+        if values[field] is None:
+            try:
+                values[field] = read()
+            except Exception as exc:
+                why[field] = _nvml_failure(nvml, exc)
+    return ""
+
+
+def gpu_environment(
+    index: int,
+    *,
+    cuda: Any = None,
+    nvml: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The :data:`GPU_FIELDS` of CUDA device ``index`` and, for each that is ``None``, why.
+
+    PyTorch (``torch.cuda.get_device_properties``, ``device_count``) gives the name, the
+    memory, the compute capability and the count; NVML (:func:`nb.start_nvml`) gives the
+    driver, and stands in for the first three where PyTorch could not read them. ``cuda``
+    injects ``torch.cuda``, ``nvml`` the NVML module and ``environ`` the environment variables
+    (tests); by default the real ones. Never raises; NVML is shut down again.
+    """
+    values: dict[str, Any] = dict.fromkeys(GPU_FIELDS)
+    why: dict[str, str] = {}
+    torch_why, ids = _from_torch(index, _torch_cuda() if cuda is None else cuda, values)
+    module, nvml_why = nb.start_nvml(nvml)
+    if module is not None:
+        try:
+            nvml_why = _from_nvml(
+                index, module, ids, os.environ if environ is None else environ, values, why
+            )
+        except Exception as exc:  # a fault of ours or the binding's: still a reason
+            nvml_why = f"NVML failed ({_failure(exc)})"
+        finally:
+            nb.shutdown(module)
+    else:
+        why["gpu_driver"] = nvml_why
+    for field in GPU_FIELDS:
+        if values[field] is not None:
+            why.pop(field, None)
+        elif field == "gpu_count":
+            why[field] = torch_why or "PyTorch could not count the CUDA devices"
+        elif field in _NVML_STANDS_IN:
+            parts = [torch_why, why.get(field) or nvml_why]
+            why[field] = "; ".join(p for p in parts if p) or "not reported"
+        elif field not in why:
+            why[field] = nvml_why or "not reported"
+    return values, why
+
+
+@functools.lru_cache(maxsize=8)
+def _gpu(index: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """:func:`gpu_environment` of the real device ``index`` (cached: it does not change
+    within a process)."""
+    return gpu_environment(index)
 
 
 def _git(cwd: str) -> dict[str, Any]:
@@ -149,17 +284,37 @@ def _git(cwd: str) -> dict[str, Any]:
     return {"git_commit": commit.strip(), "git_dirty": None if status is None else bool(status)}
 
 
-def capture_environment(run: Any, *, cwd: str | None = None) -> dict[str, Any]:
+def capture_environment(
+    run: Any,
+    *,
+    cwd: str | None = None,
+    cuda: Any = None,
+    nvml: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The environment of the ended ``run`` (a :class:`traceml_nb.run.Run` or alike: its
     ``device_kind``, ``cuda_index`` and ``record.loaders`` are read), as a dict of the fields
-    in the module docstring. Never raises: what cannot be read is ``None``."""
+    in the module docstring. ``cuda``, ``nvml`` and ``environ`` inject the hardware's side
+    (:func:`gpu_environment`). Never raises: what cannot be read is ``None``."""
     env: dict[str, Any] = dict.fromkeys(ENVIRONMENT_FIELDS)
     env.update({"dataset_type": None, "dataset_len": None})
+    unavailable: dict[str, str] = {}
+    env["unavailable"] = unavailable
     try:
         env.update(_static())
         env["cpus_available"] = cpus_available()
-        if getattr(run, "device_kind", "cpu") == "cuda":
-            env.update(_gpu(int(getattr(run, "cuda_index", 0) or 0)))
+        kind = "cuda" if getattr(run, "device_kind", "cpu") == "cuda" else "cpu"
+        env["device_kind"] = kind
+        if kind == "cuda":
+            index = int(getattr(run, "cuda_index", 0) or 0)
+            if cuda is None and nvml is None and environ is None:
+                values, why = _gpu(index)
+            else:
+                values, why = gpu_environment(index, cuda=cuda, nvml=nvml, environ=environ)
+            env.update(values)
+            unavailable.update(why)
+            if env.get("cuda_version") is None:
+                unavailable["cuda_version"] = NO_CUDA_VERSION
         env.update(_git(cwd or os.getcwd()))
         loaders = list(getattr(getattr(run, "record", None), "loaders", ()) or ())
         training = [info for info in loaders if getattr(info, "is_training", False)]

@@ -65,7 +65,9 @@ class RunEntry:
     #: :func:`~.environment.capture_environment` of the run ({} when not captured)
     environment: dict[str, Any] = field(default_factory=dict)
     #: the machine's load during the run: ``other_cpu_share`` (0..1 of the machine's CPUs used
-    #: by other processes, mean over the run; None when not sampled)
+    #: by other processes, mean over the run; None when not sampled) and ``steal_share`` (0..1
+    #: of its CPU time the hypervisor took, steal time, mean over the run; None where the
+    #: kernel reports none)
     load: dict[str, Any] = field(default_factory=dict)
     #: the idle-GPU cost (:class:`~traceml_nb.analysis.model.IdleCost` as a dict; None for a
     #: CPU run)

@@ -113,7 +113,7 @@ class Session:
         :class:`RunResult`. ``warmup``: ``"auto"`` or the number of leading steps to leave out
         of the statistics. A store that cannot be written is one note in the result."""
         from ..analysis import analyze
-        from ..analysis.attribution import other_cpu_share
+        from ..analysis.attribution import other_cpu_share, steal_share
         from ..analysis.cost import idle_cost
         from .environment import capture_environment
         from .result import sample_columns, step_arrays
@@ -123,7 +123,8 @@ class Session:
         entry = entry_from(run, analysis)
         entry.environment = capture_environment(run)
         entry.load = {
-            "other_cpu_share": other_cpu_share(snapshot.host, entry.environment.get("cpu_count"))
+            "other_cpu_share": other_cpu_share(snapshot.host, entry.environment.get("cpu_count")),
+            "steal_share": steal_share(snapshot.host),
         }
         cost = (
             idle_cost(
@@ -208,13 +209,12 @@ class Session:
         )
         if baseline and not same_as_previous:
             with_baseline = compare_with_baseline(baseline, entry, noise=noise)
-            loads = [r.load.get("other_cpu_share") for r in baseline]
-            known = sorted(v for v in loads if v is not None)
             changes = what_changed(
                 baseline[-1],
                 entry,
                 verdict=with_baseline.verdict,
-                baseline_load_share=known[len(known) // 2] if known else None,
+                baseline_load_share=_median_load(baseline, "other_cpu_share"),
+                baseline_steal_share=_median_load(baseline, "steal_share"),
             )
             with_baseline.changes = changes.lines()
             if note:
@@ -342,6 +342,12 @@ def default_session() -> Session:
     if _default is None:
         _default = Session()
     return _default
+
+
+def _median_load(runs: list[RunEntry], key: str) -> float | None:
+    """The (upper) median of ``load[key]`` over the runs that measured it, else None."""
+    known = sorted(v for v in (r.load.get(key) for r in runs) if v is not None)
+    return known[len(known) // 2] if known else None
 
 
 def baseline_title(entry: RunEntry, baseline: list[RunEntry]) -> str:

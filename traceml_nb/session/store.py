@@ -15,7 +15,9 @@ saying why; the session turns it into a note and the user's cell is never failed
 Per run: the summary and the diagnosis (JSON), up to ``MAX_STORED_STEPS`` steady step times
 (float32, ms), the DataLoader settings, the cell source, the environment
 (:mod:`.environment`), the machine load and the idle-GPU cost; ~20 KB for a run with 4,000
-kept steps.
+kept steps. Columns of their own, for queries: the figures ``%traceml history`` lists and
+``steal_share`` (schema 2), the share 0..1 of the machine's CPU time the hypervisor took during
+the run (steal time; NULL where the kernel reports none, and for runs stored before schema 2).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ BUSY_TIMEOUT_S = 3.0
 #: Seconds between attempts to switch a new store to the WAL journal (``Store._use_wal``).
 WAL_RETRY_S = 0.01
 #: The schema this traceml_nb reads and writes.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _RUN_COLUMNS = (
     "name",
@@ -73,6 +75,7 @@ _RUN_COLUMNS = (
     "environment",
     "load",
     "step_ms",
+    "steal_share",
 )
 
 #: (version, what it does, statements): applied in order to a file of an older version.
@@ -99,6 +102,12 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
                 name TEXT NOT NULL, run_id INTEGER NOT NULL, pinned_at REAL NOT NULL,
                 PRIMARY KEY (name, run_id))""",
         ),
+    ),
+    (
+        2,
+        "steal time of each run",
+        # earlier runs keep NULL: they did not measure it (their load JSON has no steal_share)
+        ("ALTER TABLE runs ADD COLUMN steal_share REAL",),
     ),
 ]
 
@@ -155,6 +164,8 @@ class StoredRow:
     idle_cost_usd: float | None  #: their price (None: no price for this GPU)
     session: str | None
     session_run: int | None  #: the run's number in its session
+    #: share 0..1 of the machine's CPU time the hypervisor took (steal time; None: not measured)
+    steal_share: float | None = None
 
 
 @dataclass
@@ -171,7 +182,7 @@ class NameTotals:
 _LIST_COLUMNS = (
     "id, name, status, started_at, elapsed_s, hardware, total_steps, steady_steps, "
     "step_ms_median, samples_per_s, data_wait_share, gpu_util_median_pct, verdict, "
-    "idle_gpu_s, idle_cost_usd, session, session_run"
+    "idle_gpu_s, idle_cost_usd, session, session_run, steal_share"
 )
 
 
@@ -269,8 +280,10 @@ class Store:
         conn.execute("PRAGMA synchronous=NORMAL")
         if version == SCHEMA_VERSION:
             return
-        if not write:
+        if not write and version == 0:
             raise StoreError(f"the store {self.path} is empty (no run was stored yet)")
+        # an older schema is migrated on reading too (``check`` may be the first to open a store
+        # after an upgrade): the queries name the newer columns
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]  # another may have won
@@ -326,9 +339,10 @@ class Store:
 
     def add_many(self, entries: Sequence[RunEntry], *, session: str | None = None) -> list[int]:
         """Write ``entries`` in one transaction (``%traceml load`` of a history file)."""
-        rows = [self._row(e, session) for e in entries]
-        marks = ", ".join("?" * len(_RUN_COLUMNS))
-        sql = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({marks})"
+        columns = _RUN_COLUMNS
+        rows = [self._row(e, session, columns) for e in entries]
+        marks = ", ".join("?" * len(columns))
+        sql = f"INSERT INTO runs ({', '.join(columns)}) VALUES ({marks})"
         ids = []
         with self._connect(write=True) as conn:
             conn.execute("BEGIN IMMEDIATE")
@@ -344,38 +358,40 @@ class Store:
         return ids
 
     @staticmethod
-    def _row(e: RunEntry, session: str | None) -> tuple[Any, ...]:
+    def _row(e: RunEntry, session: str | None, columns: Sequence[str]) -> tuple[Any, ...]:
         s, d = e.summary, e.diagnosis
         cost = e.cost or {}
-        return (
-            e.name,
-            int(e.named),
-            e.cell_id,
-            e.status,
-            e.error,
-            float(e.started_at),
-            float(e.elapsed_s),
-            hardware_class(e.environment),
-            session,
-            e.id or None,
-            s.total_steps,
-            s.steady_steps,
-            _finite(s.step_ms_median),
-            _finite(s.samples_per_s),
-            _finite(s.data_wait_share),
-            _finite(s.gpu_util_median_pct),
-            d.verdict,
-            d.cause,
-            _finite(cost.get("idle_gpu_s")),
-            _finite(cost.get("cost_usd")),
-            e.source,
-            _dumps(s.to_dict()),
-            _dumps(d.to_dict()),
-            _dumps(e.loaders),
-            _dumps(e.environment),
-            _dumps({"load": e.load, "cost": e.cost}),
-            array("f", e.step_ms).tobytes(),
-        )
+        values = {
+            "name": e.name,
+            "named": int(e.named),
+            "cell_id": e.cell_id,
+            "status": e.status,
+            "error": e.error,
+            "started_at": float(e.started_at),
+            "elapsed_s": float(e.elapsed_s),
+            "hardware": hardware_class(e.environment),
+            "session": session,
+            "session_run": e.id or None,
+            "total_steps": s.total_steps,
+            "steady_steps": s.steady_steps,
+            "step_ms_median": _finite(s.step_ms_median),
+            "samples_per_s": _finite(s.samples_per_s),
+            "data_wait_share": _finite(s.data_wait_share),
+            "gpu_util_median_pct": _finite(s.gpu_util_median_pct),
+            "verdict": d.verdict,
+            "cause": d.cause,
+            "idle_gpu_s": _finite(cost.get("idle_gpu_s")),
+            "idle_cost_usd": _finite(cost.get("cost_usd")),
+            "source": e.source,
+            "summary": _dumps(s.to_dict()),
+            "diagnosis": _dumps(d.to_dict()),
+            "loaders": _dumps(e.loaders),
+            "environment": _dumps(e.environment),
+            "load": _dumps({"load": e.load, "cost": e.cost}),
+            "step_ms": array("f", e.step_ms).tobytes(),
+            "steal_share": _finite(e.load.get("steal_share")),
+        }
+        return tuple(values[c] for c in columns)
 
     # --- pinned baselines --------------------------------------------------------------------
     def pin(self, name: str, run_ids: Sequence[int]) -> None:
@@ -502,6 +518,9 @@ class Store:
 def _entry(row: Sequence[Any]) -> RunEntry:
     data = dict(zip(("id", *_RUN_COLUMNS), row, strict=True))
     extra = json.loads(data["load"])
+    load = extra.get("load") or {}
+    if data.get("steal_share") is not None:  # the column is the store's own record of it
+        load["steal_share"] = float(data["steal_share"])
     steps = array("f")
     steps.frombytes(data["step_ms"])
     return RunEntry(
@@ -519,7 +538,7 @@ def _entry(row: Sequence[Any]) -> RunEntry:
         loaders=json.loads(data["loaders"]),
         named=bool(data["named"]),
         environment=json.loads(data["environment"]),
-        load=extra.get("load") or {},
+        load=load,
         cost=extra.get("cost"),
         stored_id=int(data["id"]),
         origin="store",
