@@ -20,6 +20,7 @@ from traceml_nb.analysis.diagnosis import (
     CAUSE_STORAGE,
     CAUSE_TOO_FEW_WORKERS,
     CAUSE_UNKNOWN,
+    TUNE_HINT,
     confidence,
 )
 from traceml_nb.analysis.model import Analysis, Diagnosis
@@ -207,6 +208,7 @@ def test_cpu_only_input_bound_full_diagnosis():
         "persistent_workers=True keeps the workers alive between epochs instead of starting them "
         "again (each start costs the first-batch wait again).",
         "prefetch_factor=4 keeps 4 batches per worker in flight, which absorbs slow samples.",
+        TUNE_HINT,
     ]
     assert d.wont_help == ["More than 2 workers: only 2 CPUs are available to this process."]
     assert d.saving_bound_share == pytest.approx(0.6)
@@ -779,3 +781,12 @@ def test_a_stall_on_top_of_a_slow_pipeline_is_input_bound_and_named():
     assert d.verdict == "input-bound" and "50%" in d.title  # judged without the stall
     assert any(line.startswith("One fetch, at step 37, took 2.01 s") for line in d.secondary)
     assert d.saving_bound_share > 0.5  # the bound still counts the stall
+
+
+def test_input_bound_advice_names_the_tuner_where_the_settings_are_the_cause():
+    d = cpu_run(0.6, host={**IDLE_HOST, "workers": 0}).diagnosis
+    assert d.cause == CAUSE_TOO_FEW_WORKERS
+    assert d.advice[-1] == TUNE_HINT and "%traceml tune" in TUNE_HINT
+    d = first_epoch_run(0.4, 0.1)  # slow storage on the first pass: no loader setting helps
+    assert d.cause == CAUSE_FIRST_EPOCH
+    assert TUNE_HINT not in d.advice

@@ -17,9 +17,17 @@ LAYERS: list[tuple[str, ...]] = [
     ("segment", "instrument", "sampling"),  # what measures: events into rows, samples
     ("run",),  # the engine: installs, measures, removes
     ("analysis",),  # pure functions of a record
-    ("session",),  # history, comparisons, results
+    ("session", "tune"),  # history, comparisons, results; measuring DataLoader settings
     ("views",),  # what the user sees
-    ("cell", "magic", "selfcheck", "demo", "__init__", "__main__"),  # entry points
+    (
+        "cell",
+        "magic",
+        "magic_commands",
+        "selfcheck",
+        "demo",
+        "__init__",
+        "__main__",
+    ),  # entry points
 ]
 LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}
 

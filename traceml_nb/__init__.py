@@ -38,6 +38,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         from . import session
 
+        _wire_trackers()
         return getattr(session, name)
     raise AttributeError(f"module 'traceml_nb' has no attribute {name!r}")
 
@@ -67,7 +68,23 @@ def check(
 def _default_session() -> Any:
     from .session import default_session
 
+    _wire_trackers()
     return default_session()
+
+
+def _report_html(result: Any) -> str:
+    """The static HTML report of a result (what ``--log-to`` attaches to the tracker)."""
+    from .views.report import Report
+
+    return Report.of(result)._repr_html_()
+
+
+def _wire_trackers() -> None:
+    """Give the experiment trackers (session layer) the report's renderer (views layer)."""
+    from .session import trackers
+
+    if trackers.report_html is None:
+        trackers.report_html = _report_html
 
 
 _run.default_session = _default_session

@@ -76,6 +76,16 @@ def _identifier(text: str) -> str:
     return text
 
 
+def _log_to(text: str) -> str:
+    from .session.trackers import parse_log_to
+
+    try:  # caught here: a misspelt tracker is said before the training runs, not after
+        parse_log_to(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _device(text: str) -> str:
     try:  # caught here: a bad index would otherwise fail inside the user's training loop
         resolve_device(text)
@@ -97,6 +107,12 @@ class CellOptions:
     compare: bool
     #: where the run is stored: a path (``--store``), False (``--no-store``), None (default)
     store: str | bool | None = None
+    #: tune the DataLoader right after an input-bound run (``--tune``)
+    tune: bool = False
+    #: the experiment trackers to log the run to (``--log-to``; None: TRACEML_NB_LOG_TO)
+    log_to: str | None = None
+    #: log the per-step series too (``--log-steps``)
+    log_steps: bool = False
 
 
 def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
@@ -116,28 +132,13 @@ def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
         device=args.device,
         compare=not args.no_compare,
         store=False if args.no_store else args.store,
+        tune=args.tune,
+        log_to=args.log_to,
+        log_steps=args.log_steps,
     )
 
 
 # --- the magics --------------------------------------------------------------------------------
-LINE_HELP = """\
-%traceml: the runs measured in this kernel session.
-
-  %traceml history          table of the runs (name, status, verdict, step time...)
-  %traceml history --all    the stored runs of every session (the latest 100)
-  %traceml history --name NAME   the stored runs named NAME
-  %traceml compare A B      compare run A (before) with run B (after); A and B as listed
-                            by %traceml history (number or name), or stored runs (@17)
-  %traceml baseline NAME    the baseline of NAME; ... set @3,@4,@5 pins it, ... clear unpins
-  %traceml save PATH        write the history to a JSON file
-  %traceml load PATH        replace the history with the runs saved in PATH (and store them)
-  %traceml clear            forget every run of this session (the store keeps them)
-  %traceml help             this text
-
-Measure a cell with %%traceml on its first line; see %%traceml? for its options.
-"""
-
-
 @magics_class
 class TraceMLMagics(Magics):
     """The ``%%traceml`` cell magic and the ``%traceml`` line magic."""
@@ -219,6 +220,28 @@ class TraceMLMagics(Magics):
         action="store_true",
         help="do not write this run to the run store",
     )
+    @argument(
+        "--tune",
+        action="store_true",
+        help="when the run is input-bound, measure DataLoader settings right after it and "
+        "recommend one (as %%traceml tune does)",
+    )
+    @argument(
+        "--log-to",
+        metavar="TRACKERS",
+        type=_log_to,
+        default=None,
+        help="log the run's figures, verdict and report to experiment trackers: wandb, mlflow, "
+        "tensorboard or tensorboard:DIR, several separated by commas, or off (default: "
+        "TRACEML_NB_LOG_TO). An active W&B or MLflow run is logged into; otherwise one is "
+        "started in your own configuration",
+    )
+    @argument(
+        "--log-steps",
+        action="store_true",
+        help="with --log-to: the per-step series too (step time, data wait, compute, GPU "
+        "stall; at most 2000 points each, the step index as x)",
+    )
     @cell_magic("traceml")  # type: ignore[arg-type]
     def traceml_cell(self, line: str, cell: str) -> None:
         """Measure the training in this cell: live charts while it runs, a diagnosis at the end.
@@ -256,6 +279,12 @@ class TraceMLMagics(Magics):
 
             %%traceml --view none --warmup 20 --interval 0.05 --device cuda:1
             ...
+
+            %%traceml --log-to wandb,mlflow,tensorboard:runs/exp1 --log-steps
+            train(model, loader)       # figures, verdict and report into the trackers too
+
+            %%traceml --tune          # input-bound? then measure DataLoader settings
+            train(model, loader)      # (the same as %traceml tune after the run)
         """
         __tracebackhide__ = True  # noqa: F841 (read by IPython's traceback formatter)
         options = parse_options(self.traceml_cell, line)
@@ -302,7 +331,11 @@ class TraceMLMagics(Magics):
             from .views.report import Report
 
             result = self.session.result(
-                run, warmup=options.warmup, compare=options.compare, store=options.store
+                run,
+                warmup=options.warmup,
+                compare=options.compare,
+                store=options.store,
+                log_to=False,  # logged below, once the report is shown
             )
             report = Report.of(result)
         except Exception as report_exc:  # a broken report must not hide the cell's own outcome
@@ -322,10 +355,35 @@ class TraceMLMagics(Magics):
             display(report)
         if options.out:
             self.user_ns[options.out] = result
+        lines = self.session.export(
+            result,
+            options.log_to,
+            run=run,
+            log_steps=options.log_steps or None,
+            render=lambda _: report._repr_html_(),
+        )
+        for tracker_line in lines:
+            print(tracker_line)
+        if options.tune and exc is None:
+            self._tune_after(result)
+
+    def _tune_after(self, result: Any) -> None:
+        """``--tune``: tune the run's DataLoader when the run was input-bound."""
+        verdict = result.diagnosis.verdict
+        if verdict != "input-bound":
+            print(f"traceml: --tune: the run is {verdict}, not input-bound: nothing to tune")
+            return
+        from .magic_commands import run_tuning
+
+        print("traceml: --tune: the run is input-bound; measuring DataLoader settings")
+        try:
+            run_tuning(self.shell, self.session, result.run_id)
+        except UsageError as tune_exc:
+            print(f"traceml: --tune: {tune_exc}")
 
     @line_magic("traceml")  # type: ignore[arg-type]
     def traceml_line(self, line: str) -> None:
-        """The runs measured in this session: history, compare A B, save PATH, load PATH, clear.
+        """The runs measured in this session: history, compare A B, save, load, clear, tune.
 
         ::
 
@@ -336,27 +394,15 @@ class TraceMLMagics(Magics):
           %traceml save PATH        write the history to a JSON file
           %traceml load PATH        replace the history with the runs saved in PATH
           %traceml clear            forget every run of this session
+          %traceml tune [RUN] [--budget SEC] [--workers LIST] [--prefetch LIST] [--batches N]
+                        [--loader VAR] [-o VAR]
+                                    measure DataLoader settings for the training loader of
+                                    the last run (or RUN) and recommend one
           %traceml help             the commands
         """
-        try:
-            words = shlex.split(line)
-        except ValueError as exc:
-            raise UsageError(f"%traceml: {exc}") from None
-        command, args = (words[0], words[1:]) if words else ("help", [])
-        handler = _LINE_COMMANDS.get(command)
-        if handler is None:
-            raise UsageError(f"%traceml: unknown command {command!r}\n\n{LINE_HELP}")
-        arity = _LINE_ARITY[command]
-        if len(args) not in (arity if isinstance(arity, tuple) else (arity,)):
-            allowed = (
-                " to ".join(str(n) for n in arity[:: len(arity) - 1])
-                if isinstance(arity, tuple)
-                else str(arity)
-            )
-            raise UsageError(
-                f"%traceml {command}: expected {allowed} argument(s), got {len(args)}\n\n{LINE_HELP}"
-            )
-        handler(self.session, *args)
+        from .magic_commands import dispatch
+
+        dispatch(self.session, self.shell, line)
 
 
 def start_live_view(run: Run, view_option: str, frontend: Frontend) -> Any:
@@ -394,142 +440,6 @@ def start_live_view(run: Run, view_option: str, frontend: Frontend) -> Any:
                 pass
         return None
     return view
-
-
-# --- %traceml commands ------------------------------------------------------------------------
-def _cmd_help(session: Session) -> None:
-    print(LINE_HELP)
-
-
-def _cmd_history(session: Session, *args: str) -> None:
-    from IPython.display import display
-
-    from .views.report import HistoryTable
-
-    if not args:
-        display(HistoryTable.of(session.history))
-        return
-    if args == ("--all",):
-        name = None
-    elif len(args) == 2 and args[0] == "--name":
-        name = args[1]
-    else:
-        raise UsageError(f"%traceml history: expected --all or --name NAME\n\n{LINE_HELP}")
-    from .session.store import StoreError
-    from .views.history import StoredHistory
-
-    store = session.store()
-    if store is None:
-        raise UsageError("%traceml history: storing is off (TRACEML_NB_STORE=off)")
-    try:
-        display(StoredHistory.of(store, name=name))
-    except StoreError as exc:
-        raise UsageError(f"%traceml history: {exc}") from None
-
-
-def _cmd_compare(session: Session, ref_a: str, ref_b: str) -> None:
-    from IPython.display import display
-
-    from .analysis import compare
-    from .analysis.attribution import what_changed
-    from .views.report import ComparisonView
-
-    try:
-        before, after, note = session.compare_refs(ref_a, ref_b)
-    except KeyError as exc:
-        raise UsageError(f"%traceml compare: {exc.args[0]}") from None
-    if note:
-        print(f"traceml: {note}")
-    comparison = compare(before, after)
-    comparison.changes = what_changed(before, after, verdict=comparison.verdict).lines()
-    display(ComparisonView(before.label, after.label, comparison))
-
-
-def _cmd_baseline(session: Session, name: str, *args: str) -> None:
-    from .session.store import StoreError
-
-    store = session.store()
-    if store is None:
-        raise UsageError("%traceml baseline: storing is off (TRACEML_NB_STORE=off)")
-    try:
-        if not args:
-            pinned = store.pins(name) if _exists(store) else []
-            if pinned:
-                runs = ", ".join(f"@{i}" for i in pinned)
-                print(f"traceml: the baseline of {name!r} is pinned to {runs}")
-            else:
-                print(
-                    f"traceml: the baseline of {name!r} is its last runs on the same hardware "
-                    "(none pinned)"
-                )
-        elif args == ("clear",):
-            count = store.unpin(name) if _exists(store) else 0
-            print(f"traceml: unpinned the baseline of {name!r} ({count} run(s))")
-        elif len(args) == 2 and args[0] == "set":
-            ids = [w.strip().lstrip("@") for w in args[1].split(",") if w.strip()]
-            if not ids or not all(i.isdigit() for i in ids):
-                raise UsageError(
-                    f"%traceml baseline: RUNS must be stored run ids like @3,@4, got {args[1]!r}"
-                )
-            store.pin(name, [int(i) for i in ids])
-            print(f"traceml: the baseline of {name!r} is now {', '.join('@' + i for i in ids)}")
-        else:
-            raise UsageError(f"%traceml baseline: expected NAME [set RUNS|clear]\n\n{LINE_HELP}")
-    except StoreError as exc:
-        raise UsageError(f"%traceml baseline: {exc}") from None
-
-
-def _exists(store: Any) -> bool:
-    import os
-
-    return os.path.exists(store.path)
-
-
-def _cmd_save(session: Session, path: str) -> None:
-    try:
-        session.save(path)
-    except OSError as exc:
-        raise UsageError(f"%traceml save: cannot write {path!r}: {exc}") from None
-    print(f"traceml: saved {len(session.history)} run(s) to {path}")
-
-
-def _cmd_load(session: Session, path: str) -> None:
-    from .session.history_file import HistoryFileError
-
-    try:
-        loaded = session.load(path)
-    except HistoryFileError as exc:
-        raise UsageError(f"%traceml load: {exc} (the history is unchanged)") from None
-    print(f"traceml: loaded {loaded} run(s) from {path}")
-    stored, why = session.import_to_store()
-    if why:
-        print(f"traceml: the loaded runs were not stored: {why}")
-    elif stored:
-        print(f"traceml: stored {stored} of them in the run store")
-
-
-def _cmd_clear(session: Session) -> None:
-    print(f"traceml: cleared {session.clear()} run(s) from the history")
-
-
-_LINE_COMMANDS: dict[str, Callable[..., None]] = {
-    "help": _cmd_help,
-    "history": _cmd_history,
-    "compare": _cmd_compare,
-    "baseline": _cmd_baseline,
-    "save": _cmd_save,
-    "load": _cmd_load,
-    "clear": _cmd_clear,
-}
-_LINE_ARITY: dict[str, int | tuple[int, ...]] = {
-    "help": 0,
-    "history": (0, 1, 2),
-    "compare": 2,
-    "baseline": (1, 2, 3),
-    "save": 1,
-    "load": 1,
-    "clear": 0,
-}
 
 
 # --- extension hooks ----------------------------------------------------------------------------

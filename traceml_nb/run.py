@@ -128,6 +128,10 @@ class Run:
         device the real ``torch.cuda.Event`` is used automatically.
     source, cell_id: the code measured and the frontend's id of its cell, for the history.
     session: where :meth:`result` reports (default: the kernel's session).
+    log_to: the experiment trackers the session logs the result to at the end
+        (``"wandb,mlflow,tensorboard:DIR"``; None: the session's, else ``TRACEML_NB_LOG_TO``;
+        ``False``/``"off"``: none), ``log_steps`` with the per-step series. The run only
+        carries them: the session logs.
     """
 
     def __init__(
@@ -143,6 +147,8 @@ class Run:
         source: str | None = None,
         cell_id: str | None = None,
         session: Concluder | None = None,
+        log_to: str | list[str] | bool | None = None,
+        log_steps: bool | None = None,
     ) -> None:
         self.name = name or "run"
         self.named = name is not None
@@ -152,6 +158,8 @@ class Run:
         self.source = source
         self.cell_id = cell_id
         self.session = session
+        self.log_to = log_to
+        self.log_steps = log_steps
         self.record = RunRecord()
         self.capabilities = Capabilities()
         self.status: RunStatus = "created"

@@ -49,6 +49,14 @@ CAUSE_PAGEABLE = "host-to-device copies from pageable memory"
 CAUSE_FIRST_EPOCH = "slow storage on the first epoch (later epochs read from the cache)"
 CAUSE_STORAGE = "slow storage (the workers are idle, yet cannot keep up)"
 CAUSE_UNKNOWN = "input pipeline too slow (worker CPU unavailable)"
+#: The last line of the advice of an input-bound run whose DataLoader settings are the cause
+#: (or may be): the tuner measures the settings instead of reading them from rules.
+TUNE_HINT = (
+    "To measure the DataLoader settings instead of following these rules: run %traceml tune "
+    "(it iterates fresh loaders over your dataset, never your model; about a minute)."
+)
+#: The causes whose advice ends with ``TUNE_HINT``.
+TUNABLE_CAUSES = (CAUSE_TOO_FEW_WORKERS, CAUSE_PAGEABLE, CAUSE_STORAGE, CAUSE_UNKNOWN)
 
 
 def confidence(strong: bool, steady_steps: int, *, weaker: int = 0) -> Confidence:
@@ -251,6 +259,8 @@ def _input_bound(f: _Facts) -> Diagnosis:
         d.cause = CAUSE_UNKNOWN
         return d
     _input_cause(f, d, loader)
+    if d.cause in TUNABLE_CAUSES:
+        d.advice.append(TUNE_HINT)
     return d
 
 

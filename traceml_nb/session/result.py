@@ -190,6 +190,13 @@ class RunResult:
     store_note: str | None = None  #: why the run was not stored ('' / None: stored or off)
     environment: dict[str, Any] = field(default_factory=dict)  #: see session.environment
     cost: IdleCost | None = None  #: idle GPU time and its price (None: CPU run)
+    #: what ``%traceml tune`` of an earlier run of the cell predicted for this run's loader
+    #: settings: ``tuned_run``, ``candidate``, ``recommended``, ``predicted_ms``,
+    #: ``measured_ms``, ``error_share`` (measured / predicted − 1); None: no such tuning
+    prediction: dict[str, Any] | None = None
+    #: one line per experiment tracker the run was logged to (``--log-to``): what was logged
+    #: where, or why nothing was
+    trackers: list[str] = field(default_factory=list)
 
     @property
     def analysis(self) -> Analysis:
@@ -212,6 +219,8 @@ class RunResult:
             "store_note": self.store_note,
             "environment": _plain(self.environment),
             "cost": _plain(self.cost),
+            "prediction": _plain(self.prediction),
+            "trackers": list(self.trackers),
             "capabilities": self.capabilities.to_dict(),
             "steps": _plain(self.steps.to_dict()),
             "samples": _plain(self.samples),

@@ -37,16 +37,28 @@ class Session:
     """The runs of one kernel or script, oldest first (:attr:`history`), and their results.
 
     ``store``: where runs are stored (:mod:`.store`): a path, ``False`` for none, or ``None``
-    for ``TRACEML_NB_STORE`` / the default path, read at each run.
+    for ``TRACEML_NB_STORE`` / the default path, read at each run. ``log_to``: the experiment
+    trackers each result is logged to (:mod:`.trackers`: ``"wandb,mlflow,tensorboard:DIR"``;
+    None: ``TRACEML_NB_LOG_TO``; a run's own ``log_to`` comes first), ``log_steps`` with the
+    per-step series.
     """
 
     def __init__(
-        self, history: History | None = None, *, store: str | os.PathLike[str] | bool | None = None
+        self,
+        history: History | None = None,
+        *,
+        store: str | os.PathLike[str] | bool | None = None,
+        log_to: str | list[str] | bool | None = None,
+        log_steps: bool = False,
     ) -> None:
         self.history = history if history is not None else History()
         self.store_option = store
+        self.log_to = log_to
+        self.log_steps = log_steps
         self.id = uuid.uuid4().hex[:12]  #: this session's id in the store
         self.last_write_s: float | None = None  #: seconds the last store write took
+        #: the tunings of this session (``%traceml tune``), oldest first, at most MAX_TUNINGS
+        self.tunings: list[Any] = []
 
     def run(self, name: str | None = None, **options: Any) -> Run:
         """A :class:`~traceml_nb.run.Run` whose :meth:`~traceml_nb.run.Run.result` reports here
@@ -106,10 +118,12 @@ class Session:
         warmup: str | int = "auto",
         compare: bool = True,
         store: str | os.PathLike[str] | bool | None = None,
+        log_to: str | list[str] | bool | None = None,
     ) -> RunResult:
         """Analyse the ended ``run``, compare it with its baseline and the earlier runs of its
         cell (the previous one and the best one) unless ``compare`` is False, keep it in the
-        history, write it to the store (``store`` as :meth:`store` takes it) and return its
+        history, write it to the store (``store`` as :meth:`store` takes it), log it to the
+        trackers (:meth:`export`; ``log_to=False``: not now) and return its
         :class:`RunResult`. ``warmup``: ``"auto"`` or the number of leading steps to leave out
         of the statistics. A store that cannot be written is one note in the result."""
         from ..analysis import analyze
@@ -144,6 +158,10 @@ class Session:
         with_previous = with_best = with_baseline = None
         if compare:
             with_baseline, with_previous, with_best, comparisons = self._comparisons(entry, target)
+        prediction = self.prediction_for(entry)
+        if prediction is not None and with_previous is not None:
+            with_previous.rows.append(prediction_row(prediction))
+            with_previous.headline += f"; {prediction_sentence(prediction)}"
         stored_id, store_note = self._write(entry, target)
         if store_note:
             run.capabilities.note(store_note)
@@ -151,7 +169,7 @@ class Session:
         if run.device_kind == "cuda":
             usable = run.capabilities.ok("gpu_events")
             device = f"cuda:{run.cuda_index}" + ("" if usable else ", not available")
-        return RunResult(
+        result = RunResult(
             name=run.name,
             status=entry.status,
             error=run.error,
@@ -171,7 +189,128 @@ class Session:
             store_note=store_note,
             environment=dict(entry.environment),
             cost=cost,
+            prediction=prediction,
         )
+        if log_to is not False:
+            for line in self.export(result, log_to, run=run):
+                print(line)
+        return result
+
+    # --- experiment trackers ----------------------------------------------------------------
+    def export(
+        self,
+        result: RunResult,
+        log_to: str | list[str] | bool | None = None,
+        *,
+        run: Run | None = None,
+        log_steps: bool | None = None,
+        render: Any = None,
+    ) -> list[str]:
+        """Log ``result`` to the experiment trackers (:mod:`.trackers`) that ``log_to`` names,
+        else ``run``'s, else this session's, else ``TRACEML_NB_LOG_TO``; the lines saying what
+        went where (also in ``result.trackers``). ``render``: the HTML report's renderer.
+        Never raises: a tracker that cannot be used is one line."""
+        from . import trackers
+
+        steps = log_steps
+        for choice in (getattr(run, "log_steps", None), self.log_steps):
+            if steps is None:
+                steps = choice
+        try:
+            targets = trackers.resolve_log_to(log_to, getattr(run, "log_to", None), self.log_to)
+        except ValueError as exc:
+            lines = [f"traceml: not logged to any tracker: {exc}"]
+        else:
+            lines = trackers.export(result, targets, log_steps=bool(steps), render=render)
+        result.trackers = [*result.trackers, *lines]
+        return lines
+
+    # --- tuning -----------------------------------------------------------------------------
+    def tune(
+        self,
+        ref: int | str | None = None,
+        *,
+        loader: Any = None,
+        namespace: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Any:
+        """Tune the training DataLoader of run ``ref`` (default: the latest run): measure
+        DataLoader settings over its dataset and recommend one (:func:`traceml_nb.tune.tuner.
+        tune`; ``options`` as it takes them). ``loader``: the DataLoader to tune, else the live
+        one over the run's dataset, looked up in ``namespace`` and then among live objects.
+        ``LookupError`` saying why when there is no run or no loader to tune."""
+        from ..tune.find import candidate_of, find_loader, namer, training_loader_info
+        from ..tune.tuner import tune as run_tune
+
+        if not len(self.history):
+            raise LookupError("no run to tune yet: run a training cell under %%traceml first")
+        entry = self.get(ref) if ref is not None else self.history.entries[-1]
+        info = training_loader_info(entry.loaders)
+        name: str | None = None
+        if loader is None:
+            if info is None:
+                raise LookupError(f"run {entry.label} iterated no DataLoader: nothing to tune")
+            found = find_loader(info, namespace)
+            if found is None:
+                raise LookupError(
+                    f"the training DataLoader of run {entry.label} ({info.get('dataset_type')}, "
+                    f"batch_size={info.get('batch_size')}) is no longer alive; pass it: "
+                    "%traceml tune --loader NAME"
+                )
+            loader, name = found
+        s = entry.summary
+        unavailable = {}
+        if s.compute_ms_median is None:
+            unavailable["compute_ms"] = s.unavailable.get(
+                "step_ms_median", "the run has no steady steps with a DataLoader"
+            )
+        result = run_tune(
+            loader,
+            compute_ms=s.compute_ms_median,
+            run_step_ms=s.step_ms_median,
+            run_wait_ms=s.data_wait_ms_median,
+            gpu=options.pop("gpu", entry.environment.get("device_kind") == "cuda"),
+            cpus=options.pop("cpus", s.cpus_available),
+            current=candidate_of(info) if info is not None else None,
+            name_of=namer(namespace),
+            driver=(info or {}).get("driver"),
+            run_id=entry.id,
+            run_label=entry.label,
+            unavailable=unavailable,
+            **options,
+        )
+        result.loader_name = name
+        result.cell_entry = entry
+        self.tunings = [*self.tunings, result][-MAX_TUNINGS:]
+        return result
+
+    def prediction_for(self, entry: RunEntry) -> dict[str, Any] | None:
+        """What a tuning of an earlier run of ``entry``'s cell predicted for ``entry``'s
+        loader settings, beside what ``entry`` measured (None: no such tuning)."""
+        from ..tune.candidates import same_settings
+        from ..tune.find import training_loader_info
+
+        info = training_loader_info(entry.loaders)
+        if info is None or entry.summary.step_ms_median is None or not self.tunings:
+            return None
+        earlier = self.history.same_cell(entry)
+        for tuning in reversed(self.tunings):
+            tuned = getattr(tuning, "cell_entry", None)
+            if tuned is None or not any(e is tuned for e in earlier):
+                continue
+            ordered = sorted(tuning.measurements, key=lambda m: m.candidate != tuning.recommended)
+            for m in ordered:
+                if m.predicted_ms is not None and same_settings(m.candidate, info):
+                    measured = entry.summary.step_ms_median
+                    return {
+                        "tuned_run": tuned.label,
+                        "candidate": m.candidate.label,
+                        "recommended": m.candidate == tuning.recommended,
+                        "predicted_ms": m.predicted_ms,
+                        "measured_ms": measured,
+                        "error_share": measured / m.predicted_ms - 1,
+                    }
+        return None
 
     def _write(self, entry: RunEntry, target: Any) -> tuple[int | None, str | None]:
         """Store ``entry``: its store id, or a note saying why it was not stored."""
@@ -330,6 +469,36 @@ class Session:
         n = len(self.history)
         self.history.clear()
         return n
+
+
+#: Tunings kept per session (each holds its measurements; the oldest are dropped).
+MAX_TUNINGS = 20
+
+
+def prediction_row(prediction: dict[str, Any]) -> Any:
+    """The comparison row that puts a tuning's prediction beside the measured step time."""
+    from ..analysis.comparison import NEUTRAL, ComparisonRow
+    from ..analysis.formatting import fmt_ms, signed_pct
+
+    return ComparisonRow(
+        f"step time predicted by %traceml tune of {prediction['tuned_run']}",
+        fmt_ms(prediction["predicted_ms"]),
+        fmt_ms(prediction["measured_ms"]),
+        signed_pct(prediction["error_share"]),
+        NEUTRAL,
+    )
+
+
+def prediction_sentence(prediction: dict[str, Any]) -> str:
+    """``%traceml tune of #1 predicted 27.2 ms a step for these settings: measured 28.0 ms
+    (+3%)``."""
+    from ..analysis.formatting import fmt_ms, signed_pct
+
+    return (
+        f"%traceml tune of {prediction['tuned_run']} predicted {fmt_ms(prediction['predicted_ms'])}"
+        f" a step for these settings ({prediction['candidate']}): measured "
+        f"{fmt_ms(prediction['measured_ms'])} ({signed_pct(prediction['error_share'])})"
+    )
 
 
 _default: Session | None = None

@@ -1,0 +1,154 @@
+"""The demo (``python -m traceml_nb.demo``): it says what it does as it goes, and the
+``jupyter lab`` command it prints at the end starts JupyterLab."""
+
+from __future__ import annotations
+
+import io
+import os
+import shlex
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from traceml_nb import demo
+
+REPO = Path(__file__).resolve().parent.parent
+SERVER_START_TIMEOUT_S = 120  # a busy 2-core machine: JupyterLab usually answers in ~5 s
+
+
+def tiny_notebook(path: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# tiny"),
+        nbformat.v4.new_code_cell("%load_ext traceml_nb"),
+        nbformat.v4.new_code_cell(
+            "%%traceml --view none --no-store --name tiny\n"
+            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "for (x,) in DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4):\n"
+            "    pass\n"
+        ),
+    ]
+    nbformat.write(nb, path)
+    return path
+
+
+def test_the_demo_prints_each_cell_as_it_goes_and_a_jupyter_lab_line(tmp_path, capsys):
+    notebook = tiny_notebook(tmp_path / "tiny.ipynb")
+    assert demo.run_demo(notebook, tmp_path / "out", timeout_s=300) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert (
+        lines[0] == "Executing tiny.ipynb in a real kernel (2 code cells, about a minute on a CPU):"
+    )
+    assert any(ln.endswith("] starting the kernel") for ln in lines)
+    started = [ln for ln in lines if "] running cell " in ln]
+    assert [ln.split("] ", 1)[1] for ln in started] == [
+        "running cell 1/2: %load_ext traceml_nb",
+        "running cell 2/2: %%traceml --view none --no-store --name tiny",
+    ]
+    assert sum("  done in " in ln for ln in lines) == 2
+    assert "traceml report: " in out
+    last = lines[-1]
+    assert last.startswith("To watch the live charts, open it in JupyterLab: ")
+    assert last.endswith(
+        f"lab{' --allow-root' if os.geteuid() == 0 else ''} {tmp_path / 'out' / 'tiny.ipynb'}"
+    )
+
+
+def test_a_long_cell_gets_a_still_running_line():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time; time.sleep(9)")])
+    out = io.StringIO()
+    progress = demo.Progress(nb, out=out, heartbeat_s=0.05)
+    progress.start()
+    try:
+        progress.cell_started(nb.cells[0], 0)
+        deadline = time.monotonic() + 30
+        while "still running cell 1" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        progress.cell_done(nb.cells[0], 0)
+    finally:
+        progress.stop()
+    assert "] running cell 1/1: import time; time.sleep(9)" in out.getvalue()
+    assert "still running cell 1, " in out.getvalue()
+
+
+def _status(url: str, token: str, path: str = "api/status") -> int | None:
+    req = urllib.request.Request(f"{url}/{path}", headers={"Authorization": f"token {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=2) as resp:
+            return resp.status
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+@pytest.mark.slow
+def test_the_printed_jupyter_lab_command_starts_jupyterlab(tmp_path, monkeypatch):
+    """What a user does after the README's first command: run the line the demo printed (from
+    the repository, as the README says), here with no browser and a port and token of ours."""
+    assert demo.jupyterlab_missing() is None, "the demo extra installs JupyterLab"
+    notebook = tiny_notebook(tmp_path / "executed.ipynb")
+    monkeypatch.chdir(REPO)
+    command = shlex.split(demo.open_command(notebook))
+    if os.geteuid() == 0:
+        assert "--allow-root" in command  # JupyterLab refuses to start as root without it
+    assert (REPO / command[0]).exists() or Path(command[0]).exists()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = "traceml-demo-test"
+    env = dict(os.environ)
+    for name in ("config", "data", "runtime"):
+        (tmp_path / name).mkdir()
+        env[f"JUPYTER_{name.upper()}_DIR"] = str(tmp_path / name)
+    env["JUPYTER_PLATFORM_DIRS"] = "1"
+    log = tmp_path / "lab.log"
+    extra = [
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--port-retries=0",
+        f"--IdentityProvider.token={token}",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+    with log.open("wb") as f:
+        proc = subprocess.Popen(
+            command + extra, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while _status(url, token) != 200:
+            assert proc.poll() is None, f"jupyter lab exited:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no answer:\n{log.read_text()[-3000:]}"
+            time.sleep(0.25)
+        # the server's root is the notebook's folder: it serves the notebook the line names
+        assert _status(url, token, "api/contents/executed.ipynb") == 200
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_without_jupyterlab_the_demo_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "jupyterlab" else real(name, *a),
+    )
+    hint = demo.jupyterlab_missing()
+    assert hint is not None and hint.endswith(
+        "pip install jupyterlab   # JupyterLab is not installed in this environment"
+    )

@@ -1,0 +1,295 @@
+"""``%traceml tune`` and ``%%traceml --tune`` in a real IPython shell, on the quickstart's
+starved loader (the notebook's own dataset and model code): the recommendation, a rerun with it
+that is no longer input-bound and runs at the predicted step time, the recommendation against
+the best of the whole grid measured here, and the loop closed in the rerun's comparison."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.testing.globalipapp import start_ipython
+
+from traceml_nb.session import default_session
+from traceml_nb.tune.candidates import Candidate, worker_counts
+from traceml_nb.tune.predict import MEASURED, predict_ms
+from traceml_nb.tune.thresholds import PREFETCH_CHOICES, TUNE_BUDGET_S
+from traceml_nb.tune.tuner import usable_cpus
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.ipynb"
+STARVED_LOADER = "loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=0)"
+
+
+def notebook_cells() -> list[str]:
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+
+
+def setup_and_starved_cell() -> tuple[str, str]:
+    """The notebook's dataset-and-model cell, and its first (starved) training cell."""
+    code = notebook_cells()
+    setup = next(c for c in code if "class SlowImages" in c)
+    starved = next(c for c in code if STARVED_LOADER in c)
+    return setup, starved
+
+
+@pytest.fixture(scope="module")
+def ip():
+    import torch
+
+    shell = InteractiveShell.instance() if InteractiveShell.initialized() else start_ipython()
+    shell.run_line_magic("load_ext", "traceml_nb")
+    setup, _ = setup_and_starved_cell()
+    result = shell.run_cell(setup + "\nSTEPS = 80\n")
+    assert result.success, result.error_in_exec
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is steadier on a busy 2-core machine
+    yield shell
+    torch.set_num_threads(threads)
+    shell.run_line_magic("unload_ext", "traceml_nb")
+
+
+def cell(line: str, loader_line: str = STARVED_LOADER) -> str:
+    """The notebook's starved training cell with ``line`` as its magic line."""
+    _, starved = setup_and_starved_cell()
+    body = starved.split("\n", 1)[1].replace(STARVED_LOADER, loader_line)
+    return f"{line}\n{body}"
+
+
+@pytest.fixture(scope="module")
+def tuned(ip):
+    """The starved run, then ``%traceml tune`` of it: (the run, the tuning, the wall time)."""
+    default_session().history.clear()
+    default_session().tunings.clear()
+    result = ip.run_cell(cell("%%traceml --name quickstart -o starved"))
+    assert result.success, result.error_in_exec
+    started = time.perf_counter()
+    result = ip.run_cell("%traceml tune -o tuning")
+    wall = time.perf_counter() - started
+    assert result.success, result.error_in_exec
+    yield ip.user_ns["starved"], ip.user_ns["tuning"], wall
+    default_session().history.clear()
+    default_session().tunings.clear()
+
+
+def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, capsys):
+    starved, tuning, wall = tuned
+    assert starved.diagnosis.verdict == "input-bound"
+    assert tuning.status == "completed"
+    assert tuning.recommended is not None and tuning.recommended.num_workers >= 1
+    assert tuning.elapsed_s <= TUNE_BUDGET_S and wall <= TUNE_BUDGET_S + 5
+    assert tuning.paste.startswith("DataLoader(data, batch_size=32, shuffle=True, num_workers=")
+    assert tuning.predicted_ms < starved.summary.step_ms_median
+    rerun = ip.run_cell(cell("%%traceml --name quickstart -o fixed", f"loader = {tuning.paste}"))
+    assert rerun.success, rerun.error_in_exec
+    fixed = ip.user_ns["fixed"]
+    out = capsys.readouterr().out
+    measured = fixed.summary.step_ms_median
+    assert fixed.diagnosis.verdict != "input-bound", fixed.diagnosis.title
+    # the prediction used the starved run's compute time; on a shared machine the compute of
+    # the rerun can differ (other processes): the prediction for the compute the rerun had
+    # must hold always, the original one whenever the machine ran the model as fast as before
+    chosen = tuning.measurement_of(tuning.recommended)
+    compute_now = fixed.summary.compute_ms_median
+    drift = compute_now / tuning.compute_ms - 1
+    # with workers, each batch was followed by the tuned compute time: shift it to the rerun's
+    paced = dataclasses.replace(
+        chosen,
+        steady_s=chosen.steady_s + (compute_now - tuning.compute_ms) / 1e3 * chosen.steady_batches,
+    )
+    again = predict_ms(paced, compute_now, fixed.summary.cpus_available)
+    print(
+        f"tune: {tuning.elapsed_s:.1f} s; predicted {tuning.predicted_ms:.1f} ms "
+        f"(compute {tuning.compute_ms:.1f} ms), measured {measured:.1f} ms "
+        f"(compute {compute_now:.1f} ms, drift {drift:+.0%}); for that compute {again:.1f} ms"
+    )
+    assert measured == pytest.approx(again, rel=0.15)
+    if abs(drift) <= 0.05:
+        assert measured == pytest.approx(tuning.predicted_ms, rel=0.15)
+    # the loop closed: the rerun's comparison shows the prediction beside the measurement
+    assert fixed.prediction is not None and fixed.prediction["recommended"]
+    assert fixed.prediction["predicted_ms"] == pytest.approx(tuning.predicted_ms)
+    assert "%traceml tune of #1 quickstart predicted" in fixed.comparison.headline
+    assert any(
+        r.label.startswith("step time predicted by %traceml tune") for r in fixed.comparison.rows
+    )
+    assert "%traceml tune of #1 quickstart predicted" in out
+
+
+def _train_steps(ns, loader, steps: int, warm: int = 3) -> list[float]:
+    """The notebook's training step on ``loader``'s batches: the steady step times, s."""
+    import torch
+    from torch import nn
+
+    model = ns["make_model"]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    times: list[float] = []
+    it = iter(loader)
+    try:
+        last = time.perf_counter()
+        for i, (x, y) in enumerate(it):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            now = time.perf_counter()
+            if i >= warm:
+                times.append(now - last)
+            last = now
+            if len(times) == steps:
+                break
+    finally:
+        stop = getattr(it, "_shutdown_workers", None)
+        if stop is not None:
+            stop()
+    return times
+
+
+def test_the_recommendation_is_within_10pct_of_the_best_of_the_whole_grid(ip, tuned):
+    from torch.utils.data import DataLoader
+
+    _, tuning, _ = tuned
+    # the grid's worker counts: 0 up to the CPUs, and those the tuner tried past them
+    counts = sorted(
+        {m.candidate.num_workers for m in tuning.measurements} | set(worker_counts(usable_cpus()))
+    )
+    grid = [
+        Candidate(n, f if n else None) for n in counts for f in (PREFETCH_CHOICES if n else (None,))
+    ]
+    ns = ip.user_ns
+    # interleaved passes, so that a busy machine's drift hits every candidate alike; the best
+    # is chosen on the even passes and judged on the odd ones (the best of many noisy medians,
+    # judged on the data that chose it, reads faster than it is)
+    passes: list[dict[Candidate, list[float]]] = []
+    for rep in range(4):
+        times: dict[Candidate, list[float]] = {}
+        for cand in grid[rep:] + grid[:rep]:
+            kwargs = {"num_workers": cand.num_workers}
+            if cand.num_workers:
+                kwargs["prefetch_factor"] = cand.prefetch_factor
+            loader = DataLoader(ns["data"], batch_size=32, shuffle=True, **kwargs)
+            times[cand] = _train_steps(ns, loader, steps=8)
+        passes.append(times)
+    choosing = {c: statistics.median(passes[0][c] + passes[2][c]) for c in grid}
+    judging = {c: passes[1][c] + passes[3][c] for c in grid}
+    best = min(choosing, key=choosing.__getitem__)
+    rec = tuning.recommended
+    print(
+        {c.label: round(statistics.median(v) * 1e3, 1) for c, v in judging.items()},
+        "best",
+        best.label,
+        "recommended",
+        rec.label,
+    )
+    # and the best must be more than 10% faster beyond the noise of those steps to fail it
+    assert not best_is_10pct_faster(judging[best], judging[rec])
+
+
+def best_is_10pct_faster(best: list[float], recommended: list[float]) -> bool:
+    """True when median(best) / median(recommended) is below 1 / 1.10 with 95% confidence
+    (percentile bootstrap, each candidate's steps resampled on their own)."""
+    rng = random.Random(0)
+    ratios = sorted(
+        statistics.median(rng.choices(best, k=len(best)))
+        / statistics.median(rng.choices(recommended, k=len(recommended)))
+        for _ in range(2000)
+    )
+    return ratios[int(0.975 * len(ratios))] < 1 / 1.10
+
+
+LINEAR = "lin = torch.nn.Linear(8, 2); lopt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+
+
+def test_tune_after_an_input_bound_run_with_the_cell_option(ip, capsys):
+    default_session().history.clear()
+    assert ip.run_cell(LINEAR).success
+    setup = (
+        "class Quick(torch.utils.data.Dataset):\n"
+        "    def __len__(self): return 128\n"
+        "    def __getitem__(self, i):\n"
+        "        time.sleep(0.002)\n"
+        "        return torch.randn(8), i % 2\n"
+        "quick = DataLoader(Quick(), batch_size=4)\n"
+    )
+    assert ip.run_cell(setup).success
+    loop = (
+        "for x, y in quick:\n"
+        "    l = torch.nn.functional.cross_entropy(lin(x), y)\n"
+        "    lopt.zero_grad(); l.backward(); lopt.step()\n"
+    )
+    result = ip.run_cell("%%traceml --tune --name quick\n" + loop)
+    assert result.success, result.error_in_exec
+    out = capsys.readouterr().out
+    assert "--tune: the run is input-bound; measuring DataLoader settings" in out
+    assert "traceml tune of #1 quick: done" in out
+    assert "paste: DataLoader(dataset, batch_size=4, num_workers=" in out  # an unnamed dataset
+    tuning = default_session().tunings[-1]
+    assert tuning.run_label == "#1 quick" and tuning.loader_name == "quick"
+    assert any(m.status == MEASURED for m in tuning.measurements)
+    # a run that is not input-bound is not tuned
+    assert ip.run_cell("x = torch.randn(4)").success
+    result = ip.run_cell("%%traceml --tune\nfor i in range(3): lopt.step()\n")
+    assert result.success
+    assert "not input-bound: nothing to tune" in capsys.readouterr().out
+
+
+def test_tune_finds_a_loader_held_outside_the_namespace(ip, capsys):
+    default_session().history.clear()
+    assert ip.run_cell(LINEAR).success
+    code = (
+        "class Holder: pass\n"
+        "holder = Holder()\n"
+        "holder.train = DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 8), "
+        "torch.randint(0, 2, (64,))), batch_size=4)\n"
+    )
+    assert ip.run_cell(code).success
+    loop = (
+        "%%traceml --name held\n"
+        "for x, y in holder.train:\n"
+        "    l = torch.nn.functional.cross_entropy(lin(x), y)\n"
+        "    lopt.zero_grad(); l.backward(); lopt.step()\n"
+    )
+    assert ip.run_cell(loop).success
+    assert ip.run_cell("%traceml tune --workers 0,1 --budget 5 -o held").success
+    held = ip.user_ns["held"]
+    assert held.loader_name is None and held.recommended is not None
+    assert held.run_label == "#1 held"
+
+
+def test_tune_usage_errors(ip, capsys):
+    default_session().history.clear()
+    assert ip.run_cell(LINEAR).success
+    with pytest.raises(UsageError, match="no run to tune yet"):
+        ip.run_line_magic("traceml", "tune")
+    with pytest.raises(UsageError, match="expected numbers"):
+        ip.run_line_magic("traceml", "tune --workers two")
+    with pytest.raises(UsageError, match="must be positive"):
+        ip.run_line_magic("traceml", "tune --budget 0")
+    with pytest.raises(UsageError, match="no variable 'nope'"):
+        ip.run_line_magic("traceml", "tune --loader nope")
+    ip.user_ns["not_a_loader"] = 3
+    with pytest.raises(UsageError, match="is a int, not a DataLoader"):
+        ip.run_line_magic("traceml", "tune --loader not_a_loader")
+    ip.run_line_magic("traceml", "tune --help")
+    assert "--budget SEC" in capsys.readouterr().out
+    # a run whose loader is gone: the reason and what to do
+    inline = (
+        "%%traceml --name gone --view none\n"
+        "for x, y in DataLoader(torch.utils.data.TensorDataset(torch.randn(48, 8), "
+        "torch.randint(0, 2, (48,))), batch_size=4):\n"
+        "    l = torch.nn.functional.cross_entropy(lin(x), y)\n"
+        "    lopt.zero_grad(); l.backward(); lopt.step()\n"
+    )
+    assert ip.run_cell(inline).success
+    import gc
+
+    gc.collect()
+    with pytest.raises(UsageError, match="is no longer alive; pass it: %traceml tune --loader"):
+        ip.run_line_magic("traceml", "tune")

@@ -1,0 +1,251 @@
+"""The tuner's pure parts on hand-built measurements: the prediction, the ranking, every
+threshold on both sides of its value, the candidate grid, the line to paste and the table."""
+
+from __future__ import annotations
+
+import pytest
+
+from traceml_nb.tune.candidates import (
+    Candidate,
+    LoaderSpec,
+    extra_worker_counts,
+    first_round,
+    in_flight_bytes,
+    memory_guard,
+    paste_line,
+    same_settings,
+    variants,
+    worker_counts,
+)
+from traceml_nb.tune.predict import (
+    DROPPED,
+    MEASURED,
+    Measurement,
+    TuneResult,
+    drop_slow,
+    predict_ms,
+    recommend,
+    update_predictions,
+)
+from traceml_nb.tune.thresholds import (
+    EARLY_DROP_FACTOR,
+    IDLE_WORKER_SHARE,
+    MAX_TUNE_WORKERS,
+    PREFETCH_CHOICES,
+    RAM_SHARE,
+    WITHIN_BEST_SHARE,
+)
+from traceml_nb.tune.tuner import _idle_extension
+from traceml_nb.views.tune import TuneReport, render_html, render_text
+
+MIB = 1 << 20
+
+
+def measured(
+    workers: int,
+    between_ms: float,
+    *,
+    prefetch: int = 2,
+    train_ms: float = 0.5,
+    cpu: float | None = None,
+    pin: bool = False,
+) -> Measurement:
+    m = Measurement(Candidate(workers, prefetch if workers else None, pin), status=MEASURED)
+    m.steady_batches, m.steady_s = 10, between_ms * 10 / 1e3
+    if workers:
+        m.train_side_samples = [train_ms]
+    m.worker_cpu_share = cpu
+    return m
+
+
+# --- the prediction ------------------------------------------------------------------------------
+def test_without_workers_the_batch_is_made_between_the_steps():
+    m = measured(0, 16.0)
+    assert m.training_side_ms == 16.0
+    assert predict_ms(m, 25.0, cpus=2) == pytest.approx(41.0)  # c + d
+
+
+def test_workers_overlap_the_compute_and_cost_their_training_side():
+    keeps_up = measured(2, 11.0, train_ms=2.0)
+    update_predictions([keeps_up], 25.0, cpus=2)
+    assert keeps_up.predicted_ms == pytest.approx(27.0)  # max(c + r, d) = c + r
+    too_slow = measured(1, 40.0, train_ms=2.0)
+    update_predictions([too_slow], 25.0, cpus=2)
+    assert too_slow.predicted_ms == pytest.approx(40.0)  # the workers are the limit: d
+
+
+def test_workers_that_need_the_cpu_share_it_with_the_training():
+    m = measured(2, 8.0, train_ms=0.5)
+    m.worker_cpu_ms_per_batch = 30.0
+    # (w + c) / CPUs = (30 + 10) / 2 = 20 ms, more than max(c + r, d) = 10.5 ms
+    update_predictions([m], 10.0, cpus=2)
+    assert m.predicted_ms == pytest.approx(20.0)
+    update_predictions([m], 10.0, cpus=8)
+    assert m.predicted_ms == pytest.approx(10.5)
+
+
+def test_training_side_is_pooled_across_worker_candidates_of_the_same_pinning():
+    a, b = measured(1, 20.0, train_ms=1.0), measured(2, 10.0, train_ms=3.0)
+    c = measured(2, 10.0, train_ms=9.0, pin=True)
+    update_predictions([a, b, c], 25.0, cpus=2)
+    assert a.train_side_ms == b.train_side_ms == pytest.approx(2.0)
+    assert c.train_side_ms == pytest.approx(9.0)
+
+
+def test_without_a_compute_time_the_prediction_is_unavailable_and_batches_rank():
+    slow, fast = measured(0, 20.0), measured(2, 10.0)
+    update_predictions([slow, fast], None, cpus=2)
+    assert slow.predicted_ms is None and fast.predicted_ms is None
+    assert recommend([slow, fast]) is fast
+    result = TuneResult(
+        None,
+        "#1 run",
+        "completed",
+        1.0,
+        60.0,
+        [slow, fast],
+        None,
+        recommended=fast.candidate,
+        unavailable={"compute_ms": "the run has no steady steps"},
+    )
+    text = render_text(result)
+    assert "unavailable (the run has no steady steps)" in text
+    assert "predicted step time unavailable" in text
+    assert " 0 ms" not in text and "0.0 ms" not in text
+
+
+# --- the thresholds, both sides ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("slower_by", "winner"), [(WITHIN_BEST_SHARE - 0.001, 1), (WITHIN_BEST_SHARE + 0.001, 2)]
+)
+def test_cheapest_within_share_of_the_best(slower_by, winner):
+    best = measured(2, 100.0, train_ms=0.0)
+    cheap = measured(1, 100.0 * (1 + slower_by), train_ms=0.0)
+    update_predictions([best, cheap], 1.0, cpus=2)
+    assert recommend([best, cheap]).candidate.num_workers == winner
+
+
+def test_among_close_candidates_fewer_batches_in_flight_win():
+    deep = measured(2, 100.0, prefetch=8, train_ms=0.0)
+    shallow = measured(2, 101.0, prefetch=2, train_ms=0.0)
+    update_predictions([deep, shallow], 1.0, cpus=2)
+    assert recommend([deep, shallow]) is shallow
+
+
+@pytest.mark.parametrize(
+    ("factor", "dropped"), [(EARLY_DROP_FACTOR - 0.01, False), (EARLY_DROP_FACTOR + 0.01, True)]
+)
+def test_early_drop_factor(factor, dropped):
+    best = measured(2, 100.0, train_ms=0.0)
+    other = measured(1, 100.0 * factor, train_ms=0.0)
+    update_predictions([best, other], 1.0, cpus=2)
+    assert (other in drop_slow([best, other])) is dropped
+    assert (other.status == DROPPED) is dropped
+    assert best.status == MEASURED
+    if dropped:
+        assert "the best (100 ms)" in other.reason
+
+
+def test_memory_guard_ram_share_both_sides():
+    cand = Candidate(2, 4)  # 8 batches in flight
+    need = in_flight_bytes(cand, MIB)
+    assert need == 8 * MIB
+    fits = int(need / RAM_SHARE)
+    assert memory_guard(cand, MIB, fits) is None
+    why = memory_guard(cand, MIB, fits - 1)
+    assert why is not None and "8 batches in flight would take 8.0 MiB" in why
+    assert f"more than {RAM_SHARE:.0%} of the" in why
+    # pinning holds a second copy of each batch
+    assert in_flight_bytes(Candidate(2, 4, True), MIB) == 16 * MIB
+    # nothing to judge by: never skipped
+    assert memory_guard(cand, None, fits) is None and memory_guard(cand, MIB, None) is None
+
+
+@pytest.mark.parametrize(
+    ("share", "extended"), [(IDLE_WORKER_SHARE - 0.01, True), (IDLE_WORKER_SHARE + 0.01, False)]
+)
+def test_more_workers_than_cpus_only_when_the_workers_idle(share, extended):
+    ms = [measured(0, 40.0), measured(1, 30.0, cpu=share), measured(2, 20.0, cpu=share)]
+    update_predictions(ms, 10.0, cpus=2)  # 2 workers: d = 20 ms > c + r = 10.5 ms
+    assert (_idle_extension(ms, 2, 10.0) == [3, 4]) is extended
+
+
+def test_no_more_workers_when_the_workers_keep_up_or_are_not_the_best():
+    ms = [measured(0, 40.0), measured(1, 30.0, cpu=0.1), measured(2, 8.0, cpu=0.1)]
+    update_predictions(ms, 10.0, cpus=2)
+    assert _idle_extension(ms, 2, 10.0) == []  # d = 8 ms ≤ c + r: they keep up
+    ms = [measured(0, 40.0), measured(1, 20.0, cpu=0.1), measured(2, 30.0, cpu=0.1)]
+    update_predictions(ms, 10.0, cpus=2)
+    assert _idle_extension(ms, 2, 10.0) == []  # the most workers are not the best
+
+
+# --- the grid ------------------------------------------------------------------------------------
+def test_worker_counts_up_to_the_cpus_then_past_them():
+    assert worker_counts(2) == [0, 1, 2]
+    assert worker_counts(None) == [0, 1, 2]
+    assert worker_counts(64) == list(range(MAX_TUNE_WORKERS + 1))
+    assert worker_counts(2, [4, 0, 4]) == [0, 4]
+    assert extra_worker_counts(2, [0, 1, 2]) == [3, 4]
+    assert extra_worker_counts(8, list(range(9))) == []  # at most MAX_TUNE_WORKERS
+    assert extra_worker_counts(None, [0]) == []
+
+
+def test_first_round_and_variants():
+    assert first_round([0, 2], gpu=False) == [Candidate(0), Candidate(2, PREFETCH_CHOICES[0])]
+    assert first_round([2], gpu=True) == [Candidate(2, 2, True)]
+    other = variants(Candidate(2, 2, True), gpu=True)
+    assert len(other) == len(PREFETCH_CHOICES) * 2 - 1 and Candidate(2, 2, True) not in other
+    assert variants(Candidate(0), gpu=False) == []
+    assert variants(Candidate(0, None, True), gpu=True) == [Candidate(0, None, False)]
+
+
+def test_the_line_to_paste():
+    spec = LoaderSpec("data", [("batch_size", "32"), ("shuffle", "True")])
+    assert paste_line(spec, Candidate(2, 4)) == (
+        "DataLoader(data, batch_size=32, shuffle=True, num_workers=2, persistent_workers=True, "
+        "prefetch_factor=4)"
+    )
+    assert paste_line(spec, Candidate(1, 2, True)) == (
+        "DataLoader(data, batch_size=32, shuffle=True, num_workers=1, pin_memory=True, "
+        "persistent_workers=True)"
+    )
+    assert paste_line(spec, Candidate(0)) == "DataLoader(data, batch_size=32, shuffle=True)"
+
+
+def test_same_settings_reads_the_run_loader():
+    info = {"num_workers": 2, "pin_memory": False, "prefetch_factor": None}
+    assert same_settings(Candidate(2, 2), info)  # torch's default prefetch
+    assert not same_settings(Candidate(2, 4), info)
+    assert same_settings(Candidate(0), {"num_workers": 0, "pin_memory": False})
+    assert not same_settings(Candidate(0, None, True), {"num_workers": 0, "pin_memory": False})
+
+
+def test_the_report_says_what_to_paste_and_what_it_saves():
+    ms = [measured(0, 20.0), measured(2, 10.0, train_ms=2.0, cpu=0.2)]
+    update_predictions(ms, 25.0, cpus=2)
+    ms[0].status, ms[0].reason = DROPPED, "1.4× the best"
+    result = TuneResult(
+        1,
+        "#1 quickstart",
+        "completed",
+        4.2,
+        60.0,
+        ms,
+        Candidate(0),
+        recommended=ms[1].candidate,
+        predicted_ms=27.0,
+        run_step_ms=45.0,
+        paste="DataLoader(data, num_workers=2)",
+    )
+    assert result.saving_share == pytest.approx(0.4)
+    text = render_text(result)
+    assert (
+        "recommended: 2 workers, prefetch 2, predicted step 27 ms (the run measured 45 ms" in text
+    )
+    assert "paste: DataLoader(data, num_workers=2)" in text
+    assert "predicted saving: 40% of the step time (45 ms \u2192 27 ms)" in text
+    assert "dropped (the run's setting)" in text and "1.4× the best" in text
+    assert "20% of a core each" in text
+    html = render_html(result)
+    assert "<pre" in html and "DataLoader(data, num_workers=2)" in html
+    assert repr(TuneReport(result)) == text

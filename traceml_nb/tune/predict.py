@@ -1,0 +1,261 @@
+"""What a candidate's measurement predicts, which candidates go on, which one to recommend: pure.
+
+**The prediction.** Iterated without the model, a candidate delivers a batch every *d* ms (its
+steady time between batches; with workers, each batch is followed by the run's compute time
+of the training process kept busy, :func:`.measure.measure_round`, so *d* is at least *c*). Of that, *r* ms a batch are spent in the training process itself: all of
+*d* without workers (the main process makes the batch), and with workers the time to take a
+ready batch off the queue (unpickling it, pinning), measured on batches that were waiting.
+With the run's compute time per step *c* (its step time less its data wait), the step takes
+
+    predicted = max(c + r, d)
+
+— the compute and the training side of each batch run one after the other, the workers
+overlap them — and, where the workers' CPU use was measured, at least ``(w + c) / CPUs``, *w*
+the CPU time the workers spent per batch: workers that need the CPU share it with the
+training. Without a compute time (a run without steady steps, or the Python API given none)
+candidates are ranked by *d* alone and the predicted step time is unavailable, with the reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis.formatting import fmt_ms, fmt_s, signed_pct
+from .candidates import Candidate
+from .thresholds import EARLY_DROP_FACTOR, WITHIN_BEST_SHARE
+
+MEASURING = "measuring"
+MEASURED = "measured"
+DROPPED = "dropped"
+SKIPPED = "skipped"
+FAILED = "failed"
+NOT_MEASURED = "not measured"
+PENDING = "pending"
+
+
+@dataclass
+class Measurement:
+    """What was measured of one candidate, over every round it ran in (times in ms/s)."""
+
+    candidate: Candidate
+    status: str = PENDING
+    reason: str = ""  #: why skipped, dropped, failed or not measured
+    startup_s: float | None = None  #: from ``iter(loader)`` to its first batch (worker start-up)
+    steady_batches: int = 0  #: batches timed in the steady state, every round
+    steady_s: float = 0.0  #: ...and the time they took
+    #: the training process's own time per batch of a worker loader (taking a ready batch):
+    #: the median of every worker candidate's :attr:`train_side_samples` of the same pinning
+    #: (what it costs depends on the batch and the pinning, not on how many workers made it)
+    train_side_ms: float | None = None
+    train_side_samples: list[float] = field(default_factory=list)  #: ms, this candidate's own
+    #: each worker's CPU use while the loader was iterated, a share of one core (None: unavailable)
+    worker_cpu_share: float | None = None
+    worker_cpu_ms_per_batch: float | None = None  #: the workers' CPU time per batch, summed
+    worker_cpu_why: str = ""  #: why the workers' CPU use is unavailable
+    rounds: int = 0
+    batch_bytes: int | None = None  #: one batch's tensors, bytes
+    predicted_ms: float | None = None  #: set by :func:`update_predictions`
+
+    @property
+    def between_ms(self) -> float | None:
+        """The steady time between batches, ms (None before a steady batch was timed)."""
+        if not self.steady_batches:
+            return None
+        return self.steady_s * 1e3 / self.steady_batches
+
+    @property
+    def training_side_ms(self) -> float | None:
+        """*r*: all of the time between batches without workers; the measured cost of taking a
+        ready batch with workers (0 when it could not be measured)."""
+        if self.candidate.num_workers == 0:
+            return self.between_ms
+        return self.train_side_ms if self.train_side_ms is not None else 0.0
+
+    @property
+    def usable(self) -> bool:
+        return self.status in (MEASURED, MEASURING, DROPPED) and self.between_ms is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "candidate": self.candidate.to_dict(),
+            "label": self.candidate.label,
+            "status": self.status,
+            "reason": self.reason,
+            "startup_s": self.startup_s,
+            "steady_batches": self.steady_batches,
+            "between_ms": self.between_ms,
+            "train_side_ms": self.training_side_ms,
+            "worker_cpu_share": self.worker_cpu_share,
+            "worker_cpu_why": self.worker_cpu_why,
+            "rounds": self.rounds,
+            "predicted_ms": self.predicted_ms,
+        }
+
+
+def predict_ms(m: Measurement, compute_ms: float | None, cpus: int | None) -> float | None:
+    """The predicted step time of ``m``'s candidate (module docstring), None without a
+    compute time or a measured time between batches."""
+    d, r = m.between_ms, m.training_side_ms
+    if d is None or r is None or compute_ms is None:
+        return None
+    predicted = max(compute_ms + r, d)
+    if m.candidate.num_workers and m.worker_cpu_ms_per_batch is not None and cpus:
+        predicted = max(predicted, (m.worker_cpu_ms_per_batch + compute_ms) / cpus)
+    return predicted
+
+
+def rank_key(m: Measurement) -> float | None:
+    """What candidates are ranked by: the predicted step time, else the time between batches."""
+    return m.predicted_ms if m.predicted_ms is not None else m.between_ms
+
+
+def update_predictions(
+    measurements: list[Measurement], compute_ms: float | None, cpus: int | None
+) -> None:
+    """Pool the training-side samples of the worker candidates (by pinning), then predict."""
+    pools: dict[bool, list[float]] = {}
+    for m in measurements:
+        if m.candidate.num_workers:
+            pools.setdefault(m.candidate.pin_memory, []).extend(m.train_side_samples)
+    for m in measurements:
+        pool = pools.get(m.candidate.pin_memory)
+        if m.candidate.num_workers and pool:
+            m.train_side_ms = statistics.median(pool)
+    for m in measurements:
+        m.predicted_ms = predict_ms(m, compute_ms, cpus) if m.usable else None
+
+
+def best_of(measurements: list[Measurement]) -> Measurement | None:
+    """The usable measurement with the lowest :func:`rank_key` (None: none is usable)."""
+    ranked = [m for m in measurements if m.usable and rank_key(m) is not None]
+    return min(ranked, key=lambda m: (rank_key(m), m.candidate.cost)) if ranked else None
+
+
+def drop_slow(
+    measurements: list[Measurement], factor: float = EARLY_DROP_FACTOR
+) -> list[Measurement]:
+    """Mark the measured candidates at least ``factor`` × slower than the best as dropped (and
+    return them): successive halving's early drop."""
+    best = best_of(measurements)
+    if best is None:
+        return []
+    top = rank_key(best)
+    assert top is not None
+    dropped = []
+    for m in measurements:
+        key = rank_key(m)
+        if m.status == MEASURED and key is not None and m is not best and key >= factor * top:
+            m.status = DROPPED
+            m.reason = (
+                f"{fmt_ms(key)} after {m.steady_batches} batches, "
+                f"{key / top:.2f}\u00d7 the best ({fmt_ms(top)})"
+            )
+            dropped.append(m)
+    return dropped
+
+
+def recommend(
+    measurements: list[Measurement], within: float = WITHIN_BEST_SHARE
+) -> Measurement | None:
+    """The cheapest candidate (:attr:`Candidate.cost`) ranked within ``within`` of the best."""
+    best = best_of(measurements)
+    if best is None:
+        return None
+    top = rank_key(best)
+    assert top is not None
+    close = [
+        m
+        for m in measurements
+        if m.usable and (key := rank_key(m)) is not None and key <= top * (1 + within)
+    ]
+    return min(close, key=lambda m: m.candidate.cost)
+
+
+@dataclass
+class TuneResult:
+    """The outcome of one tuning: every candidate's measurement and the recommendation.
+
+    ``status`` is ``"completed"``, ``"interrupted"`` (stopped with the results so far) or
+    ``"failed"`` (nothing could be measured, ``notes`` say why). ``run_step_ms`` and
+    ``compute_ms`` are the tuned run's measured median step time and compute time per step
+    (None when unavailable, the reason in ``unavailable``).
+    """
+
+    run_id: int | None
+    run_label: str
+    status: str
+    elapsed_s: float
+    budget_s: float
+    measurements: list[Measurement]
+    current: Candidate | None  #: the run's own loader settings
+    recommended: Candidate | None = None
+    predicted_ms: float | None = None  #: the recommendation's predicted step time
+    run_step_ms: float | None = None
+    compute_ms: float | None = None
+    paste: str | None = None  #: the DataLoader line to paste
+    persistent_saving_s: float | None = None  #: worker start-up saved per later epoch
+    notes: list[str] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    batches_cap: int | None = None
+    loader_name: str | None = None  #: the tuned loader's variable name, when known
+    #: the session's entry of the tuned run (the comparison of a rerun finds the tuning by it)
+    cell_entry: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def saving_share(self) -> float | None:
+        """1 − predicted / the run's measured step time (None when either is unavailable)."""
+        if self.predicted_ms is None or not self.run_step_ms:
+            return None
+        return 1 - self.predicted_ms / self.run_step_ms
+
+    def measurement_of(self, candidate: Candidate) -> Measurement | None:
+        return next((m for m in self.measurements if m.candidate == candidate), None)
+
+    def headline(self) -> str:
+        """One line: what to change and what it should give."""
+        if self.recommended is None:
+            why = self.notes[0] if self.notes else "no candidate could be measured"
+            return f"no recommendation: {why}"
+        text = f"recommended: {self.recommended.label}"
+        if self.predicted_ms is not None:
+            text += f", predicted step {fmt_ms(self.predicted_ms)}"
+            if self.run_step_ms is not None:
+                text += (
+                    f" (the run measured {fmt_ms(self.run_step_ms)}, "
+                    f"{signed_pct(self.predicted_ms / self.run_step_ms - 1)})"
+                )
+        else:
+            best = self.measurement_of(self.recommended)
+            if best is not None and best.between_ms is not None:
+                text += f", a batch every {fmt_ms(best.between_ms)} iterated"
+        return text
+
+    def progress_text(self) -> str:
+        done = sum(m.status not in (PENDING, MEASURING) for m in self.measurements)
+        return (
+            f"{done} of {len(self.measurements)} candidates, {fmt_s(self.elapsed_s)} of "
+            f"{fmt_s(self.budget_s)}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "run_label": self.run_label,
+            "status": self.status,
+            "elapsed_s": self.elapsed_s,
+            "budget_s": self.budget_s,
+            "current": self.current.to_dict() if self.current else None,
+            "recommended": self.recommended.to_dict() if self.recommended else None,
+            "predicted_ms": self.predicted_ms,
+            "run_step_ms": self.run_step_ms,
+            "compute_ms": self.compute_ms,
+            "saving_share": self.saving_share,
+            "paste": self.paste,
+            "persistent_saving_s": self.persistent_saving_s,
+            "notes": list(self.notes),
+            "unavailable": dict(self.unavailable),
+            "batches_cap": self.batches_cap,
+            "measurements": [m.to_dict() for m in self.measurements],
+        }
