@@ -97,7 +97,9 @@ def test_a_second_shell_compares_its_run_with_the_first_shells_run(tmp_path):
     (second,) = shell_process([traced(LOOP)], store)
     line = headline(second, "baseline")
     assert line.startswith("vs baseline: run @1 of 'loop', from an earlier session: step time ")
-    assert "no significant change" in line
+    # one baseline run: its run-to-run noise is unknown, and two processes a moment apart on a
+    # busy machine differ by 5-10% (the five-rerun test below judges against that noise)
+    assert "run-to-run noise not known yet: 2 more runs would tell" in line
     assert "what changed: same code, same settings, same machine" in second
     runs = Store(store).rows()
     assert [(r.id, r.name, r.status) for r in runs] == [

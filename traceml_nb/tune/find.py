@@ -66,8 +66,11 @@ def find_loader(
             found.append((value, name))
     if not found:
         for obj in gc.get_objects():
-            if isinstance(obj, DataLoader) and _matches(obj, info):
-                found.append((obj, None))
+            try:  # a dead weakref.proxy raises on any look at it, isinstance() included
+                if isinstance(obj, DataLoader) and _matches(obj, info):
+                    found.append((obj, None))
+            except ReferenceError:
+                continue
     if not found:
         return None
     return max(found, key=lambda pair: _settings_score(pair[0], info))
