@@ -89,13 +89,15 @@ def test_num_workers_2_with_prefetch_waits_much_less() -> None:
         return statistics.median(run.record.steps.wait_ns[i] / 1e6 for i in rows(run, 0)[2:]), run
 
     # The same loop on the same machine at the same time: without workers each step waits for
-    # its 8 sleeps (≥ 16 ms); with them the loop waits only for the hand-over of a batch the
-    # workers had two 40 ms steps to load: ~1 ms idle, ~5 ms seen with both cores busy.
-    alone_ms, _ = median_wait_ms(DataLoader(SleepyDataset(24), batch_size=BATCH))
+    # its 8 sleeps of 4 ms (≥ 32 ms); with them the loop waits only for the hand-over of a
+    # batch the workers had two 40 ms steps to load: ~1 ms idle, 5-8 ms (median) seen on a
+    # 2-core VM with another process keeping a core busy (waking an idle virtual CPU).
+    sleep_s = 2 * SLEEP_S
+    alone_ms, _ = median_wait_ms(DataLoader(SleepyDataset(24, sleep_s), batch_size=BATCH))
     workers_ms, run = median_wait_ms(
-        DataLoader(SleepyDataset(), batch_size=BATCH, num_workers=2, prefetch_factor=4)
+        DataLoader(SleepyDataset(64, sleep_s), batch_size=BATCH, num_workers=2, prefetch_factor=4)
     )
-    assert alone_ms >= SLEEP_S * BATCH * 1e3
+    assert alone_ms >= sleep_s * BATCH * 1e3
     assert workers_ms < 0.5 * alone_ms
     assert run.record.loaders[0].num_workers == 2
     assert run.record.loaders[0].prefetch_factor == 4
