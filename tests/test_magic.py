@@ -6,8 +6,7 @@ import json
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing.globalipapp import start_ipython
+from ipython_shell import traceml_shell
 
 from traceml_nb.session import default_session
 from traceml_nb.session.result import RunResult
@@ -42,19 +41,8 @@ TRAIN = "train(DataLoader(dataset, batch_size=4))\n"
 
 @pytest.fixture(scope="module")
 def ip():
-    """IPython's test shell (a TerminalInteractiveShell); an existing shell singleton is reused."""
-    import torch
-
-    shell = InteractiveShell.instance() if InteractiveShell.initialized() else start_ipython()
-    shell.run_line_magic("load_ext", "traceml_nb")
-    result = shell.run_cell(SETUP)
-    assert result.success, result.error_in_exec
-    # a tiny model: one intra-op thread is fastest, and immune to a busy 2-core machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield shell
-    torch.set_num_threads(threads)
-    shell.run_line_magic("unload_ext", "traceml_nb")
+    with traceml_shell(SETUP) as shell:
+        yield shell
 
 
 @pytest.fixture(autouse=True)

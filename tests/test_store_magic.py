@@ -12,8 +12,7 @@ import sys
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing.globalipapp import start_ipython
+from ipython_shell import traceml_shell
 from test_store import make_read_only, undo_read_only
 
 from traceml_nb.session import default_session
@@ -137,16 +136,8 @@ def test_identical_reruns_on_a_busy_machine_are_no_change_and_a_slower_rerun_is_
 # --- in this process: unusable stores, history across sessions, compare, pins -------------------
 @pytest.fixture(scope="module")
 def ip():
-    import torch
-
-    shell = InteractiveShell.instance() if InteractiveShell.initialized() else start_ipython()
-    shell.run_line_magic("load_ext", "traceml_nb")
-    result = shell.run_cell(SETUP)
-    assert result.success, result.error_in_exec
-    threads = torch.get_num_threads()
-    yield shell
-    torch.set_num_threads(threads)
-    shell.run_line_magic("unload_ext", "traceml_nb")
+    with traceml_shell(SETUP, torch_threads=None) as shell:
+        yield shell
 
 
 @pytest.fixture(autouse=True)

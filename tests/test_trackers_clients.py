@@ -13,8 +13,7 @@ import time
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing.globalipapp import start_ipython
+from ipython_shell import traceml_shell
 from wandb_records import offline_runs, read_offline_run
 
 from traceml_nb.session import default_session
@@ -44,17 +43,8 @@ TRAIN = "train(DataLoader(dataset, batch_size=4))\ncell_done = 42\n"
 
 @pytest.fixture(scope="module")
 def ip():
-    import torch
-
-    shell = InteractiveShell.instance() if InteractiveShell.initialized() else start_ipython()
-    shell.run_line_magic("load_ext", "traceml_nb")
-    result = shell.run_cell(SETUP)
-    assert result.success, result.error_in_exec
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield shell
-    torch.set_num_threads(threads)
-    shell.run_line_magic("unload_ext", "traceml_nb")
+    with traceml_shell(SETUP) as shell:
+        yield shell
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing.globalipapp import start_ipython
+from ipython_shell import traceml_shell
 
 from traceml_nb.session import default_session
 from traceml_nb.tune.candidates import Candidate, worker_counts
@@ -42,18 +41,9 @@ def setup_and_starved_cell() -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def ip():
-    import torch
-
-    shell = InteractiveShell.instance() if InteractiveShell.initialized() else start_ipython()
-    shell.run_line_magic("load_ext", "traceml_nb")
     setup, _ = setup_and_starved_cell()
-    result = shell.run_cell(setup + "\nSTEPS = 80\n")
-    assert result.success, result.error_in_exec
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: one thread is steadier on a busy 2-core machine
-    yield shell
-    torch.set_num_threads(threads)
-    shell.run_line_magic("unload_ext", "traceml_nb")
+    with traceml_shell(setup + "\nSTEPS = 80\n") as shell:
+        yield shell
 
 
 def cell(line: str, loader_line: str = STARVED_LOADER) -> str:
