@@ -36,6 +36,7 @@ from traceml_nb.analysis.thresholds import (
     NOISE_MULTIPLIER,
     SOURCE_DIFF_LINES,
     STEAL_CHANGE_SHARE,
+    UNKNOWN_NOISE_MIN_EFFECT,
 )
 
 
@@ -44,7 +45,7 @@ def test_fewer_than_min_baseline_runs_leave_the_noise_unknown_and_say_how_many_w
     noise = baseline_noise([20.0] * (MIN_BASELINE_RUNS - 1))
     assert not noise.known and noise.spread is None
     assert noise.runs_needed == 1
-    assert noise.margin == MIN_PRACTICAL_EFFECT
+    assert noise.margin == UNKNOWN_NOISE_MIN_EFFECT
     assert baseline_noise([20.0] * MIN_BASELINE_RUNS).known
     assert baseline_noise([]).runs_needed == MIN_BASELINE_RUNS
 
@@ -300,3 +301,13 @@ def test_price_parsing():
             parse_prices(bad)
     assert gpu_price("Tesla T4", "garbage")[1] == PRICE_SOURCE  # a bad setting is ignored
     assert gpu_price(None) is None
+
+
+def test_until_the_noise_is_known_a_change_counts_from_unknown_noise_min_effect():
+    """Two baseline runs: a rerun 7% slower with tight steps is no significant change; one
+    13% slower is slower (the step-level rule, with the larger margin)."""
+    baseline = baseline_runs([100.0, 100.0], jitter=0.001)
+    below = make_run(step_ms=100.0 * (1 + UNKNOWN_NOISE_MIN_EFFECT - 0.03), jitter=0.001, seed=7)
+    above = make_run(step_ms=100.0 * (1 + UNKNOWN_NOISE_MIN_EFFECT + 0.03), jitter=0.001, seed=7)
+    assert compare_with_baseline(baseline, below).verdict == NO_CHANGE
+    assert compare_with_baseline(baseline, above).verdict == SLOWER

@@ -12,7 +12,8 @@ set); their median step times scatter by the *run-to-run noise*, estimated robus
   pooled) excludes 1.
 
 With fewer than ``MIN_BASELINE_RUNS`` baseline runs the noise is unknown: the step-level rule
-judges alone, and the headline says how many more runs would tell.
+judges, with ``UNKNOWN_NOISE_MIN_EFFECT`` (10%) as the least change that counts, and the
+headline says how many more runs would tell.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .thresholds import (
     MIN_BASELINE_RUNS,
     MIN_PRACTICAL_EFFECT,
     NOISE_MULTIPLIER,
+    UNKNOWN_NOISE_MIN_EFFECT,
 )
 
 
@@ -50,11 +52,11 @@ def baseline_noise(medians: Sequence[float | None]) -> BaselineNoise:
     (``None`` entries are left out); see :class:`~.model.BaselineNoise`."""
     values = [float(m) for m in medians if m is not None and m > 0]
     if not values:
-        return BaselineNoise(0, None, None, MIN_PRACTICAL_EFFECT, MIN_BASELINE_RUNS)
+        return BaselineNoise(0, None, None, UNKNOWN_NOISE_MIN_EFFECT, MIN_BASELINE_RUNS)
     center = median(values)
     if len(values) < MIN_BASELINE_RUNS:
         return BaselineNoise(
-            len(values), center, None, MIN_PRACTICAL_EFFECT, MIN_BASELINE_RUNS - len(values)
+            len(values), center, None, UNKNOWN_NOISE_MIN_EFFECT, MIN_BASELINE_RUNS - len(values)
         )
     mad = median(abs(v - center) for v in values)
     spread = MAD_TO_SIGMA * mad / center

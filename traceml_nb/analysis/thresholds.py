@@ -114,6 +114,10 @@ BASELINE_RUNS = 5
 #: With fewer baseline runs than this the run-to-run noise is not known: the report says so
 #: and how many more runs would tell, and only the step-level rule judges the change.
 MIN_BASELINE_RUNS = 3
+#: ...and until it is known a change must be at least this share to count: identical reruns of
+#: a short cell in two processes on a shared 2-core machine, one core kept busy, differed by
+#: 5-10% (a 5% margin called such a rerun "faster, significant").
+UNKNOWN_NOISE_MIN_EFFECT = 0.10
 #: A change beyond the noise must exceed this many robust standard deviations of the baseline
 #: runs' median step times (relative to their median). The robust standard deviation is
 #: ``MAD_TO_SIGMA`` × the median absolute deviation: for normal run-to-run noise, 3 of them
