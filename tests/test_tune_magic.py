@@ -230,6 +230,36 @@ def test_tune_after_an_input_bound_run_with_the_cell_option(ip, capsys):
     assert "not input-bound: nothing to tune" in capsys.readouterr().out
 
 
+def test_a_tuning_that_fails_after_the_cell_is_one_line_not_an_error(ip, capsys, monkeypatch):
+    import traceml_nb.magic_commands as commands
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("tuner bug")
+
+    monkeypatch.setattr(commands, "run_tuning", broken)
+    default_session().history.clear()
+    assert ip.run_cell(LINEAR).success
+    setup = (
+        "class Slow(torch.utils.data.Dataset):\n"
+        "    def __len__(self): return 64\n"
+        "    def __getitem__(self, i):\n"
+        "        time.sleep(0.003)\n"
+        "        return torch.randn(8), i % 2\n"
+        "slow = DataLoader(Slow(), batch_size=4)\n"
+    )
+    assert ip.run_cell(setup).success
+    loop = (
+        "for x, y in slow:\n"
+        "    l = torch.nn.functional.cross_entropy(lin(x), y)\n"
+        "    lopt.zero_grad(); l.backward(); lopt.step()\n"
+        "after = 1\n"
+    )
+    result = ip.run_cell("%%traceml --tune --name slow\n" + loop)
+    assert result.success, result.error_in_exec
+    assert ip.user_ns["after"] == 1
+    assert "traceml: --tune failed: RuntimeError: tuner bug" in capsys.readouterr().out
+
+
 def test_tune_finds_a_loader_held_outside_the_namespace(ip, capsys):
     default_session().history.clear()
     assert ip.run_cell(LINEAR).success

@@ -380,6 +380,8 @@ class TraceMLMagics(Magics):
             run_tuning(self.shell, self.session, result.run_id)
         except UsageError as tune_exc:
             print(f"traceml: --tune: {tune_exc}")
+        except Exception as tune_exc:  # the cell itself succeeded: a failure here is a line
+            print(f"traceml: --tune failed: {type(tune_exc).__name__}: {tune_exc}")
 
     @line_magic("traceml")  # type: ignore[arg-type]
     def traceml_line(self, line: str) -> None:
