@@ -9,12 +9,11 @@ import shlex
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
+from lab_server import status, stop, wait_for_status
 
 from traceml_nb import demo
 
@@ -78,15 +77,6 @@ def test_a_long_cell_gets_a_still_running_line():
     assert "still running cell 1, " in out.getvalue()
 
 
-def _status(url: str, token: str, path: str = "api/status") -> int | None:
-    req = urllib.request.Request(f"{url}/{path}", headers={"Authorization": f"token {token}"})
-    try:
-        with urllib.request.urlopen(req, timeout=2) as resp:
-            return resp.status
-    except (urllib.error.URLError, OSError):
-        return None
-
-
 @pytest.mark.slow
 def test_the_printed_jupyter_lab_command_starts_jupyterlab(tmp_path, monkeypatch):
     """What a user does after the README's first command: run the line the demo printed (from
@@ -123,20 +113,11 @@ def test_the_printed_jupyter_lab_command_starts_jupyterlab(tmp_path, monkeypatch
         )
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while _status(url, token) != 200:
-            assert proc.poll() is None, f"jupyter lab exited:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"no answer:\n{log.read_text()[-3000:]}"
-            time.sleep(0.25)
+        wait_for_status(url, token, proc, log, SERVER_START_TIMEOUT_S)
         # the server's root is the notebook's folder: it serves the notebook the line names
-        assert _status(url, token, "api/contents/executed.ipynb") == 200
+        assert status(url, token, "api/contents/executed.ipynb") == 200
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc)
 
 
 def test_without_jupyterlab_the_demo_says_how_to_install_it(monkeypatch):

@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from lab_server import stop, wait_for_status
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -72,28 +72,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _wait_for_status(url: str, token: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            )
-        try:
-            req = urllib.request.Request(
-                f"{url}/api/status", headers={"Authorization": f"token {token}"}
-            )
-            with urllib.request.urlopen(req, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(
-        f"jupyter lab did not answer /api/status in time:\n{log.read_text()[-3000:]}"
-    )
 
 
 @pytest.fixture(scope="session")
@@ -162,15 +140,10 @@ def lab_server(
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_for_status(url, TOKEN, proc, log)
+        wait_for_status(url, TOKEN, proc, log, SERVER_START_TIMEOUT_S)
         yield LabServer(url=url, token=TOKEN, root=root, log=log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc)
         shutil.rmtree(dirs["runtime"], ignore_errors=True)
 
 
