@@ -1,6 +1,7 @@
 """Shared fixtures. The autouse ``no_leaks`` check fails any test that leaves behind a thread,
 a hook, a patched method or an active run of ours; the autouse ``run_store`` gives each test
-its own run store, so no test writes to the user's data directory or sees another's runs."""
+its own run store (and profile trace directory), so no test writes to the user's data directory
+or sees another's runs."""
 
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ def no_leaks():
 
 @pytest.fixture(autouse=True)
 def run_store(tmp_path, monkeypatch):
-    """This test's own run store (``TRACEML_NB_STORE``), in its tmp directory."""
+    """This test's own run store (``TRACEML_NB_STORE``), in its tmp directory, and its own
+    directory of profile traces (``TRACEML_NB_PROFILE_DIR``)."""
     path = tmp_path / "traceml-runs.sqlite"
     monkeypatch.setenv("TRACEML_NB_STORE", str(path))
+    monkeypatch.setenv("TRACEML_NB_PROFILE_DIR", str(tmp_path / "traceml-profiles"))
     return path
 
 

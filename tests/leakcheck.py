@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
+import torch
 import torch.optim.optimizer as optim_mod
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -31,6 +33,13 @@ def leak_report(grace_s: float = 3.0) -> list[str]:
     posthooks = getattr(optim_mod, "_global_optimizer_post_hooks", {})
     if any("StepTracer" in getattr(h, "__qualname__", "") for h in posthooks.values()):
         problems.append("optimizer step hook left registered")
+    if any("_window_hook" in getattr(h, "__qualname__", "") for h in posthooks.values()):
+        problems.append("the profile window's optimizer step hook left registered")
+    if torch.autograd.profiler._is_profiler_enabled:
+        problems.append("a profiler left running")
+    trace = sys.gettrace()
+    if trace is not None and "LineRanges" in getattr(trace, "__qualname__", ""):
+        problems.append("the profile's line tracing left on")
     if hooks.is_installed():
         problems.append("tracer still installed")
     if run_mod.active_run() is not None:
@@ -45,4 +54,5 @@ def force_clean() -> None:
 
     hooks.uninstall()
     _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
+    sys.settrace(None)
     run_mod._active = None

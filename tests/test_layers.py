@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "traceml_nb"
 
 #: The layers, lowest first; a module may import its own layer and those below.
 LAYERS: list[tuple[str, ...]] = [
-    ("contracts", "capabilities", "record", "events"),  # the shared words and tables
+    ("contracts", "capabilities", "record", "events", "profile_capture"),  # shared words, tables
     ("segment", "instrument", "sampling"),  # what measures: events into rows, samples
     ("run",),  # the engine: installs, measures, removes
     ("analysis",),  # pure functions of a record

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Names used: "steps", "data_wait", "gpu_events", "gpu_memory", "nvml", "gpu_utilisation",
-#: "host", "steal_time" (the host sampler's ``steal_pct``: only where the kernel reports it).
+#: "host", "steal_time" (the host sampler's ``steal_pct``: only where the kernel reports it),
+#: "profile" (``--profile``: the torch.profiler capture).
 
 
 @dataclass

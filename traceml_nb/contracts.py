@@ -48,6 +48,7 @@ Capability = Literal[
     "gpu_utilisation",
     "host",
     "steal_time",
+    "profile",
 ]
 CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
 

@@ -23,6 +23,12 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .cell import cell_context, compile_cell, default_name, execute
+from .instrument.profiler import (
+    DEFAULT_PROFILE_AFTER_STEPS,
+    DEFAULT_PROFILE_DIR,
+    DEFAULT_PROFILE_STEPS,
+    PROFILE_DIR_ENV,
+)
 from .run import (
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
@@ -86,6 +92,16 @@ def _log_to(text: str) -> str:
     return text
 
 
+def _profile_steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of steps, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 step, got {value}")
+    return value
+
+
 def _device(text: str) -> str:
     try:  # caught here: a bad index would otherwise fail inside the user's training loop
         resolve_device(text)
@@ -113,6 +129,9 @@ class CellOptions:
     log_to: str | None = None
     #: log the per-step series too (``--log-steps``)
     log_steps: bool = False
+    #: steps to profile with torch.profiler (``--profile [N]``; None: no profile)
+    profile: int | None = None
+    profile_dir: str | None = None  #: where its trace goes (``--profile-dir``)
 
 
 def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
@@ -135,6 +154,8 @@ def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
         tune=args.tune,
         log_to=args.log_to,
         log_steps=args.log_steps,
+        profile=args.profile,
+        profile_dir=args.profile_dir,
     )
 
 
@@ -242,6 +263,25 @@ class TraceMLMagics(Magics):
         help="with --log-to: the per-step series too (step time, data wait, compute, GPU "
         "stall; at most 2000 points each, the step index as x)",
     )
+    @argument(
+        "--profile",
+        metavar="N",
+        type=_profile_steps,
+        nargs="?",
+        const=DEFAULT_PROFILE_STEPS,
+        default=None,
+        help=f"profile N steady steps with torch.profiler (default {DEFAULT_PROFILE_STEPS}), "
+        f"after the warm-up (--warmup N, else {DEFAULT_PROFILE_AFTER_STEPS} steps): the top "
+        "operators and the cell lines they come from, the calls that wait for the GPU, a "
+        "Chrome trace of those steps; the profiled steps are left out of the statistics",
+    )
+    @argument(
+        "--profile-dir",
+        metavar="DIR",
+        default=None,
+        help=f"directory of the --profile trace files (default: {PROFILE_DIR_ENV}, else "
+        f"./{DEFAULT_PROFILE_DIR})",
+    )
     @cell_magic("traceml")  # type: ignore[arg-type]
     def traceml_cell(self, line: str, cell: str) -> None:
         """Measure the training in this cell: live charts while it runs, a diagnosis at the end.
@@ -285,6 +325,9 @@ class TraceMLMagics(Magics):
 
             %%traceml --tune          # input-bound? then measure DataLoader settings
             train(model, loader)      # (the same as %traceml tune after the run)
+
+            %%traceml --profile 10    # torch.profiler over 10 steady steps: which
+            train(model, loader)      # operators and lines take the time
         """
         __tracebackhide__ = True  # noqa: F841 (read by IPython's traceback formatter)
         options = parse_options(self.traceml_cell, line)
@@ -298,6 +341,10 @@ class TraceMLMagics(Magics):
             device=options.device,
             source=cell,
             cell_id=context.cell_id,
+            profile=options.profile,
+            profile_after=options.warmup if isinstance(options.warmup, int) else None,
+            profile_dir=options.profile_dir,
+            code_file=compiled.filename,
         )
         run.named = options.name is not None
         frontend = detect_frontend(self.shell)

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .profile_capture import ProfileCapture
+
 NAN = float("nan")
 
 # --- step sources: who closed the step -------------------------------------------------------
@@ -31,6 +33,9 @@ FLAG_EPOCH_START = 1  #: first batch of an epoch (its wait includes worker start
 FLAG_INTERLEAVED = 2
 FLAG_TRUNCATED = 4  #: closed by the end of the run, not by the next batch
 FLAG_OPTIMIZER_STEP = 8  #: at least one ``optimizer.step()`` ran inside this step
+#: the step ran (in part) under ``torch.profiler`` (``RunRecord.profile``); set by the
+#: analysis when it selects the steps, not written into the table
+FLAG_PROFILED = 16
 
 
 def pack_meta(batch: int, source: int, flags: int) -> int:
@@ -341,6 +346,8 @@ class RunRecord:
     t0_ns: int = 0  #: ``perf_counter_ns`` at the run start
     t0_wall: float = 0.0  #: ``time.time()`` at the run start
     elapsed_ns: int = 0  #: run duration, set when the run ends (live: 0)
+    #: what ``torch.profiler`` captured (``--profile``), set as the run ends; None: not asked
+    profile: ProfileCapture | None = None
 
     @property
     def nbytes(self) -> int:
@@ -368,6 +375,7 @@ class RunRecord:
             gpus={i: table.snapshot() for i, table in self.gpus.items()} if samples else {},
             elapsed_ns=elapsed,
             ended=bool(self.elapsed_ns),
+            profile=self.profile,
         )
 
 
@@ -386,3 +394,4 @@ class RecordSnapshot:
     gpus: dict[int, dict[str, array]]  #: each GPU table's columns, by CUDA device index
     elapsed_ns: int  #: the run's duration, or the time since its start while it runs
     ended: bool  #: the run had ended when the copy was taken
+    profile: ProfileCapture | None = None  #: see ``RunRecord.profile`` (not a copy: final)

@@ -16,6 +16,7 @@ session the run reports to (:mod:`traceml_nb.session`).
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -127,6 +128,12 @@ class Run:
     event_factory, stream_getter: injected CUDA-event class and stream (tests); on a CUDA
         device the real ``torch.cuda.Event`` is used automatically.
     source, cell_id: the code measured and the frontend's id of its cell, for the history.
+    profile: profile this many steady steps with ``torch.profiler``
+        (:mod:`~traceml_nb.instrument.profiler`; None: no profile), after ``profile_after``
+        steps (default :data:`~traceml_nb.instrument.profiler.DEFAULT_PROFILE_AFTER_STEPS`);
+        the trace goes to ``profile_dir``. ``code_file``: the file whose lines the profile
+        names (a notebook cell's name in the line cache; default: the file that starts the
+        run).
     session: where :meth:`result` reports (default: the kernel's session).
     log_to: the experiment trackers the session logs the result to at the end
         (``"wandb,mlflow,tensorboard:DIR"``; None: the session's, else ``TRACEML_NB_LOG_TO``;
@@ -149,6 +156,10 @@ class Run:
         session: Concluder | None = None,
         log_to: str | list[str] | bool | None = None,
         log_steps: bool | None = None,
+        profile: int | None = None,
+        profile_after: int | None = None,
+        profile_dir: str | None = None,
+        code_file: str | None = None,
     ) -> None:
         self.name = name or "run"
         self.named = name is not None
@@ -160,6 +171,12 @@ class Run:
         self.session = session
         self.log_to = log_to
         self.log_steps = log_steps
+        if profile is not None and profile < 1:
+            raise ValueError(f"profile must be a number of steps of at least 1, got {profile}")
+        self.profile = profile
+        self.profile_after = profile_after
+        self.profile_dir = profile_dir
+        self.code_file = code_file
         self.record = RunRecord()
         self.capabilities = Capabilities()
         self.status: RunStatus = "created"
@@ -169,6 +186,7 @@ class Run:
         self._event_factory = event_factory
         self._stream_getter = stream_getter
         self._tracer: Any = None
+        self._window: Any = None
         self._collector: Any = None
         self._result: Any = None
 
@@ -207,7 +225,9 @@ class Run:
         self._tracer = StepTracer(rec, gpu=self._make_gpu_timer())
         self.capabilities.set("steps", True)
         self.capabilities.set("data_wait", True)
-        hooks.install(self._tracer)
+        if self.profile is not None:
+            self._window = self._make_window()
+        hooks.install(self._tracer, self._window)
         if self.sample:
             self._start_sampling()
         else:
@@ -233,7 +253,29 @@ class Run:
         self.capabilities.set("gpu_events", True)
         assert self.cuda_index is not None
         return GpuStallTimer(
-            self.record.steps, cuda_event_factory(), cuda_stream_getter(self.cuda_index)
+            self.record.steps,
+            cuda_event_factory(self.cuda_index),
+            cuda_stream_getter(self.cuda_index),
+        )
+
+    def _make_window(self) -> Any:
+        from .instrument.profiler import DEFAULT_PROFILE_AFTER_STEPS, ProfileWindow
+
+        code_file = self.code_file
+        if code_file is None:  # the caller of ``with Run()`` / ``run.start()``
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename in (__file__,):
+                frame = frame.f_back  # type: ignore[assignment]
+            code_file = frame.f_code.co_filename if frame is not None else None
+        assert self.profile is not None
+        return ProfileWindow(
+            self.profile,
+            DEFAULT_PROFILE_AFTER_STEPS if self.profile_after is None else self.profile_after,
+            cuda=self.device_kind == "cuda" and self.capabilities.ok("gpu_events"),
+            t0_ns=self.record.t0_ns,
+            cell_file=code_file,
+            trace_dir=self.profile_dir,
+            name=self.name,
         )
 
     def _start_sampling(self) -> None:
@@ -261,6 +303,10 @@ class Run:
         """Explicit end-of-step marker for custom loops."""
         if self._tracer is not None:
             self._tracer.marker()
+            if self._window is not None:
+                from .instrument import hooks
+
+                hooks.marker(self._window)
 
     def stop(self, exc: BaseException | None = None) -> None:
         """End the run; ``exc`` is the exception that ended it, if any."""
@@ -282,6 +328,11 @@ class Run:
         from .instrument import hooks
 
         try:
+            if self._window is not None:  # no profiler left running, whatever follows
+                self._window.end(self._ended_by())
+        except Exception as exc:
+            self.capabilities.note(f"the profiler could not be stopped: {exc}")
+        try:
             for note in hooks.uninstall():
                 self.capabilities.note(note)
         finally:
@@ -302,6 +353,27 @@ class Run:
                     with _active_lock:
                         if _active is self:
                             _active = None
+                    self._finish_profile()
+
+    def _ended_by(self) -> str:
+        return {"failed": "the run failed", "interrupted": "the run was interrupted"}.get(
+            self.status, "the run ended"
+        )
+
+    def _finish_profile(self) -> None:
+        """Write the profile's trace and read its events, after the run's own time is taken."""
+        window, self._window = self._window, None
+        if window is None:
+            return
+        from .profile_capture import ProfileCapture
+
+        try:
+            capture = window.finish(self._ended_by())
+        except Exception as exc:
+            capture = ProfileCapture(window.steps, window.after_steps)
+            capture.why = f"the profile could not be read: {type(exc).__name__}: {exc}"
+        self.record.profile = capture
+        self.capabilities.set("profile", capture.captured, capture.why)
 
     def _note_tracer_error(self) -> None:
         error = self._tracer.error

@@ -144,6 +144,12 @@ def diagnose(summary: Summary, m: Measurements, capabilities: Capabilities) -> D
             f"{n:,} step{'s' if n != 1 else ''} that contained an evaluation "
             f"{'are' if n != 1 else 'is'} left out of the statistics."
         )
+    if summary.profiled_steps:
+        n = summary.profiled_steps
+        diagnosis.secondary.append(
+            f"{n:,} step{'s' if n != 1 else ''} that ran under the profiler "
+            f"{'are' if n != 1 else 'is'} left out of the statistics."
+        )
     if not m.gpu_in_use:
         why = capabilities.why("gpu_events") or "no GPU in this run"
         diagnosis.secondary.append(f"GPU evidence unavailable ({why}): judged on host timings.")

@@ -67,6 +67,8 @@ class Summary:
     #: steps an evaluation ran inside: counted, but left out of the statistics (their time is
     #: the evaluation's too)
     interleaved_steps: int = 0
+    #: steps that ran under the profiler (``--profile``), left out of the statistics
+    profiled_steps: int = 0
     #: steal time: the share of the machine's CPU time the hypervisor gave to other guests
     #: while this virtual machine wanted to run, percent 0..100 of all its CPUs' time, mean
     #: over the steady steps (None where the kernel reports none: not Linux)
@@ -101,6 +103,8 @@ class Diagnosis:
     title: str  #: one line for humans
     confidence: Confidence
     cause: str | None = None  #: sub-cause, e.g. "too few DataLoader workers"
+    #: what the profile (``--profile``) names as the cause, in words
+    profiled_cause: str | None = None
     evidence: list[Evidence] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)  #: concrete changes, from the user's loader
     wont_help: list[str] = field(default_factory=list)  #: what will not help, and why
@@ -134,9 +138,14 @@ class Analysis:
     diagnosis: Diagnosis
     selection: Any = field(default=None, repr=False, compare=False)
     steady_step_ms: Any = field(default=None, repr=False, compare=False)
+    #: the ``--profile`` capture's summary (:class:`~.profile.ProfileSummary`; None: not asked)
+    profile: Any = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary.to_dict(), "diagnosis": self.diagnosis.to_dict()}
+        out = {"summary": self.summary.to_dict(), "diagnosis": self.diagnosis.to_dict()}
+        if self.profile is not None:
+            out["profile"] = self.profile.to_dict()
+        return out
 
 
 @dataclass

@@ -6,6 +6,7 @@ from ..capabilities import Capabilities
 from ..record import RecordSnapshot, RunRecord
 from .diagnosis import diagnose
 from .model import Analysis
+from .profile import PROFILE_SUGGESTION, profile_cause, suggests_profile, summarize_profile
 from .summary import measure, summarize
 from .warmup import WarmupSpec
 
@@ -26,4 +27,10 @@ def analyze(
     snapshot = record.snapshot() if isinstance(record, RunRecord) else record
     m = measure(snapshot, capabilities, warmup, cpus_available)
     summary = summarize(snapshot, m)
-    return Analysis(summary, diagnose(summary, m, capabilities), m.selection, m.wall_ms)
+    diagnosis = diagnose(summary, m, capabilities)
+    profile = summarize_profile(snapshot.profile, m.selection, bool(snapshot.loaders))
+    if profile is not None and profile.captured:
+        diagnosis.profiled_cause = profile_cause(profile, diagnosis.verdict)
+    elif profile is None and suggests_profile(summary, diagnosis.verdict, diagnosis.confidence):
+        diagnosis.advice.append(PROFILE_SUGGESTION)
+    return Analysis(summary, diagnosis, m.selection, m.wall_ms, profile)

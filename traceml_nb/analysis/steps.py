@@ -30,6 +30,7 @@ import numpy as np
 from ..contracts import StepSource
 from ..record import (
     FLAG_OPTIMIZER_STEP,
+    FLAG_PROFILED,
     FLAG_TRUNCATED,
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
@@ -120,18 +121,27 @@ def _np(col: array, dtype: str) -> np.ndarray:
 
 
 def select_rows(snapshot: RecordSnapshot) -> StepSelection:
-    """The steps of ``snapshot`` as arrays."""
+    """The steps of ``snapshot`` as arrays; the steps that overlap the profiler's window
+    (``RecordSnapshot.profile``) carry ``FLAG_PROFILED``."""
     cols = snapshot.steps
     rule = rule_of(snapshot)
     mask = rule.mask(cols)
+    start_ns = _np(cols.start_ns, "i8")[mask]
+    wall_ns = _np(cols.wall_ns, "i8")[mask]
+    flags = _np(cols.flags, "u1")[mask]
+    window = snapshot.profile.window_ns if snapshot.profile is not None else None
+    if window is not None:
+        begin, end = window
+        profiled = (start_ns < end) & (start_ns + wall_ns > begin)
+        flags = flags | np.where(profiled, FLAG_PROFILED, 0).astype("u1")
     return StepSelection(
         rule=rule,
-        start_s=_np(cols.start_ns, "i8")[mask] / 1e9,
-        wall_ms=_np(cols.wall_ns, "i8")[mask] / 1e6,
+        start_s=start_ns / 1e9,
+        wall_ms=wall_ns / 1e6,
         wait_ms=_np(cols.wait_ns, "i8")[mask] / 1e6,
         batch=_np(cols.batch, "i4")[mask],
         gpu_stall_ms=_np(cols.gpu_stall_ms, "f4")[mask].astype(np.float64),
-        flags=_np(cols.flags, "u1")[mask],
+        flags=flags,
     )
 
 

@@ -9,7 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..capabilities import Capabilities
-from ..record import FLAG_EPOCH_START, FLAG_INTERLEAVED, LoaderInfo, RecordSnapshot, StepColumns
+from ..record import (
+    FLAG_EPOCH_START,
+    FLAG_INTERLEAVED,
+    FLAG_PROFILED,
+    LoaderInfo,
+    RecordSnapshot,
+    StepColumns,
+)
 from .model import Summary
 from .samples import Reading, Window
 from .steps import StepSelection, phases, select_rows, training_loader
@@ -32,6 +39,7 @@ class Measurements:
     warmup_index: np.ndarray  #: indices (in ``selection``) of the warm-up steps
     steady_index: np.ndarray  #: ...and of the steady steps
     interleaved: int  #: steps an evaluation ran inside, left out of the statistics
+    profiled: int  #: steps that ran under the profiler (``--profile``), left out too
     wall_ms: np.ndarray  #: steady steps
     wait_ms: np.ndarray
     stall_ms: np.ndarray  #: GPU input stall, NaN where unresolved
@@ -105,8 +113,9 @@ def measure(
     """Select the steps, exclude the warm-up and read the samplers over the steady window."""
     cols = snapshot.steps
     sel = select_rows(snapshot)
-    # a step an evaluation ran inside is a step, but its time is the evaluation's too
-    eligible = (sel.flags & FLAG_INTERLEAVED) == 0
+    # a step an evaluation ran inside is a step, but its time is the evaluation's too; a
+    # profiled step's time is the profiler's too
+    eligible = (sel.flags & (FLAG_INTERLEAVED | FLAG_PROFILED)) == 0
     index = np.flatnonzero(eligible)
     n_warm = detect_warmup(sel.wall_ms[index], warmup)
     steady = index[n_warm:]
@@ -147,7 +156,8 @@ def measure(
         warmup=n_warm,
         warmup_index=index[:n_warm],
         steady_index=steady,
-        interleaved=int(len(sel) - len(index)),
+        interleaved=int(((sel.flags & FLAG_INTERLEAVED) != 0).sum()),
+        profiled=int(((sel.flags & (FLAG_INTERLEAVED | FLAG_PROFILED)) == FLAG_PROFILED).sum()),
         wall_ms=wall,
         wait_ms=sel.wait_ms[steady],
         stall_ms=stall,
@@ -254,6 +264,7 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         warmup_steps=m.warmup,
         steady_steps=n,
         interleaved_steps=m.interleaved,
+        profiled_steps=m.profiled,
         elapsed_s=m.elapsed_s,
         warmup_s=float(sel.wall_ms[m.warmup_index].sum()) / 1e3,
         step_ms_median=median,

@@ -146,3 +146,14 @@ MATERIAL_STEAL_SHARE = 0.05
 STEAL_CHANGE_SHARE = 0.05
 #: At most this many changed lines of the cell source are listed in a comparison.
 SOURCE_DIFF_LINES = 6
+
+# --- the profile (``--profile``) ----------------------------------------------------------------
+#: Operators the profile summary lists, by self CPU time and by self GPU time.
+PROFILE_TOP_OPS = 10
+#: A call that makes the host wait for the GPU (``.item()``, ``.cpu()``, a synchronize) is named
+#: as the cause of a host- or compute-bound verdict when its waits take at least this share of
+#: the profiled steps' time: a tenth of every step spent idle on the host.
+SYNC_CAUSE_SHARE = 0.10
+#: The GPU ran no kernel for at least this share of the profiled time: a host-bound run whose
+#: host does not launch work fast enough (launch-bound), named as such.
+LAUNCH_BOUND_IDLE_SHARE = 0.30

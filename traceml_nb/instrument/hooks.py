@@ -5,7 +5,11 @@
 * A global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``)
   reports every ``optimizer.step()``.
 
-When the run ends both are put back. If something else wrapped ``__next__`` on top of ours
+With a profile window (``%%traceml --profile N``, :mod:`.profiler`), the fetch's wrapper and
+one more optimizer post-step hook tell the window of each step boundary until the window has
+closed; from then on the wrapper is the plain one again.
+
+When the run ends everything is put back. If something else wrapped ``__next__`` on top of ours
 during the run, ours stays beneath it and theirs keeps working; what ours still logs is
 dropped.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .profiler import ProfileWindow
 from .tracer import StepTracer
 
 
@@ -22,8 +27,11 @@ from .tracer import StepTracer
 class _Installed:
     tracer: StepTracer
     original_next: Any
-    wrapper: Any
+    wrapper: Any  #: the tracer's wrapper
     hook_handle: Any
+    #: the wrapper installed on top of the tracer's while a profile window counts (else None)
+    gate: Any = None
+    window_handle: Any = None
 
 
 _installed: _Installed | None = None
@@ -35,8 +43,8 @@ def _iter_class() -> Any:
     return _BaseDataLoaderIter
 
 
-def install(tracer: StepTracer) -> None:
-    """Start feeding ``tracer``."""
+def install(tracer: StepTracer, window: ProfileWindow | None = None) -> None:
+    """Start feeding ``tracer`` (and ``window``, while it is not done)."""
     global _installed
     import torch.optim.optimizer as optim_mod
 
@@ -45,8 +53,59 @@ def install(tracer: StepTracer) -> None:
     wrapper = tracer.wrap_next(original)
     handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook())
     tracer.on_stop = handle.remove  # tracing stopped on an error: no more optimizer steps
-    cls.__next__ = wrapper
-    _installed = _Installed(tracer, original, wrapper, handle)
+    installed = _Installed(tracer, original, wrapper, handle)
+    if window is not None:
+        installed.gate = _gate(window, wrapper, installed)
+        installed.window_handle = optim_mod.register_optimizer_step_post_hook(
+            _window_hook(window, installed)
+        )
+    cls.__next__ = installed.gate or wrapper
+    _installed = installed
+
+
+def _gate(window: ProfileWindow, wrapper: Any, installed: _Installed) -> Any:
+    """The tracer's ``wrapper`` with the window told of each fetch first; once the window is
+    done it puts the plain wrapper back in its place."""
+
+    def __next__(it: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        if not window.done:
+            window.boundary("fetch")
+            if window.done:
+                _close_window(installed)
+        return wrapper(it)
+
+    __next__.__wrapped__ = wrapper  # type: ignore[attr-defined]
+    __next__.__qualname__ = wrapper.__qualname__
+    __next__.__doc__ = wrapper.__doc__
+    return __next__
+
+
+def _window_hook(window: ProfileWindow, installed: _Installed) -> Any:
+    def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        window.boundary("optimizer")
+        if window.done:
+            _close_window(installed)
+
+    return on_optimizer_step
+
+
+def _close_window(installed: _Installed) -> None:
+    """The window is done: the fetch is the tracer's plain wrapper again, the hook removed."""
+    cls = _iter_class()
+    if installed.gate is not None and cls.__dict__.get("__next__") is installed.gate:
+        cls.__next__ = installed.wrapper
+    if installed.window_handle is not None:
+        installed.window_handle.remove()
+        installed.window_handle = None
+
+
+def marker(window: ProfileWindow | None) -> None:
+    """A ``traceml_nb.step()`` marker, for the window while it counts."""
+    if window is not None and not window.done:
+        window.boundary("marker")
+        if window.done and _installed is not None:
+            _close_window(_installed)
 
 
 def uninstall() -> list[str]:
@@ -59,8 +118,10 @@ def uninstall() -> list[str]:
     installed.tracer.deactivate()  # what the wrapper still logs is dropped, wherever it is
     installed.tracer.on_stop = None
     installed.hook_handle.remove()
+    if installed.window_handle is not None:
+        installed.window_handle.remove()
     cls = _iter_class()
-    if cls.__dict__.get("__next__") is installed.wrapper:
+    if cls.__dict__.get("__next__") in (installed.wrapper, installed.gate):
         cls.__next__ = installed.original_next
     else:
         notes.append(

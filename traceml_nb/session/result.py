@@ -15,16 +15,21 @@ from typing import Any
 from ..analysis.comparison import Comparison
 from ..analysis.formatting import fmt_ms
 from ..analysis.model import Analysis, Diagnosis, IdleCost, Summary
+from ..analysis.profile import ProfileSummary
 from ..analysis.steps import StepSelection
 from ..capabilities import Capabilities
 from ..contracts import EndStatus
-from ..record import FLAG_INTERLEAVED, RecordSnapshot
+from ..record import FLAG_INTERLEAVED, FLAG_PROFILED, RecordSnapshot
 
 #: Phase names of the measured steps (other loaders keep their phase name, e.g. "eval (loader 1)").
 PHASE_WARMUP = "warmup"
 PHASE_TRAIN = "train"
 #: a training step an evaluation ran inside (left out of the statistics)
 PHASE_INTERLEAVED = "train, evaluation inside"
+#: a training step that ran under the profiler (``--profile``; left out of the statistics)
+PHASE_PROFILED = "train, profiled"
+#: the phases of the run's own steps (the other loaders' phases are not steps)
+OWN_PHASES = (PHASE_WARMUP, PHASE_TRAIN, PHASE_INTERLEAVED, PHASE_PROFILED)
 
 
 @dataclass
@@ -34,8 +39,8 @@ class StepArrays:
     ``wall_ms`` step duration; ``data_wait_ms`` time inside the DataLoader's ``__next__``;
     ``compute_ms`` the rest of the step; ``batch`` batch size (``None`` when it could not be
     read); ``gpu_stall_ms`` GPU input stall from CUDA events (``None`` where unavailable);
-    ``phase`` ``"warmup"``/``"train"``/``"train, evaluation inside"`` for the run's steps, else
-    the loader's phase name;
+    ``phase`` ``"warmup"``/``"train"``/``"train, evaluation inside"``/``"train, profiled"``
+    for the run's steps, else the loader's phase name;
     ``start_s`` seconds from the run start to the step's start.
     """
 
@@ -72,10 +77,13 @@ def step_arrays(
 
     rows: list[tuple[float, float, float, int, float, str]] = []
     interleaved = (selection.flags & FLAG_INTERLEAVED) != 0
+    profiled = (selection.flags & FLAG_PROFILED) != 0
     eligible_seen = 0
     for i in range(len(selection)):
         if interleaved[i]:
             phase = PHASE_INTERLEAVED
+        elif profiled[i]:
+            phase = PHASE_PROFILED
         else:
             phase = PHASE_WARMUP if eligible_seen < warmup_steps else PHASE_TRAIN
             eligible_seen += 1
@@ -197,10 +205,13 @@ class RunResult:
     #: one line per experiment tracker the run was logged to (``--log-to``): what was logged
     #: where, or why nothing was
     trackers: list[str] = field(default_factory=list)
+    #: the ``--profile`` capture's summary (:class:`~traceml_nb.analysis.profile.ProfileSummary`:
+    #: top operators, synchronising calls, the trace file); None: no profile was asked for
+    profile: ProfileSummary | None = None
 
     @property
     def analysis(self) -> Analysis:
-        return Analysis(self.summary, self.diagnosis)
+        return Analysis(self.summary, self.diagnosis, profile=self.profile)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as JSON-able data (unavailable values are ``None``)."""
@@ -221,6 +232,7 @@ class RunResult:
             "cost": _plain(self.cost),
             "prediction": _plain(self.prediction),
             "trackers": list(self.trackers),
+            "profile": _plain(self.profile),
             "capabilities": self.capabilities.to_dict(),
             "steps": _plain(self.steps.to_dict()),
             "samples": _plain(self.samples),

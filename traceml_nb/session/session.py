@@ -190,6 +190,7 @@ class Session:
             environment=dict(entry.environment),
             cost=cost,
             prediction=prediction,
+            profile=analysis.profile,
         )
         if log_to is not False:
             for line in self.export(result, log_to, run=run):

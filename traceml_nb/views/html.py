@@ -10,6 +10,8 @@ from html import escape
 from typing import Any
 
 from ..analysis.formatting import fmt_s
+from ..analysis.profile import ProfileSummary
+from . import profile as profile_view
 from .chart import step_chart_svg
 from .model import ReportContent
 from .text import (
@@ -123,6 +125,8 @@ def render_html(report: ReportContent) -> str:
     )
     if diagnosis.cause:
         out.append(f"<div>Cause: {escape(diagnosis.cause)}</div>")
+    if diagnosis.profiled_cause:
+        out.append(f"<div><b>Profile:</b> {escape(diagnosis.profiled_cause)}</div>")
     out.append(_list("Evidence", [f"{e.label}: {e.text}" for e in diagnosis.evidence]))
     out.append(_list("Advice", diagnosis.advice))
     out.append(_list("Will not help", diagnosis.wont_help))
@@ -146,9 +150,36 @@ def render_html(report: ReportContent) -> str:
         for p in summary.phases
     )
     out.append(f'<table style="{_TABLE}">{metrics}{phases}</table>')
+    if report.profile is not None:
+        out.append(profile_html(report.profile))
     if report.notes:
         out.append(_list("Notes", report.notes))
     out.append("</div>")
+    return "".join(part for part in out if part)
+
+
+def profile_html(profile: ProfileSummary) -> str:
+    """The profile section: the top operators by host and by GPU time, then its facts."""
+    out = [f'<div style="margin-top:6px"><b>{escape(profile_view.heading(profile))}</b></div>']
+    for title, ops in (("by host time", profile.top_cpu), ("by GPU time", profile.top_gpu)):
+        rows = profile_view.op_rows(ops)
+        if not rows:
+            continue
+        head = "".join(
+            f'<th style="{_TD}{_MUTED}">{h}</th>'
+            for h in (f"top operators {title}", "share", "a step", "calls a step", "where")
+        )
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f'<td style="{_TD}">{escape(v)}</td>'
+                for v in (r.name, r.share, r.per_step, r.calls, r.where)
+            )
+            + "</tr>"
+            for r in rows
+        )
+        out.append(f'<table style="{_TABLE}"><tr>{head}</tr>{body}</table>')
+    out.append(_list("", profile_view.facts(profile)))
     return "".join(part for part in out if part)
 
 

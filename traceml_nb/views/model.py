@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..analysis.model import Analysis
+from ..analysis.profile import ProfileSummary
 from ..capabilities import Capabilities
 from ..session.result import LabelledComparison
 
@@ -49,3 +50,5 @@ class ReportContent:
     notes: list[str] = field(default_factory=list)
     #: the idle GPU time and its price, one sentence (None: a CPU run)
     cost_text: str | None = None
+    #: the ``--profile`` capture's summary (None: no profile was asked for)
+    profile: ProfileSummary | None = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..session.history import History
-from ..session.result import PHASE_INTERLEAVED, PHASE_TRAIN, PHASE_WARMUP, RunResult
+from ..session.result import OWN_PHASES, RunResult
 from .history import NO_RUNS, history_cells, history_table, history_text
 from .html import compare_html, history_html, render_html
 from .model import ReportContent, RunMeta, StepChart
@@ -25,8 +25,7 @@ class Report(ReportContent):
     def of(cls, result: RunResult) -> Report:
         """The report of an analysed run."""
         steps = result.steps
-        own = (PHASE_WARMUP, PHASE_TRAIN, PHASE_INTERLEAVED)  # the run's steps, not its phases
-        measured = [i for i, phase in enumerate(steps.phase) if phase in own]
+        measured = [i for i, phase in enumerate(steps.phase) if phase in OWN_PHASES]
         chart = StepChart(
             wall_ms=[steps.wall_ms[i] for i in measured],
             data_wait_ms=[steps.data_wait_ms[i] for i in measured],
@@ -45,6 +44,7 @@ class Report(ReportContent):
             chart,
             list(result.capabilities.notes),
             cost_sentence(getattr(result, "cost", None)),
+            getattr(result, "profile", None),
         )
 
     def _repr_html_(self) -> str:

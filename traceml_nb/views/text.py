@@ -14,7 +14,9 @@ from typing import Any
 
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share
 from ..analysis.model import PhaseSummary, Summary
+from ..analysis.profile import ProfileSummary
 from ..capabilities import Capabilities
+from . import profile as profile_view
 from .model import ReportContent, RunMeta
 
 
@@ -142,6 +144,8 @@ def steps_phrase(summary: Summary) -> str:
     parts = [f"{summary.warmup_steps:,} warm-up"]
     if summary.interleaved_steps:
         parts.append(f"{summary.interleaved_steps:,} with an evaluation inside")
+    if summary.profiled_steps:
+        parts.append(f"{summary.profiled_steps:,} profiled")
     parts.append(f"{summary.steady_steps:,} measured")
     return f"{summary.total_steps:,} {noun} ({', '.join(parts)})"
 
@@ -225,6 +229,8 @@ def render_text(report: ReportContent) -> str:
     )
     if diagnosis.cause:
         lines.append(f"  cause: {diagnosis.cause}")
+    if diagnosis.profiled_cause:
+        lines.append(f"  profile: {diagnosis.profiled_cause}")
     lines += _bullets("Evidence", [f"{e.label}: {e.text}" for e in diagnosis.evidence])
     lines += _bullets("Advice", diagnosis.advice)
     lines += _bullets("Will not help", diagnosis.wont_help)
@@ -238,8 +244,28 @@ def render_text(report: ReportContent) -> str:
         lines += comparison_head(f"vs {item.title}", item.comparison)
     lines += _metrics_text(metric_lines(summary, report.capabilities))
     lines += [f"  {p.name}: {p.batches:,} batches, {fmt_s(p.total_s)}" for p in summary.phases]
+    if report.profile is not None:
+        lines += profile_text(report.profile)
     lines += _bullets("Notes", report.notes)
     return "\n".join(lines)
+
+
+def profile_text(profile: ProfileSummary) -> list[str]:
+    """The profile section: the top operators by host and by GPU time, then its facts."""
+    lines = [profile_view.heading(profile)]
+    for title, ops in (("by host time", profile.top_cpu), ("by GPU time", profile.top_gpu)):
+        rows = profile_view.op_rows(ops)
+        if not rows:
+            continue
+        lines.append(f"  top operators {title} (share, a step, calls a step):")
+        width = max(len(r.name) for r in rows)
+        lines += [
+            f"    {r.name:<{width}}  {r.share:>4}  {r.per_step:>9}  {r.calls:>6}"
+            + (f"  {r.where}" if r.where else "")
+            for r in rows
+        ]
+    lines += [f"  {fact}" for fact in profile_view.facts(profile)]
+    return lines
 
 
 # --- %traceml history and %traceml compare -----------------------------------------------------

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..result import OWN_PHASES
+
 PREFIX = "traceml/"
 #: The summary figures logged, in this order (``Summary`` field names: the unit is in the name;
 #: ``_share`` is a fraction 0..1, ``_pct`` percent 0..100).
@@ -45,8 +47,6 @@ STEP_SERIES = {
 STEPS_PREFIX = PREFIX + "steps/"
 #: At most this many points of each per-step series (evenly spaced, the last step kept).
 MAX_LOGGED_STEPS = 2000
-#: the phases of the run's own steps (the other loaders' phases are not steps)
-_OWN_PHASES = ("warmup", "train", "train, evaluation inside")
 
 
 @dataclass
@@ -177,7 +177,7 @@ def build_payload(
 
 
 def _add_steps(payload: Payload, steps: Any) -> None:
-    own = [i for i, phase in enumerate(steps.phase) if phase in _OWN_PHASES]
+    own = [i for i, phase in enumerate(steps.phase) if phase in OWN_PHASES]
     keep = downsample(len(own))
     series: dict[str, list[tuple[int, float]]] = {}
     notes = []
