@@ -487,3 +487,12 @@ def test_once_the_window_closes_the_fetch_is_the_plain_wrapper_again(tmp_path):
             opt.step()
         assert _BaseDataLoaderIter.__dict__["__next__"] is installed.wrapper
         assert window_hooks() == 0
+
+
+def test_a_build_without_kineto_is_said(monkeypatch):
+    monkeypatch.setattr(torch.autograd, "kineto_available", lambda: False)
+    window = ProfileWindow(2, 0, cuda=False, t0_ns=0)
+    window.boundary("fetch")
+    assert window.done and not profiler_on()
+    capture = window.finish()
+    assert not capture.captured and capture.why == "this PyTorch build has no Kineto profiler"
