@@ -81,12 +81,24 @@ def with_uuid(props: FakeDeviceProperties, nvml_uuid: str) -> FakeDeviceProperti
 
 
 class FakeTimeline:
+    """The host clock, one GPU queue, and counters of what the events were asked.
+
+    ``stream`` is the current stream :meth:`current_stream` returns (``stream_lookups``
+    counts its calls); each event notes the stream it was recorded on. ``created`` counts the
+    events made, ``unread_rerecords`` the records of an event whose previous recording
+    completed a step nobody read (its elapsed time never asked).
+    """
+
     def __init__(self) -> None:
         self.now_ns = 0  #: host clock
         self.busy_until_ns = 0  #: when the GPU finishes the work queued so far
         self.records = 0
         self.queries = 0
         self.syncs = 0
+        self.created = 0
+        self.unread_rerecords = 0
+        self.stream: object = "stream 0"
+        self.stream_lookups = 0
 
     def clock(self) -> int:
         return self.now_ns
@@ -100,17 +112,31 @@ class FakeTimeline:
         self.busy_until_ns = max(self.busy_until_ns, self.now_ns) + int(ms * 1e6)
 
     def event(self) -> FakeEvent:
+        self.created += 1
         return FakeEvent(self)
+
+    def current_stream(self) -> object:
+        """What ``torch.cuda.current_stream(device)`` answers: :attr:`stream`."""
+        self.stream_lookups += 1
+        return self.stream
 
 
 class FakeEvent:
     def __init__(self, timeline: FakeTimeline) -> None:
         self._tl = timeline
         self.done_at_ns: int | None = None
+        self.stream: object = None  #: the stream of the last record
+        self.read = False  #: an elapsed time involving the last recording was asked
+        self.recordings = 0
 
     def record(self, stream: object = None) -> None:
         tl = self._tl
         tl.records += 1
+        if self.recordings and not self.read:
+            tl.unread_rerecords += 1
+        self.recordings += 1
+        self.read = False
+        self.stream = stream
         self.done_at_ns = max(tl.now_ns, tl.busy_until_ns)
 
     def _done(self) -> bool:
@@ -126,6 +152,7 @@ class FakeEvent:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
         if not (self._done() and end_event._done()):
             raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        self.read = end_event.read = True
         return (end_event.done_at_ns - self.done_at_ns) / 1e6
 
     def synchronize(self) -> None:

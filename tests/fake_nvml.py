@@ -10,11 +10,17 @@ Errors are raised exactly the way pynvml raises them: ``pynvml.NVMLError(code)``
     gpu = FakeGpu("GPU-1111...")
     gpu.set("power", error=pynvml.NVML_ERROR_NOT_SUPPORTED)
     gpu.set("temperature", 65, fail_after=10)          # GPU lost after 10 good reads
+    gpu.enable_gpm(sm_active=23.0)                     # a Hopper GPU: GPM metrics
     nvml = FakeNvml([gpu])
+
+GPM goes through the real ctypes structures of pynvml (``c_nvmlGpmMetricsGet_t``, sample
+handles of type ``c_nvmlGpmSample_t``), so a wrong field or type in the caller fails here too;
+the fake checks that the two samples of a metric were taken, in order, on the same device.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -118,6 +124,10 @@ class FakeGpu:
             "throttle_reasons": FakeField(0x4),
             "pcie_counters": FakeField(PcieCounter()),
             "pcie_throughput": FakeField(lambda: (512_000, 128_000)),  # KiB/s
+            # no GPM before Hopper (the default: an A100's compute capability)
+            "gpm_support": FakeField(SimpleNamespace(version=1, isSupportedDevice=0)),
+            "gpm_sample": FakeField(None),
+            "gpm_metrics": FakeField(dict(GPM_HOPPER)),
         }
         if mig_mode:  # NVML reports no utilisation on a MIG-enabled GPU
             self.set("utilization", error=pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -125,6 +135,18 @@ class FakeGpu:
     @property
     def is_mig(self) -> bool:
         return self.parent is not None
+
+    def enable_gpm(self, **metrics: Any) -> FakeGpu:
+        """A GPU with GPM (Hopper and later); ``metrics`` replace values of
+        :data:`GPM_HOPPER` by key (``sm_active=23.0``), a ``(None, code)`` pair makes that
+        metric fail with NVML error ``code``."""
+        self.set("compute_capability", (9, 0))
+        self.set("gpm_support", SimpleNamespace(version=1, isSupportedDevice=1))
+        values = dict(GPM_HOPPER)
+        for key, value in metrics.items():
+            values[GPM_IDS[key]] = value
+        self.set("gpm_metrics", values)
+        return self
 
     def set(self, field: str, value: Any = None, **behaviour: Any) -> FakeGpu:
         """Replace a field's behaviour (see :class:`FakeField`); returns self for chaining."""
@@ -146,6 +168,22 @@ class FakeGpu:
         return inst
 
 
+#: GPM metric ids (pynvml's constants) by the sampler's keys
+GPM_IDS = {
+    "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    "dram_bw": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+}
+#: What a busy, host-bound Hopper GPU's GPM metrics read (percent): few SMs busy
+GPM_HOPPER = {
+    GPM_IDS["sm_active"]: 23.0,
+    GPM_IDS["sm_occupancy"]: 11.5,
+    GPM_IDS["tensor_active"]: 4.0,
+    GPM_IDS["dram_bw"]: 31.0,
+}
+
+
 class FakeNvml:
     """Stands in for the ``pynvml`` module.
 
@@ -153,8 +191,10 @@ class FakeNvml:
     binding lacks (``AttributeError``, as with an old nvidia-ml-py). ``driver``: how
     ``nvmlSystemGetDriverVersion`` behaves (a :class:`FakeField`; a version by default).
     ``calls`` counts calls by function name; ``inits``/``shutdowns`` count the library's start
-    and stop.
+    and stop; ``gpm_samples_live`` the GPM sample buffers allocated and not freed.
     """
+
+    c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
 
     def __init__(
         self,
@@ -172,9 +212,16 @@ class FakeNvml:
         self.inits = 0
         self.shutdowns = 0
         self._lock = threading.Lock()
+        #: address of each GPM sample buffer -> (its memory, the device and order of its sample)
+        self._gpm: dict[int, list[Any]] = {}
+        self._gpm_order = 0
+
+    @property
+    def gpm_samples_live(self) -> int:
+        return len(self._gpm)
 
     def __getattribute__(self, name: str) -> Any:
-        if name.startswith("nvml") and name in object.__getattribute__(self, "missing"):
+        if name.startswith(("nvml", "c_nvml")) and name in object.__getattribute__(self, "missing"):
             raise AttributeError(f"module 'pynvml' has no attribute {name!r}")
         return object.__getattribute__(self, name)
 
@@ -311,6 +358,51 @@ class FakeNvml:
             for fid in field_ids
         ]
 
+    # --- GPM -------------------------------------------------------------------------------------
+    def nvmlGpmQueryDeviceSupport(self, handle: FakeGpu) -> Any:
+        return self._call("nvmlGpmQueryDeviceSupport", handle, "gpm_support")
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self.calls["nvmlGpmSampleAlloc"] += 1
+        if not self.initialised:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        memory = ctypes.create_string_buffer(16)
+        sample = ctypes.cast(memory, pynvml.c_nvmlGpmSample_t)
+        self._gpm[_address(sample)] = [memory, None, 0]
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self.calls["nvmlGpmSampleFree"] += 1
+        assert self._gpm.pop(_address(sample), None) is not None, "freed a sample never allocated"
+
+    def nvmlGpmSampleGet(self, handle: FakeGpu, sample: Any) -> Any:
+        entry = self._gpm.get(_address(sample))
+        assert entry is not None, "nvmlGpmSampleGet on a sample not allocated (or freed)"
+        self._call("nvmlGpmSampleGet", handle, "gpm_sample")
+        self._gpm_order += 1
+        entry[1], entry[2] = handle, self._gpm_order
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        self.calls["nvmlGpmMetricsGet"] += 1
+        assert isinstance(request, pynvml.c_nvmlGpmMetricsGet_t)
+        assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION
+        first = self._gpm.get(_address(request.sample1))
+        second = self._gpm.get(_address(request.sample2))
+        assert first is not None and second is not None, "a metric of samples not allocated"
+        assert first[1] is not None and first[1] is second[1], "samples of one device"
+        assert first[2] < second[2], "sample1 must be taken before sample2"
+        gpu = first[1]
+        values = gpu.fields["gpm_metrics"]()
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            value = values.get(metric.metricId, (None, pynvml.NVML_ERROR_NOT_SUPPORTED))
+            if isinstance(value, tuple):
+                metric.nvmlReturn, metric.value = value[1], 0.0
+            else:
+                metric.nvmlReturn, metric.value = pynvml.NVML_SUCCESS, float(value)
+        return request
+
 
 def make_gpus(count: int, *, mig_on: Iterable[int] = ()) -> list[FakeGpu]:
     """``count`` fake GPUs with distinct UUIDs (``GPU-<i>…``) and PCI bus ids (``0x10·(i+1)``)."""
@@ -324,3 +416,7 @@ def make_gpus(count: int, *, mig_on: Iterable[int] = ()) -> list[FakeGpu]:
         )
         for i in range(count)
     ]
+
+
+def _address(sample: Any) -> int:
+    return int(ctypes.cast(sample, ctypes.c_void_p).value or 0)

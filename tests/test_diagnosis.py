@@ -35,6 +35,7 @@ from traceml_nb.analysis.thresholds import (
     MEMORY_PRESSURE_SHARE,
     MIN_INPUT_WAIT_MS,
     MIN_STEADY_STEPS,
+    SM_ACTIVE_BUSY_PCT,
     SMALL_BATCH,
     STALL_FACTOR,
     STALL_MAX_SHARE,
@@ -227,6 +228,7 @@ def test_cpu_only_input_bound_full_diagnosis():
         "data wait": "60% of step time (18 ms per step)",
         "GPU input stall": f"unavailable ({CPU_ONLY})",
         "GPU utilisation": f"unavailable ({CPU_ONLY})",
+        "SM activity": f"unavailable ({CPU_ONLY})",
         "DataLoader": "num_workers=0, pin_memory=False, prefetch_factor=None, "
         "persistent_workers=False, batch_size=8",
         "CPUs available": "2",
@@ -450,7 +452,8 @@ def test_gpu_busy_threshold_both_sides():
     d = gpu_run(0.02, GPU_BUSY_PCT).diagnosis
     assert d.verdict == "compute-bound"
     assert d.title == (
-        "Compute-bound (healthy): the GPU is busy (median utilisation 80%), input stalls 2% of step time"
+        "Compute-bound (healthy): the GPU is busy, median GPU utilisation 80% (NVML: a kernel "
+        "was running); input stalls 2% of step time"
     )
     assert d.advice == [
         "The GPU is the limit: speed-ups come from the model side (mixed precision with "
@@ -463,8 +466,8 @@ def test_gpu_busy_threshold_both_sides():
     d = gpu_run(0.02, GPU_BUSY_PCT - 0.1, batch=SMALL_BATCH).diagnosis
     assert d.verdict == "host-bound"
     assert d.title == (
-        "Host-bound: input stalls 2% of step time, but the GPU is idle much of the time "
-        "(median utilisation 80%)"
+        "Host-bound: input stalls 2% of step time, but the GPU is idle much of the time: "
+        "median GPU utilisation 80% (NVML: a kernel was running)"
     )
     assert d.advice == [
         "Remove per-step host syncs: .item(), .cpu(), float(loss), printing tensors; accumulate "
@@ -475,6 +478,92 @@ def test_gpu_busy_threshold_both_sides():
     assert d.saving_bound_share == pytest.approx(0.201)
     assert d.saving_text == (
         "The GPU was idle about 20% of the time: removing host overhead saves at most 20%."
+    )
+
+
+def gpm_capabilities() -> Capabilities:
+    """A CUDA run on a GPU with GPM (Hopper and later)."""
+    from traceml_nb.sampling.gpm import COLUMN_CAPABILITY, GPM_CAPABILITY
+
+    caps = gpu_capabilities()
+    for name in (GPM_CAPABILITY, *COLUMN_CAPABILITY.values()):
+        caps.set(name, True)
+    return caps
+
+
+def every_second(value: float):
+    """A GPM column: a value once a second (the rows of the 10 Hz samples between have none)."""
+    return lambda t: value if round(t * 10) % 10 == 0 else float("nan")
+
+
+def gpm_run(sm_active: float, util: float = 97.0, **gpu: float) -> Analysis:
+    columns = {"sm_active_pct": every_second(sm_active)}
+    columns.update({k: every_second(v) for k, v in gpu.items()})
+    return gpu_run(0.02, util, gpu=columns, caps=gpm_capabilities())
+
+
+def test_sm_activity_decides_host_bound_both_sides_when_the_gpu_has_it():
+    """NVML reads 97% (a kernel ran all the time); SM activity says how much of the GPU worked."""
+    d = gpm_run(SM_ACTIVE_BUSY_PCT).diagnosis
+    assert d.verdict == "compute-bound"
+    assert d.title == (
+        "Compute-bound (healthy): the GPU's SMs are busy, median SM activity 50% (GPM); "
+        "input stalls 2% of step time"
+    )
+    a = gpm_run(SM_ACTIVE_BUSY_PCT - 0.1, sm_occupancy_pct=12.0, tensor_active_pct=4.0)
+    d = a.diagnosis
+    assert d.verdict == "host-bound"
+    assert d.title == (
+        "Host-bound: input stalls 2% of step time, but the GPU's SMs are idle much of the time: "
+        "median SM activity 50% (GPM)"
+    )
+    assert d.saving_bound_share == pytest.approx(0.501)
+    assert d.saving_text == (
+        "The SMs were idle about 50% of their time: removing host overhead saves at most 50%."
+    )
+    assert d.secondary[0] == (
+        "NVML's GPU utilisation reads 97%: it counts the time any kernel ran, and small kernels "
+        "keep it high while most SMs are idle (SM activity 50%)."
+    )
+    assert a.summary.sm_active_median_pct == pytest.approx(49.9)
+    assert a.summary.sm_occupancy_median_pct == pytest.approx(12.0)
+    assert a.summary.dram_bw_median_pct is None
+    assert evidence(d, "SM activity") == (
+        "median 50% of the SMs busy during the steady steps (GPM; SM occupancy 12%, tensor "
+        "cores 4%)"
+    )
+    assert evidence(d, "GPU utilisation") == "median 97% during the steady steps"
+
+
+def test_sm_activity_strong_host_bound_below_half_the_threshold():
+    assert gpm_run(SM_ACTIVE_BUSY_PCT / 2 - 0.1).diagnosis.confidence == "high"
+    assert gpm_run(SM_ACTIVE_BUSY_PCT / 2).diagnosis.confidence == "medium"
+
+
+def test_sm_activity_busy_overrides_a_low_nvml_reading():
+    d = gpm_run(85.0, util=60.0).diagnosis
+    assert d.verdict == "compute-bound"
+    assert "median SM activity 85% (GPM)" in d.title
+
+
+def test_without_gpm_nvml_decides_and_sm_activity_says_why_not():
+    d = gpu_run(0.02, 97.0).diagnosis
+    assert d.verdict == "compute-bound"
+    assert "GPU utilisation 97% (NVML: a kernel was running)" in d.title
+    assert (
+        evidence(d, "SM activity") == "unavailable (sm_active_pct is not reported by this sampler)"
+    )
+    caps = gpu_capabilities()
+    caps.set(
+        "gpm_sm_active", False, "this GPU has no GPM metrics (Hopper and later GPUs have them)"
+    )
+    a = gpu_run(0.02, 97.0, caps=caps)
+    assert a.summary.sm_active_median_pct is None
+    assert a.summary.unavailable["sm_active_median_pct"] == (
+        "this GPU has no GPM metrics (Hopper and later GPUs have them)"
+    )
+    assert evidence(a.diagnosis, "SM activity") == (
+        "unavailable (this GPU has no GPM metrics (Hopper and later GPUs have them))"
     )
 
 

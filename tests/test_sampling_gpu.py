@@ -16,7 +16,17 @@ from fake_nvml import FakeNvml, PcieCounter, make_gpus
 from traceml_nb.capabilities import Capabilities
 from traceml_nb.sampling import Collector, SourceLost
 from traceml_nb.sampling import nvml_binding as nb
-from traceml_nb.sampling.gpu import COLUMNS, GpuSource, describe_clock_events, open_gpu_sources
+from traceml_nb.sampling.gpm import GPM_COLUMNS, GPM_FLAKY_READS, GPM_PERIOD_S
+from traceml_nb.sampling.gpu import (
+    COLUMNS,
+    GPM_ON_MIG,
+    PCIE_COUNTER_PERIOD_S,
+    PCIE_COUNTER_WIDE_PERIOD_S,
+    SLOW_FIELDS_PERIOD_S,
+    GpuSource,
+    describe_clock_events,
+    open_gpu_sources,
+)
 from traceml_nb.sampling.gpu_devices import (
     CudaDeviceIds,
     NvmlDevice,
@@ -27,7 +37,7 @@ from traceml_nb.sampling.gpu_devices import (
 )
 
 NO_IDS = CudaDeviceIds()
-NVML_COLUMNS = [c for c in COLUMNS if not c.startswith("torch_")]
+NVML_COLUMNS = [c for c in COLUMNS if not c.startswith("torch_") and c not in GPM_COLUMNS]
 
 
 def no_ids(index: int) -> CudaDeviceIds:
@@ -38,13 +48,19 @@ def no_allocator(index: int) -> None:
     return None
 
 
-def open_one(nvml: FakeNvml, caps: Capabilities | None = None, **kwargs) -> GpuSource:
+def open_one(
+    nvml: FakeNvml, caps: Capabilities | None = None, *, every_tick: bool = True, **kwargs
+) -> GpuSource:
+    """The source of cuda:0; ``every_tick``: power and temperature are read at every call (how
+    often each field is read has tests of its own)."""
     caps = caps if caps is not None else Capabilities()
     kwargs.setdefault("device_ids", no_ids)
     kwargs.setdefault("environ", {})
     kwargs.setdefault("allocator", no_allocator)
     sources = open_gpu_sources([0], caps, nvml=nvml, **kwargs)
     assert list(sources) == [0], caps
+    if every_tick:
+        sources[0].slow_fields_period_s = 0.0
     return sources[0]
 
 
@@ -164,8 +180,9 @@ def test_init_failure_keeps_the_allocator_when_cuda_works():
         2.0,
         3.0,
     )
-    assert all(values[c] is None for c in NVML_COLUMNS)
+    assert all(values[c] is None for c in [*NVML_COLUMNS, *GPM_COLUMNS])
     assert not caps.ok("nvml") and caps.ok("gpu_memory")
+    assert caps.why("gpm") == caps.why("gpm_sm_active") == caps.why("nvml")
     sources[0].close()
 
 
@@ -203,11 +220,20 @@ def test_every_field_is_read_in_its_unit():
         "pcie_rx_mbps": pytest.approx(1000.0, rel=1e-6),
         "pcie_tx_mbps": pytest.approx(250.0, rel=1e-6),
         "throttle_reasons": 4.0,
+        "sm_active_pct": None,  # an A100: no GPM
+        "sm_occupancy_pct": None,
+        "tensor_active_pct": None,
+        "dram_bw_pct": None,
         "torch_alloc_mb": 100.0,
         "torch_reserved_mb": 200.0,
         "torch_peak_mb": 150.0,
     }
-    assert caps.available == {"nvml": True, "gpu_utilisation": True, "gpu_memory": True}
+    assert {k: v for k, v in caps.available.items() if not k.startswith("gpm")} == {
+        "nvml": True,
+        "gpu_utilisation": True,
+        "gpu_memory": True,
+    }
+    assert caps.why("gpm") == "this GPU has no GPM metrics (Hopper and later GPUs have them)"
     assert caps.notes == []
     assert src.pcie_method == "byte counters"
     src.close()
@@ -382,7 +408,8 @@ def test_pcie_counters_are_read_at_most_every_period():
     src = open_one(FakeNvml([gpu]))
     now = [time.monotonic()]  # the probe at open read them a moment ago
     src._clock = lambda: now[0]
-    assert src.pcie_counter_period_s == 0.2
+    assert src.pcie_counter_period_s == PCIE_COUNTER_WIDE_PERIOD_S  # 64-bit: cannot wrap
+    src.pcie_counter_period_s = 0.2
     readings = []
     for _ in range(6):  # 10 Hz
         now[0] += 0.1
@@ -680,3 +707,231 @@ def test_run_with_a_fake_gpu_records_samples_and_survives_the_loss():
     assert run.capabilities.ok("nvml") and run.capabilities.ok("gpu_utilisation")
     assert any("GPU cuda:0" in n and "GPU is lost" in n for n in run.capabilities.notes)
     assert nvml.shutdowns == 1
+
+
+# --- how often each field is read -------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def open_with_clock(
+    nvml: FakeNvml, caps: Capabilities | None = None
+) -> tuple[GpuSource, FakeClock]:
+    """A source on a fake clock from its opening on (``GpuSource`` reads it at open)."""
+    clock = FakeClock()
+    caps = caps if caps is not None else Capabilities()
+    sources = open_gpu_sources(
+        [0], caps, nvml=nvml, device_ids=no_ids, environ={}, allocator=no_allocator,
+        clock=clock,
+    )  # fmt: skip
+    return sources[0], clock
+
+
+def tick(src: GpuSource, clock: FakeClock, ticks: int, interval: float = 0.1) -> list[dict]:
+    rows = []
+    for _ in range(ticks):
+        clock.now += interval
+        rows.append(src.read())
+    return rows
+
+
+def per_second(rows: list[dict], column: str) -> list[float | None]:
+    """The value of ``column`` read in each second of 10 Hz rows (None: none was read)."""
+    out = []
+    for k in range(len(rows) // 10):
+        read = [r[column] for r in rows[10 * k : 10 * k + 10] if r[column] is not None]
+        assert len(read) <= 1
+        out.append(read[0] if read else None)
+    return out
+
+
+def test_slow_fields_are_read_less_often_than_the_tick():
+    gpu = make_gpus(1)[0].enable_gpm()
+    nvml = FakeNvml([gpu])
+    src, clock = open_with_clock(nvml)
+    opened = {name: f.calls for name, f in gpu.fields.items()}
+    rows = tick(src, clock, 50)  # 5 s at 10 Hz
+    read = {name: f.calls - opened[name] for name, f in gpu.fields.items()}
+    assert read["utilization"] == read["memory"] == read["sm_clock"] == read["clock_events"] == 50
+    seconds = 50 * 0.1
+    assert (
+        read["power"] == read["temperature"] == pytest.approx(seconds / SLOW_FIELDS_PERIOD_S, abs=1)
+    )
+    assert read["pcie_counters"] == pytest.approx(seconds / PCIE_COUNTER_WIDE_PERIOD_S, abs=1)
+    assert read["gpm_sample"] == pytest.approx(seconds / GPM_PERIOD_S, abs=1)
+    assert nvml.calls["nvmlGpmMetricsGet"] == read["gpm_sample"]
+    assert read["power_limit"] == read["max_sm_clock"] == 0  # once, at open
+    # every row has the static ones and the per-tick ones; the slow ones when read
+    assert all(r["mem_total_mb"] == 16384.0 and r["util_gpu_pct"] == 87.0 for r in rows)
+    powers = [r["power_w"] for r in rows]
+    assert powers[0] == 215.5  # the first row has every field
+    assert sum(p is not None for p in powers) == read["power"]
+    assert all(p in (None, 215.5) for p in powers)  # never 0 in between
+    src.close()
+
+
+def test_32_bit_pcie_counters_are_read_every_fifth_of_a_second():
+    gpu = make_gpus(1)[0].set("pcie_counters", PcieCounter(bits=32))
+    src, clock = open_with_clock(FakeNvml([gpu]))
+    assert src.pcie_counter_period_s == PCIE_COUNTER_PERIOD_S
+    before = gpu.fields["pcie_counters"].calls
+    tick(src, clock, 20)
+    assert gpu.fields["pcie_counters"].calls - before == pytest.approx(2.0 / 0.2, abs=1)
+    src.close()
+
+
+# --- GPM ----------------------------------------------------------------------------------------
+
+
+def test_gpm_metrics_on_a_hopper_gpu():
+    gpu = make_gpus(1)[0].enable_gpm(sm_active=23.0, tensor_active=4.0)
+    nvml = FakeNvml([gpu])
+    caps = Capabilities()
+    src, clock = open_with_clock(nvml, caps)
+    assert src.has_gpm and caps.ok("gpm") and caps.ok("gpm_sm_active") and caps.ok("gpm_dram_bw")
+    rows = tick(src, clock, 25)  # 2.5 s
+    gpm = [r for r in rows if r["sm_active_pct"] is not None]
+    assert len(gpm) == 2  # at 1 s and 2 s: none before a whole period
+    assert gpm[0] == {**gpm[0], "sm_active_pct": 23.0, "sm_occupancy_pct": 11.5,
+                      "tensor_active_pct": 4.0, "dram_bw_pct": 31.0}  # fmt: skip
+    assert all(r[c] is None for r in rows if r not in gpm for c in GPM_COLUMNS)
+    assert nvml.gpm_samples_live == 2
+    src.close()
+    assert nvml.gpm_samples_live == 0 and nvml.shutdowns == 1  # freed, then NVML shut down
+    assert caps.notes == []
+
+
+@pytest.mark.parametrize(
+    "setup, words",
+    [
+        (lambda g: None, "this GPU has no GPM metrics (Hopper and later GPUs have them)"),
+        (
+            lambda g: g.enable_gpm().set("gpm_support", error=pynvml.NVML_ERROR_FUNCTION_NOT_FOUND),
+            "the NVIDIA driver's NVML has no GPM (NVML: Function Not Found; it needs R525 or later)",
+        ),
+        (
+            lambda g: g.enable_gpm().set("gpm_sample", error=pynvml.NVML_ERROR_NO_PERMISSION),
+            "GPM could not be read (NVML: Insufficient Permissions)",
+        ),
+        (
+            lambda g: g.enable_gpm().set("gpm_support", error=pynvml.NVML_ERROR_NOT_SUPPORTED),
+            "GPM could not be read (NVML: Not Supported)",
+        ),
+    ],
+    ids=["before Hopper", "driver without GPM", "no permission", "not supported"],
+)
+def test_gpm_unavailable_says_why_and_never_reads_zero(setup, words):
+    gpu = make_gpus(1)[0]
+    setup(gpu)
+    nvml = FakeNvml([gpu])
+    caps = Capabilities()
+    src, clock = open_with_clock(nvml, caps)
+    rows = tick(src, clock, 25)
+    assert all(r[c] is None for r in rows for c in GPM_COLUMNS)
+    assert rows[-1]["util_gpu_pct"] == 87.0  # the rest of the GPU is sampled
+    assert not src.has_gpm
+    for name in ("gpm", "gpm_sm_active", "gpm_sm_occupancy", "gpm_tensor_active", "gpm_dram_bw"):
+        assert caps.why(name) == words
+    src.close()
+    assert nvml.gpm_samples_live == 0
+
+
+def test_gpm_of_a_binding_too_old():
+    gpu = make_gpus(1)[0].enable_gpm()
+    nvml = FakeNvml([gpu], missing={"nvmlGpmQueryDeviceSupport"})
+    caps = Capabilities()
+    src, clock = open_with_clock(nvml, caps)
+    assert all(r["sm_active_pct"] is None for r in tick(src, clock, 15))
+    assert (
+        caps.why("gpm")
+        == "this nvidia-ml-py is too old for GPM (it has no nvmlGpmQueryDeviceSupport)"
+    )
+    src.close()
+
+
+def test_gpm_metric_the_gpu_does_not_give_is_unavailable_alone():
+    gpu = make_gpus(1)[0].enable_gpm(tensor_active=(None, pynvml.NVML_ERROR_NOT_SUPPORTED))
+    caps = Capabilities()
+    src, clock = open_with_clock(FakeNvml([gpu]), caps)
+    rows = [r for r in tick(src, clock, 35) if r["sm_active_pct"] is not None]
+    assert len(rows) == 3
+    assert all(r["tensor_active_pct"] is None and r["dram_bw_pct"] == 31.0 for r in rows)
+    assert caps.ok("gpm") and caps.ok("gpm_sm_active")
+    assert caps.why("gpm_tensor_active") == (
+        "GPU cuda:0 = NVML GPU 0 (Fake GPU 0): this GPU does not give the GPM metric "
+        "tensor_active_pct "
+        "(NVML: Not Supported)"
+    )
+    src.close()
+
+
+def test_gpm_timeout_costs_one_period():
+    gpu = make_gpus(1)[0].enable_gpm()
+    gpu.set("gpm_sample", None, fail_after=2, fail_with=pynvml.NVML_ERROR_TIMEOUT, fail_for=1)
+    caps = Capabilities()
+    src, clock = open_with_clock(FakeNvml([gpu]), caps)
+    active = per_second(tick(src, clock, 50), "sm_active_pct")
+    assert active == [23.0, None, 23.0, 23.0, 23.0]  # then over the two periods around it
+    assert caps.ok("gpm") and caps.notes == []
+    src.close()
+
+
+def test_gpm_failing_again_and_again_is_given_up_not_the_gpu():
+    gpu = make_gpus(1)[0].enable_gpm()
+    gpu.set("gpm_sample", None, fail_after=2, fail_with=pynvml.NVML_ERROR_UNKNOWN)
+    caps = Capabilities()
+    nvml = FakeNvml([gpu])
+    src, clock = open_with_clock(nvml, caps)
+    rows = tick(src, clock, 80)
+    active = per_second(rows, "sm_active_pct")
+    assert active[0] == 23.0 and active[1:] == [None] * 7
+    assert gpu.fields["gpm_sample"].calls == 2 + GPM_FLAKY_READS  # not asked after giving up
+    assert rows[-1]["util_gpu_pct"] == 87.0
+    assert "Unknown Error" in caps.why("gpm") and "Unknown Error" in caps.why("gpm_sm_active")
+    assert any("GPM metrics unavailable from now on" in n for n in caps.notes)
+    assert nvml.gpm_samples_live == 0  # freed when given up
+    src.close()
+
+
+def test_gpu_lost_while_sampling_gpm_drops_the_source():
+    gpu = make_gpus(1)[0].enable_gpm()
+    gpu.set("gpm_sample", None, fail_after=2)  # GPU is lost
+    nvml = FakeNvml([gpu])
+    src, clock = open_with_clock(nvml)
+    tick(src, clock, 10)
+    with pytest.raises(SourceLost, match="GPU is lost.*GPM"):
+        tick(src, clock, 10)
+    src.close()
+    assert nvml.gpm_samples_live == 0 and nvml.shutdowns == 1
+
+
+def test_mig_device_has_no_gpm_with_the_reason():
+    gpus, _inst0, _inst1 = mig_setup()
+    gpus[1].enable_gpm()
+    caps = Capabilities()
+    torch_uuid = "1e1e1e1e-aaaa-bbbb-cccc-111111111111"
+    src = open_one(FakeNvml(gpus), caps, device_ids=lambda i: CudaDeviceIds(uuid=torch_uuid))
+    assert src.read()["sm_active_pct"] is None
+    assert caps.why("gpm") == GPM_ON_MIG
+    src.close()
+
+
+def test_a_run_on_a_hopper_gpu_records_sm_activity_and_frees_gpm():
+    import traceml_nb
+
+    gpu = make_gpus(1)[0].enable_gpm(sm_active=31.0)
+    nvml = FakeNvml([gpu])
+    with traceml_nb.Run("fake-hopper", device="cuda:0", nvml=nvml, interval=0.05) as run:
+        time.sleep(2.1)
+    active = [v for v in run.record.gpus[0].column("sm_active_pct") if v is not None]
+    assert 1 <= len(active) <= 3 and set(active) == {31.0}  # about one a second
+    rows = len(run.record.gpus[0])
+    assert rows >= 4 * len(active)  # the 20 Hz rows between have none
+    assert run.capabilities.ok("gpm") and run.capabilities.ok("gpm_sm_active")
+    assert nvml.gpm_samples_live == 0 and nvml.shutdowns == 1

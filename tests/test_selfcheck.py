@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pynvml
@@ -452,3 +453,128 @@ def test_paired_added_agrees_with_the_general_functions() -> None:
     assert a["pairs"] == 3
     assert a["min_pct"] == stats.percent_of(-1_000_000, 1_100_000_000)
     assert a["max_pct"] == 2.0
+
+
+# --- GPM, the samplers' CPU share, the host cost per step ------------------------------------------
+def test_gpm_verdict_one_sm_spin_and_full_matmul() -> None:
+    from traceml_nb.selfcheck.gpm import (
+        GPM_MATMUL_MIN_SM_ACTIVE_PCT,
+        GPM_SPIN_MAX_SM_ACTIVE_PCT,
+        judge_gpm,
+    )
+
+    spin = {
+        "sm_active_pct": 0.8,
+        "sm_occupancy_pct": 0.4,
+        "tensor_active_pct": 0.0,
+        "dram_bw_pct": 0.1,
+    }
+    matmul = {
+        "sm_active_pct": 97.0,
+        "sm_occupancy_pct": 24.0,
+        "tensor_active_pct": 71.0,
+        "dram_bw_pct": 12.0,
+    }
+    assert judge_gpm(spin, matmul, 100.0) == ([], [])
+    problems, _ = judge_gpm(
+        {**spin, "sm_active_pct": GPM_SPIN_MAX_SM_ACTIVE_PCT + 1}, matmul, 100.0
+    )
+    assert problems == ["SM activity 11.0% for a one-thread kernel (at most 10% expected)"]
+    assert judge_gpm({**spin, "sm_active_pct": GPM_SPIN_MAX_SM_ACTIVE_PCT}, matmul, 100.0)[0] == []
+    low = {**matmul, "sm_active_pct": GPM_MATMUL_MIN_SM_ACTIVE_PCT - 1}
+    assert judge_gpm(spin, low, 100.0)[0] == [
+        "SM activity 49.0% during large matrix products (at least 50% expected)"
+    ]
+    assert (
+        judge_gpm(spin, {**matmul, "sm_active_pct": GPM_MATMUL_MIN_SM_ACTIVE_PCT}, 100.0)[0] == []
+    )
+    problems, warnings = judge_gpm(
+        {**spin, "sm_active_pct": None}, {**matmul, "dram_bw_pct": 130.0}, 20.0
+    )
+    assert problems == [
+        "no SM activity during the spin although the GPU has GPM",
+        "dram_bw_pct = 130.0 during the matmul is outside 0..100",
+    ]
+    assert warnings == ["NVML utilisation 20% while a kernel ran throughout"]
+    assert judge_gpm(spin, {**matmul, "tensor_active_pct": 0.0}, 100.0)[1] == [
+        "no tensor-core activity during half-precision matrix products"
+    ]
+
+
+def test_sampler_gpm_columns_are_measured_exactly_where_the_gpu_has_gpm() -> None:
+    from traceml_nb.selfcheck.sampler import gpm_fields
+
+    no_gpm = "this GPU has no GPM metrics (Hopper and later GPUs have them)"
+    raw = gpm_fields(no_gpm)
+    unavailable = dict.fromkeys(
+        ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct"), "unavailable"
+    )
+    assert compare_sampler_with_nvml(raw, unavailable) == ([], [])
+    made_up = {**unavailable, "sm_active_pct": 0.0}
+    problems, _ = compare_sampler_with_nvml(raw, made_up)
+    assert problems == ["sm_active_pct = 0.0 although NVML does not support gpm_sm_active"]
+    raw = gpm_fields("")
+    problems, warnings = compare_sampler_with_nvml(raw, unavailable)
+    assert problems == [
+        "sm_active_pct is unavailable although NVML gives gpm_sm_active = supported"
+    ]
+    assert len(warnings) == 3  # a GPU with GPM may still not give these one by one
+    measured = {k: 10.0 for k in unavailable}
+    assert compare_sampler_with_nvml(raw, measured) == ([], [])
+
+
+def test_sampler_cpu_budget_both_sides() -> None:
+    from traceml_nb.selfcheck.sampler_cpu import SAMPLER_CPU_BUDGET_PCT, judge_sampler_cpu
+
+    assert judge_sampler_cpu(SAMPLER_CPU_BUDGET_PCT)
+    assert not judge_sampler_cpu(SAMPLER_CPU_BUDGET_PCT + 0.01)
+
+
+def test_sampler_cpu_shares_are_each_sources_cpu_time() -> None:
+    from traceml_nb.selfcheck.sampler_cpu import source_shares
+
+    class Burner:
+        def __init__(self, name: str, ms: float) -> None:
+            self.name, self.ms = name, ms
+
+        def read(self) -> None:
+            end = time.thread_time() + self.ms / 1e3
+            while time.thread_time() < end:
+                pass
+
+    shares = source_shares([Burner("cheap", 0.0), Burner("dear", 2.0)], 0.5, interval=0.05)
+    assert shares["cheap"] < 1.0
+    assert 2.0 <= shares["dear"] <= 8.0  # 2 ms of CPU every 50 ms: 4% of a core
+
+
+def test_host_cost_verdict_both_sides() -> None:
+    from traceml_nb.selfcheck.host_cost import (
+        HOST_COST_BUDGET_US,
+        NEW_EVENTS_PER_FETCHES,
+        judge_host_cost,
+    )
+
+    assert judge_host_cost(HOST_COST_BUDGET_US, 0, 48, 3000, 64) == []
+    assert judge_host_cost(HOST_COST_BUDGET_US + 0.01, 0, 48, 3000, 64) == [
+        "adds 5.01 us a step (budget 5 us)"
+    ]
+    fetches = 3000
+    allowed = fetches // NEW_EVENTS_PER_FETCHES
+    assert judge_host_cost(1.0, allowed, 48, fetches, 64) == []
+    assert judge_host_cost(1.0, allowed + 1, 48, fetches, 64) == [
+        "31 CUDA events created for 3000 fetches with a warm pool"
+    ]
+    assert judge_host_cost(1.0, 0, 3000 // 64 + 8, fetches, 64) == []
+    assert judge_host_cost(1.0, 0, 3000, fetches, 64) == [
+        "3000 stream look-ups for 3000 fetches (at most 54)"
+    ]
+
+
+def test_the_self_check_lists_every_check_once() -> None:
+    from traceml_nb.selfcheck.cli import CHECKS
+
+    names = [name for name, _check, _needs in CHECKS]
+    assert names == [
+        "env", "stall", "nvml", "gpm", "sampler", "samplercpu", "mapping", "hostcost", "overhead",
+    ]  # fmt: skip
+    assert all(len(name) <= 10 for name in names)  # the table's column

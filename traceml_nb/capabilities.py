@@ -11,7 +11,9 @@ from typing import Any
 
 #: Names used: "steps", "data_wait", "gpu_events", "gpu_memory", "nvml", "gpu_utilisation",
 #: "host", "steal_time" (the host sampler's ``steal_pct``: only where the kernel reports it),
-#: "profile" (``--profile``: the torch.profiler capture).
+#: "profile" (``--profile``: the torch.profiler capture), "gpm" and one per GPM column:
+#: "gpm_sm_active", "gpm_sm_occupancy", "gpm_tensor_active", "gpm_dram_bw"
+#: (:mod:`traceml_nb.sampling.gpm`).
 
 
 @dataclass

@@ -57,9 +57,12 @@ from .record import (
     RunRecord,
 )
 
-#: Receives ``(row, gpu_enter, gpu_exit, next_gpu_enter)`` for a step whose fetch carried CUDA
-#: events, once the step is closed (its row written).
-GpuSink = Callable[[int, Any, Any, Any], None]
+#: Receives, each time rows are written, the steps closed since the last time whose fetches
+#: carried CUDA events, as ``(row, gpu_enter, gpu_exit, next_gpu_enter)``, and the events the
+#: segmenter let go of since (it hands none of them to a later step: the events of a closed
+#: step, of an exhausting fetch, of a fetch it does not count), each as ``(k, event)``: it was
+#: let go of after the first ``k`` of those steps were closed, and no later one holds it.
+GpuSink = Callable[[list[tuple[int, Any, Any, Any]], list[tuple[int, Any]]], None]
 
 
 def counted_size(batch_size: int, samples: int, number: int) -> int:
@@ -142,6 +145,7 @@ class StepSegmenter:
         self._last_batch = -1
         self._rows: list[tuple[int, int, int, int, int, int]] = []
         self._gpu: list[tuple[int, Any, Any, Any]] = []
+        self._gpu_done: list[tuple[int, Any]] = []  #: CUDA events let go of, for the sink
         #: by event kind (an event's first item)
         self._handlers: dict[int, Callable[[Any], None]] = {
             FETCH: self._fetch,
@@ -192,6 +196,7 @@ class StepSegmenter:
         _, iterator, number, t_enter, t_exit, size, gpu_enter, gpu_exit = ev
         known = self._iterators.get(id(iterator))
         if known is None:
+            self._let_go(gpu_enter, gpu_exit)
             return  # a loader past MAX_LOADERS
         st, per_batch, samples = known
         batch = counted_size(per_batch, samples, number) if per_batch else size
@@ -258,6 +263,7 @@ class StepSegmenter:
             if per_batch and samples < 0:
                 st.batch = -1  # the epoch's last batch, of a sampler without a length: unknown
             self._close(st, t_enter, gpu_enter, truncated=False)
+        self._let_go(gpu_enter)  # the end of the step it closed, the start of none
 
     def _optimizer_step(self, ev: OptimizerStep) -> None:
         _, optimizer, t_ns = ev
@@ -372,8 +378,15 @@ class StepSegmenter:
         if st.inside:
             st.inside.clear()
         st.last_optimizer_ns = -1
+        self._let_go(st.gpu_enter, st.gpu_exit)
         st.gpu_enter = st.gpu_exit = None
         del self._open[st.slot]
+
+    def _let_go(self, *events: Any) -> None:
+        """The segmenter holds ``events`` no longer (handed on after the steps queued so far)."""
+        if self._gpu_sink is not None:
+            closed = len(self._gpu)
+            self._gpu_done.extend((closed, ev) for ev in events if ev is not None)
 
     def _row(
         self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int
@@ -386,8 +399,8 @@ class StepSegmenter:
         if self._rows:
             self.record.steps.extend(self._rows)
             self._rows = []
-        if self._gpu:
-            pairs, self._gpu = self._gpu, []
+        if self._gpu or self._gpu_done:
+            steps, self._gpu = self._gpu, []
+            done, self._gpu_done = self._gpu_done, []
             assert self._gpu_sink is not None
-            for pair in pairs:
-                self._gpu_sink(*pair)
+            self._gpu_sink(steps, done)

@@ -5,7 +5,9 @@
 2. ``input-bound``: input stall share ≥ ``INPUT_BOUND_SHARE`` and ≥ ``MIN_INPUT_WAIT_MS`` per
    step, with a sub-cause and the loader changes that address it.
 3. ``throttled``: steps during reduced-clock samples clearly slower than the others.
-4. ``host-bound``: a GPU run whose GPU utilisation is below ``GPU_BUSY_PCT``.
+4. ``host-bound``: a GPU run whose GPU is not busy: GPM SM activity below
+   ``SM_ACTIVE_BUSY_PCT`` where the GPU has it, else NVML utilisation below ``GPU_BUSY_PCT``
+   (:mod:`.gpu_busy`; the title names the signal that decided).
 5. ``memory-pressure``: peak GPU memory ≥ ``MEMORY_PRESSURE_SHARE`` of the device.
 6. ``compute-bound``: none of the above: the GPU (or, CPU-only, the CPU) is busy computing.
 
@@ -22,12 +24,12 @@ from ..record import LoaderInfo
 from .advice import Change, change_line, explain_changes, loader_changes, more_workers
 from .evidence import InputSignal, collect, input_signal, memory_share
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share, fmt_share_below
+from .gpu_busy import GPM, BusySignal, busy_signal, nvml_overstates
 from .model import Diagnosis, Summary
 from .summary import Measurements
 from .thresholds import (
     CONFIDENT_STEPS,
     FIRST_EPOCH_FACTOR,
-    GPU_BUSY_PCT,
     INPUT_BOUND_SHARE,
     INPUT_MINOR_SHARE,
     MAX_SUGGESTED_WORKERS,
@@ -83,6 +85,10 @@ class _Facts:
     @property
     def util(self) -> float | None:
         return self.summary.gpu_util_median_pct
+
+    @property
+    def busy(self) -> BusySignal | None:
+        return busy_signal(self.summary)
 
     @property
     def input_bound(self) -> bool:
@@ -161,7 +167,7 @@ def _verdict(f: _Facts) -> Diagnosis:
         return _insufficient(f)
     if f.input_bound:
         return _input_bound(f)
-    if f.signal.kind is None and (not f.gpu or f.util is None):
+    if f.signal.kind is None and (not f.gpu or f.busy is None):
         return Diagnosis(
             verdict="insufficient-data",
             title="Cannot judge: no DataLoader was iterated and no GPU utilisation was measured",
@@ -170,7 +176,8 @@ def _verdict(f: _Facts) -> Diagnosis:
         )
     if f.throttled:
         return _throttled(f)
-    if f.gpu and f.util is not None and f.util < GPU_BUSY_PCT:
+    busy = f.busy
+    if f.gpu and busy is not None and not busy.busy:
         return _host_bound(f)
     if f.memory_pressure:
         return _memory_pressure(f)
@@ -419,8 +426,8 @@ def _throttled(f: _Facts) -> Diagnosis:
 
 def _host_bound(f: _Facts) -> Diagnosis:
     s, m = f.summary, f.m
-    util = f.util
-    assert util is not None
+    sig = f.busy
+    assert sig is not None
     advice = [
         "Remove per-step host syncs: .item(), .cpu(), float(loss), printing tensors; "
         "accumulate metrics on the GPU and read them every N steps.",
@@ -433,23 +440,26 @@ def _host_bound(f: _Facts) -> Diagnosis:
     advice.append(
         'Cut launch overhead: torch.compile(model), or CUDA graphs via torch.compile(mode="reduce-overhead").'
     )
-    idle = 1 - util / 100
+    idle = sig.idle_share
     share = f.signal.share
-    strong = util < GPU_BUSY_PCT / 2 and (share is None or share < INPUT_MINOR_SHARE)
+    strong = sig.strong and (share is None or share < INPUT_MINOR_SHARE)
+    if sig.source == GPM:
+        idle_text = f"The SMs were idle about {fmt_share(idle)} of their time"
+    else:
+        idle_text = f"The GPU was idle about {fmt_share(idle)} of the time"
+    overstated = nvml_overstates(s, sig)
     return Diagnosis(
         verdict="host-bound",
         title=(
-            f"Host-bound: {_not_input_text(f)}, but the GPU is idle much of the time "
-            f"(median utilisation {fmt_pct(util)})"
+            f"Host-bound: {_not_input_text(f)}, but {sig.subject} idle much of the time: "
+            f"median {sig.text}"
         ),
         confidence=confidence(strong, m.steady, weaker=int(f.signal.kind != "gpu")),
         advice=advice,
         wont_help=_wont_help_input(f),
         saving_bound_share=idle,
-        saving_text=(
-            f"The GPU was idle about {fmt_share(idle)} of the time: removing host overhead saves "
-            f"at most {fmt_share(idle)}."
-        ),
+        saving_text=f"{idle_text}: removing host overhead saves at most {fmt_share(idle)}.",
+        secondary=[overstated] if overstated else [],
     )
 
 
@@ -474,9 +484,10 @@ def _compute_bound(f: _Facts) -> Diagnosis:
     m, sig = f.m, f.signal
     share = sig.share
     quiet = share is not None and share < INPUT_MINOR_SHARE
-    if f.gpu and f.util is not None:
+    busy = f.busy
+    if f.gpu and busy is not None:
         title = (
-            f"Compute-bound (healthy): the GPU is busy (median utilisation {fmt_pct(f.util)}), "
+            f"Compute-bound (healthy): {busy.subject} busy, median {busy.text}; "
             f"{_not_input_text(f)}"
         )
         advice = [

@@ -171,6 +171,7 @@ def collect(
                 f"median {fmt_pct(s.gpu_util_median_pct)} during the steady steps",
             )
         )
+    ev.append(_gpm_evidence(s))
     loader = m.loader
     if loader is None:
         ev.append(Evidence("DataLoader", None, "no DataLoader seen"))
@@ -203,6 +204,29 @@ def collect(
     else:
         ev.append(Evidence("batch size", float(s.batch_size), str(s.batch_size)))
     return ev
+
+
+def _gpm_evidence(s: Summary) -> Evidence:
+    """SM activity (GPM), with the other GPM medians that were measured."""
+    label = "SM activity"
+    if s.sm_active_median_pct is None:
+        return _unavailable(label, s.unavailable.get("sm_active_median_pct", ""))
+    others = [
+        f"{name} {fmt_pct(value)}"
+        for name, value in (
+            ("SM occupancy", s.sm_occupancy_median_pct),
+            ("tensor cores", s.tensor_active_median_pct),
+            ("DRAM bandwidth", s.dram_bw_median_pct),
+        )
+        if value is not None
+    ]
+    extra = f"; {', '.join(others)}" if others else ""
+    return Evidence(
+        label,
+        s.sm_active_median_pct,
+        f"median {fmt_pct(s.sm_active_median_pct)} of the SMs busy during the steady steps "
+        f"(GPM{extra})",
+    )
 
 
 def _system_cpu(s: Summary, m: Measurements) -> Evidence:

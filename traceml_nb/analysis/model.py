@@ -73,6 +73,13 @@ class Summary:
     #: while this virtual machine wanted to run, percent 0..100 of all its CPUs' time, mean
     #: over the steady steps (None where the kernel reports none: not Linux)
     steal_mean_pct: float | None = None
+    #: GPM metrics (Hopper and later GPUs), medians over the steady steps, percent 0..100: SM
+    #: activity (the share of the SMs busy), SM occupancy (resident warps / the maximum),
+    #: tensor-core activity (share of time) and DRAM bandwidth used (share of its maximum)
+    sm_active_median_pct: float | None = None
+    sm_occupancy_median_pct: float | None = None
+    tensor_active_median_pct: float | None = None
+    dram_bw_median_pct: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -21,6 +21,12 @@ GPU_COLUMN_CAPABILITY = {
     "mem_used_mb": "gpu_memory",
     "mem_total_mb": "gpu_memory",
     "torch_peak_mb": "gpu_memory",
+    # the GPM columns (``sampling.gpm``); a run that never opened a GPU source has no GPM
+    # capability: NVML's reason is theirs then
+    "sm_active_pct": "gpm_sm_active",
+    "sm_occupancy_pct": "gpm_sm_occupancy",
+    "tensor_active_pct": "gpm_tensor_active",
+    "dram_bw_pct": "gpm_dram_bw",
 }
 GPU_DEFAULT_CAPABILITY = "nvml"
 HOST_CAPABILITY = "host"
@@ -69,7 +75,10 @@ class Window:
             if own is None or not self.capabilities.ok(HOST_CAPABILITY):
                 return HOST_CAPABILITY
             return own
-        return GPU_COLUMN_CAPABILITY.get(column, GPU_DEFAULT_CAPABILITY)
+        name = GPU_COLUMN_CAPABILITY.get(column, GPU_DEFAULT_CAPABILITY)
+        if name.startswith("gpm_") and name not in self.capabilities.available:
+            return GPU_DEFAULT_CAPABILITY
+        return name
 
     def _why_missing(self, column: str, whole_run: bool) -> str:
         why = self.capabilities.why(self._capability(column))

@@ -27,6 +27,13 @@ NO_LOADER = "no DataLoader was iterated: data loading outside a torch DataLoader
 MARKER_STALLS = (
     "GPU input stalls are measured per DataLoader batch, and these steps are not batches"
 )
+#: Summary field -> the GPU table's GPM column it is the steady median of.
+GPM_READINGS = {
+    "sm_active_median_pct": "sm_active_pct",
+    "sm_occupancy_median_pct": "sm_occupancy_pct",
+    "tensor_active_median_pct": "tensor_active_pct",
+    "dram_bw_median_pct": "dram_bw_pct",
+}
 
 
 @dataclass
@@ -59,6 +66,8 @@ class Measurements:
     gpu_util: Reading
     mem_peak: Reading
     mem_total: Reading
+    #: GPM medians over the steady steps, by column (``GPM_READINGS``)
+    gpm: dict[str, Reading]
 
     @property
     def steady(self) -> int:
@@ -177,6 +186,7 @@ def measure(
         gpu_util=gpu.median("util_gpu_pct"),
         mem_peak=mem_peak,
         mem_total=gpu.peak("mem_total_mb"),
+        gpm={key: gpu.median(column) for key, column in GPM_READINGS.items()},
     )
 
 
@@ -288,5 +298,13 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         cpus_available=m.cpus,
         phases=phases(snapshot, sel),
         steal_mean_pct=reading("steal_mean_pct", m.host_readings["steal_pct"]),
+        sm_active_median_pct=reading("sm_active_median_pct", m.gpm["sm_active_median_pct"]),
+        sm_occupancy_median_pct=reading(
+            "sm_occupancy_median_pct", m.gpm["sm_occupancy_median_pct"]
+        ),
+        tensor_active_median_pct=reading(
+            "tensor_active_median_pct", m.gpm["tensor_active_median_pct"]
+        ),
+        dram_bw_median_pct=reading("dram_bw_median_pct", m.gpm["dram_bw_median_pct"]),
         unavailable=unavailable,
     )

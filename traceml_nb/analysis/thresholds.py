@@ -66,6 +66,13 @@ SUGGESTED_PREFETCH = 4
 #: Median NVML GPU utilisation (percent of time a kernel was running) at or above which the GPU
 #: is busy (compute-bound, healthy); below it with little input stall the run is host-bound.
 GPU_BUSY_PCT = 80.0
+#: Median GPM SM activity (percent: the share of the SMs busy, averaged over time; Hopper and
+#: later) at or above which the GPU is busy; below it, with little input stall, the run is
+#: host-bound. Where the GPU has it, SM activity decides instead of ``GPU_BUSY_PCT``: NVML's
+#: utilisation counts the time any kernel ran, and one small kernel keeps it at 100% while most
+#: SMs are idle. Below half the SMs busy the GPU's compute is mostly unused (NVIDIA's DCGM
+#: guide reads SM activity under 50% as a likely ineffective use of the GPU).
+SM_ACTIVE_BUSY_PCT = 50.0
 #: Batches smaller than this are called small in the host-bound advice.
 SMALL_BATCH = 32
 

@@ -3,7 +3,8 @@ log turned into step rows (:class:`~traceml_nb.segment.StepSegmenter`) in batche
 
 The hot path, a fetch, reads two clocks and the iterator's batch count and appends one tuple
 (:mod:`traceml_nb.events`) to the log, with the batch's size where it cannot be counted
-(:func:`~.loader.counted_batch_size`); an optimizer step appends one more.
+(:func:`~.loader.counted_batch_size`); an optimizer step appends one more. On CUDA a fetch also
+records two pooled CUDA events (:mod:`.gpu_events`).
 Everything else happens later, many events at a time, on whichever thread processes the log:
 iterators new to the run or starting an epoch over are announced with their loader's settings,
 and the segmenter writes the rows. Who processes:
@@ -83,7 +84,7 @@ class StepTracer:
         self.reader_processing_ns = 0
         #: called once if the tracing stops on an error (the hooks take the optimizer hook back)
         self.on_stop: Callable[[], None] | None = None
-        self._segmenter = StepSegmenter(record, gpu.add if gpu is not None else None)
+        self._segmenter = StepSegmenter(record, gpu.take if gpu is not None else None)
         #: id of each iterator announced to the segmenter -> its last batch count
         self._iterators: dict[int, int] = {}
         #: loader key -> its batch sampler, held so that no other object takes its id
@@ -97,12 +98,13 @@ class StepTracer:
         tracer = self
         clock = self.clock
         append = self.log.append
+        mark_enter = self.gpu.mark_enter if self.gpu is not None else None
         mark = self.gpu.mark if self.gpu is not None else None
 
         def __next__(it: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841 (IPython and pytest hide this frame)
             t_enter = clock()
-            gpu_enter = mark() if mark is not None else None
+            gpu_enter = mark_enter(it) if mark_enter is not None else None
             try:
                 batch = original(it)
             except StopIteration:

@@ -1,8 +1,8 @@
 """The GPU sample source: NVML counters and the PyTorch allocator for one CUDA device.
 
 Layers, as in nvitop: :mod:`.nvml_binding` calls NVML and converts units; :mod:`.gpu_devices`
-says which NVML device a CUDA index is; this module decides what each failure means for a
-sample (the error policy) and what the run's capabilities say.
+says which NVML device a CUDA index is; :mod:`.gpm` reads the GPM metrics; this module decides
+what each failure means for a sample (the error policy) and what the run's capabilities say.
 
 Columns of the table (``None``/NaN = unavailable, never 0):
 
@@ -17,12 +17,22 @@ Columns of the table (``None``/NaN = unavailable, never 0):
 ``sm_clock_max_mhz`` maximum SM clock (MHz)
 ``temp_c``          GPU temperature (°C)
 ``pcie_rx_mbps``    PCIe traffic into the GPU (MiB/s), averaged since the previous PCIe read
-``pcie_tx_mbps``    PCIe traffic out of the GPU (MiB/s); both read at most every 0.2 s
+``pcie_tx_mbps``    PCIe traffic out of the GPU (MiB/s)
 ``throttle_reasons`` NVML clock-event reason bits (see :func:`describe_clock_events`)
+``sm_active_pct``   GPM SM activity, ``sm_occupancy_pct``, ``tensor_active_pct``,
+``dram_bw_pct``     ...: percent over the last GPM period (:mod:`.gpm`; Hopper and later)
 ``torch_alloc_mb``  memory held by tensors of this process (MiB, ``memory_allocated``)
 ``torch_reserved_mb`` memory the caching allocator holds (MiB, ``memory_reserved``)
 ``torch_peak_mb``   peak of ``torch_alloc_mb`` since the last reset (``max_memory_allocated``)
 =================== ===============================================================
+
+How often each is read, to keep the sampler within 1% of a core: utilisation, memory used, the
+SM clock and the clock-event reasons at every tick (the throttling rule aligns the last two
+with the steps); power draw and temperature every :data:`SLOW_FIELDS_PERIOD_S` (NVML averages
+power over about a second itself, and a temperature moves in seconds); PCIe every
+:data:`PCIE_COUNTER_PERIOD_S` (32-bit counters) or :data:`PCIE_COUNTER_WIDE_PERIOD_S`; the GPM
+metrics every :data:`~.gpm.GPM_PERIOD_S`; memory total, power limit and maximum SM clock once,
+when the source opens. A row between two reads of a field has no value for it.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from ..contracts import CLOCK_EVENT_REASONS
 from ..record import SampleTable
 from . import nvml_binding as nb
 from .collector import SourceLost
+from .gpm import GPM_COLUMNS, GpmReader, set_gpm_capabilities
 from .gpu_devices import (
     AllocatorReader,
     CudaDeviceIds,
@@ -62,6 +73,7 @@ COLUMNS = (
     "pcie_rx_mbps",
     "pcie_tx_mbps",
     "throttle_reasons",
+    *GPM_COLUMNS,
     "torch_alloc_mb",
     "torch_reserved_mb",
     "torch_peak_mb",
@@ -73,9 +85,17 @@ FLAKY_TICKS_LOST = 3
 #: counters are missing it is read at most this often (s); the ticks between have no value.
 PCIE_THROUGHPUT_PERIOD_S = 1.0
 #: NVML's PCIe byte counters are the sampler's most expensive read, so they are read at most this
-#: often (s); the ticks between have no PCIe value. Where they are 32-bit, more than 4 GiB
-#: between two reads (20 GiB/s at this period) wraps more than once and is undercounted.
+#: often (s) where they are 32-bit; the ticks between have no PCIe value. More than 4 GiB between
+#: two reads (20 GiB/s at this period) wraps more than once and is undercounted.
 PCIE_COUNTER_PERIOD_S = 0.2
+#: ...and at most this often (s) where they are 64-bit: they cannot wrap, and the rate is the
+#: average since the previous read either way.
+PCIE_COUNTER_WIDE_PERIOD_S = 1.0
+#: Power draw and temperature are read at most this often (s): NVML's power reading is itself an
+#: average over about a second on recent GPUs, and a GPU's temperature changes over seconds.
+SLOW_FIELDS_PERIOD_S = 1.0
+#: Why a MIG device (an instance, or a GPU in MIG mode) has no GPM columns.
+GPM_ON_MIG = "MIG mode is enabled: GPM metrics are not read on MIG devices"
 
 
 def describe_clock_events(mask: float | int | None) -> list[str]:
@@ -125,6 +145,8 @@ class _Group:
     key: str
     columns: tuple[str, ...]
     read: Callable[[], tuple[float | None, ...]]
+    slow: bool = False  #: read every ``GpuSource.slow_fields_period_s``, not every tick
+    last_read: float = -float("inf")
 
 
 class GpuSource:
@@ -171,6 +193,8 @@ class GpuSource:
         self._pcie_last_read = -float("inf")
         self._pcie_prev: nb.PcieCounters | None = None
         self.pcie_method = ""  #: "byte counters", "throughput" or "" (none)
+        self.slow_fields_period_s = SLOW_FIELDS_PERIOD_S
+        self._gpm: GpmReader | None = None
         self._probing = False
         if session is not None:
             session.acquire()
@@ -196,9 +220,11 @@ class GpuSource:
                 lambda: nb.utilisation(nvml, handle),
             ),
             _Group("memory", ("mem_used_mb",), lambda: (nb.memory_mib(nvml, handle)[0],)),
-            _Group("power", ("power_w",), lambda: (nb.power_w(nvml, parent),)),
+            _Group("power", ("power_w",), lambda: (nb.power_w(nvml, parent),), slow=True),
             _Group("sm_clock", ("sm_clock_mhz",), lambda: (nb.sm_clock_mhz(nvml, parent),)),
-            _Group("temperature", ("temp_c",), lambda: (nb.temperature_c(nvml, parent),)),
+            _Group(
+                "temperature", ("temp_c",), lambda: (nb.temperature_c(nvml, parent),), slow=True
+            ),
             _Group("pcie", ("pcie_rx_mbps", "pcie_tx_mbps"), lambda: self._read_pcie(parent)),
             _Group(
                 "clock_events",
@@ -216,6 +242,11 @@ class GpuSource:
             "max SM clock", lambda: nb.sm_clock_max_mhz(nvml, parent)
         )
         self._choose_pcie_method(parent)
+        mig = dev is not None and (dev.is_mig or dev.mig_enabled)
+        self._gpm = GpmReader(
+            nvml, parent, self.capabilities, self.name, why=GPM_ON_MIG if mig else "",
+            clock=self._clock,
+        )  # fmt: skip
         self._probing = True
         try:
             self._read_nvml()  # a probe: learns what is unsupported before the thread starts
@@ -237,6 +268,8 @@ class GpuSource:
         try:
             self._pcie_prev = nb.pcie_byte_counters(nvml, parent)
             self.pcie_method = "byte counters"
+            if self._pcie_prev.bits > 32:
+                self.pcie_counter_period_s = PCIE_COUNTER_WIDE_PERIOD_S
             return
         except Exception as exc:
             if not nb.is_nvml_error(nvml, exc) and not isinstance(exc, AttributeError):
@@ -277,9 +310,14 @@ class GpuSource:
     def _read_nvml(self) -> dict[str, float | None]:
         values: dict[str, float | None] = dict(self.static)
         flaky: list[str] = []
+        now = self._clock()
         for group in self._groups:
             if group.key in self.unsupported:
                 continue
+            if group.slow and not self._probing:  # (the probe's reading is not a row)
+                if now - group.last_read < 0.9 * self.slow_fields_period_s:  # less 10% jitter
+                    continue
+                group.last_read = now
             try:
                 read = group.read()
             except Exception as exc:
@@ -303,6 +341,8 @@ class GpuSource:
                 )
         else:
             self._flaky_ticks = 0
+        if self._gpm is not None and not self._probing:  # (it took its first sample at open)
+            values.update(self._gpm.read())
         return values
 
     def _mark_unsupported(self, group: _Group, why: str) -> None:
@@ -342,6 +382,10 @@ class GpuSource:
         return self.has_nvml and "utilisation" not in self.unsupported
 
     @property
+    def has_gpm(self) -> bool:
+        return self._gpm is not None and self._gpm.reading
+
+    @property
     def has_memory(self) -> bool:
         return (self.has_nvml and "memory" not in self.unsupported) or self._allocator is not None
 
@@ -362,6 +406,8 @@ class GpuSource:
         if self._closed:
             return
         self._closed = True
+        if self._gpm is not None:
+            self._gpm.close()  # before NVML shuts down
         if self._session is not None:
             self._session.release()
 
@@ -372,6 +418,7 @@ class GpuSource:
 def _fail(capabilities: Capabilities, reason: str) -> None:
     capabilities.set("nvml", False, reason)
     capabilities.set("gpu_utilisation", False, reason)
+    set_gpm_capabilities(capabilities, [], reason)
 
 
 def open_gpu_sources(
@@ -383,8 +430,10 @@ def open_gpu_sources(
     allocator: Callable[[int], AllocatorReader | None] = torch_allocator_reader,
     environ: Mapping[str, str] | None = None,
     pcie_throughput_period_s: float = PCIE_THROUGHPUT_PERIOD_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> dict[int, GpuSource]:
-    """One :class:`GpuSource` per CUDA device index, keyed by that index.
+    """One :class:`GpuSource` per CUDA device index, keyed by that index (``clock``: the
+    seconds the read periods are counted in).
 
     ``nvml`` injects an NVML module (tests); by default ``pynvml`` is loaded. Every failure
     becomes a reason in ``capabilities`` ("nvml", "gpu_utilisation", "gpu_memory"): NVML
@@ -413,7 +462,7 @@ def open_gpu_sources(
         for index in cuda_devices:
             src = _open_one(
                 index, capabilities, session, devices, handles, device_ids, allocator, env,
-                pcie_throughput_period_s, reasons,
+                pcie_throughput_period_s, reasons, clock,
             )  # fmt: skip
             if src is not None:
                 sources[index] = src
@@ -435,6 +484,7 @@ def _open_one(
     env: Mapping[str, str],
     pcie_period: float,
     reasons: list[str],
+    clock: Callable[[], float],
 ) -> GpuSource | None:
     reader = allocator(index)
     if session is None:
@@ -462,6 +512,7 @@ def _open_one(
         src = GpuSource(
             index, capabilities, session=session, device=match.device, handle=handle,
             parent_handle=parent, allocator=reader, pcie_throughput_period_s=pcie_period,
+            clock=clock,
         )  # fmt: skip
     except SourceLost as exc:
         reasons.append(f"cuda:{index} ({match.device.label}): {exc}")
@@ -496,3 +547,5 @@ def _set_capabilities(
         capabilities.set("gpu_memory", True)
     elif "gpu_memory" not in capabilities.available or capabilities.ok("gpu_memory"):
         capabilities.set("gpu_memory", False, capabilities.why("nvml"))
+    readers = [s._gpm for s in with_nvml if s._gpm is not None]
+    set_gpm_capabilities(capabilities, readers, capabilities.why("nvml"))

@@ -117,7 +117,20 @@ def classify(exc: BaseException) -> str:
     code = error_code(exc)
     if code is None:
         return FLAKY
+    return classify_code(code)
+
+
+def classify_code(code: int) -> str:
+    """:func:`classify` for a bare NVML return code (a field's or a GPM metric's own)."""
     return _KIND_BY_CODE.get(code, FLAKY)
+
+
+def code_text(nvml: Any, code: int) -> str:
+    """:func:`error_text` for a bare NVML return code."""
+    try:
+        return error_text(nvml.NVMLError(code))
+    except Exception:
+        return f"NVML: error code {code}"
 
 
 def error_text(exc: BaseException) -> str:
@@ -308,3 +321,82 @@ def _field_int(field: Any) -> int:
     """The number in an ``nvmlFieldValue_t``, read through the union member its type names."""
     member = _VALUE_MEMBER.get(int(field.valueType), "ullVal")
     return int(getattr(field.value, member))
+
+
+# --- GPM: the GPU Performance Monitoring metrics (Hopper and later) ---------------------------
+
+#: ``nvmlGpmMetricId_t`` values (nvml.h) of the metrics the sampler reads, used where the
+#: binding lacks the constant. Each is a percentage 0..100 over the time between two samples.
+GPM_METRIC_IDS = {
+    "sm_active": ("NVML_GPM_METRIC_SM_UTIL", 2),  #: share of SMs busy, averaged over time
+    "sm_occupancy": ("NVML_GPM_METRIC_SM_OCCUPANCY", 3),  #: resident warps / the SMs' maximum
+    "tensor_active": ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", 5),  #: time SMs ran tensor-core ops
+    "dram_bw": ("NVML_GPM_METRIC_DRAM_BW_UTIL", 10),  #: DRAM bandwidth used / its maximum
+}
+#: ``NVML_GPM_METRICS_GET_VERSION`` and ``NVML_GPM_SUPPORT_VERSION`` (nvml.h), where missing.
+GPM_METRICS_GET_VERSION = 1
+GPM_SUPPORT_VERSION = 1
+
+
+def gpm_metric_id(nvml: Any, key: str) -> int:
+    """The NVML id of GPM metric ``key`` (a key of :data:`GPM_METRIC_IDS`)."""
+    name, fallback = GPM_METRIC_IDS[key]
+    return int(getattr(nvml, name, fallback))
+
+
+def gpm_unsupported_reason(nvml: Any, handle: Any) -> str:
+    """Why GPM metrics cannot be read from this device ('' when they can): the binding is too
+    old for GPM, the driver's NVML has no GPM, or the GPU has none (before Hopper). Raises
+    the pynvml exception of any other failure of ``nvmlGpmQueryDeviceSupport``."""
+    needed = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmMetricsGet")
+    missing = [f for f in needed if not hasattr(nvml, f)]
+    if missing or not hasattr(nvml, "c_nvmlGpmMetricsGet_t"):
+        lacking = missing[0] if missing else "c_nvmlGpmMetricsGet_t"
+        return f"this nvidia-ml-py is too old for GPM (it has no {lacking})"
+    try:
+        support = nvml.nvmlGpmQueryDeviceSupport(handle)
+    except Exception as exc:
+        if error_code(exc) == FUNCTION_NOT_FOUND:
+            return (
+                f"the NVIDIA driver's NVML has no GPM ({error_text(exc)}; it needs R525 or later)"
+            )
+        raise
+    if not support.isSupportedDevice:
+        return "this GPU has no GPM metrics (Hopper and later GPUs have them)"
+    return ""
+
+
+def gpm_sample_alloc(nvml: Any) -> Any:
+    """A GPM sample buffer (free it with :func:`gpm_sample_free`)."""
+    return nvml.nvmlGpmSampleAlloc()
+
+
+def gpm_sample_free(nvml: Any, sample: Any) -> None:
+    nvml.nvmlGpmSampleFree(sample)
+
+
+def gpm_sample(nvml: Any, handle: Any, sample: Any) -> None:
+    """Read the device's GPM counters into ``sample``."""
+    nvml.nvmlGpmSampleGet(handle, sample)
+
+
+def gpm_metrics(
+    nvml: Any, first: Any, second: Any, metric_ids: list[int]
+) -> list[tuple[float | None, int]]:
+    """The GPM metrics ``metric_ids`` between two samples (``first`` taken before ``second``),
+    each as ``(value, NVML return code)``: a percentage 0..100 with code 0, or ``None`` with
+    the code of the metric's own failure. Raises the pynvml exception of a failure of the
+    whole call."""
+    request = nvml.c_nvmlGpmMetricsGet_t()
+    request.version = getattr(nvml, "NVML_GPM_METRICS_GET_VERSION", GPM_METRICS_GET_VERSION)
+    request.numMetrics = len(metric_ids)
+    request.sample1 = first
+    request.sample2 = second
+    for i, metric in enumerate(metric_ids):
+        request.metrics[i].metricId = metric
+    nvml.nvmlGpmMetricsGet(request)
+    out: list[tuple[float | None, int]] = []
+    for i in range(len(metric_ids)):
+        code = int(request.metrics[i].nvmlReturn)
+        out.append((float(request.metrics[i].value) if code == 0 else None, code))
+    return out

@@ -5,10 +5,18 @@ module each:
 
 ``env``        (:mod:`.environment`) Python, torch, its CUDA and the visible devices.
 ``stall``      (:mod:`.stall`) the CUDA-event input stall against injected data delays.
-``nvml``       (:mod:`.nvml`) every NVML field the sampler reads, while the GPU is busy.
-``sampler``    (:mod:`.sampler`) a ``Run``'s GPU samples against what NVML supports.
+``nvml``       (:mod:`.nvml`) every NVML field the sampler reads, while the GPU is busy, and
+               the host time of each read.
+``gpm``        (:mod:`.gpm`) the GPM metrics (SM activity, occupancy, tensor cores, DRAM
+               bandwidth) for a one-thread spin and for fp16 matmuls; on a GPU without GPM,
+               why not.
+``sampler``    (:mod:`.sampler`) a ``Run``'s GPU samples against what NVML and GPM support.
+``samplercpu`` (:mod:`.sampler_cpu`) the samplers' CPU share at 10 Hz (at most 1% of a core),
+               and each source's alone.
 ``mapping``    (:mod:`.mapping`) ``CUDA_VISIBLE_DEVICES``: torch index to NVML device by UUID,
                in this process and in children (:mod:`.mapping_child`).
+``hostcost``   (:mod:`.host_cost`) the host time the tracer adds to a step of a host-bound GPU
+               loop, from interleaved blocks (at most 5 us), and its event pool's reuse.
 ``overhead``   (:mod:`.overhead`) what the tracer and the monitor add to a training loop.
 
 :mod:`.report` holds the result type, the table, the budget and the watchdog; :mod:`.cli` the

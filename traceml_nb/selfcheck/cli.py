@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from . import __doc__ as _package_doc
 from .environment import check_environment
+from .gpm import check_gpm
+from .host_cost import check_host_cost
 from .mapping import check_mapping
 from .nvml import check_nvml
 from .overhead import check_overhead
@@ -30,6 +32,7 @@ from .report import (
     write_json,
 )
 from .sampler import check_sampler
+from .sampler_cpu import check_sampler_cpu
 from .stall import check_stall
 
 CHECKS: list[tuple[str, Callable[[Budget], CheckResult], float]] = [
@@ -37,8 +40,11 @@ CHECKS: list[tuple[str, Callable[[Budget], CheckResult], float]] = [
     ("env", check_environment, 1),
     ("stall", check_stall, 8),
     ("nvml", check_nvml, 5),
-    ("sampler", check_sampler, 5),
+    ("gpm", check_gpm, 6),
+    ("sampler", check_sampler, 6),
+    ("samplercpu", check_sampler_cpu, 12),
     ("mapping", check_mapping, 30),
+    ("hostcost", check_host_cost, 15),
     ("overhead", check_overhead, 20),
 ]
 

@@ -1,6 +1,8 @@
 """The ``nvml`` check: every NVML field the sampler reads, read directly from NVML while the
 GPU is busy: a value, or "unsupported"; values must be plausible (utilisation > 0 under load,
-memory used within the total, power and clocks within their limits, ...).
+memory used within the total, power and clocks within their limits, ...). It also times each
+read (host microseconds a call, :func:`nvml_field_costs_us`): what the sampler's read periods
+are chosen against.
 
 Also the NVML helpers the ``sampler`` and ``mapping`` checks share: reading one field
 (:func:`nvml_reading`), all of them (:func:`nvml_fields`) and the NVML device of a torch
@@ -9,6 +11,7 @@ device, matched by UUID (:func:`nvml_handle_for_cuda`).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -97,6 +100,27 @@ def _text(uuid: Any) -> str:
 # --- reading NVML (needs a GPU) ------------------------------------------------------------------
 def nvml_fields(pynvml: Any, handle: Any) -> dict[str, tuple[Any, str]]:
     """Every field the NVML sampler reads, as ``(value, '' | 'unsupported' | 'error: ...')``."""
+    return {name: nvml_reading(read) for name, read in nvml_readers(pynvml, handle).items()}
+
+
+def nvml_field_costs_us(pynvml: Any, handle: Any, calls: int = 20) -> dict[str, float]:
+    """Host time of one read of each field, microseconds (median of ``calls``); fields that
+    fail are left out. PCIe throughput blocks for NVML's own window (about 20 ms)."""
+    costs = {}
+    for name, read in nvml_readers(pynvml, handle).items():
+        if nvml_reading(read)[1]:
+            continue
+        times = []
+        for _ in range(calls if "pcie" not in name else 2):
+            t0 = time.perf_counter_ns()
+            read()
+            times.append((time.perf_counter_ns() - t0) / 1e3)
+        costs[name] = statistics.median(times)
+    return costs
+
+
+def nvml_readers(pynvml: Any, handle: Any) -> dict[str, Callable[[], Any]]:
+    """How each field is read, by name (see :func:`nvml_fields`)."""
 
     def mb(v: float) -> float:
         return v / 2**20
@@ -128,7 +152,7 @@ def nvml_fields(pynvml: Any, handle: Any) -> dict[str, tuple[Any, str]]:
         "clock_event_reasons": clocks_event_reasons,
         "mig_mode": lambda: pynvml.nvmlDeviceGetMigMode(handle)[0],
     }
-    return {name: nvml_reading(read) for name, read in readers.items()}
+    return readers
 
 
 def nvml_handle_for_cuda(pynvml: Any, torch: Any, index: int) -> Any:
@@ -157,13 +181,15 @@ def check_nvml(budget: Budget) -> CheckResult:
         time.sleep(1.2)
         fields = nvml_fields(pynvml, handle)
         busy = not torch.cuda.current_stream().query()
+        costs = nvml_field_costs_us(pynvml, handle)
         torch.cuda.synchronize()
         driver = nvml_reading(pynvml.nvmlSystemGetDriverVersion)
     finally:
         pynvml.nvmlShutdown()
     values = {k: v for k, (v, why) in fields.items()}
     for name, (value, why) in fields.items():
-        print(f"  {name:<20} {why or value}", flush=True)
+        cost = f"  ({costs[name]:.1f} us a read)" if name in costs else ""
+        print(f"  {name:<20} {why or value}{cost}", flush=True)
     errors = [f"{k}: {why}" for k, (_v, why) in fields.items() if why.startswith("error")]
     unsupported = [k for k, (_v, why) in fields.items() if why == UNSUPPORTED]
     problems = implausible_nvml(values, busy)
@@ -171,6 +197,7 @@ def check_nvml(budget: Budget) -> CheckResult:
         "fields": {k: (why or v) for k, (v, why) in fields.items()},
         "driver": driver[0] or driver[1],
         "read_while_busy": busy,
+        "read_us": costs,
         "problems": problems,
         "errors": errors,
     }

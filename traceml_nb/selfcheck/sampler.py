@@ -1,6 +1,9 @@
 """The ``sampler`` check: the product path. A ``Run`` with samplers on a busy GPU must record
 samples, and each column of its GPU table must be measured exactly when NVML itself supports
-that field (no column lost, no number made up)."""
+that field (no column lost, no number made up); the GPM columns exactly when the GPU has GPM.
+
+The run lasts ``SAMPLER_RUN_S``: long enough for the fields read once a second (power,
+temperature, GPM) to have been read."""
 
 from __future__ import annotations
 
@@ -26,10 +29,30 @@ SAMPLER_COLUMNS = {
     "pcie_rx_kbps": "pcie_rx_mbps",
     "pcie_tx_kbps": "pcie_tx_mbps",
     "clock_event_reasons": "throttle_reasons",
+    # from :func:`gpm_fields`: measured where the GPU has GPM
+    "gpm_sm_active": "sm_active_pct",
+    "gpm_sm_occupancy": "sm_occupancy_pct",
+    "gpm_tensor_active": "tensor_active_pct",
+    "gpm_dram_bw": "dram_bw_pct",
 }
+SAMPLER_RUN_S = 2.5
 #: Columns the sampler may leave empty in a short run although NVML supports them (PCIe
-#: throughput is read at most once a second; byte counters need two readings).
-SAMPLER_SPARSE = ("pcie_rx_mbps", "pcie_tx_mbps")
+#: throughput is read at most once a second; byte counters need two readings), and the GPM
+#: metrics besides SM activity, which a GPU with GPM may still not give one by one.
+SAMPLER_SPARSE = (
+    "pcie_rx_mbps",
+    "pcie_tx_mbps",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_bw_pct",
+)
+
+
+def gpm_fields(why: str) -> dict[str, tuple[Any, str]]:
+    """The GPM entries of the raw fields :func:`compare_sampler_with_nvml` takes: supported
+    (``why`` empty: the GPU has GPM) or ``UNSUPPORTED``."""
+    names = [name for name in SAMPLER_COLUMNS if name.startswith("gpm_")]
+    return {name: (None, UNSUPPORTED) if why else ("supported", "") for name in names}
 
 
 def compare_sampler_with_nvml(
@@ -71,14 +94,17 @@ def check_sampler(budget: Budget) -> CheckResult:
     import pynvml
 
     from ..run import Run
+    from .gpm import gpm_support
 
     index = torch.cuda.current_device()
-    busy_gpu(torch, 2500.0)
+    busy_gpu(torch, 1e3 * (SAMPLER_RUN_S + 1.0))
     with Run("selfcheck-sampler", device=index, sample=True, interval=0.1) as run:
-        time.sleep(1.5)
+        time.sleep(SAMPLER_RUN_S)
     pynvml.nvmlInit()
     try:
-        raw = nvml_fields(pynvml, nvml_handle_for_cuda(pynvml, torch, index))
+        handle = nvml_handle_for_cuda(pynvml, torch, index)
+        raw = nvml_fields(pynvml, handle)
+        raw.update(gpm_fields(gpm_support(pynvml, handle)))
     finally:
         pynvml.nvmlShutdown()
     torch.cuda.synchronize()
