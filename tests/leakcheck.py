@@ -20,7 +20,7 @@ def our_threads() -> list[threading.Thread]:
 def leak_report(grace_s: float = 3.0) -> list[str]:
     """What of ours is still installed or running; [] when clean."""
     from traceml_nb import run as run_mod
-    from traceml_nb.instrument import hooks
+    from traceml_nb.instrument import hooks, ranks
 
     problems = []
     deadline = time.monotonic() + grace_s
@@ -42,17 +42,43 @@ def leak_report(grace_s: float = 3.0) -> list[str]:
         problems.append("the profile's line tracing left on")
     if hooks.is_installed():
         problems.append("tracer still installed")
+    if ranks.is_installed() or ranks.is_patched():
+        problems.append("torch.multiprocessing.start_processes is still patched")
+    launched = rank_processes()
+    while launched and time.monotonic() < deadline:
+        time.sleep(0.02)
+        launched = rank_processes()
+    if launched:
+        problems.append(f"launched rank processes left running: {[p.pid for p in launched]}")
     if run_mod.active_run() is not None:
         problems.append(f"run still active: {run_mod.active_run()!r}")
     return problems
 
 
+def rank_processes() -> list:
+    """Live child processes started by ``torch.multiprocessing.start_processes`` (their target
+    is torch's ``_wrap``, directly or through torch.distributed.elastic)."""
+    import multiprocessing
+
+    return [
+        p
+        for p in multiprocessing.active_children()
+        if getattr(getattr(p, "_target", None), "__module__", "").startswith(
+            ("torch.multiprocessing.", "torch.distributed.")
+        )
+    ]
+
+
 def force_clean() -> None:
     """Undo whatever was left, so that one leak does not fail every following test."""
     from traceml_nb import run as run_mod
-    from traceml_nb.instrument import hooks
+    from traceml_nb.instrument import hooks, ranks
 
     hooks.uninstall()
+    ranks.uninstall()
+    for process in rank_processes():
+        process.kill()
+        process.join(5)
     _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
     sys.settrace(None)
     run_mod._active = None

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "traceml_nb"
 LAYERS: list[tuple[str, ...]] = [
     ("contracts", "capabilities", "record", "events", "profile_capture"),  # shared words, tables
     ("segment", "instrument", "sampling"),  # what measures: events into rows, samples
-    ("run",),  # the engine: installs, measures, removes
+    ("run", "rank_engine"),  # the engine: installs, measures, removes; its ranks
     ("analysis",),  # pure functions of a record
     ("session", "tune"),  # history, comparisons, results; measuring DataLoader settings
     ("views",),  # what the user sees

@@ -65,25 +65,34 @@ def test_a_new_store_has_the_schema_the_wal_journal_and_its_migrations(store):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
-    assert store.schema() == [(1, "runs and pinned baselines"), (2, "steal time of each run")]
+    assert store.schema() == [
+        (1, "runs and pinned baselines"),
+        (2, "steal time of each run"),
+        (3, "ranks of a job"),
+    ]
 
 
 def test_a_store_of_an_older_version_is_migrated(tmp_path, monkeypatch):
     path = tmp_path / "old.sqlite"
     sqlite3.connect(path).close()  # an empty file: version 0
-    extra = (3, "a test column", ("ALTER TABLE runs ADD COLUMN test_extra TEXT",))
+    extra = (4, "a test column", ("ALTER TABLE runs ADD COLUMN test_extra TEXT",))
     Store(path).add(make_run())  # the current version
     monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, extra])
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 4)
     Store(path).add(make_run())
     assert Store(path).schema() == [
         (1, "runs and pinned baselines"),
         (2, "steal time of each run"),
-        (3, "a test column"),
+        (3, "ranks of a job"),
+        (4, "a test column"),
     ]
     assert Store(path).count() == 2
     columns = [r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(runs)")]
     assert "test_extra" in columns
+
+
+#: the columns added after schema 1
+LATER_COLUMNS = ("steal_share", "rank", "world_size", "job_id")
 
 
 def _write_version_1_store(path, monkeypatch, entries) -> None:
@@ -91,7 +100,11 @@ def _write_version_1_store(path, monkeypatch, entries) -> None:
     with monkeypatch.context() as m:
         m.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:1])
         m.setattr(store_mod, "SCHEMA_VERSION", 1)
-        m.setattr(store_mod, "_RUN_COLUMNS", store_mod._RUN_COLUMNS[:-1])
+        m.setattr(
+            store_mod,
+            "_RUN_COLUMNS",
+            tuple(c for c in store_mod._RUN_COLUMNS if c not in LATER_COLUMNS),
+        )
         assert "steal_share" not in store_mod._RUN_COLUMNS
         old = Store(path)
         old.add_many(entries, session="old")
@@ -118,9 +131,13 @@ def test_a_version_1_store_migrates_to_steal_time_and_loses_nothing(
         assert store.add(newer) == 4
     else:  # `check` or `history --all` may be the first to open it after an upgrade
         assert store.count() == 3
-    assert store.schema() == [(1, "runs and pinned baselines"), (2, "steal time of each run")]
+    assert store.schema() == [
+        (1, "runs and pinned baselines"),
+        (2, "steal time of each run"),
+        (3, "ranks of a job"),
+    ]
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     steal = conn.execute("SELECT steal_share FROM runs ORDER BY id").fetchall()
     conn.close()
     assert steal[:3] == [(None,), (None,), (None,)]  # earlier runs did not measure it

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from .capabilities import Capabilities
 from .contracts import RunStatus
-from .record import RecordSnapshot, RunRecord
+from .record import RankRecord, RecordSnapshot, RunRecord
 
 MIN_INTERVAL_S = 0.02  #: 50 Hz
 MAX_INTERVAL_S = 1.0  #: 1 Hz
@@ -189,6 +189,14 @@ class Run:
         self._window: Any = None
         self._collector: Any = None
         self._result: Any = None
+        #: the ranks this run launched (:mod:`.rank_engine`), one record each, in start order
+        self.ranks: list[RankRecord] = []
+        self.watch_ranks = True  #: route ``torch.multiprocessing.start_processes`` through it
+        self._rank_engine: Any = None
+        from .rank_engine import launch_identity
+
+        #: ``RANK``, ``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID`` of a process ``torchrun`` started
+        self.rank, self.world_size, self.job_id = launch_identity()
 
     # --- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> Run:
@@ -228,6 +236,11 @@ class Run:
         if self.profile is not None:
             self._window = self._make_window()
         hooks.install(self._tracer, self._window)
+        if self.watch_ranks:
+            from . import rank_engine
+
+            self._rank_engine = rank_engine.start(self)
+            self.ranks = self._rank_engine.ranks
         if self.sample:
             self._start_sampling()
         else:
@@ -327,6 +340,12 @@ class Run:
         global _active
         from .instrument import hooks
 
+        try:
+            if self._rank_engine is not None:  # the patch removed, the receivers joined
+                for note in self._rank_engine.uninstall():
+                    self.capabilities.note(note)
+        except Exception as exc:
+            self.capabilities.note(f"the ranks' receiver could not be stopped: {exc}")
         try:
             if self._window is not None:  # no profiler left running, whatever follows
                 self._window.end(self._ended_by())

@@ -164,3 +164,17 @@ SYNC_CAUSE_SHARE = 0.10
 #: The GPU ran no kernel for at least this share of the profiled time: a host-bound run whose
 #: host does not launch work fast enough (launch-bound), named as such.
 LAUNCH_BOUND_IDLE_SHARE = 0.30
+
+# --- ranks (DDP launched from the run, torchrun jobs) -------------------------------------------
+#: A rank is the straggler by its data wait when its data wait share (of its step time) exceeds
+#: the median share of the other ranks by at least this much (0..1): a tenth of every step
+#: spent waiting where the others do not. Synchronised ranks (DDP) all take the straggler's
+#: step time (the others wait for it at the all-reduce), so the wait, not the step time, is
+#: what tells the straggler apart.
+STRAGGLER_WAIT_SHARE_MARGIN = 0.10
+#: ...and its median data wait exceeds the others' median by at least this many milliseconds
+#: (a large share of a tiny step is no straggler: the same floor as ``MIN_INPUT_WAIT_MS``).
+STRAGGLER_MIN_WAIT_MS = 1.0
+#: A rank is the straggler by its step time when its median step is at least this many times
+#: the median of the other ranks' medians (ranks that do not synchronise every step).
+STRAGGLER_STEP_FACTOR = 1.2

@@ -75,6 +75,10 @@ class RunEntry:
     stored_id: int | None = None  #: the run's id in the store (``@id``), once stored
     origin: str = "session"  #: "session" (this kernel's history) or "store" (read back)
     session_id: str | None = None  #: the session that measured it (stored runs)
+    #: its rank, the world size and the job id in a ``torchrun`` job (None: a run alone)
+    rank: int | None = None
+    world_size: int | None = None
+    job_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +99,9 @@ class RunEntry:
             "load": dict(self.load),
             "cost": dict(self.cost) if self.cost is not None else None,
             "stored_id": self.stored_id,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "job_id": self.job_id,
         }
 
     @classmethod
@@ -124,6 +131,9 @@ class RunEntry:
             load=dict(data.get("load") or {}),
             cost=dict(data["cost"]) if isinstance(data.get("cost"), dict) else None,
             stored_id=data.get("stored_id") if isinstance(data.get("stored_id"), int) else None,
+            rank=data.get("rank") if isinstance(data.get("rank"), int) else None,
+            world_size=data.get("world_size") if isinstance(data.get("world_size"), int) else None,
+            job_id=str(data["job_id"]) if data.get("job_id") else None,
         )
 
     @property
@@ -201,6 +211,9 @@ def entry_from(run_like: Any, analysis: Analysis) -> RunEntry:
         step_ms=downsample(analysis.steady_step_ms),
         loaders=[info.to_dict() for info in run_like.record.loaders],
         named=named,
+        rank=getattr(run_like, "rank", None),
+        world_size=getattr(run_like, "world_size", None),
+        job_id=getattr(run_like, "job_id", None),
     )
 
 

@@ -16,6 +16,7 @@ from ..analysis.comparison import Comparison
 from ..analysis.formatting import fmt_ms
 from ..analysis.model import Analysis, Diagnosis, IdleCost, Summary
 from ..analysis.profile import ProfileSummary
+from ..analysis.ranks import RanksSummary
 from ..analysis.steps import StepSelection
 from ..capabilities import Capabilities
 from ..contracts import EndStatus
@@ -208,6 +209,10 @@ class RunResult:
     #: the ``--profile`` capture's summary (:class:`~traceml_nb.analysis.profile.ProfileSummary`:
     #: top operators, synchronising calls, the trace file); None: no profile was asked for
     profile: ProfileSummary | None = None
+    #: the ranks the run launched (``torch.multiprocessing.spawn``, ``notebook_launcher``), side
+    #: by side with the straggler (:class:`~traceml_nb.analysis.ranks.RanksSummary`); None: the
+    #: run launched none. The summary and the diagnosis are then those of ``ranks.reported``.
+    ranks: RanksSummary | None = None
 
     @property
     def analysis(self) -> Analysis:
@@ -233,6 +238,7 @@ class RunResult:
             "prediction": _plain(self.prediction),
             "trackers": list(self.trackers),
             "profile": _plain(self.profile),
+            "ranks": _plain(self.ranks),
             "capabilities": self.capabilities.to_dict(),
             "steps": _plain(self.steps.to_dict()),
             "samples": _plain(self.samples),

@@ -134,6 +134,9 @@ class Session:
 
         snapshot = run.record.snapshot()
         analysis = analyze(snapshot, run.capabilities, warmup=warmup)
+        ranks = None
+        if run.ranks:  # the kernel only launched them: the report is the ranks'
+            ranks, snapshot, analysis = _rank_analysis(run, warmup, snapshot, analysis)
         entry = entry_from(run, analysis)
         entry.environment = capture_environment(run)
         entry.load = {
@@ -191,6 +194,7 @@ class Session:
             cost=cost,
             prediction=prediction,
             profile=analysis.profile,
+            ranks=ranks,
         )
         if log_to is not False:
             for line in self.export(result, log_to, run=run):
@@ -529,3 +533,21 @@ def baseline_title(entry: RunEntry, baseline: list[RunEntry]) -> str:
         return f"baseline: run {labels[0]} of {entry.name!r}{where}"
     span = f"{labels[0]}\u2013{labels[-1]}"
     return f"baseline: {len(baseline)} runs of {entry.name!r} ({span}){where}"
+
+
+def _rank_analysis(run: Run, warmup: Any, snapshot: Any, analysis: Any) -> tuple[Any, Any, Any]:
+    """The ranks side by side, and the snapshot and analysis the report shows: the straggler's,
+    else the lowest rank's that measured steps (else the kernel's own, as given)."""
+    from ..analysis.ranks import analyze_ranks
+
+    ranks, analyses = analyze_ranks(run.ranks, warmup)
+    key = ranks.reported
+    if key is None or key not in analyses:
+        return ranks, snapshot, analysis
+    rec = next(r for r in run.ranks if (r.launch, r.rank) == key)
+    whose = "the straggler's" if ranks.straggler else "the lowest rank's with steps"
+    run.capabilities.note(
+        f"the summary and the diagnosis are rank {key[1]}'s ({whose}): the kernel's process "
+        "only launched the ranks"
+    )
+    return ranks, rec.record.snapshot(), analyses[key]

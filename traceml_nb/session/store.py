@@ -17,7 +17,9 @@ Per run: the summary and the diagnosis (JSON), up to ``MAX_STORED_STEPS`` steady
 (:mod:`.environment`), the machine load and the idle-GPU cost; ~20 KB for a run with 4,000
 kept steps. Columns of their own, for queries: the figures ``%traceml history`` lists and
 ``steal_share`` (schema 2), the share 0..1 of the machine's CPU time the hypervisor took during
-the run (steal time; NULL where the kernel reports none, and for runs stored before schema 2).
+the run (steal time; NULL where the kernel reports none, and for runs stored before schema 2);
+``rank``, ``world_size`` and ``job_id`` (schema 3) of a run in a ``torchrun`` job (``RANK``,
+``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``; NULL for a run alone and for earlier runs).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ BUSY_TIMEOUT_S = 3.0
 #: Seconds between attempts to switch a new store to the WAL journal (``Store._use_wal``).
 WAL_RETRY_S = 0.01
 #: The schema this traceml_nb reads and writes.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _RUN_COLUMNS = (
     "name",
@@ -76,6 +78,9 @@ _RUN_COLUMNS = (
     "load",
     "step_ms",
     "steal_share",
+    "rank",
+    "world_size",
+    "job_id",
 )
 
 #: (version, what it does, statements): applied in order to a file of an older version.
@@ -108,6 +113,17 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
         "steal time of each run",
         # earlier runs keep NULL: they did not measure it (their load JSON has no steal_share)
         ("ALTER TABLE runs ADD COLUMN steal_share REAL",),
+    ),
+    (
+        3,
+        "ranks of a job",
+        # earlier runs keep NULL: they ran alone (no torchrun job)
+        (
+            "ALTER TABLE runs ADD COLUMN rank INTEGER",
+            "ALTER TABLE runs ADD COLUMN world_size INTEGER",
+            "ALTER TABLE runs ADD COLUMN job_id TEXT",
+            "CREATE INDEX runs_by_job ON runs (job_id, rank)",
+        ),
     ),
 ]
 
@@ -166,6 +182,10 @@ class StoredRow:
     session_run: int | None  #: the run's number in its session
     #: share 0..1 of the machine's CPU time the hypervisor took (steal time; None: not measured)
     steal_share: float | None = None
+    #: the rank, world size and job id of a run in a ``torchrun`` job (schema 3; None: alone)
+    rank: int | None = None
+    world_size: int | None = None
+    job_id: str | None = None
 
 
 @dataclass
@@ -182,7 +202,7 @@ class NameTotals:
 _LIST_COLUMNS = (
     "id, name, status, started_at, elapsed_s, hardware, total_steps, steady_steps, "
     "step_ms_median, samples_per_s, data_wait_share, gpu_util_median_pct, verdict, "
-    "idle_gpu_s, idle_cost_usd, session, session_run, steal_share"
+    "idle_gpu_s, idle_cost_usd, session, session_run, steal_share, rank, world_size, job_id"
 )
 
 
@@ -390,6 +410,9 @@ class Store:
             "load": _dumps({"load": e.load, "cost": e.cost}),
             "step_ms": array("f", e.step_ms).tobytes(),
             "steal_share": _finite(e.load.get("steal_share")),
+            "rank": e.rank,
+            "world_size": e.world_size,
+            "job_id": e.job_id,
         }
         return tuple(values[c] for c in columns)
 
@@ -543,4 +566,7 @@ def _entry(row: Sequence[Any]) -> RunEntry:
         stored_id=int(data["id"]),
         origin="store",
         session_id=data["session"],
+        rank=data["rank"],
+        world_size=data["world_size"],
+        job_id=data["job_id"],
     )

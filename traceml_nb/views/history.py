@@ -131,6 +131,50 @@ def stored_cells(row: Any) -> dict[str, str]:
     }
 
 
+def group_jobs(rows: list[Any]) -> list[list[Any]]:
+    """Stored rows in order, the runs of one ``torchrun`` job (same ``job_id``) together, at
+    the place of the job's first run, in rank order."""
+    groups: list[list[Any]] = []
+    by_job: dict[str, list[Any]] = {}
+    for row in rows:
+        job = getattr(row, "job_id", None)
+        if job is None:
+            groups.append([row])
+        elif job in by_job:
+            by_job[job].append(row)
+        else:
+            by_job[job] = [row]
+            groups.append(by_job[job])
+    for group in groups:
+        group.sort(key=lambda r: (getattr(r, "rank", None) is None, getattr(r, "rank", 0) or 0))
+    return groups
+
+
+def job_cells(rows: list[Any]) -> dict[str, str]:
+    """One row for a job's runs (:func:`group_jobs`): its ranks' ids, the worst status, the
+    figures per rank in rank order (``24 / 24``), the slowest rank's median step."""
+    if len(rows) == 1 and getattr(rows[0], "job_id", None) is None:
+        return stored_cells(rows[0])
+    cells = [stored_cells(r) for r in rows]
+    first = rows[0]
+    failed = [f"rank {r.rank}" for r in rows if r.status != "completed"]
+    world = first.world_size
+    ranks = (
+        f"{len(rows)} of {world} ranks" if world and world != len(rows) else f"{len(rows)} ranks"
+    )
+    steps = [r.step_ms_median for r in rows if r.step_ms_median is not None]
+    out = dict(cells[0])
+    out["run"] = f"{' '.join(f'@{r.id}' for r in rows)} {first.name} (job, {ranks})"
+    out["status"] = "completed" if not failed else f"failed ({', '.join(failed)})"
+    out["started"] = cells[0]["started"]
+    out["time"] = fmt_s(max(r.elapsed_s for r in rows))
+    for key in ("steps", "data wait", "GPU util"):
+        out[key] = " / ".join(c[key] for c in cells)
+    out["step"] = fmt_ms(max(steps)) if steps else "\u2014"
+    out["verdict"] = " / ".join(dict.fromkeys(c["verdict"] for c in cells))
+    return out
+
+
 def totals_sentence(total: Any, days: int = TOTALS_DAYS) -> str:
     """``'resnet': 12 runs in the last 7 days left 3.1 GPU-hours idle ≈ $1.63``."""
     runs = f"{total.runs} run{'s' if total.runs != 1 else ''}"
@@ -176,7 +220,8 @@ class StoredHistory:
         stored = store.count(name)
         since = time.time() - TOTALS_DAYS * 86400
         totals = [totals_sentence(t) for t in store.totals(since=since, name=name)]
-        return cls([stored_cells(r) for r in rows], totals, len(rows), stored, store.path)
+        cells = [job_cells(group) for group in group_jobs(rows)]
+        return cls(cells, totals, len(rows), stored, store.path)
 
     @property
     def text(self) -> str:

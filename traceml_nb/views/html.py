@@ -14,6 +14,7 @@ from ..analysis.profile import ProfileSummary
 from . import profile as profile_view
 from .chart import step_chart_svg
 from .model import ReportContent
+from .ranks import ranks_html
 from .text import (
     format_value,
     metric_lines,
@@ -136,6 +137,8 @@ def render_html(report: ReportContent) -> str:
     out.append(_list("Also", diagnosis.secondary))
     if report.cost_text:
         out.append(f"<div>{escape(report.cost_text)}</div>")
+    if report.ranks is not None:
+        out.append(ranks_html(report.ranks))
     out.extend(comparison_html(f"vs {item.title}", item.comparison) for item in report.comparisons)
     if report.chart is not None and report.chart.wall_ms:
         out.append(f'<div style="margin-top:6px">{step_chart_svg(report.chart)}</div>')

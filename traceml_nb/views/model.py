@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..analysis.model import Analysis
 from ..analysis.profile import ProfileSummary
+from ..analysis.ranks import RanksSummary
 from ..capabilities import Capabilities
 from ..session.result import LabelledComparison
 
@@ -52,3 +53,5 @@ class ReportContent:
     cost_text: str | None = None
     #: the ``--profile`` capture's summary (None: no profile was asked for)
     profile: ProfileSummary | None = None
+    #: the ranks the run launched, side by side (None: none)
+    ranks: RanksSummary | None = None

@@ -45,6 +45,7 @@ class Report(ReportContent):
             list(result.capabilities.notes),
             cost_sentence(getattr(result, "cost", None)),
             getattr(result, "profile", None),
+            getattr(result, "ranks", None),
         )
 
     def _repr_html_(self) -> str:

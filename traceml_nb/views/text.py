@@ -18,6 +18,7 @@ from ..analysis.profile import ProfileSummary
 from ..capabilities import Capabilities
 from . import profile as profile_view
 from .model import ReportContent, RunMeta
+from .ranks import ranks_text
 
 
 def _finite(value: float | None) -> bool:
@@ -240,6 +241,8 @@ def render_text(report: ReportContent) -> str:
     lines += _bullets("Also", diagnosis.secondary)
     if report.cost_text:
         lines.append(report.cost_text)
+    if report.ranks is not None:
+        lines += ranks_text(report.ranks)
     for item in report.comparisons:
         lines += comparison_head(f"vs {item.title}", item.comparison)
     lines += _metrics_text(metric_lines(summary, report.capabilities))

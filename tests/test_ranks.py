@@ -1,0 +1,261 @@
+"""Ranks launched from a traced cell: real torch.multiprocessing, gloo on CPU, the magic in a
+real IPython shell. Two DDP ranks train on a dataset that sleeps per batch, rank 1 20 ms more
+(``rank_fns``): every step of both ranks then takes at least those 20 ms (rank 0 waits for
+rank 1 at the all-reduce), against a tiny model's compute of a few milliseconds, so rank 1's
+data wait share stands far above rank 0's however busy the machine is."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import rank_fns
+from ipython_shell import traceml_shell
+
+from traceml_nb.analysis.ranks import (
+    RankFigures,
+    find_straggler,
+    summarize_ranks,
+)
+from traceml_nb.analysis.thresholds import (
+    STRAGGLER_MIN_WAIT_MS,
+    STRAGGLER_STEP_FACTOR,
+    STRAGGLER_WAIT_SHARE_MARGIN,
+)
+from traceml_nb.session import default_session
+
+SETUP = """
+import torch.multiprocessing as mp
+from rank_fns import train_rank
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ip():
+    with traceml_shell(SETUP) as shell:
+        yield shell
+
+
+@pytest.fixture(autouse=True)
+def fresh_history():
+    default_session().history.clear()
+    yield
+    default_session().history.clear()
+
+
+def own_counts(out_dir) -> dict[int, int]:
+    """The batches each rank counted itself."""
+    return {
+        int(p.stem[4:]): json.loads(p.read_text())["batches"] for p in out_dir.glob("rank*.json")
+    }
+
+
+def assert_rank_1_straggles(res, out_dir):
+    ranks = res.ranks
+    assert ranks is not None
+    assert [f.rank for f in ranks.ranks] == [0, 1]
+    counts = own_counts(out_dir)
+    assert counts == {0: rank_fns.BATCHES, 1: rank_fns.BATCHES}
+    assert {f.rank: f.steps for f in ranks.ranks} == counts
+    assert ranks.straggler is not None and ranks.straggler.rank == 1
+    assert ranks.straggler.by == "data wait"
+    assert ranks.straggler.evidence.startswith("rank 1 waits for data ")
+    assert "waiting for rank 1 at the gradient all-reduce" in ranks.straggler.evidence
+    by_rank = {f.rank: f for f in ranks.ranks}
+    # the 20 ms sleep is rank 1's wait, each of its steps
+    assert by_rank[1].data_wait_ms_median >= 1e3 * rank_fns.EXTRA_SLEEP_S
+    assert ranks.samples_per_s == pytest.approx(by_rank[0].samples_per_s + by_rank[1].samples_per_s)
+    assert ranks.reported == (0, 1)
+    assert res.summary.total_steps == rank_fns.BATCHES
+
+
+@pytest.mark.parametrize("launcher", ["spawn", "fork"])
+def test_spawned_ranks_name_the_straggler(ip, capsys, tmp_path, launcher):
+    call = {
+        "spawn": "mp.spawn(train_rank, args=(2, {port}, {out!r}), nprocs=2)",
+        "fork": (
+            "mp.start_processes(train_rank, args=(2, {port}, {out!r}), nprocs=2, "
+            "start_method='fork')"
+        ),
+    }[launcher].format(port=free_port(), out=str(tmp_path))
+    result = ip.run_cell(f"%%traceml --view none -o res\nreturned = {call}\n")
+    assert result.success, result.error_in_exec
+    assert ip.user_ns["returned"] is None  # what start_processes returns with join=True
+    res = ip.user_ns["res"]
+    assert_rank_1_straggles(res, tmp_path)
+    out = capsys.readouterr().out
+    assert "Ranks (2):" in out
+    assert "rank 1 (straggler)" in out
+    assert "Straggler: rank 1 waits for data" in out
+    assert "Time in collectives: unavailable (" in out
+    assert res.to_dict()["ranks"]["straggler"]["rank"] == 1
+
+
+def test_notebook_launcher_ranks_name_the_straggler(ip, capsys, tmp_path):
+    pytest.importorskip("accelerate")
+    ip.user_ns["out_dir"] = str(tmp_path)
+    source = (
+        "%%traceml --view none -o res\n"
+        "from accelerate import notebook_launcher\n"
+        "from rank_fns import accelerate_rank\n"
+        f"notebook_launcher(accelerate_rank, args=(out_dir,), num_processes=2, "
+        f"use_port='{free_port()}')\n"
+    )
+    result = ip.run_cell(source)
+    assert result.success, result.error_in_exec
+    assert_rank_1_straggles(ip.user_ns["res"], tmp_path)
+    assert "Straggler: rank 1 waits for data" in capsys.readouterr().out
+
+
+def test_a_crashing_rank_gives_a_partial_report_and_raises_as_without_the_magic(
+    ip, capsys, tmp_path
+):
+    from torch.multiprocessing import ProcessRaisedException
+
+    call = f"mp.spawn(train_rank, args=(2, {free_port()}, {str(tmp_path)!r}, 0), nprocs=2)"
+    result = ip.run_cell(f"%%traceml --view none -o res\n{call}\n")
+    assert type(result.error_in_exec) is ProcessRaisedException
+    assert result.error_in_exec.error_index == 0
+    res = ip.user_ns["res"]
+    assert res.status == "failed"
+    by_rank = {f.rank: f for f in res.ranks.ranks}
+    assert by_rank[0].status == "failed"
+    assert by_rank[0].error == "ValueError: rank 0 fails at batch 4"
+    assert by_rank[0].steps >= 4  # its steps until the crash are kept
+    assert by_rank[1].steps >= 1  # and the other rank's
+    out = capsys.readouterr().out
+    assert "Partial: rank 0 failed: ValueError: rank 0 fails at batch 4." in out
+
+
+def test_an_fn_that_cannot_be_pickled_runs_unchanged(ip, tmp_path):
+    source = (
+        "%%traceml --view none -o res\n"
+        "try:\n"
+        "    mp.spawn(lambda i: None, nprocs=1)\n"
+        "except Exception as exc:\n"
+        "    err = exc\n"
+    )
+    result = ip.run_cell(source)
+    assert result.success, result.error_in_exec
+    assert "pickle" in str(ip.user_ns["err"]).lower() or "lambda" in str(ip.user_ns["err"])
+    res = ip.user_ns["res"]
+    assert res.ranks is None
+    assert any("ranks not measured: the function" in n for n in res.capabilities.notes)
+
+
+# --- the straggler rule, pure --------------------------------------------------------------
+def figures(rank: int, step: float, wait: float) -> RankFigures:
+    return RankFigures(
+        rank,
+        steps=50,
+        step_ms_median=step,
+        data_wait_ms_median=wait,
+        data_wait_share=wait / step,
+        samples_per_s=1000 / step,
+    )
+
+
+def test_wait_share_margin_both_sides():
+    step = 100.0
+    base = 5.0
+    over = base + 100 * STRAGGLER_WAIT_SHARE_MARGIN + 0.5
+    under = base + 100 * STRAGGLER_WAIT_SHARE_MARGIN - 0.5
+    found = find_straggler([figures(0, step, base), figures(1, step, over), figures(2, step, base)])
+    assert found is not None and (found.rank, found.by) == (1, "data wait")
+    assert find_straggler([figures(0, step, base), figures(1, step, under)]) is None
+
+
+def test_min_wait_ms_both_sides():
+    step = 2.0  # a tiny step: a large share of it is still a small wait
+    low = figures(1, step, STRAGGLER_MIN_WAIT_MS * 0.9)
+    assert find_straggler([figures(0, step, 0.0), low]) is None
+    high = figures(1, step, STRAGGLER_MIN_WAIT_MS * 1.1)
+    assert find_straggler([figures(0, step, 0.0), high]).rank == 1
+
+
+def test_step_factor_both_sides():
+    slow = figures(1, 100 * STRAGGLER_STEP_FACTOR * 1.02, 0.0)
+    found = find_straggler([figures(0, 100, 0.0), slow])
+    assert found is not None and found.by == "step time"
+    assert "rank 1's median step takes" in found.evidence
+    assert (
+        find_straggler([figures(0, 100, 0.0), figures(1, 100 * STRAGGLER_STEP_FACTOR * 0.98, 0.0)])
+        is None
+    )
+
+
+def test_unsynchronised_straggler_evidence_says_the_others_do_not_wait():
+    found = find_straggler([figures(0, 10.0, 0.5), figures(1, 40.0, 30.0)])
+    assert found.by == "data wait"
+    assert "they do not wait for it" in found.evidence
+
+
+def test_summary_sums_throughput_and_names_failures():
+    a, b = figures(0, 10.0, 1.0), figures(1, 10.0, 1.0)
+    b.status, b.error = "failed", "ValueError: x"
+    lost = figures(2, 10.0, 1.0)
+    lost.status = "lost"
+    s = summarize_ranks([b, a, lost])
+    assert [f.rank for f in s.ranks] == [0, 1, 2]
+    assert s.samples_per_s == pytest.approx(300.0)
+    assert s.straggler is None and s.reported == (0, 0)
+    assert s.failures[0] == "rank 1 failed: ValueError: x"
+    assert s.failures[1].startswith("rank 2 ended without its last rows")
+
+
+# --- torchrun -------------------------------------------------------------------------------
+def test_a_torchrun_job_lands_in_the_store_as_one_job(ip, capsys, tmp_path, run_store):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from traceml_nb.session.store import Store
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    script = Path(__file__).with_name("torchrun_job.py")
+    env = dict(os.environ, TRACEML_NB_STORE=str(run_store), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert sorted(counts) == [0, 1]
+    assert all(c["stored_id"] is not None for c in counts.values()), counts
+    rows = Store(run_store).rows()
+    assert sorted((r.rank, r.world_size) for r in rows) == [(0, 2), (1, 2)]
+    (job,) = {r.job_id for r in rows}
+    assert job
+    assert {r.rank: r.total_steps for r in rows} == {k: c["batches"] for k, c in counts.items()}
+    capsys.readouterr()
+    result = ip.run_cell("%traceml history --all")
+    assert result.success, result.error_in_exec
+    out = capsys.readouterr().out
+    ids = " ".join(f"@{r.id}" for r in sorted(rows, key=lambda r: r.rank))
+    (line,) = [line for line in out.splitlines() if line.startswith("@")]
+    assert f"{ids} torchrun-job (job, 2 ranks)" in line
+    assert f"{counts[0]['batches']} / {counts[1]['batches']}" in line
+
+
+def test_the_leak_check_sees_a_patch_left_behind():
+    from leakcheck import leak_report
+
+    from traceml_nb.instrument import ranks
+
+    ranks.install(lambda original, *args: original(*args))
+    try:
+        assert "torch.multiprocessing.start_processes is still patched" in leak_report(0.0)
+    finally:
+        ranks.uninstall()
+    assert leak_report(0.0) == []
