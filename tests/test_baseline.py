@@ -16,7 +16,12 @@ from traceml_nb.analysis.attribution import (
     steal_share,
     what_changed,
 )
-from traceml_nb.analysis.baseline import baseline_noise, compare_with_baseline, is_regression
+from traceml_nb.analysis.baseline import (
+    baseline_noise,
+    compare_with_baseline,
+    is_regression,
+    pairwise_noise,
+)
 from traceml_nb.analysis.comparison import NO_CHANGE, SLOWER, compare
 from traceml_nb.analysis.cost import (
     DEFAULT_GPU_PRICES_USD_PER_HOUR,
@@ -77,6 +82,26 @@ def test_a_change_inside_the_noise_is_no_change_and_just_outside_it_is_slower():
     assert "no significant change: within the run-to-run noise" in within.headline
     # the step-level rule alone calls the first one significant: the noise is what stops it
     assert compare(runs[-1], inside).verdict == SLOWER
+
+
+def test_one_run_against_another_carries_both_runs_noise():
+    """The previous or the best run scatters as much as the new one: √2 × the spread."""
+    runs = baseline_runs([100.0, 104.0, 96.0, 102.0, 98.0])  # spread ~3%, margin ~9%
+    noise = baseline_noise([r.summary.step_ms_median for r in runs])
+    pair = pairwise_noise(noise)
+    assert pair.pairwise and pair.spread == pytest.approx(2**0.5 * noise.spread)
+    assert pair.margin == pytest.approx(NOISE_MULTIPLIER * 2**0.5 * noise.spread)
+    previous = make_run(step_ms=100.0, jitter=0.005, seed=8)
+    inside = make_run(step_ms=100.0 * (1 + pair.margin - 0.02), jitter=0.005, seed=9)
+    outside = make_run(step_ms=100.0 * (1 + pair.margin + 0.02), jitter=0.005, seed=9)
+    assert noise.margin < pair.margin - 0.02  # beyond the single-run margin, inside this one
+    within = compare(previous, inside, noise=pair)
+    assert within.verdict == NO_CHANGE
+    assert "within the noise between two runs (5 baseline runs tell it)" in within.headline
+    assert compare(previous, inside, noise=noise).verdict == SLOWER
+    assert compare(previous, outside, noise=pair).verdict == SLOWER
+    unknown = baseline_noise([100.0])
+    assert pairwise_noise(unknown) == unknown  # not known yet: left as it is
 
 
 def test_a_change_below_the_practical_effect_is_no_change_even_with_no_noise():

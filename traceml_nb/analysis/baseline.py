@@ -18,7 +18,9 @@ headline says how many more runs would tell.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import replace
 from statistics import median
 
 import numpy as np
@@ -62,6 +64,22 @@ def baseline_noise(medians: Sequence[float | None]) -> BaselineNoise:
     spread = MAD_TO_SIGMA * mad / center
     return BaselineNoise(
         len(values), center, spread, max(MIN_PRACTICAL_EFFECT, NOISE_MULTIPLIER * spread), 0
+    )
+
+
+def pairwise_noise(noise: BaselineNoise) -> BaselineNoise:
+    """The noise of one run against one other (the previous run, the best run), from the
+    baseline's: each of the two runs scatters by ``spread``, so their ratio scatters by
+    √2 × ``spread``, and the margin is ``NOISE_MULTIPLIER`` times that (at least
+    ``MIN_PRACTICAL_EFFECT``). A noise not known yet is left as it is."""
+    if noise.spread is None:
+        return noise
+    spread = math.sqrt(2.0) * noise.spread
+    return replace(
+        noise,
+        spread=spread,
+        margin=max(MIN_PRACTICAL_EFFECT, NOISE_MULTIPLIER * spread),
+        pairwise=True,
     )
 
 
@@ -135,6 +153,7 @@ def is_regression(comparison: Comparison, max_slowdown: float) -> bool:
 __all__ = [
     "NO_CHANGE",
     "baseline_noise",
+    "pairwise_noise",
     "compare_with_baseline",
     "is_regression",
     "pooled_steps",

@@ -216,7 +216,16 @@ def verdict_tail(verdict: str, noise: BaselineNoise | None) -> str:
     if noise is None:
         return f"{verdict}, significant" if verdict != NO_CHANGE else NO_CHANGE
     if noise.known:
-        band = f"the run-to-run noise of {noise.runs} baseline runs, \u00b1{fmt_pct_plain(noise.margin)}"
+        if noise.pairwise:
+            band = (
+                f"the noise between two runs ({noise.runs} baseline runs tell it), "
+                f"\u00b1{fmt_pct_plain(noise.margin)}"
+            )
+        else:
+            band = (
+                f"the run-to-run noise of {noise.runs} baseline runs, "
+                f"\u00b1{fmt_pct_plain(noise.margin)}"
+            )
         if verdict == NO_CHANGE:
             return f"{NO_CHANGE}: within {band}"
         return f"{verdict}, beyond {band}"

@@ -165,6 +165,9 @@ class BaselineNoise:
     runs); ``margin`` the relative change a run must exceed to be slower or faster (a fraction:
     the larger of ``MIN_PRACTICAL_EFFECT`` and ``NOISE_MULTIPLIER`` × ``spread``);
     ``runs_needed`` how many more baseline runs would make the noise known (0 when known).
+    ``pairwise``: the noise of one run against another single run (the previous, the best),
+    both of which scatter (:func:`~.baseline.pairwise_noise`), not against the baseline's
+    center.
     """
 
     runs: int
@@ -172,6 +175,7 @@ class BaselineNoise:
     spread: float | None
     margin: float
     runs_needed: int
+    pairwise: bool = False
 
     @property
     def known(self) -> bool:

@@ -338,10 +338,12 @@ class Session:
     ) -> tuple[Any, Any, Any, list[LabelledComparison]]:
         from ..analysis import compare as compare_runs
         from ..analysis.attribution import what_changed
-        from ..analysis.baseline import baseline_noise, compare_with_baseline
+        from ..analysis.baseline import baseline_noise, compare_with_baseline, pairwise_noise
 
         baseline, note = self.baseline_for(entry, target)
         noise = baseline_noise([r.summary.step_ms_median for r in baseline]) if baseline else None
+        # one run against another single run: both scatter
+        between_two = pairwise_noise(noise) if noise is not None else None
         previous = self.history.previous_of(entry)
         best = self.history.best_of(entry)
         comparisons: list[LabelledComparison] = []
@@ -365,13 +367,13 @@ class Session:
                 with_baseline.note = note
             comparisons.append(LabelledComparison(baseline_title(entry, baseline), with_baseline))
         if previous is not None:
-            with_previous = compare_runs(previous, entry, noise=noise)
+            with_previous = compare_runs(previous, entry, noise=between_two)
             with_previous.changes = what_changed(
                 previous, entry, verdict=with_previous.verdict
             ).lines()
             comparisons.append(LabelledComparison(f"previous run {previous.label}", with_previous))
         if best is not None and best is not previous:
-            with_best = compare_runs(best, entry, noise=noise)
+            with_best = compare_runs(best, entry, noise=between_two)
             comparisons.append(LabelledComparison(f"best run {best.label}", with_best))
         return with_baseline, with_previous, with_best, comparisons
 
