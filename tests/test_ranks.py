@@ -37,6 +37,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_resource_tracker_after():
+    """The spawn start method starts multiprocessing's resource tracker, a child that lives as
+    long as its parent (torch's, not ours: a plain ``mp.spawn`` starts it too); stopped after
+    this module so that later tests counting this process's children see none of it."""
+    yield
+    from multiprocessing import resource_tracker
+
+    resource_tracker._resource_tracker._stop()
+
+
 @pytest.fixture(scope="module")
 def ip():
     with traceml_shell(SETUP) as shell:

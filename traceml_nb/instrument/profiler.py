@@ -4,8 +4,9 @@ A :class:`ProfileWindow` counts the run's step boundaries (DataLoader fetches; w
 DataLoader, ``optimizer.step()`` calls or ``traceml_nb.step()`` markers, whichever the loop
 makes first) on the training thread. After ``after_steps`` of them it starts the profiler
 (CPU activity, CUDA activity on a GPU) with the lines of the user's code as ranges
-(:mod:`.line_ranges`), and stops it after ``steps`` more boundaries, or when the run ends. The hooks (:mod:`.hooks`) call :meth:`ProfileWindow.boundary` only while the
-window is open or pending; the steps after it pay nothing more than the run's own hot path.
+(:mod:`.line_ranges`), and stops it after ``steps`` more boundaries, or when the run ends.
+The hooks (:mod:`.hooks`) call :meth:`ProfileWindow.boundary` only while the window is open
+or pending; the steps after it pay nothing more than the run's own hot path.
 
 As the run ends, :meth:`ProfileWindow.finish` writes the gzipped Chrome trace of the profiled
 steps and reduces the profiler's events to a :class:`~traceml_nb.profile_capture.ProfileCapture`.
