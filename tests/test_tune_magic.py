@@ -69,11 +69,6 @@ def tuned(ip):
     default_session().tunings.clear()
 
 
-#: A rerun whose model ran within this share as fast as the tuned run's holds the original
-#: prediction to 15%: the compute's own drift, plus at most 5% of the model's error.
-COMPUTE_DRIFT_SHARE = 0.10
-
-
 def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, capsys):
     starved, tuning, wall = tuned
     assert starved.diagnosis.verdict == "input-bound"
@@ -106,7 +101,7 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
         f"(compute {compute_now:.1f} ms, drift {drift:+.0%}); for that compute {again:.1f} ms"
     )
     assert measured == pytest.approx(again, rel=0.15)
-    if abs(drift) <= COMPUTE_DRIFT_SHARE:
+    if abs(drift) <= 0.05:
         assert measured == pytest.approx(tuning.predicted_ms, rel=0.15)
     # the loop closed: the rerun's comparison shows the prediction beside the measurement
     assert fixed.prediction is not None and fixed.prediction["recommended"]

@@ -332,7 +332,6 @@ def measure_round(
     deadline: float,
     batch_cap: int | None = None,
     consumer_ms: float | None = None,
-    consumer_on_cpu: bool = False,
 ) -> None:
     """Iterate a fresh loader of ``m``'s candidate and add ``steady`` batches' timing to
     ``m`` (fewer when the deadline, the epoch or ``batch_cap`` comes first). The first batch
@@ -344,10 +343,7 @@ def measure_round(
     process's CPU kept busy (the run's compute time per step, no model run), so that the
     workers share the CPUs and their queue is drained at the pace of the training, as in the
     run: a loader that keeps up only while nothing else runs, or whose queue is too short to
-    absorb a late batch, shows it. ``consumer_on_cpu``: the training computes on the CPU, so
-    its step is this much of the main thread's CPU time, which takes longer while the workers
-    take the cores from it (:func:`busy_cpu`); else this much wall time (:func:`busy`: a GPU
-    step's host side mostly waits for the GPU, which the workers do not slow)."""
+    absorb a late batch, shows it."""
     cand = m.candidate
     workers = cand.num_workers
     it: Any = None
@@ -388,7 +384,7 @@ def measure_round(
                 break
             fetch()
             if workers and consumer_ms:
-                (busy_cpu if consumer_on_cpu else busy)(consumer_ms / 1e3)
+                busy(consumer_ms / 1e3)
             now = time.perf_counter()
             durations.append(now - last)
             last = now
@@ -435,15 +431,6 @@ def busy(seconds: float) -> None:
     """Keep this thread on the CPU for ``seconds`` of wall time, as a training step does."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        pass
-
-
-def busy_cpu(seconds: float) -> None:
-    """Keep this thread computing until it has had ``seconds`` of CPU time, as a step computed
-    on the CPU does: on a core of its own that is ``seconds`` of wall time, longer while other
-    processes (the loader's workers) share its core."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
         pass
 
 

@@ -194,7 +194,6 @@ def tune(
                 deadline=now + allowance,
                 batch_cap=batches,
                 consumer_ms=compute_ms,
-                consumer_on_cpu=not gpu,
             )
             update_predictions(measurements, compute_ms, cpus)
             tick()
