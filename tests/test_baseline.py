@@ -120,6 +120,20 @@ def test_with_the_noise_unknown_the_headline_says_how_many_runs_would_tell():
     assert "2 more runs would tell" in single.headline
 
 
+def test_against_one_earlier_run_with_the_noise_unknown_a_change_counts_from_10pct():
+    """The previous run as the only baseline run: the margin is UNKNOWN_NOISE_MIN_EFFECT,
+    as in the baseline comparison, not MIN_PRACTICAL_EFFECT."""
+    previous = make_run(step_ms=100.0, jitter=0.002, seed=1)
+    unknown = baseline_noise([previous.summary.step_ms_median])
+    below = make_run(step_ms=100.0 * (1 - UNKNOWN_NOISE_MIN_EFFECT + 0.01), jitter=0.002, seed=2)
+    above = make_run(step_ms=100.0 * (1 - UNKNOWN_NOISE_MIN_EFFECT - 0.01), jitter=0.002, seed=2)
+    result = compare(previous, below, noise=pairwise_noise(unknown))
+    assert result.verdict == NO_CHANGE
+    assert "run-to-run noise not known yet: 2 more runs would tell" in result.headline
+    assert compare(previous, above, noise=pairwise_noise(unknown)).verdict == "faster"
+    assert compare(previous, below).verdict == "faster"  # no noise given: the 5% rule
+
+
 def test_the_step_row_reads_the_median_of_the_baseline_runs():
     runs = baseline_runs([100.0, 102.0, 98.0])
     result = compare_with_baseline(runs, make_run(step_ms=130.0, seed=4))

@@ -250,7 +250,8 @@ def compare(a: RunLike, b: RunLike, *, noise: BaselineNoise | None = None) -> Co
     values_b = np.asarray(b.step_ms, dtype=float)
     med_a, med_b = _median(a, values_a), _median(b, values_b)
     result = Comparison(baseline_id=a.id, candidate_id=b.id, noise=noise, baseline_ids=[a.id])
-    margin = noise.margin if noise is not None and noise.known else MIN_PRACTICAL_EFFECT
+    # a noise not known yet carries its own, wider margin (UNKNOWN_NOISE_MIN_EFFECT)
+    margin = noise.margin if noise is not None else MIN_PRACTICAL_EFFECT
     step_direction = NEUTRAL
     if med_a and med_b and len(values_a) >= 2 and len(values_b) >= 2:
         ratio = med_b / med_a
