@@ -38,14 +38,22 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def no_resource_tracker_after():
-    """The spawn start method starts multiprocessing's resource tracker, a child that lives as
-    long as its parent (torch's, not ours: a plain ``mp.spawn`` starts it too); stopped after
-    this module so that later tests counting this process's children see none of it."""
+def process_state_put_back():
+    """What the launchers leave in this process, torch's doing and not ours (a plain
+    ``mp.spawn`` or ``notebook_launcher`` leaves the same), put back after this module so that
+    later tests see none of it: the spawn start method's resource tracker, a child that lives
+    as long as its parent, and the SIGINT/SIGTERM handlers torch.distributed.elastic installs
+    (``_terminate_process_handler``: Ctrl-C then raises its SignalException, not
+    KeyboardInterrupt)."""
+    import signal
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     yield
     from multiprocessing import resource_tracker
 
     resource_tracker._resource_tracker._stop()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="module")
