@@ -277,7 +277,7 @@ class Run:
         code_file = self.code_file
         if code_file is None:  # the caller of ``with Run()`` / ``run.start()``
             frame = sys._getframe(1)
-            while frame is not None and frame.f_code.co_filename in (__file__,):
+            while frame is not None and frame.f_code.co_filename == __file__:
                 frame = frame.f_back  # type: ignore[assignment]
             code_file = frame.f_code.co_filename if frame is not None else None
         assert self.profile is not None

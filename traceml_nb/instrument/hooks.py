@@ -69,10 +69,7 @@ def _gate(window: ProfileWindow, wrapper: Any, installed: _Installed) -> Any:
 
     def __next__(it: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841
-        if not window.done:
-            window.boundary("fetch")
-            if window.done:
-                _close_window(installed)
+        _tell(window, installed, "fetch")
         return wrapper(it)
 
     __next__.__wrapped__ = wrapper  # type: ignore[attr-defined]
@@ -83,11 +80,18 @@ def _gate(window: ProfileWindow, wrapper: Any, installed: _Installed) -> Any:
 
 def _window_hook(window: ProfileWindow, installed: _Installed) -> Any:
     def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-        window.boundary("optimizer")
-        if window.done:
-            _close_window(installed)
+        _tell(window, installed, "optimizer")
 
     return on_optimizer_step
+
+
+def _tell(window: ProfileWindow, installed: _Installed | None, kind: str) -> None:
+    """A step boundary of ``kind`` for the window while it counts; once it is done, the gate
+    and the window's hook are taken away."""
+    if not window.done:
+        window.boundary(kind)
+        if window.done and installed is not None:
+            _close_window(installed)
 
 
 def _close_window(installed: _Installed) -> None:
@@ -102,10 +106,8 @@ def _close_window(installed: _Installed) -> None:
 
 def marker(window: ProfileWindow | None) -> None:
     """A ``traceml_nb.step()`` marker, for the window while it counts."""
-    if window is not None and not window.done:
-        window.boundary("marker")
-        if window.done and _installed is not None:
-            _close_window(_installed)
+    if window is not None:
+        _tell(window, _installed, "marker")
 
 
 def uninstall() -> list[str]:

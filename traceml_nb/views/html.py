@@ -164,10 +164,7 @@ def render_html(report: ReportContent) -> str:
 def profile_html(profile: ProfileSummary) -> str:
     """The profile section: the top operators by host and by GPU time, then its facts."""
     out = [f'<div style="margin-top:6px"><b>{escape(profile_view.heading(profile))}</b></div>']
-    for title, ops in (("by host time", profile.top_cpu), ("by GPU time", profile.top_gpu)):
-        rows = profile_view.op_rows(ops)
-        if not rows:
-            continue
+    for title, rows in profile_view.op_tables(profile):
         head = "".join(
             f'<th style="{_TD}{_MUTED}">{h}</th>'
             for h in (f"top operators {title}", "share", "a step", "calls a step", "where")

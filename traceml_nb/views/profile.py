@@ -42,6 +42,12 @@ def _where(op: OpLine) -> str:
     return where
 
 
+def op_tables(profile: ProfileSummary) -> list[tuple[str, list[OpRow]]]:
+    """The operator tables to show, titled: by host time, and by GPU time on a GPU."""
+    tables = [("by host time", op_rows(profile.top_cpu)), ("by GPU time", op_rows(profile.top_gpu))]
+    return [(title, rows) for title, rows in tables if rows]
+
+
 def op_rows(ops: list[OpLine]) -> list[OpRow]:
     return [
         OpRow(

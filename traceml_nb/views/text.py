@@ -256,10 +256,7 @@ def render_text(report: ReportContent) -> str:
 def profile_text(profile: ProfileSummary) -> list[str]:
     """The profile section: the top operators by host and by GPU time, then its facts."""
     lines = [profile_view.heading(profile)]
-    for title, ops in (("by host time", profile.top_cpu), ("by GPU time", profile.top_gpu)):
-        rows = profile_view.op_rows(ops)
-        if not rows:
-            continue
+    for title, rows in profile_view.op_tables(profile):
         lines.append(f"  top operators {title} (share, a step, calls a step):")
         width = max(len(r.name) for r in rows)
         lines += [
