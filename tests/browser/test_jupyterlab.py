@@ -427,3 +427,69 @@ def test_notebook_7_shows_the_live_chart_and_the_report(lab_server, page, stop, 
     except BaseException:
         report_failure(page, lab_server, path, tmp_path)
         raise
+
+
+#: Batches each rank trains on in the browser test: ~4 s of 22 ms batches on rank 1, long
+#: enough to see the lines grow, short enough for a test.
+BROWSER_RANK_BATCHES = 180
+
+
+def test_ranks_launched_from_the_cell_get_a_line_each(lab_server, page, tmp_path):
+    """``%%traceml`` on a cell that forks two gloo DDP ranks (``tests/rank_fns.py``: rank 1's
+    dataset sleeps 20 ms more a batch): the ranks' lines are added to the shown charts as the
+    ranks start (a document patch with new models, applied by BokehJS without an error), the
+    header follows rank 1, the straggler, and the report has the ranks table."""
+    import nbformat
+    from playwright.sync_api import expect
+
+    if not magic_available():
+        pytest.skip("needs %%traceml")
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = nbformat.read(NOTEBOOKS / "traceml_magic.ipynb", as_version=4).metadata
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("Two ranks launched from the notebook"),
+        nbformat.v4.new_code_cell(
+            "%load_ext traceml_nb\n"
+            "import socket, sys\n"
+            f"sys.path.insert(0, {str(REPO / 'tests')!r})\n"
+            "import rank_fns\n"
+            "import torch.multiprocessing as mp\n"
+            f"rank_fns.BATCHES = {BROWSER_RANK_BATCHES}\n"
+            "with socket.socket() as s:\n"
+            "    s.bind(('127.0.0.1', 0))\n"
+            "    PORT = s.getsockname()[1]\n"
+        ),
+        nbformat.v4.new_code_cell(
+            "%%traceml --name ranks-browser --no-store\n"
+            f"mp.start_processes(rank_fns.train_rank, args=(2, PORT, {str(tmp_path)!r}), "
+            "nprocs=2, start_method='fork')\n"
+        ),
+    ]
+    path = "ranks.ipynb"
+    nbformat.write(nb, lab_server.root / path)
+    try:
+        open_notebook(page, lab_server, lab_server.notebook_url(path), path)
+        run_cell(page, path, 1, "notebook:run-all-cells")
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL)
+        rank = page.locator(".traceml-rank").first
+        expect(rank).to_have_text("rank 1 (slowest of 2)", timeout=120_000)
+        dismiss_news(page)
+        cell.locator(".jp-OutputArea").screenshot(path=str(tmp_path / "ranks-running.png"))
+        expect(prompt_of(page, TRAIN_CELL)).to_have_text(re.compile(r"\[\d+\]:"), timeout=120_000)
+        header = page.locator(".traceml-live-header").first.inner_text()
+        assert f"{BROWSER_RANK_BATCHES} steps" in header, header
+        assert header.endswith(": the straggler"), header
+        expect(page.locator(".traceml-status").first).to_have_text("completed")
+        report = cell.locator(".traceml-report").first
+        expect(report).to_be_visible(timeout=30_000)
+        assert "Ranks (2)" in report.inner_text()
+        expect(cell.get_by_text("Error displaying widget")).to_have_count(0)
+        cell.locator(".jp-OutputArea").screenshot(path=str(tmp_path / "ranks-final.png"))
+        bokeh_errors = [e for e in errors if "bokeh" in e.lower() or "patch" in e.lower()]
+        assert not bokeh_errors, bokeh_errors
+    except BaseException:
+        report_failure(page, lab_server, path, tmp_path)
+        raise

@@ -16,8 +16,10 @@ from typing import Any
 
 from ..analysis.formatting import fmt_ms, fmt_s, fmt_share
 from ..analysis.steps import StepRule, rule_of
+from ..record import RankRecord
 from .chart import step_chart_svg
 from .live_data import SnapshotReader, StepRows
+from .live_ranks import figures_of, slowest_parts
 from .model import StepChart
 
 THREAD_NAME = "traceml-handle-view"
@@ -36,6 +38,10 @@ class LiveStatus:
     steps: int  #: steps of the shown step source so far
     recent_wall_ms: list[float] = field(default_factory=list)
     recent_wait_ms: list[float] = field(default_factory=list)
+    #: for a run that launched ranks, the rank whose steps these are ("rank 1 (slowest of
+    #: 2)") and its figures (:func:`~.live_ranks.slowest_parts`); '' for the run's own steps
+    rank: str = ""
+    rank_figures: str = ""
 
     @property
     def step_ms(self) -> float | None:
@@ -52,10 +58,14 @@ class LiveStatus:
     def headline(self) -> str:
         state = "running" if self.state == "running" else f"{self.state}; the report follows"
         parts = [f'traceml · "{self.name}" · {state} · {fmt_s(self.elapsed_s)}']
+        if self.rank:
+            parts.append(self.rank)
         parts.append(f"{self.steps:,} steps")
-        if self.step_ms is not None:
+        if self.rank_figures:
+            parts.append(self.rank_figures)
+        elif self.step_ms is not None:
             parts.append(f"step {fmt_ms(self.step_ms)}")
-        if self.data_wait_share is not None:
+        if self.data_wait_share is not None and not self.rank_figures:
             parts.append(f"data wait {fmt_share(self.data_wait_share)}")
         return " · ".join(parts)
 
@@ -108,6 +118,15 @@ class RecentSteps:
         return self._count, [r[0] for r in recent], [r[1] for r in recent]
 
 
+def _reader_of(rec: RankRecord) -> SnapshotReader:
+    """Reads the rows the kernel has received from the rank of ``rec``."""
+
+    def read(row: int) -> Any:
+        return rec.record.snapshot(row, samples=False)
+
+    return read
+
+
 class HandleView:
     """Shows a :class:`LiveStatus` of ``run`` under the cell and refreshes it every ``tick_s``.
 
@@ -120,13 +139,44 @@ class HandleView:
         self.display = display
         self.updates = 0
         self._steps = RecentSteps(lambda row: run.snapshot(row, samples=False))
+        self._rank_steps: dict[tuple[int, int], RecentSteps] = {}
         self._handle: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def status(self) -> LiveStatus:
+        """The run's state now; for a run that launched ranks, its slowest rank's steps."""
+        followed = self._slowest_rank()
+        if followed is not None:
+            return followed
         steps, walls, waits = self._steps.poll()
         return LiveStatus(self.run.name, self.run.status, self.run.elapsed_s, steps, walls, waits)
+
+    def _slowest_rank(self) -> LiveStatus | None:
+        ranks = list(getattr(self.run, "ranks", ()))
+        if not ranks:
+            return None
+        polled = {}
+        for rec in ranks:
+            key = (rec.launch, rec.rank)
+            reader = self._rank_steps.get(key)
+            if reader is None:
+                reader = self._rank_steps[key] = RecentSteps(_reader_of(rec))
+            polled[key] = (rec, reader.poll())
+        latest = max(launch for launch, _ in polled)
+        found = slowest_parts(
+            [
+                figures_of(rec, *seen)
+                for (launch, _), (rec, seen) in polled.items()
+                if launch == latest
+            ]
+        )
+        if found is None:
+            return None
+        figures, who, said = found
+        _, (steps, walls, waits) = polled[(figures.launch, figures.rank)]
+        run = self.run
+        return LiveStatus(run.name, run.status, run.elapsed_s, steps, walls, waits, who, said)
 
     def start(self) -> None:
         if self.display:

@@ -19,29 +19,21 @@ capabilities.
 
 from __future__ import annotations
 
-import html
 import threading
 import time
 from collections import deque
 from typing import Any
 
 import numpy as np
-from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource
-from bokeh.models.widgets.markups import Div
-from bokeh.plotting import figure
 
 from ..analysis.thresholds import MIN_STEADY_STEPS
 from .bokeh_patch import BatchedBokehModel
-from .live_data import (
-    MAX_POINTS,
-    RATE_WINDOW_STEPS,
-    SampleSeries,
-    SeriesUpdate,
-    StepSeries,
-    recent_rate,
-)
-from .live_verdict import RunningVerdict, plural
+from .live_charts import LiveCharts, header_html, points_of
+from .live_data import MAX_POINTS, SeriesUpdate, StepSeries, recent_rate
+from .live_rank_lines import STEP_TITLE, RankLines
+from .live_ranks import slowest_parts
+from .live_verdict import RunningVerdict
 
 THREAD_NAME = "traceml-view"
 MIN_TICK_S = 0.25  #: at most 4 ticks per second
@@ -65,197 +57,12 @@ SETTLE_S = 5.0
 SETTLE_MAX_POINTS = 500  #: ...as long as the series has at most this many points
 SMALL_UPDATE_POINTS = 16  #: streams of at most this many points are sent as JSON lists
 
-FIG_WIDTH = 460
-FIG_HEIGHT = 210
-WAIT_COLOR = "#e6550d"
-COMPUTE_COLOR = "#3182bd"
-CPU_COLORS = {"proc_cpu_pct": "#3182bd", "workers_cpu_pct": "#e6550d", "sys_cpu_pct": "#969696"}
-#: The step series' columns the charts use (``step_ms`` is not drawn: it is not sent).
-STEP_CHART_FIELDS = ("step", "t_s", "wait_ms", "compute_ms", "samples_per_s", "steps_per_s")
-HOST_COLUMNS = ("proc_cpu_pct", "workers_cpu_pct", "sys_cpu_pct")
-GPU_COLUMNS = ("util_gpu_pct", "mem_used_mb", "torch_alloc_mb")
-GPU_COLORS = (
-    "#31a354",
-    "#756bb1",
-    "#e6550d",
-    "#3182bd",
-    "#636363",
-    "#de2d26",
-    "#fd8d3c",
-    "#6baed6",
-)
-
-
-def _unavailable_box(text: str) -> Div:
-    return Div(
-        text=f'<div class="traceml-unavailable">{html.escape(text)}</div>',
-        width=FIG_WIDTH,
-        height=FIG_HEIGHT,
-        styles={
-            "border": "1px dashed #bbb",
-            "color": "#555",
-            "padding": "12px",
-            "font-size": "13px",
-            "box-sizing": "border-box",
-        },
-    )
-
-
-def _figure(title: str, x_label: str, y_label: str) -> Any:
-    fig: Any = figure(
-        title=title,
-        width=FIG_WIDTH,
-        height=FIG_HEIGHT,
-        tools="pan,box_zoom,wheel_zoom,reset,save",
-        toolbar_location="right",
-    )
-    fig.xaxis.axis_label = x_label
-    fig.yaxis.axis_label = y_label
-    fig.title.text_font_size = "12px"
-    fig.axis.axis_label_text_font_size = "11px"
-    fig.toolbar.logo = None
-    return fig
-
-
-def _finish_legend(fig: Any) -> None:
-    """One compact horizontal legend above the plot, where it hides no data."""
-    legend = fig.legend[0]
-    fig.center = [obj for obj in fig.center if obj is not legend]
-    legend.orientation = "horizontal"
-    legend.location = "top_left"
-    legend.label_text_font_size = "10px"
-    legend.glyph_height = 10
-    legend.glyph_width = 14
-    legend.label_height = 10
-    legend.padding = 0
-    legend.margin = 2
-    legend.spacing = 8
-    legend.border_line_alpha = 0
-    fig.add_layout(legend, "above")
-
-
-class LiveCharts:
-    """The Bokeh models of the live view and the sources that feed them."""
-
-    def __init__(self, run: Any, max_points: int = MAX_POINTS) -> None:
-        rec = run.record
-        caps = run.capabilities
-        self.header = Div(text="", width=2 * FIG_WIDTH, styles={"font-size": "13px"})
-        self.steps = ColumnDataSource(_empty(STEP_CHART_FIELDS))
-
-        self.step_fig = _figure("Step time: data wait + compute", "step", "ms")
-        self.step_fig.varea_stack(
-            ["wait_ms", "compute_ms"],
-            x="step",
-            source=self.steps,
-            color=[WAIT_COLOR, COMPUTE_COLOR],
-            fill_alpha=0.75,
-            legend_label=["data wait", "compute (rest of the step)"],
-        )
-        _finish_legend(self.step_fig)
-
-        self.rate_fig = _figure("Throughput", "seconds since the start", "samples/s")
-        self.rate_line = self.rate_fig.line(
-            "t_s",
-            "samples_per_s",
-            source=self.steps,
-            color=COMPUTE_COLOR,
-            legend_label=f"mean over the last {RATE_WINDOW_STEPS}+ steps",
-        )
-        _finish_legend(self.rate_fig)
-        self.rate_field_chosen = False
-
-        #: (series, the chart source it feeds), one per sample table shown
-        self.sample_series: list[tuple[SampleSeries, ColumnDataSource]] = []
-        self.host: ColumnDataSource | None = None
-        if rec.host is not None:
-            self.host_series = SampleSeries(rec.host, HOST_COLUMNS, max_points)
-            self.host = ColumnDataSource(_empty(self.host_series.names))
-            cpu: Any = _figure("CPU utilisation", "seconds since the start", "% (100 = one core)")
-            labels = {
-                "proc_cpu_pct": "this process",
-                "workers_cpu_pct": "DataLoader workers",
-                "sys_cpu_pct": "system (100 = all cores)",
-            }
-            for name, label in labels.items():
-                if name in rec.host.names:
-                    cpu.line(
-                        "t", name, source=self.host, color=CPU_COLORS[name], legend_label=label
-                    )
-            if cpu.legend:
-                _finish_legend(cpu)
-            self.sample_series.append((self.host_series, self.host))
-        else:
-            cpu = _unavailable_box(f"CPU unavailable: {caps.why('host')}")
-
-        self.gpus: dict[int, ColumnDataSource] = {}
-        gpu_models: list[Any] = []
-        if rec.gpus:
-            util = _figure("GPU utilisation", "seconds since the start", "%")
-            mem = _figure("GPU memory", "seconds since the start", "MB")
-            for n, (index, table) in enumerate(sorted(rec.gpus.items())):
-                series = SampleSeries(table, GPU_COLUMNS, max_points)
-                src = ColumnDataSource(_empty(series.names))
-                self.gpus[index] = src
-                self.sample_series.append((series, src))
-                color = GPU_COLORS[n % len(GPU_COLORS)]
-                if "util_gpu_pct" in table.names:
-                    util.line(
-                        "t", "util_gpu_pct", source=src, color=color, legend_label=f"GPU {index}"
-                    )
-                if "mem_used_mb" in table.names:
-                    mem.line(
-                        "t",
-                        "mem_used_mb",
-                        source=src,
-                        color=color,
-                        legend_label=f"GPU {index} used (NVML)",
-                    )
-                if "torch_alloc_mb" in table.names:
-                    mem.line(
-                        "t",
-                        "torch_alloc_mb",
-                        source=src,
-                        color=color,
-                        line_dash="dashed",
-                        legend_label=f"GPU {index} allocated (PyTorch)",
-                    )
-            for fig in (util, mem):
-                if fig.legend:
-                    _finish_legend(fig)
-            if not caps.ok("gpu_utilisation") and caps.why("gpu_utilisation"):
-                util.title.text = f"GPU utilisation unavailable: {caps.why('gpu_utilisation')}"
-            gpu_models = [util, mem]
-        else:
-            gpu_models = [_unavailable_box(f"GPU unavailable: {caps.why('nvml')}")]
-
-        rows = [row(self.step_fig, self.rate_fig), row(cpu, gpu_models[0])]
-        if len(gpu_models) > 1:
-            rows.append(row(gpu_models[1]))
-        self.layout = column(self.header, *rows)
-
-    def choose_rate_field(self, update: SeriesUpdate) -> None:
-        """Plot samples/s when batch sizes are known, else steps/s (decided on the first data)."""
-        if self.rate_field_chosen or not len(update):
-            return
-        self.rate_field_chosen = True
-        if np.isnan(update.data["samples_per_s"][0]):  # the batch size could not be read
-            renderer = self.rate_line
-            for glyph in (renderer.glyph, renderer.nonselection_glyph, renderer.muted_glyph):
-                if glyph is not None:
-                    glyph.y = "steps_per_s"
-            self.rate_fig.yaxis.axis_label = "steps/s"
-
 
 def tick_wait_s(own_s: float, tick_s: float, max_duty: float = VIEW_MAX_DUTY) -> float:
     """Seconds until the next tick after one whose own work took ``own_s`` CPU seconds: the
     usual ``tick_s``, or long enough that the view's work stays within ``max_duty`` of a core,
     but never past ``MAX_TICK_S`` (nor below ``tick_s``)."""
     return max(tick_s, min(own_s / max_duty, MAX_TICK_S))
-
-
-def _empty(names: Any) -> dict[str, np.ndarray]:
-    return {name: np.empty(0, dtype=np.float32) for name in names}
 
 
 def _as_float32(values: Any) -> np.ndarray:
@@ -268,10 +75,6 @@ def _on_the_wire(values: np.ndarray) -> Any:
     if len(values) <= SMALL_UPDATE_POINTS:
         return values.tolist()
     return _as_float32(values)
-
-
-def _points(source: ColumnDataSource) -> int:
-    return len(next(iter(source.data.values()), []))
 
 
 def load_bokehjs_inline() -> list[Any]:
@@ -299,29 +102,6 @@ def load_bokehjs_inline() -> list[Any]:
     finally:
         bokeh_notebook.publish_display_data = original  # type: ignore[assignment]
     return [h for h in handles if h is not None]
-
-
-def header_html(
-    name: str,
-    status: str,
-    steps: int,
-    elapsed_s: float,
-    steps_per_s: float | None,
-    verdict: str,
-) -> str:
-    """The header line: run name, status, step count, elapsed seconds, recent steps/s, and the
-    verdict part (:meth:`~.live_verdict.RunningVerdict.text`; '' for none)."""
-    rate = f"{steps_per_s:,.1f} steps/s" if steps_per_s is not None else "– steps/s"
-    parts = [
-        f'<b class="traceml-name">{html.escape(name)}</b>',
-        f'<span class="traceml-status">{html.escape(status)}</span>',
-        f'<span class="traceml-steps">{plural(steps, "step")}</span>',
-        f'<span class="traceml-elapsed">{elapsed_s:,.1f} s</span>',
-        f'<span class="traceml-rate">{rate}</span>',
-    ]
-    if verdict:
-        parts.append(f'<span class="traceml-verdict">{html.escape(verdict)}</span>')
-    return '<div class="traceml-live-header">' + " · ".join(parts) + "</div>"
 
 
 class LiveView:
@@ -364,6 +144,7 @@ class LiveView:
         self.widget: BatchedBokehModel | None = None
         self._bokehjs: list[Any] = []  # display handles of the BokehJS outputs
         self.charts: LiveCharts | None = None
+        self.rank_lines: RankLines | None = None  #: the ranks the run launched, on the charts
         self.ticks = 0
         self.updates = 0
         self.busy_s = 0.0
@@ -381,6 +162,7 @@ class LiveView:
         self._analysis_errors = 0
         self._next_analysis = 0.0
         self._started_at = 0.0
+        self._followed = ""  # the rank the header's steps/s follow
 
     @property
     def messages(self) -> int:
@@ -408,6 +190,7 @@ class LiveView:
             self._bokehjs = load_bokehjs_inline()
         charts = LiveCharts(self.run, self.max_points)
         self.charts = charts
+        self.rank_lines = RankLines(self.run, charts, self.max_points)
         charts.header.text = self._header()
         self.widget = BatchedBokehModel(charts.layout)
         if self.display:
@@ -511,7 +294,9 @@ class LiveView:
                 charts.choose_rate_field(upd)
                 self._apply(charts.steps, upd)
                 title = "Step time: data wait + compute"
-                if self.step_series.k > 1:
+                if self.rank_lines:
+                    title = STEP_TITLE
+                elif self.step_series.k > 1:
                     title += f" (median per {self.step_series.k} steps)"
                 if charts.step_fig.title.text != title:
                     charts.step_fig.title.text = title
@@ -519,6 +304,16 @@ class LiveView:
                 upd = series.update(final=final)
                 if upd is not None:
                     self._apply(source, upd)
+            ranks = self.rank_lines
+            if ranks is not None:
+                for source, upd in ranks.update(final=final):
+                    self._apply(source, upd)
+                if ranks:
+                    title = STEP_TITLE
+                    if ranks.k > 1:
+                        title += f" (median per {ranks.k} steps)"
+                    if charts.step_fig.title.text != title:
+                        charts.step_fig.title.text = title
             if snapshot is not None:
                 self._analyse(snapshot, final)
             text = self._header(final)
@@ -532,7 +327,7 @@ class LiveView:
         new = {name: update.data[name] for name in source.column_names}
         if update.replace:
             source.data = {name: _as_float32(values) for name, values in new.items()}
-        elif self._settling() and _points(source) + len(update) <= SETTLE_MAX_POINTS:
+        elif self._settling() and points_of(source) + len(update) <= SETTLE_MAX_POINTS:
             held = source.data
             source.data = {
                 name: np.concatenate([_as_float32(held[name]), _as_float32(values)])
@@ -552,20 +347,28 @@ class LiveView:
         run = self.run
         elapsed = run.elapsed_s
         steps = self.step_series.steps
+        status = "running" if not final else str(run.status)
+        verdict = self.verdict.text(steps, running=not final)
+        rank = ""
+        followed = slowest_parts(self.rank_lines.figures()) if self.rank_lines else None
+        if followed is not None:  # the header follows the slowest rank
+            figures, rank, verdict = followed
+            steps = self.rank_lines.steps_of(figures) if self.rank_lines else 0
+            if self._followed != rank:
+                self._followed = rank
+                self._rate_history.clear()
         history = self._rate_history
         history.append((elapsed, steps))
         while len(history) > 2 and history[1][0] <= elapsed - RATE_WINDOW_S:
             history.popleft()
         rate = recent_rate(list(history))
-        status = "running" if not final else str(run.status)
-        verdict = self.verdict.text(steps, running=not final)
-        return header_html(run.name, status, steps, elapsed, rate, verdict)
+        return header_html(run.name, status, steps, elapsed, rate, verdict, rank)
 
     def _analysis_due(self, final: bool) -> bool:
         """The running verdict is recomputed at most every ``analysis_interval_s`` (and less
         often when the analysis is slow, so that it takes at most ``analysis_max_duty`` of one
         core), once there can be enough steady steps, and at the end."""
-        if self._analysis_failed:
+        if self._analysis_failed or self.rank_lines:  # the ranks' figures are the verdict
             return False
         if final:
             return True
