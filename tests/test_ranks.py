@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import socket
+from html import escape
 
 import pytest
 import rank_fns
 from ipython_shell import traceml_shell
 
+from traceml_nb.analysis.formatting import fmt_ms
 from traceml_nb.analysis.ranks import (
     RankFigures,
     find_straggler,
@@ -24,6 +26,8 @@ from traceml_nb.analysis.thresholds import (
     STRAGGLER_WAIT_SHARE_MARGIN,
 )
 from traceml_nb.session import default_session
+from traceml_nb.session.job import NOT_GATHERED
+from traceml_nb.session.result import JobRank, job_line
 
 SETUP = """
 import torch.multiprocessing as mp
@@ -151,6 +155,11 @@ def test_a_crashing_rank_gives_a_partial_report_and_raises_as_without_the_magic(
     assert by_rank[1].steps >= 1  # and the other rank's
     out = capsys.readouterr().out
     assert "Partial: rank 0 failed: ValueError: rank 0 fails at batch 4." in out
+    # the cell's error, torch's multi-line one with the rank's traceback, is one line there
+    assert (
+        "Partial report: the cell failed (ProcessRaisedException: \u2026 ValueError: rank 0 "
+        "fails at batch 4); the numbers cover" in out
+    )
 
 
 def test_an_fn_that_cannot_be_pickled_runs_unchanged(ip, tmp_path):
@@ -265,6 +274,179 @@ def test_a_torchrun_job_lands_in_the_store_as_one_job(ip, capsys, tmp_path, run_
     (line,) = [line for line in out.splitlines() if line.startswith("@")]
     assert f"{ids} torchrun-job (job, 2 ranks)" in line
     assert f"{counts[0]['batches']} / {counts[1]['batches']}" in line
+    assert_rank_0_reports_the_job(counts, job, tmp_path)
+
+
+def assert_rank_0_reports_the_job(counts, job, out_dir):
+    """Rank 0 gathered the job (rank 1 came ``LATE_S`` later, far inside the timeout): its
+    report has the ranks table with rank 1 the straggler, rank 1's is one line; and the run
+    rank 1 never asked the result of is rank 0's alone, after the gather's timeout."""
+    import torchrun_job
+
+    zero, one = counts[0], counts[1]
+    assert zero["job"] == {
+        "rank": 0,
+        "world_size": 2,
+        "job_id": job,
+        "gathered": True,
+        "why_not": None,
+    }
+    by_rank = {f["rank"]: f for f in zero["ranks"]["ranks"]}
+    assert {k: f["steps"] for k, f in by_rank.items()} == {0: zero["batches"], 1: one["batches"]}
+    assert {k: f["stored_id"] for k, f in by_rank.items()} == {
+        0: zero["stored_id"],
+        1: one["stored_id"],
+    }
+    assert by_rank[1]["data_wait_ms_median"] >= 1e3 * rank_fns.EXTRA_SLEEP_S
+    assert zero["ranks"]["straggler"]["rank"] == 1
+    assert zero["ranks"]["reported"] == [0, 0]
+    text = zero["text"]
+    assert "Ranks (2):" in text and "rank 1 (straggler)" in text
+    assert "Straggler: rank 1 waits for data" in text and "Job throughput:" in text
+    assert "the summary and the diagnosis are rank 0's own" in text
+    assert f"the straggler's own run is @{one['stored_id']} in the store" in text
+    assert "job of 2 ranks, straggler rank 1>" in zero["repr"]
+    line = (
+        f"rank 1 of 2 in job {job}: {one['batches']} steps, "
+        f"{fmt_ms(by_rank[1]['step_ms_median'])} median step; the job's report is on rank 0"
+    )
+    assert one["text"] == line and one["repr"] == line
+    assert one["html"].count("<div") == 1 and escape(line) in one["html"]
+    assert one["ranks"] is None and one["job"]["gathered"] and not one["notes"]
+    alone = json.loads((out_dir / "alone0.json").read_text())
+    assert not alone["job"]["gathered"]
+    assert "not every rank asked for its result within 1 s" in alone["job"]["why_not"]
+    assert f"{NOT_GATHERED}: not every rank asked" in alone["text"]
+    assert alone["waited_s"] >= 0.9 * torchrun_job.ALONE_TIMEOUT_S  # it did wait, and no more
+    assert alone["waited_s"] < torchrun_job.ALONE_TIMEOUT_S + 60
+
+
+# --- a torchrun rank's job, in this process -------------------------------------------------
+@pytest.fixture
+def as_rank(monkeypatch):
+    """Sets this process's ``RANK``/``WORLD_SIZE``/``TORCHELASTIC_RUN_ID`` as torchrun would."""
+
+    def set_rank(rank: int, world: int) -> None:
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-x")
+
+    return set_rank
+
+
+@pytest.fixture
+def one_rank_group():
+    """A real gloo process group of world size 1 in this process, destroyed after."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def small_run(batches: int = 6):
+    import torch
+    from torch.utils.data import DataLoader
+
+    from traceml_nb.session import Session
+
+    loader = DataLoader(torch.arange(4 * batches), batch_size=4)
+    with Session(store=False).run("job-rank", sample=False) as run:
+        for _ in loader:
+            pass
+    return run
+
+
+def test_without_a_process_group_each_rank_reports_its_own_with_why(as_rank):
+    from traceml_nb.views.report import Report
+
+    as_rank(1, 2)
+    res = small_run().result()
+    assert res.job is not None and not res.job.gathered
+    assert res.job.why_not.startswith("no process group")
+    (note,) = [n for n in res.capabilities.notes if NOT_GATHERED in n]
+    assert note.endswith("this report is rank 1's own")
+    text = str(Report.of(res))
+    assert text.startswith("traceml report:") and note in text
+    assert res.ranks is None and res.to_dict()["job"]["why_not"] == res.job.why_not
+
+
+def test_a_process_group_of_another_size_is_one_note(as_rank, one_rank_group):
+    as_rank(0, 2)
+    res = small_run().result()
+    assert res.job.why_not == "the process group is rank 0 of 1, the environment says rank 0 of 2"
+    assert sum(NOT_GATHERED in n for n in res.capabilities.notes) == 1
+    assert res.summary.total_steps == 6  # the rank's own report stands
+
+
+def test_a_job_of_one_rank_has_nothing_to_gather_and_says_so_only_in_its_data(
+    as_rank, one_rank_group
+):
+    as_rank(0, 1)
+    res = small_run().result()
+    assert res.job.why_not == "the job has one rank" and not res.job.gathered
+    assert not any(NOT_GATHERED in n for n in res.capabilities.notes)
+
+
+def test_a_run_outside_a_job_has_no_job(one_rank_group):
+    res = small_run().result()
+    assert res.job is None
+    assert not any(NOT_GATHERED in n for n in res.capabilities.notes)
+
+
+def test_the_gather_goes_through_a_group_of_its_own(one_rank_group):
+    from traceml_nb.session.job import gather_figures
+
+    dist = one_rank_group
+    own = RankFigures(0, steps=3, step_ms_median=2.5, data_wait_share=0.1, pid=1, stored_id=7)
+    assert gather_figures(own, 1, 5.0, dist) == [own]
+    assert dist.is_initialized() and dist.get_world_size() == 1  # the job's group is untouched
+
+
+def test_a_rank_other_than_0_shows_one_line_and_keeps_its_data(as_rank):
+    from traceml_nb.views.report import Report
+
+    as_rank(1, 2)
+    res = small_run(batches=5).result()
+    res.job.gathered, res.job.why_not = True, None  # as after a gather
+    report = Report.of(res)
+    line = (
+        f"rank 1 of 2 in job job-x: 5 steps, {fmt_ms(res.summary.step_ms_median)} median step; "
+        "the job's report is on rank 0"
+    )
+    assert str(report) == line and repr(res) == line
+    assert report._repr_html_().count("<div") == 1 and escape(line) in report._repr_html_()
+    assert res.summary.total_steps == 5 and len(res.steps) == 5
+    failed = job_line(JobRank(3, 4), res.summary, "failed", "ValueError: x")
+    assert failed.startswith("rank 3 of 4: failed (ValueError: x), 5 steps, ")
+
+
+def test_a_failed_gather_says_why_in_words():
+    from traceml_nb.session.job import failure_reason
+
+    timeout = RuntimeError("wait timeout after 1000ms, keys: /default_pg/0//1//cpu//0/1")
+    assert failure_reason(timeout, 30.0).startswith(
+        "not every rank asked for its result within 30 s"
+    )
+    assert failure_reason(ValueError("bad\nmore"), 30.0) == "ValueError: bad"
+
+
+def test_the_gather_timeout_outlasts_what_delays_a_rank():
+    from traceml_nb.session.job import GATHER_TIMEOUT_S
+    from traceml_nb.session.store import BUSY_TIMEOUT_S
+
+    # a rank waits at most the store's busy timeout for another rank's write before the gather
+    assert GATHER_TIMEOUT_S >= 5 * BUSY_TIMEOUT_S
+
+
+def test_figures_from_another_rank_are_checked():
+    f = RankFigures(1, steps=4, step_ms_median=3.0, stored_id=2)
+    assert RankFigures.from_dict(f.to_dict()) == f
+    for bad in (None, {"rank": "1", "status": "completed", "steps": 1}, {"rank": 1}):
+        with pytest.raises(ValueError):
+            RankFigures.from_dict(bad)
 
 
 def test_the_leak_check_sees_a_patch_left_behind():

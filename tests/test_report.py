@@ -463,3 +463,39 @@ def test_an_unavailable_reason_never_holds_parentheses_of_its_own(why):
     reasons = [r for text in texts for r in _unavailable_reasons(text)]
     assert reasons and why in reasons
     assert [r for r in reasons if "(" in r or ")" in r] == []
+
+
+def test_a_result_prints_as_its_text_report_and_reprs_in_one_line():
+    """``print(run.result())`` in a script prints the report; the repr stays one line."""
+    import torch
+
+    import traceml_nb
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = traceml_nb.Session(store=False)
+    with session.run("printed", sample=False) as run:
+        for _ in range(12):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+    res = run.result()
+    text = str(res)
+    assert text == repr(Report.of(res))
+    assert text.startswith("traceml report: #") and '"printed" completed' in text
+    assert "Verdict: " in text and "\n" in text
+    assert repr(res).startswith("<traceml_nb.RunResult #") and "\n" not in repr(res)
+
+
+def test_a_multi_line_error_is_one_line_in_the_partial_report():
+    from traceml_nb.views.text import one_line, status_sentence
+
+    raised = (
+        "ProcessRaisedException: \n\n-- Process 1 terminated with the following error:\n"
+        'Traceback (most recent call last):\n  File "x.py", line 3, in f\n'
+        "ValueError: boom\n"
+    )
+    assert one_line(raised) == "ProcessRaisedException: \u2026 ValueError: boom"
+    assert one_line("ValueError: boom") == "ValueError: boom"
+    said = status_sentence("failed", raised, make_summary(total_steps=3))
+    assert said is not None and "\n" not in said
+    assert said.startswith("Partial report: the cell failed (ProcessRaisedException: \u2026 ")

@@ -79,12 +79,22 @@ def _report_html(result: Any) -> str:
     return Report.of(result)._repr_html_()
 
 
+def _report_text(result: Any) -> str:
+    """The plain-text report of a result (``print(run.result())``)."""
+    from .views.report import Report
+
+    return repr(Report.of(result))
+
+
 def _wire_trackers() -> None:
-    """Give the experiment trackers (session layer) the report's renderer (views layer)."""
-    from .session import trackers
+    """Give the session layer the report's renderers (views layer): the experiment trackers
+    attach the HTML report, a result prints as the text report."""
+    from .session import result, trackers
 
     if trackers.report_html is None:
         trackers.report_html = _report_html
+    if result.report_text is None:
+        result.report_text = _report_text
 
 
 _run.default_session = _default_session

@@ -31,7 +31,8 @@ class RankFigures:
     """One rank's figures: ``steps`` the training steps its loop made; ``step_ms_median`` and
     ``data_wait_ms_median`` milliseconds over its steady steps; ``data_wait_share`` the share
     0..1 of its step time spent in the DataLoader; ``samples_per_s`` its throughput; None where
-    not measured. ``status`` as :class:`~traceml_nb.record.RankRecord` has it."""
+    not measured. ``status`` as :class:`~traceml_nb.record.RankRecord` has it; ``stored_id``
+    the rank's run in the store (``@17``) when a ``torchrun`` rank stored it, else None."""
 
     rank: int
     status: str = "completed"
@@ -43,6 +44,40 @@ class RankFigures:
     samples_per_s: float | None = None
     launch: int = 0
     pid: int | None = None
+    stored_id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RankFigures:
+        """The figures :meth:`to_dict` gave (another rank's, received over the network);
+        ``ValueError`` saying what is wrong with data that is not."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a rank's figures are a dict, not {type(data).__name__}")
+
+        def read(name: str, types: tuple[type, ...], required: bool = False) -> Any:
+            value = data.get(name)
+            if value is None and not required:
+                return None
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise ValueError(f"a rank's figures have {name}={value!r}")
+            return value
+
+        number = (int, float)
+        return cls(
+            rank=read("rank", (int,), True),
+            status=read("status", (str,), True),
+            error=read("error", (str,)),
+            steps=read("steps", (int,), True),
+            step_ms_median=read("step_ms_median", number),
+            data_wait_ms_median=read("data_wait_ms_median", number),
+            data_wait_share=read("data_wait_share", number),
+            samples_per_s=read("samples_per_s", number),
+            launch=read("launch", (int,)) or 0,
+            pid=read("pid", (int,)),
+            stored_id=read("stored_id", (int,)),
+        )
 
     @property
     def label(self) -> str:

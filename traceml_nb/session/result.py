@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
@@ -21,6 +22,10 @@ from ..analysis.steps import StepSelection
 from ..capabilities import Capabilities
 from ..contracts import EndStatus
 from ..record import FLAG_INTERLEAVED, FLAG_PROFILED, RecordSnapshot
+
+#: Renders a result as the plain-text report (``str(result)``, ``print(run.result())``); the
+#: package sets it to the views' renderer, so that this module needs nothing above it.
+report_text: Callable[[Any], str] | None = None
 
 #: Phase names of the measured steps (other loaders keep their phase name, e.g. "eval (loader 1)").
 PHASE_WARMUP = "warmup"
@@ -168,6 +173,43 @@ class LabelledComparison:
 
 
 @dataclass
+class JobRank:
+    """This run's place in a ``torchrun`` job: rank ``rank`` of ``world_size`` (``RANK``,
+    ``WORLD_SIZE``) in job ``job_id`` (``TORCHELASTIC_RUN_ID``; None: unset). ``gathered``:
+    rank 0 received every rank's figures (its ``RunResult.ranks`` is the job's table and the
+    report of every other rank is one line); ``why_not``: why they were not gathered (None when
+    they were)."""
+
+    rank: int
+    world_size: int
+    job_id: str | None = None
+    gathered: bool = False
+    why_not: str | None = None
+
+    @property
+    def reported_elsewhere(self) -> bool:
+        """The job's report is rank 0's: this rank's result shows one line."""
+        return self.gathered and self.rank != 0
+
+
+def job_line(job: JobRank, summary: Summary, status: str, error: str | None) -> str:
+    """``rank 1 of 2 in job 4f1c: 24 steps, 31.2 ms median step; the job's report is on rank
+    0``: what a rank other than 0 of a gathered job shows instead of its report."""
+    where = f" in job {job.job_id}" if job.job_id else ""
+    parts = []
+    if status != "completed":
+        parts.append(f"{status} ({error})" if error else status)
+    noun = "step" if summary.total_steps == 1 else "steps"
+    parts.append(f"{summary.total_steps:,} {noun}")
+    if summary.step_ms_median is not None:
+        parts.append(f"{fmt_ms(summary.step_ms_median)} median step")
+    return (
+        f"rank {job.rank} of {job.world_size}{where}: {', '.join(parts)}; "
+        "the job's report is on rank 0"
+    )
+
+
+@dataclass
 class RunResult:
     """The outcome of one measured run.
 
@@ -213,10 +255,20 @@ class RunResult:
     #: by side with the straggler (:class:`~traceml_nb.analysis.ranks.RanksSummary`); None: the
     #: run launched none. The summary and the diagnosis are then those of ``ranks.reported``.
     ranks: RanksSummary | None = None
+    #: the run's place in a ``torchrun`` job (:class:`JobRank`; None: not a rank of one). Rank
+    #: 0 of a gathered job holds the job's ``ranks``, its summary and diagnosis its own.
+    job: JobRank | None = None
 
     @property
     def analysis(self) -> Analysis:
         return Analysis(self.summary, self.diagnosis, profile=self.profile)
+
+    def job_line(self) -> str | None:
+        """The one line this result shows instead of its report when the job's report is rank
+        0's (:func:`job_line`); None otherwise."""
+        if self.job is None or not self.job.reported_elsewhere:
+            return None
+        return job_line(self.job, self.summary, self.status, self.error)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as JSON-able data (unavailable values are ``None``)."""
@@ -239,6 +291,7 @@ class RunResult:
             "trackers": list(self.trackers),
             "profile": _plain(self.profile),
             "ranks": _plain(self.ranks),
+            "job": _plain(self.job),
             "capabilities": self.capabilities.to_dict(),
             "steps": _plain(self.steps.to_dict()),
             "samples": _plain(self.samples),
@@ -263,10 +316,28 @@ class RunResult:
             raise KeyError(f"no table {table!r} in this run; choose one of: {known}")
         return pd.DataFrame(self.samples[table])
 
+    def __str__(self) -> str:
+        """The plain-text report (:data:`report_text`); the one-line summary without it."""
+        if report_text is not None:
+            try:
+                return report_text(self)
+            except Exception:  # the report's bug: the summary still prints
+                pass
+        return repr(self)
+
     def __repr__(self) -> str:
+        line = self.job_line()
+        if line is not None:
+            return line
         step = self.summary.step_ms_median
         step_text = f", step {fmt_ms(step)} (median)" if step is not None else ""
+        job_text = ""
+        if self.job is not None and self.job.gathered and self.ranks is not None:
+            straggler = self.ranks.straggler
+            job_text = f"; job of {len(self.ranks.ranks)} ranks" + (
+                f", straggler rank {straggler.rank}" if straggler else ", no straggler"
+            )
         return (
             f"<traceml_nb.RunResult #{self.run_id} {self.name!r} {self.status}: "
-            f"{self.diagnosis.verdict}, {self.summary.total_steps} steps{step_text}>"
+            f"{self.diagnosis.verdict}, {self.summary.total_steps} steps{step_text}{job_text}>"
         )

@@ -168,6 +168,8 @@ class Session:
         stored_id, store_note = self._write(entry, target)
         if store_note:
             run.capabilities.note(store_note)
+        job, job_ranks = _conclude_job(run, analysis.summary, entry.status, stored_id)
+        ranks = job_ranks if job_ranks is not None else ranks
         device = "cpu"
         if run.device_kind == "cuda":
             usable = run.capabilities.ok("gpu_events")
@@ -195,6 +197,7 @@ class Session:
             prediction=prediction,
             profile=analysis.profile,
             ranks=ranks,
+            job=job,
         )
         if log_to is not False:
             for line in self.export(result, log_to, run=run):
@@ -553,3 +556,26 @@ def _rank_analysis(run: Run, warmup: Any, snapshot: Any, analysis: Any) -> tuple
         "only launched the ranks"
     )
     return ranks, rec.record.snapshot(), analyses[key]
+
+
+def _conclude_job(run: Run, summary: Any, status: str, stored_id: int | None) -> tuple[Any, Any]:
+    """A rank of a ``torchrun`` job, stored: its place in the job (None: not a rank of one)
+    and, on rank 0, the job's ranks gathered (:mod:`.job`; the note says whose the report
+    is, or why it is alone)."""
+    from .job import NOT_GATHERED, gather_job, job_note, job_rank, own_figures
+
+    job = job_rank(run)
+    if job is None:
+        return None, None
+    try:
+        own = own_figures(job, summary, status, run.error)
+        own.stored_id = stored_id
+        ranks, note = gather_job(job, own)
+        if ranks is not None:
+            note = job_note(ranks)
+    except Exception as exc:  # our bug: still never the user's script
+        ranks, note = None, f"{NOT_GATHERED} ({type(exc).__name__}: {exc})"
+        job.why_not = note
+    if note:
+        run.capabilities.note(note)
+    return job, ranks

@@ -105,6 +105,8 @@ def comparison_html(title: str, comp: Any) -> str:
 
 def render_html(report: ReportContent) -> str:
     """The report as one self-contained HTML fragment (inline styles and SVG, no script)."""
+    if report.job_line:
+        return f'<div class="traceml-report" style="{_BOX}">{escape(report.job_line)}</div>'
     meta, summary, diagnosis = report.meta, report.analysis.summary, report.analysis.diagnosis
     out = [f'<div class="traceml-report" style="{_BOX}">']
     out.append(

@@ -55,3 +55,5 @@ class ReportContent:
     profile: ProfileSummary | None = None
     #: the ranks the run launched, side by side (None: none)
     ranks: RanksSummary | None = None
+    #: a rank of a ``torchrun`` job whose report is rank 0's: the one line it shows instead
+    job_line: str | None = None

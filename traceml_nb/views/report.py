@@ -46,6 +46,7 @@ class Report(ReportContent):
             cost_sentence(getattr(result, "cost", None)),
             getattr(result, "profile", None),
             getattr(result, "ranks", None),
+            result.job_line() if hasattr(result, "job_line") else None,
         )
 
     def _repr_html_(self) -> str:

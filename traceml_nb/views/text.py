@@ -151,8 +151,18 @@ def steps_phrase(summary: Summary) -> str:
     return f"{summary.total_steps:,} {noun} ({', '.join(parts)})"
 
 
+def one_line(error: str) -> str:
+    """An error as one line: a multi-line one (torch's ``ProcessRaisedException`` carries the
+    failed rank's traceback) as its first line and its last, the exception that was raised."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else error
+    return f"{lines[0]} \u2026 {lines[-1]}"
+
+
 def status_sentence(status: str, error: str | None, summary: Summary) -> str | None:
     """The partial-report warning for a failed or interrupted run (None when it completed)."""
+    error = one_line(error) if error else error
     if summary.total_steps:
         covered = f"the numbers cover the {summary.total_steps:,} steps measured before it stopped"
     else:
@@ -217,6 +227,8 @@ def _metrics_text(metrics: Sequence[MetricLine]) -> list[str]:
 
 def render_text(report: ReportContent) -> str:
     """The whole report as plain text (the ``text/plain`` version, and what a terminal shows)."""
+    if report.job_line:
+        return report.job_line
     meta, summary, diagnosis = report.meta, report.analysis.summary, report.analysis.diagnosis
     lines = [
         f"traceml report: {run_label(meta)} {meta.status} in {fmt_s(meta.elapsed_s)}, "
