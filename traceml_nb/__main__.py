@@ -7,8 +7,10 @@
                                [--format text|markdown] [--junit FILE]
 
 Exit codes: 0 no regression, 1 a regression beyond the allowed slowdown and the baseline's
-noise, 2 no baseline yet, a usage error or a store that cannot be read. The GPU self-check is
-``python -m traceml_nb.selfcheck``.
+noise, 2 no baseline yet, a partial ``torchrun`` job (a rank failed or stored no run), a usage
+error or a store that cannot be read. When the latest run of NAME is a rank of a ``torchrun``
+job, the job is judged: its slowest rank against the slowest ranks of earlier whole jobs. The
+GPU self-check is ``python -m traceml_nb.selfcheck``.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check",
         help="fail (exit 1) when the latest stored run of NAME is slower than its baseline",
-        description="Compare the latest stored run of NAME with its baseline. Exit 0: no "
+        description="Compare the latest stored run of NAME with its baseline (a torchrun "
+        "job: its slowest rank with the slowest ranks of earlier whole jobs). Exit 0: no "
         "regression; 1: a regression beyond --max-slowdown and the baseline's noise; 2: no "
-        "baseline yet, a usage error or an unreadable store.",
+        "baseline yet, a partial job, a usage error or an unreadable store.",
     )
     check.add_argument("--name", required=True, help="the run name (%%%%traceml --name NAME)")
     check.add_argument(
@@ -55,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
         "--against",
         default="baseline",
         metavar="baseline|RUN_ID",
-        help="the baseline (default) or one stored run id, e.g. 17 or @17",
+        help="the baseline (default) or one stored run id, e.g. 17 or @17 (a rank of a job: "
+        "that job)",
     )
     check.add_argument(
         "--any-hardware",

@@ -24,9 +24,12 @@ from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN, MIN_BASEL
 from .environment import hardware_class
 from .history import RunEntry
 from .store import Store, StoreError, resolve_store_path
+from .stored_jobs import StoredJob, job_of, run_hardware, split_jobs, steady_steps, step_median_ms
 
 EXIT_OK, EXIT_REGRESSION, EXIT_NO_VERDICT = 0, 1, 2
 PASS, REGRESSION, NO_BASELINE, ERROR = "pass", "regression", "no baseline", "error"
+#: "No baseline yet" names at most this many of the latest earlier jobs it left out, and why.
+LEFT_OUT_SHOWN = 3
 
 
 @dataclass
@@ -45,6 +48,10 @@ class CheckResult:
     baseline: list[RunEntry] = field(default_factory=list)
     comparison: Comparison | None = None
     changes: list[str] = field(default_factory=list)
+    #: the ``torchrun`` job checked (None: a run alone); ``candidate`` is its slowest rank
+    job: StoredJob | None = None
+    #: the job each baseline run stands for (None: a run alone), parallel to ``baseline``
+    baseline_jobs: list[StoredJob | None] = field(default_factory=list)
 
     @property
     def slowdown(self) -> float | None:
@@ -66,6 +73,8 @@ class CheckResult:
             "slowdown": self.slowdown,
             "comparison": self.comparison.to_dict() if self.comparison is not None else None,
             "changes": list(self.changes),
+            "job": self.job.to_dict() if self.job is not None else None,
+            "baseline_jobs": [j.to_dict() if j is not None else None for j in self.baseline_jobs],
         }
 
 
@@ -85,7 +94,13 @@ def check(
     the pinned runs, else the last ``BASELINE_RUNS`` completed runs of ``name`` on the same
     hardware class, or any class with ``any_hardware``) or with one stored run
     (``against=17`` or ``"@17"``). ``store``: a path, else ``TRACEML_NB_STORE`` / the default.
-    Never raises for a store problem: that is exit code 2 with the reason."""
+    Never raises for a store problem: that is exit code 2 with the reason.
+
+    When the latest run is a rank of a ``torchrun`` job, the job is judged as one unit
+    (:mod:`.stored_jobs`): its slowest rank against the slowest ranks of the last
+    ``BASELINE_RUNS`` earlier complete jobs of ``name`` of the same world size; a job that is
+    not whole (a rank failed or stored no run) has no verdict. A run alone is compared with
+    runs that ran alone only."""
     if not (isinstance(max_slowdown, (int, float)) and 0 <= max_slowdown < 10):
         return _fail(
             name,
@@ -102,9 +117,11 @@ def check(
             None,
         )
     target = Store(path)
+    job: StoredJob | None = None
+    units: list[StoredJob | None] = []
     try:
-        candidate = target.latest(name)
-        if candidate is None:
+        latest = target.latest(name)
+        if latest is None:
             names = ", ".join(repr(n) for n in target.names()[:10]) or "none"
             return _fail(
                 name,
@@ -113,12 +130,17 @@ def check(
                 path,
                 NO_BASELINE,
             )
+        candidate = latest
+        if latest.job_id is not None:
+            job = job_of(split_jobs(target.job_runs(latest.job_id, name=name)), latest.id)
+            assert job is not None  # the latest run is in its own job
+            unjudged = _unjudged_job(name, job, max_slowdown, path)
+            if unjudged is not None:
+                return unjudged
+            candidate = job.slowest
+        hardware = None if any_hardware else hardware_class(candidate.environment)
         if against == "baseline":
-            hardware = None if any_hardware else hardware_class(candidate.environment)
-            baseline = target.baseline(
-                name, hardware=hardware, before=candidate.stored_id, k=BASELINE_RUNS
-            )
-            baseline = [r for r in baseline if r.stored_id != candidate.stored_id]
+            baseline, units, skipped = _baseline(target, name, candidate, job, hardware)
         else:
             text = str(against).strip().lstrip("@")
             if not text.isdigit():
@@ -128,21 +150,23 @@ def check(
                     max_slowdown,
                     path,
                 )
-            baseline = [target.get(int(text))]
+            baseline, units, skipped = _stand_for_jobs(target, [target.get(int(text))], exclude=job)
+            if not baseline:
+                why = skipped[0] if skipped else "not a run to compare with"
+                return _fail(name, f"--against @{text}: {why}", max_slowdown, path, NO_BASELINE)
     except StoreError as exc:
         return _fail(name, f"cannot read the store: {exc}", max_slowdown, path)
+    subject = _subject(name, candidate, job)
     if not baseline:
-        where = "" if any_hardware else f" on {hardware_class(candidate.environment)}"
         return CheckResult(
             EXIT_NO_VERDICT,
             NO_BASELINE,
             name,
-            f"no baseline yet for {name!r}{where}: @{candidate.stored_id} is its only "
-            f"completed run there. Store {MIN_BASELINE_RUNS} or more runs of it (e.g. on the "
-            "main branch) and the gate has a baseline whose noise it knows.",
+            _no_baseline(subject, name, candidate, job, skipped, any_hardware),
             max_slowdown,
             path,
             candidate,
+            job=job,
         )
     comparison = compare_with_baseline(baseline, candidate)
     changes = what_changed(baseline[-1], candidate, verdict=comparison.verdict).lines()
@@ -150,22 +174,147 @@ def check(
     if comparison.step_ratio is None:
         return CheckResult(
             EXIT_NO_VERDICT, ERROR, name,
-            f"no verdict on {name!r} @{candidate.stored_id}: {comparison.headline}.",
-            max_slowdown, path, candidate, baseline, comparison, changes,
+            f"no verdict on {subject}: {comparison.headline}.",
+            max_slowdown, path, candidate, baseline, comparison, changes, job, units,
         )  # fmt: skip
     regression = is_regression(comparison, max_slowdown)
     return CheckResult(
         EXIT_REGRESSION if regression else EXIT_OK,
         REGRESSION if regression else PASS,
         name,
-        verdict_paragraph(name, candidate, baseline, comparison, max_slowdown, regression),
+        verdict_paragraph(
+            name, candidate, baseline, comparison, max_slowdown, regression, job=job, units=units
+        ),
         max_slowdown,
         path,
         candidate,
         baseline,
         comparison,
         changes,
+        job,
+        units,
     )
+
+
+def _subject(name: str, candidate: RunEntry, job: StoredJob | None) -> str:
+    """``'train' @12``; a job: ``'train' job 3f2a9c1e… (2 ranks, @12 @13; slowest rank 1)``."""
+    return f"{name!r} {job.label()}" if job is not None else f"{name!r} @{candidate.stored_id}"
+
+
+def _unjudged_job(name: str, job: StoredJob, max_slowdown: float, path: str) -> CheckResult | None:
+    """The result for a candidate job that cannot be judged (not whole, or a rank without steady
+    steps); None when it can."""
+    reasons = job.partial_reasons()
+    if reasons:
+        why = (
+            f"no verdict on {name!r} {job.label()}: the job is partial: {'; '.join(reasons)}. "
+            "A job is judged only when every rank completed and stored its run."
+        )
+    elif job.slowest is None:
+        empty = [job.rank_label(r) for r in job.runs if step_median_ms(r) is None]
+        why = (
+            f"no verdict on {name!r} {job.label()}: {', '.join(empty)} measured no steady "
+            "steps, so its slowest rank is not known."
+        )
+    else:
+        return None
+    return CheckResult(EXIT_NO_VERDICT, ERROR, name, why, max_slowdown, path, job=job)
+
+
+def _baseline(
+    target: Store, name: str, candidate: RunEntry, job: StoredJob | None, hardware: str | None
+) -> tuple[list[RunEntry], list[StoredJob | None], list[str]]:
+    """The baseline runs (oldest first), the job each stands for (None: a run alone) and why
+    earlier jobs were left out. A run alone: its pins, else the last runs alone (never ranks of
+    a job); a job: its pins, else the slowest ranks of the last complete jobs of its world size."""
+    if job is None or target.pins(name):
+        runs = target.baseline(
+            name, hardware=hardware, before=candidate.stored_id, k=BASELINE_RUNS, alone=True
+        )
+        runs = [r for r in runs if r.stored_id != candidate.stored_id]
+        return _stand_for_jobs(target, runs, exclude=job)
+    kept: list[StoredJob] = []
+    skipped = []
+    for other in split_jobs(target.job_rows(name)):
+        slowest = other.slowest
+        if set(other.ids) & set(job.ids):
+            continue
+        if hardware is not None and run_hardware(slowest or other.runs[0]) != hardware:
+            continue
+        if other.world_size != job.world_size:
+            skipped.append(f"{other.label()} had {other.world_size} ranks")
+        elif not other.complete:
+            skipped.append(f"{other.label()} is partial ({'; '.join(other.partial_reasons())})")
+        elif slowest is None or steady_steps(slowest) < 2:
+            skipped.append(f"{other.label()} has a rank without steady steps")
+        else:
+            kept.append(other)
+    kept = kept[-BASELINE_RUNS:]
+    by_id = {r.stored_id: r for r in target.entries([j.slowest.id for j in kept])}
+    units: list[StoredJob | None] = [*kept]
+    return [by_id[j.slowest.id] for j in kept], units, skipped
+
+
+def _stand_for_jobs(
+    target: Store, runs: list[RunEntry], *, exclude: StoredJob | None = None
+) -> tuple[list[RunEntry], list[StoredJob | None], list[str]]:
+    """``runs`` (pinned, or ``--against``) with each rank of a job standing for its job: the
+    job's slowest rank, once a job; a partial job, or the candidate job itself, is left out."""
+    out: list[RunEntry] = []
+    units: list[StoredJob | None] = []
+    skipped: list[str] = []
+    jobs: dict[str, list[StoredJob]] = {}
+    for run in runs:
+        if run.job_id is None:
+            out.append(run)
+            units.append(None)
+            continue
+        key = f"{run.name}\0{run.job_id}"
+        if key not in jobs:
+            jobs[key] = split_jobs(target.job_runs(run.job_id, name=run.name))
+        unit = job_of(jobs[key], run.id)
+        if unit is None or any(u is unit for u in units):
+            continue
+        if exclude is not None and set(unit.ids) & set(exclude.ids):
+            skipped.append(f"@{run.id} is a rank of the job being checked")
+        elif unit.partial_reasons() or unit.slowest is None:
+            why = "; ".join(unit.partial_reasons()) or "a rank without steady steps"
+            skipped.append(f"@{run.id} is a rank of {unit.label()}, which is partial ({why})")
+        else:
+            out.append(unit.slowest)
+            units.append(unit)
+    return out, units, skipped
+
+
+def _no_baseline(
+    subject: str,
+    name: str,
+    candidate: RunEntry,
+    job: StoredJob | None,
+    skipped: list[str],
+    any_hardware: bool,
+) -> str:
+    where = "" if any_hardware else f" on {hardware_class(candidate.environment)}"
+    store_more = (
+        f"Store {MIN_BASELINE_RUNS} or more runs of it (e.g. on the main branch) and the gate "
+        "has a baseline whose noise it knows."
+    )
+    if job is None:
+        text = (
+            f"no baseline yet for {name!r}{where}: @{candidate.stored_id} is its only "
+            f"completed run there. {store_more}"
+        )
+    else:
+        text = (
+            f"no baseline yet for {subject}{where}: no earlier complete job of {name!r} with "
+            f"{job.world_size} ranks there (a job is compared with jobs only, never with runs "
+            f"that ran alone). {store_more.replace('runs', 'jobs')}"
+        )
+    if skipped:
+        more = len(skipped) - LEFT_OUT_SHOWN
+        tail = f"; and {more} more" if more > 0 else ""
+        text += f" Left out: {'; '.join(skipped[-LEFT_OUT_SHOWN:])}{tail}."
+    return text
 
 
 def verdict_paragraph(
@@ -175,18 +324,20 @@ def verdict_paragraph(
     comparison: Comparison,
     max_slowdown: float,
     regression: bool,
+    *,
+    job: StoredJob | None = None,
+    units: list[StoredJob | None] | None = None,
 ) -> str:
-    """The gate's verdict in one paragraph."""
-    ids = [f"@{r.stored_id}" for r in baseline]
-    of = (
-        f"run {ids[0]}"
-        if len(ids) == 1
-        else f"the median of {len(ids)} runs {ids[0]}\u2013{ids[-1]}"
-    )
+    """The gate's verdict in one paragraph. ``job``: the job whose slowest rank ``candidate``
+    is; ``units``: the job each baseline run stands for (None: a run alone)."""
+    of = _baseline_words(baseline, units or [None] * len(baseline))
+    subject = _subject(name, candidate, job)
     ratio = comparison.step_ratio
     noise = comparison.noise
     if ratio is None:
-        return f"{name!r}: no verdict on @{candidate.stored_id}: {comparison.headline}."
+        if job is None:
+            return f"{name!r}: no verdict on @{candidate.stored_id}: {comparison.headline}."
+        return f"no verdict on {subject}: {comparison.headline}."
     median_before = noise.center_ms if noise is not None and noise.center_ms else None
     if median_before is None or len(baseline) == 1:
         median_before = baseline[-1].summary.step_ms_median
@@ -214,17 +365,32 @@ def verdict_paragraph(
         changed = f" {first[:1].upper()}{first[1:]}"
     if regression:
         head = (
-            f"REGRESSION: {name!r} @{candidate.stored_id} is slower than its baseline, "
+            f"REGRESSION: {subject} is slower than its baseline, "
             f"{of}: step time {move}, beyond {allowed} and beyond {band}."
         )
     elif comparison.verdict == "slower":
-        head = (
-            f"OK: {name!r} @{candidate.stored_id} is slower than {of} ({move}), beyond "
-            f"{band} but within {allowed}."
-        )
+        head = f"OK: {subject} is slower than {of} ({move}), beyond {band} but within {allowed}."
     else:
         head = (
-            f"OK: {name!r} @{candidate.stored_id} against {of}: step time {move}, "
+            f"OK: {subject} against {of}: step time {move}, "
             f"{comparison.verdict} (judged against {allowed} and {band})."
         )
     return head + changed
+
+
+def _baseline_words(baseline: list[RunEntry], units: list[StoredJob | None]) -> str:
+    """``run @3``, ``the median of 5 runs @1–@5``, ``job 3f2a9c1e… (2 ranks, @5 @6; slowest
+    rank 1)``,
+    ``the median of 3 jobs @2, @5, @8 (each job by its slowest rank)``."""
+    ids = [f"@{r.stored_id}" for r in baseline]
+    jobs = sum(u is not None for u in units)
+    if len(ids) == 1:
+        unit = units[0]
+        return f"run {ids[0]}" if unit is None else unit.label()
+    if not jobs:
+        return f"the median of {len(ids)} runs {ids[0]}\u2013{ids[-1]}"
+    alone = len(ids) - jobs
+    counted = [f"{jobs} job{'s' if jobs != 1 else ''}"]
+    if alone:
+        counted.append(f"{alone} run{'s' if alone != 1 else ''}")
+    return f"the median of {' and '.join(counted)} {', '.join(ids)} (each job by its slowest rank)"

@@ -86,7 +86,9 @@ class Session:
         """The baseline runs of ``entry`` (oldest first) and a note ('' or why it is what it
         is): from the store when the run has a stable name (:func:`stable_name`) and the store
         can be read, else the earlier runs of its cell in this session; completed runs with
-        steady steps, on ``entry``'s hardware class unless ``any_hardware``."""
+        steady steps, on ``entry``'s hardware class unless ``any_hardware``. A rank of a
+        ``torchrun`` job is compared with the same rank of earlier jobs of its world size, a
+        run alone with runs alone."""
         from ..analysis.thresholds import BASELINE_RUNS
         from .environment import hardware_class
         from .store import StoreError
@@ -94,8 +96,19 @@ class Session:
         hardware = None if any_hardware else hardware_class(entry.environment)
         note = ""
         if store is not None and stable_name(entry) and os.path.exists(store.path):
+            # a rank of a torchrun job against the same rank of earlier jobs, a run alone
+            # against runs alone: one process has no all-reduce to wait at
+            rank_of = None
+            if entry.job_id is not None and entry.rank is not None and entry.world_size:
+                rank_of = (entry.rank, entry.world_size, entry.job_id)
             try:
-                runs = store.baseline(entry.name, hardware=hardware, k=BASELINE_RUNS)
+                runs = store.baseline(
+                    entry.name,
+                    hardware=hardware,
+                    k=BASELINE_RUNS,
+                    alone=rank_of is None,
+                    rank_of=rank_of,
+                )
                 if entry.stored_id is not None:
                     runs = [r for r in runs if r.stored_id != entry.stored_id]
                 return runs, note

@@ -497,6 +497,29 @@ class Store:
             raise StoreError(f"no stored run @{run_id} in {self.path}")
         return found[0]
 
+    def entries(self, run_ids: Sequence[int]) -> list[RunEntry]:
+        """The stored runs ``run_ids`` in full, in store order (ids not stored are left out)."""
+        ids = [int(i) for i in run_ids]
+        return self._entries(f"WHERE id IN ({', '.join('?' * len(ids))}) ORDER BY id", ids)
+
+    def job_runs(self, job_id: str, *, name: str | None = None) -> list[RunEntry]:
+        """Every stored run of the ``torchrun`` job ``job_id`` (of ``name``, when given) in full,
+        in rank order (a rank stored twice, by an elastic restart, in store order)."""
+        where, args = "WHERE job_id = ?", [job_id]
+        if name is not None:
+            where, args = where + " AND name = ?", [*args, name]
+        return self._entries(f"{where} ORDER BY rank, id", args)
+
+    def job_rows(self, name: str) -> list[StoredRow]:
+        """The stored runs of ``name`` that are ranks of a ``torchrun`` job, oldest first."""
+        with self._connect() as conn:
+            found = conn.execute(
+                f"SELECT {_LIST_COLUMNS} FROM runs WHERE name = ? AND job_id IS NOT NULL "
+                "ORDER BY id",
+                [name],
+            ).fetchall()
+        return [StoredRow(*row) for row in found]
+
     def latest(self, name: str, *, hardware: str | None = None) -> RunEntry | None:
         """The latest stored run of ``name`` (on ``hardware`` when given)."""
         where, args = "WHERE name = ?", [name]
@@ -512,16 +535,25 @@ class Store:
         hardware: str | None,
         before: int | None = None,
         k: int = 5,
+        alone: bool = False,
+        rank_of: tuple[int, int, str] | None = None,
     ) -> list[RunEntry]:
         """The baseline of a run of ``name``: its pinned runs when it has a pin, else the last
         ``k`` completed runs of ``name`` with at least two steady steps, stored before store id
-        ``before``, on ``hardware`` (``None``: any class); oldest first."""
+        ``before``, on ``hardware`` (``None``: any class), only runs that ran alone (no ranks of
+        a ``torchrun`` job) with ``alone``, only the same rank of other jobs of the same world
+        size with ``rank_of=(rank, world_size, job_id)``; oldest first."""
         pinned = self.pins(name)
         if pinned:
             marks = ", ".join("?" * len(pinned))
             return self._entries(f"WHERE id IN ({marks}) ORDER BY id", pinned)
         where = "WHERE name = ? AND status = 'completed' AND steady_steps >= 2"
         args: list[Any] = [name]
+        if alone:
+            where += " AND job_id IS NULL"
+        if rank_of is not None:
+            where += " AND rank = ? AND world_size = ? AND job_id IS NOT ?"
+            args += list(rank_of)
         if hardware is not None:
             where += " AND hardware = ?"
             args.append(hardware)

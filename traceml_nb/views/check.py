@@ -41,6 +41,8 @@ class CheckReport:
             "",
         ]
         lines += [r.verdict, ""]
+        if r.job is not None:
+            lines += [f"**Job** `{r.job.job_id}`: {r.job.ranks_line()}", ""]
         comparison = r.comparison
         if comparison is not None and comparison.rows:
             lines += ["| | baseline | latest | change |", "|---|---|---|---|"]
@@ -71,6 +73,16 @@ class CheckReport:
         }
         attrs = " ".join(f'{k}="{v}"' for k, v in counts.items())
         case = quoteattr(r.name)
+        if r.job is not None:  # first in the test case, as pytest writes its properties
+            job = r.job.to_dict()
+            ranks = " ".join(f"@{i}" for i in job["ids"])
+            values = {"job_id": job["job_id"], "ranks": ranks, "slowest_rank": job["slowest_rank"]}
+            props = "".join(
+                f"<property name={quoteattr(k)} value={quoteattr(str(v))}/>"
+                for k, v in values.items()
+                if v is not None
+            )
+            body = f"<properties>{props}</properties>{body}"
         return (
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             f'<testsuites><testsuite name="traceml_nb check" tests="1" {attrs}>'

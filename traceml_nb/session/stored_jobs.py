@@ -1,0 +1,215 @@
+"""A ``torchrun`` job in the store as one unit: its ranks' runs, whether it is whole, its
+slowest rank.
+
+Each rank of a job stores its own run, tagged with the job's id (``TORCHELASTIC_RUN_ID``), its
+rank and the world size. The job's figure is its **slowest rank**, the rank with the longest
+median step time: DDP ranks advance at the slowest rank's pace (the others wait for it at the
+gradient all-reduce), so that rank's run is what a comparison reads.
+
+A job id is not always one job: torchrun's static rendezvous (``--master-port`` given, or
+several nodes without ``--rdzv-id``) gives every job the id ``none``, and an elastic restart
+keeps the id for the restarted ranks. So :func:`split_jobs` reads the runs of one name and one
+job id in the order they were stored and starts a new job where a rank already seen in the
+current one stores again. (:mod:`.job` is the other side: a job's ranks gathering their
+figures on rank 0 while they run.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..analysis.formatting import fmt_ms
+from .environment import hardware_class
+from .history import RunEntry
+
+#: A job id is shown cut to this many characters and "…" (a torchrun id is a 36-character UUID).
+JOB_ID_CHARS = 8
+#: Ranks whose median step times are within this share (1%) of the longest are tied for the
+#: slowest. DDP ranks wait for one another at every all-reduce, so their medians differ by noise
+#: only (25.5 ms and 25.5 ms for a rank waiting 85% of its step for data and one waiting 10%, in
+#: a real 2-rank gloo job); without the tie the "slowest" would flip between ranks from job to
+#: job by that noise, and the comparison would set one rank's data wait against another's.
+SLOWEST_RANK_TIE = 0.01
+
+
+def _store_id(run: Any) -> int:
+    """The store id of a :class:`RunEntry` or a :class:`~.store.StoredRow`."""
+    if isinstance(run, RunEntry):
+        return int(run.stored_id if run.stored_id is not None else run.id)
+    return int(run.id)
+
+
+def step_median_ms(run: Any) -> float | None:
+    """The median steady step time (ms) of a :class:`RunEntry` or a stored row; None: none."""
+    return run.summary.step_ms_median if isinstance(run, RunEntry) else run.step_ms_median
+
+
+def steady_steps(run: Any) -> int:
+    """The steady steps of a :class:`RunEntry` or a stored row (0 where not known)."""
+    steps = run.summary.steady_steps if isinstance(run, RunEntry) else run.steady_steps
+    return int(steps or 0)
+
+
+def data_wait_share(run: Any) -> float | None:
+    """The data wait share 0..1 of a :class:`RunEntry` or a stored row; None: not measured."""
+    return run.summary.data_wait_share if isinstance(run, RunEntry) else run.data_wait_share
+
+
+def run_hardware(run: Any) -> str:
+    """The hardware class of a :class:`RunEntry` or a stored row."""
+    return hardware_class(run.environment) if isinstance(run, RunEntry) else str(run.hardware)
+
+
+@dataclass
+class StoredJob:
+    """The stored runs of one ``torchrun`` job of one name (``runs``: :class:`RunEntry` or
+    :class:`~.store.StoredRow`, in rank order, one run a rank)."""
+
+    job_id: str
+    runs: list[Any]
+
+    @property
+    def ids(self) -> list[int]:
+        """The ranks' store ids, in rank order."""
+        return [_store_id(r) for r in self.runs]
+
+    @property
+    def world_size(self) -> int:
+        """The ranks the job had: the largest world size its runs state, else one more than
+        the largest rank stored, else the runs stored."""
+        stated = [r.world_size for r in self.runs if r.world_size is not None]
+        if stated:
+            return max(stated)
+        ranks = [r.rank for r in self.runs if r.rank is not None]
+        return max(ranks) + 1 if ranks else len(self.runs)
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """The ranks of ``0 .. world_size - 1`` that stored no run."""
+        stored = {r.rank for r in self.runs}
+        return [k for k in range(self.world_size) if k not in stored]
+
+    @property
+    def failed(self) -> list[Any]:
+        """The ranks' runs that did not complete (failed or interrupted)."""
+        return [r for r in self.runs if r.status != "completed"]
+
+    @property
+    def complete(self) -> bool:
+        """Every rank stored its run and every run completed."""
+        return not self.failed and not self.missing_ranks and len(self.runs) == self.world_size
+
+    @property
+    def slowest(self) -> Any:
+        """The rank's run with the longest median step time; ranks within
+        ``SLOWEST_RANK_TIE`` of it are tied, and the tie goes to the rank with the largest data
+        wait share (the rank the others wait for), then to the lowest rank. None when a rank
+        has no median (no steady steps) or no run is stored."""
+        medians = [step_median_ms(r) for r in self.runs]
+        if not medians or any(m is None for m in medians):
+            return None
+        longest = max(m for m in medians if m is not None)
+        tied = [
+            i
+            for i, m in enumerate(medians)
+            if m is not None and m >= longest * (1 - SLOWEST_RANK_TIE)
+        ]
+
+        def waits(i: int) -> float:
+            share = data_wait_share(self.runs[i])
+            return -1.0 if share is None else share
+
+        return self.runs[max(tied, key=lambda i: (waits(i), -i))]
+
+    @property
+    def short_id(self) -> str:
+        text = self.job_id
+        return text if len(text) <= JOB_ID_CHARS + 1 else text[:JOB_ID_CHARS] + "\u2026"
+
+    def rank_label(self, run: Any) -> str:
+        return (
+            f"rank {run.rank} (@{_store_id(run)})" if run.rank is not None else f"@{_store_id(run)}"
+        )
+
+    def label(self) -> str:
+        """``job 3f2a9c1e… (2 ranks, @12 @13; slowest rank 1)`` (a partial job: no slowest)."""
+        ranks = f"{len(self.runs)} rank{'s' if len(self.runs) != 1 else ''}"
+        if len(self.runs) != self.world_size:
+            ranks = f"{len(self.runs)} of {self.world_size} ranks"
+        slowest = self.slowest if self.complete else None  # of a partial job: not known
+        tail = "" if slowest is None else f"; slowest rank {slowest.rank}"
+        return f"job {self.short_id} ({ranks}, {' '.join(f'@{i}' for i in self.ids)}{tail})"
+
+    def partial_reasons(self) -> list[str]:
+        """What keeps the job from being whole, one phrase each ([] for a complete job)."""
+        reasons = []
+        for run in self.failed:
+            why = f": {run.error}" if getattr(run, "error", None) else ""
+            reasons.append(f"{self.rank_label(run)} {run.status}{why}")
+        missing = self.missing_ranks
+        if missing:
+            names = ", ".join(str(k) for k in missing)
+            reasons.append(f"rank{'s' if len(missing) != 1 else ''} {names} stored no run")
+        elif len(self.runs) != self.world_size:
+            reasons.append(f"{len(self.runs)} runs stored for {self.world_size} ranks")
+        return reasons
+
+    def to_dict(self) -> dict[str, Any]:
+        slowest = self.slowest if self.complete else None
+        return {
+            "job_id": self.job_id,
+            "world_size": self.world_size,
+            "ids": self.ids,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "id": _store_id(r),
+                    "status": r.status,
+                    "step_ms_median": step_median_ms(r),
+                }
+                for r in self.runs
+            ],
+            "complete": self.complete,
+            # the job's figure: of a complete job only
+            "slowest_rank": None if slowest is None else slowest.rank,
+            "slowest_id": None if slowest is None else _store_id(slowest),
+        }
+
+    def ranks_line(self) -> str:
+        """``rank 0 @12 20.1 ms, rank 1 @13 24.0 ms (slowest)``: each rank's median step."""
+        slowest = self.slowest if self.complete else None
+        parts = []
+        for r in self.runs:
+            median = step_median_ms(r)
+            figure = "no steady steps" if median is None else fmt_ms(median)
+            if r.status != "completed":
+                figure += f", {r.status}"
+            mark = " (slowest)" if r is slowest else ""
+            parts.append(f"rank {r.rank} @{_store_id(r)} {figure}{mark}")
+        return ", ".join(parts)
+
+
+def split_jobs(runs: list[Any]) -> list[StoredJob]:
+    """The runs of one name that belong to jobs (``job_id`` set), as jobs in the order of
+    their first stored run: the runs of one job id in store order, a new job where a rank
+    already seen stores again (see the module docstring)."""
+    jobs: list[StoredJob] = []
+    current: dict[str, StoredJob] = {}
+    for run in sorted(runs, key=_store_id):
+        job_id = run.job_id
+        if job_id is None:
+            continue
+        job = current.get(job_id)
+        if job is None or any(r.rank == run.rank for r in job.runs):
+            job = current[job_id] = StoredJob(job_id, [])
+            jobs.append(job)
+        job.runs.append(run)
+    for job in jobs:
+        job.runs.sort(key=lambda r: (r.rank is None, r.rank or 0, _store_id(r)))
+    return jobs
+
+
+def job_of(jobs: list[StoredJob], run_id: int) -> StoredJob | None:
+    """The job of ``jobs`` that holds the run ``run_id``."""
+    return next((j for j in jobs if run_id in j.ids), None)
