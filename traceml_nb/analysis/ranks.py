@@ -21,8 +21,8 @@ from .thresholds import STRAGGLER_MIN_WAIT_MS, STRAGGLER_STEP_FACTOR, STRAGGLER_
 
 #: Why the time in collectives is not shown per rank.
 COLLECTIVES_UNAVAILABLE = (
-    "time in collectives is not measured: it needs a communication hook on the model "
-    "(DistributedDataParallel), which traceml_nb does not install"
+    "timing them needs a communication hook on the DistributedDataParallel model, and DDP "
+    "takes one hook per model: one of ours would take the one your code may register"
 )
 
 
