@@ -445,3 +445,23 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     monkeypatch.undo()
     reloaded = History()
     assert reloaded.load(path) == 2
+
+
+def test_jobs_sharing_an_id_are_told_apart_where_a_rank_stores_again():
+    """torchrun's static rendezvous gives every job the id ``none``: two such jobs are two rows
+    of ``%traceml history --all``, each in rank order, and runs alone stay rows of their own."""
+    from traceml_nb.views.history import group_jobs
+
+    def row(id_, rank=None, job=None, name="train"):
+        return SimpleNamespace(id=id_, rank=rank, job_id=job, name=name)
+
+    rows = [
+        row(1, 1, "none"),
+        row(2, 0, "none"),
+        row(3),
+        row(4, 0, "none"),  # rank 0 again: the next job
+        row(5, 1, "none"),
+        row(6, 0, "none", name="other"),  # another name: another job
+    ]
+    groups = [[r.id for r in g] for g in group_jobs(rows)]
+    assert groups == [[2, 1], [3], [4, 5], [6]]

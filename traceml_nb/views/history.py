@@ -132,19 +132,23 @@ def stored_cells(row: Any) -> dict[str, str]:
 
 
 def group_jobs(rows: list[Any]) -> list[list[Any]]:
-    """Stored rows in order, the runs of one ``torchrun`` job (same ``job_id``) together, at
-    the place of the job's first run, in rank order."""
+    """Stored rows in order, the runs of one ``torchrun`` job (same name and ``job_id``)
+    together, at the place of the job's first run, in rank order. A rank that stores again
+    under the same id starts another job (torchrun's static rendezvous gives every job the id
+    ``none``; an elastic restart keeps its job's id: :mod:`~traceml_nb.session.stored_jobs`)."""
     groups: list[list[Any]] = []
-    by_job: dict[str, list[Any]] = {}
+    current: dict[tuple[str, str], list[Any]] = {}
     for row in rows:
         job = getattr(row, "job_id", None)
         if job is None:
             groups.append([row])
-        elif job in by_job:
-            by_job[job].append(row)
-        else:
-            by_job[job] = [row]
-            groups.append(by_job[job])
+            continue
+        key = (row.name, job)
+        group = current.get(key)
+        if group is None or any(r.rank == row.rank for r in group):
+            group = current[key] = []
+            groups.append(group)
+        group.append(row)
     for group in groups:
         group.sort(key=lambda r: (getattr(r, "rank", None) is None, getattr(r, "rank", 0) or 0))
     return groups
