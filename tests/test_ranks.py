@@ -275,6 +275,15 @@ def test_a_torchrun_job_lands_in_the_store_as_one_job(ip, capsys, tmp_path, run_
     assert f"{ids} torchrun-job (job, 2 ranks)" in line
     assert f"{counts[0]['batches']} / {counts[1]['batches']}" in line
     assert_rank_0_reports_the_job(counts, job, tmp_path)
+    # the gate reads the job as one unit: the first job of its name has no baseline yet, and
+    # its slowest rank is rank 1 (DDP ties the ranks' steps; rank 1 waits for data)
+    from traceml_nb.session.check import EXIT_NO_VERDICT, check
+
+    gate = check("torchrun-job", store=run_store)
+    assert gate.exit_code == EXIT_NO_VERDICT and gate.job is not None
+    assert gate.job.ids == [r.id for r in sorted(rows, key=lambda r: r.rank)]
+    assert gate.job.complete and gate.candidate.rank == 1
+    assert "no earlier complete job of 'torchrun-job' with 2 ranks" in gate.verdict
 
 
 def assert_rank_0_reports_the_job(counts, job, out_dir):
