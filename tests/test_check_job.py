@@ -418,3 +418,25 @@ def test_a_ranks_own_report_is_compared_with_the_same_rank_of_earlier_jobs(store
     alone_id = store.add(make_run("train", step_ms=20.0, seed=77))
     runs, _ = Session(store=store.path).baseline_for(store.get(alone_id), store)
     assert runs == []  # the 10 ranks of jobs are no baseline of a run alone
+
+
+def test_the_slowest_rank_of_a_ddp_job_is_its_straggler_by_data_wait(tmp_path):
+    """DDP ranks take the straggler's step time, so their medians differ by noise: rank 0's
+    2.5% longer median (past the tie) does not make it the slowest when rank 1 waits for data
+    most of its step; without such a data wait the longer median decides."""
+    target = Store(tmp_path / "ddp.sqlite")
+    ids = {}
+    for rank, (step_ms, wait_ms) in enumerate([(20.5, 1.0), (20.0, 15.0)]):
+        entry = make_run("ddp", step_ms=step_ms, seed=rank, wait_ms=wait_ms)
+        entry.rank, entry.world_size, entry.job_id = rank, 2, job_id(1)
+        ids[rank] = target.add(entry)
+    (job,) = split_jobs(target.job_runs(job_id(1)))
+    assert job.slowest.rank == 1 and job.slowest.id == ids[1]
+    assert split_jobs(target.job_rows("ddp"))[0].slowest.rank == 1  # the stored rows alike
+    even = Store(tmp_path / "even.sqlite")
+    for rank, step_ms in enumerate([20.5, 20.0]):
+        entry = make_run("ddp", step_ms=step_ms, seed=rank, wait_ms=1.0)
+        entry.rank, entry.world_size, entry.job_id = rank, 2, job_id(2)
+        even.add(entry)
+    (job,) = split_jobs(even.job_runs(job_id(2)))
+    assert job.slowest.rank == 0

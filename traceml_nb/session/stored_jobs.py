@@ -2,9 +2,11 @@
 slowest rank.
 
 Each rank of a job stores its own run, tagged with the job's id (``TORCHELASTIC_RUN_ID``), its
-rank and the world size. The job's figure is its **slowest rank**, the rank with the longest
-median step time: DDP ranks advance at the slowest rank's pace (the others wait for it at the
-gradient all-reduce), so that rank's run is what a comparison reads.
+rank and the world size. The job's figure is its **slowest rank**: DDP ranks advance at the
+slowest rank's pace (the others wait for it at the gradient all-reduce), so that rank's run is
+what a comparison reads. As every rank then takes about the same step time, the slowest is the
+straggler by its data wait when one stands out (the report's rule), else the rank with the
+longest median step.
 
 A job id is not always one job: torchrun's static rendezvous (``--master-port`` given, or
 several nodes without ``--rdzv-id``) gives every job the id ``none``, and an elastic restart
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.formatting import fmt_ms
+from ..analysis.ranks import RankFigures, find_straggler
 from .environment import hardware_class
 from .history import RunEntry
 
@@ -54,6 +57,23 @@ def steady_steps(run: Any) -> int:
 def data_wait_share(run: Any) -> float | None:
     """The data wait share 0..1 of a :class:`RunEntry` or a stored row; None: not measured."""
     return run.summary.data_wait_share if isinstance(run, RunEntry) else run.data_wait_share
+
+
+def _figures(run: Any) -> RankFigures:
+    """A rank's run as the straggler rule reads it (a stored row has no median data wait: its
+    share of the median step stands in)."""
+    step, share = step_median_ms(run), data_wait_share(run)
+    if isinstance(run, RunEntry):
+        wait = run.summary.data_wait_ms_median
+    else:
+        wait = share * step if share is not None and step is not None else None
+    return RankFigures(
+        run.rank if run.rank is not None else -1,
+        steps=steady_steps(run),
+        step_ms_median=step,
+        data_wait_ms_median=wait,
+        data_wait_share=share,
+    )
 
 
 def run_hardware(run: Any) -> str:
@@ -102,13 +122,18 @@ class StoredJob:
 
     @property
     def slowest(self) -> Any:
-        """The rank's run with the longest median step time; ranks within
-        ``SLOWEST_RANK_TIE`` of it are tied, and the tie goes to the rank with the largest data
-        wait share (the rank the others wait for), then to the lowest rank. None when a rank
-        has no median (no steady steps) or no run is stored."""
+        """The rank's run the job is judged by: the straggler when one stands out
+        (:func:`~traceml_nb.analysis.ranks.find_straggler`, the rule of the report and the live
+        header: DDP ranks all take the straggler's step time, so its data wait tells it apart),
+        else the rank with the longest median step time, ranks within ``SLOWEST_RANK_TIE`` of it
+        tied and the tie going to the larger data wait share, then to the lowest rank. None when
+        a rank has no median (no steady steps) or no run is stored."""
         medians = [step_median_ms(r) for r in self.runs]
         if not medians or any(m is None for m in medians):
             return None
+        found = find_straggler([_figures(r) for r in self.runs])
+        if found is not None:
+            return next(r for r in self.runs if r.rank == found.rank)
         longest = max(m for m in medians if m is not None)
         tied = [
             i
