@@ -187,7 +187,9 @@ def test_markers_carry_the_data_wait_of_their_step() -> None:
     assert len(m) == len(loader)
     waits = [run.record.steps.wait_ns[i] / 1e6 for i in m]
     assert statistics.median(waits) >= 4.0  # 4 items × 1 ms: a sleep never ends early
-    assert sum(waits) == pytest.approx(loader.dataset.spent_s * 1e3, rel=0.2)
+    # every item's loading lies inside a marker step's wait, and each wait inside its step
+    walls = [run.record.steps.wall_ns[i] / 1e6 for i in m]
+    assert loader.dataset.spent_s * 1e3 <= sum(waits) <= sum(walls)
 
 
 def test_epochs_and_break() -> None:
