@@ -29,7 +29,7 @@ from bokeh.models import ColumnDataSource
 
 from ..analysis.thresholds import MIN_STEADY_STEPS
 from .bokeh_patch import BatchedBokehModel
-from .live_charts import LiveCharts, header_html, points_of
+from .live_charts import OWN_STEP_TITLE, LiveCharts, header_html, points_of
 from .live_data import MAX_POINTS, SeriesUpdate, StepSeries, recent_rate
 from .live_rank_lines import STEP_TITLE, RankLines
 from .live_ranks import slowest_parts
@@ -293,13 +293,6 @@ class LiveView:
             if upd is not None:
                 charts.choose_rate_field(upd)
                 self._apply(charts.steps, upd)
-                title = "Step time: data wait + compute"
-                if self.rank_lines:
-                    title = STEP_TITLE
-                elif self.step_series.k > 1:
-                    title += f" (median per {self.step_series.k} steps)"
-                if charts.step_fig.title.text != title:
-                    charts.step_fig.title.text = title
             for series, source in charts.sample_series:
                 upd = series.update(final=final)
                 if upd is not None:
@@ -308,12 +301,9 @@ class LiveView:
             if ranks is not None:
                 for source, upd in ranks.update(final=final):
                     self._apply(source, upd)
-                if ranks:
-                    title = STEP_TITLE
-                    if ranks.k > 1:
-                        title += f" (median per {ranks.k} steps)"
-                    if charts.step_fig.title.text != title:
-                        charts.step_fig.title.text = title
+            title = self._step_title()
+            if charts.step_fig.title.text != title:
+                charts.step_fig.title.text = title
             if snapshot is not None:
                 self._analyse(snapshot, final)
             text = self._header(final)
@@ -321,6 +311,13 @@ class LiveView:
                 charts.header.text = text
         if widget.sent_messages != sent_before:
             self.updates += 1
+
+    def _step_title(self) -> str:
+        """The step chart's title: the ranks' once the run launched some, else the run's own;
+        with the steps a point stands for once that is more than one."""
+        ranks = self.rank_lines
+        title, k = (STEP_TITLE, ranks.k) if ranks else (OWN_STEP_TITLE, self.step_series.k)
+        return title + (f" (median per {k} steps)" if k > 1 else "")
 
     def _apply(self, source: ColumnDataSource, update: SeriesUpdate) -> None:
         """Send ``update`` to ``source`` (only the columns the source holds)."""

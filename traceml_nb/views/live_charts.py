@@ -22,6 +22,8 @@ from .live_verdict import plural
 #: The CPU chart's label of this process's children, and what it becomes once ranks start.
 WORKERS_LABEL = "DataLoader workers"
 RANKS_CPU_LABEL = "the ranks (child processes)"
+#: The step chart's title for the run's own steps.
+OWN_STEP_TITLE = "Step time: data wait + compute"
 FIG_WIDTH = 460
 FIG_HEIGHT = 210
 WAIT_COLOR = "#e6550d"
@@ -100,7 +102,7 @@ class LiveCharts:
         self.header = Div(text="", width=2 * FIG_WIDTH, styles={"font-size": "13px"})
         self.steps = ColumnDataSource(_empty(STEP_CHART_FIELDS))
 
-        self.step_fig = _figure("Step time: data wait + compute", "step", "ms")
+        self.step_fig = _figure(OWN_STEP_TITLE, "step", "ms")
         self.step_fig.varea_stack(
             ["wait_ms", "compute_ms"],
             x="step",
