@@ -7,6 +7,7 @@ same analysis as a single run (:func:`~.pipeline.analyze`).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -15,7 +16,7 @@ from typing import Any
 from ..capabilities import Capabilities
 from ..record import RankRecord
 from .formatting import fmt_ms, fmt_share
-from .model import Analysis
+from .model import Analysis, Summary
 from .pipeline import analyze
 from .thresholds import STRAGGLER_MIN_WAIT_MS, STRAGGLER_STEP_FACTOR, STRAGGLER_WAIT_SHARE_MARGIN
 
@@ -45,6 +46,35 @@ class RankFigures:
     launch: int = 0
     pid: int | None = None
     stored_id: int | None = None
+
+    @classmethod
+    def of_summary(
+        cls,
+        rank: int,
+        summary: Summary,
+        status: str,
+        error: str | None,
+        *,
+        launch: int = 0,
+        pid: int | None = None,
+    ) -> RankFigures:
+        """The figures of a rank whose run's analysis is ``summary`` (unmeasured: None)."""
+
+        def number(value: float | None) -> float | None:
+            return None if value is None or math.isnan(value) else float(value)
+
+        return cls(
+            rank,
+            status,
+            error,
+            int(summary.total_steps),
+            number(summary.step_ms_median),
+            number(summary.data_wait_ms_median),
+            number(summary.data_wait_share),
+            number(summary.samples_per_s),
+            launch,
+            pid,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -231,17 +261,8 @@ def analyze_ranks(
         analyses[(rec.launch, rec.rank)] = analysis
         s = analysis.summary
         figures.append(
-            RankFigures(
-                rec.rank,
-                rec.status,
-                rec.error,
-                s.total_steps,
-                s.step_ms_median,
-                s.data_wait_ms_median,
-                s.data_wait_share,
-                s.samples_per_s,
-                rec.launch,
-                rec.pid,
+            RankFigures.of_summary(
+                rec.rank, s, rec.status, rec.error, launch=rec.launch, pid=rec.pid
             )
         )
     return summarize_ranks(figures), analyses

@@ -14,7 +14,6 @@ only send rows to the kernel, which reports them.
 
 from __future__ import annotations
 
-import math
 import os
 from datetime import timedelta
 from typing import Any
@@ -49,20 +48,7 @@ def own_figures(job: JobRank, summary: Summary, status: str, error: str | None) 
     """This rank's figures as the ranks table shows them (``stored_id`` set by the caller
     once the run is stored)."""
 
-    def number(value: float | None) -> float | None:
-        return None if value is None or math.isnan(value) else float(value)
-
-    return RankFigures(
-        job.rank,
-        status,
-        error,
-        int(summary.total_steps),
-        number(summary.step_ms_median),
-        number(summary.data_wait_ms_median),
-        number(summary.data_wait_share),
-        number(summary.samples_per_s),
-        pid=os.getpid(),
-    )
+    return RankFigures.of_summary(job.rank, summary, status, error, pid=os.getpid())
 
 
 def why_not_gathered(job: JobRank, dist: Any) -> str | None:
