@@ -21,8 +21,9 @@ from traceml_nb.views.bokeh_patch import BatchedBokehModel
 from traceml_nb.views.handle import HandleView
 from traceml_nb.views.live import LiveView
 from traceml_nb.views.live_charts import RANKS_CPU_LABEL, WORKERS_LABEL
+from traceml_nb.views.live_data import RECENT_STEPS
 from traceml_nb.views.live_rank_lines import STEP_TITLE
-from traceml_nb.views.live_ranks import LIVE_RANK_WINDOW_STEPS, recent_figures, slowest_parts
+from traceml_nb.views.live_ranks import recent_figures, slowest_parts
 
 MS = 1_000_000
 
@@ -70,13 +71,10 @@ def test_a_ranks_header_figures_are_its_latest_steps():
     rec.record.optimizer_steps = 1  # no loader: the optimizer steps are the steps
     old = [(k * 100 * MS, 100 * MS, 90 * MS, 4, SOURCE_OPTIMIZER, 0) for k in range(30)]
     t0 = 30 * 100 * MS
-    new = [
-        (t0 + k * 10 * MS, 10 * MS, 1 * MS, 4, SOURCE_OPTIMIZER, 0)
-        for k in range(LIVE_RANK_WINDOW_STEPS)
-    ]
+    new = [(t0 + k * 10 * MS, 10 * MS, 1 * MS, 4, SOURCE_OPTIMIZER, 0) for k in range(RECENT_STEPS)]
     rec.record.steps.extend(old + new)
     f = recent_figures(rec, steps=len(old) + len(new))
-    assert f.steps == 30 + LIVE_RANK_WINDOW_STEPS
+    assert f.steps == 30 + RECENT_STEPS
     # the window holds only the latest steps: the 100 ms ones before it do not count
     assert f.step_ms_median == pytest.approx(10.0)
     assert f.data_wait_ms_median == pytest.approx(1.0)

@@ -18,6 +18,7 @@ from traceml_nb.analysis.formatting import fmt_ms
 from traceml_nb.analysis.ranks import (
     RankFigures,
     find_straggler,
+    slowest_rank,
     summarize_ranks,
 )
 from traceml_nb.analysis.thresholds import (
@@ -223,6 +224,17 @@ def test_unsynchronised_straggler_evidence_says_the_others_do_not_wait():
     found = find_straggler([figures(0, 10.0, 0.5), figures(1, 40.0, 30.0)])
     assert found.by == "data wait"
     assert "they do not wait for it" in found.evidence
+
+
+def test_the_slowest_rank_is_the_straggler_else_the_longest_median_with_its_tie():
+    waiting = figures(1, 100.0, 60.0)
+    found = slowest_rank([figures(0, 100.0, 5.0), waiting])
+    assert found == (waiting, True)  # level medians: the straggler by its data wait
+    a, b = figures(0, 100.0, 10.0), figures(1, 99.5, 12.0)
+    assert slowest_rank([a, b]) == (a, False)  # no tie: the longest median
+    assert slowest_rank([a, b], tie_share=0.01) == (b, False)  # tied: the larger data wait
+    assert slowest_rank([a, figures(1, 98.5, 12.0)], tie_share=0.01) == (a, False)
+    assert slowest_rank([RankFigures(0), RankFigures(1)]) is None  # no medians yet
 
 
 def test_summary_sums_throughput_and_names_failures():

@@ -1,8 +1,8 @@
 """The ranks of a job, side by side: their figures, the job's throughput and the straggler.
 
-Pure functions: :func:`find_straggler` and :func:`summarize_ranks` take :class:`RankFigures`
-(plain numbers per rank); :func:`analyze_ranks` makes them from the ranks' records with the
-same analysis as a single run (:func:`~.pipeline.analyze`).
+Pure functions: :func:`find_straggler`, :func:`slowest_rank` and :func:`summarize_ranks` take
+:class:`RankFigures` (plain numbers per rank); :func:`analyze_ranks` makes them from the ranks'
+records with the same analysis as a single run (:func:`~.pipeline.analyze`).
 """
 
 from __future__ import annotations
@@ -186,6 +186,26 @@ def find_straggler(figures: Sequence[RankFigures]) -> Straggler | None:
         if best is None or excess > best[0]:
             best = (excess, found)
     return best[1] if best else None
+
+
+def slowest_rank(
+    figures: Sequence[RankFigures], tie_share: float = 0.0
+) -> tuple[RankFigures, bool] | None:
+    """The rank a launch or job is judged by, and whether it is the straggler: the straggler
+    when one stands out (:func:`find_straggler`: DDP ranks all take the straggler's step time,
+    so its data wait tells it apart), else the rank with the longest median step. Ranks whose
+    medians are within ``tie_share`` (0..1) of the longest are tied, and the tie goes to the
+    larger data wait share, then to the lowest rank. None before any rank has a median."""
+    measured = [f for f in figures if f.step_ms_median is not None]
+    if not measured:
+        return None
+    found = find_straggler(measured)
+    if found is not None:
+        return next(f for f in measured if (f.launch, f.rank) == (found.launch, found.rank)), True
+    longest = max(f.step_ms_median or 0.0 for f in measured)
+    tied = [f for f in measured if (f.step_ms_median or 0.0) >= longest * (1 - tie_share)]
+    share = [-1.0 if f.data_wait_share is None else f.data_wait_share for f in tied]
+    return tied[max(range(len(tied)), key=lambda i: (share[i], -tied[i].rank))], False
 
 
 def _wait_evidence(f: RankFigures, share: float, wait: float, step: float) -> str:

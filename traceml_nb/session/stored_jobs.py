@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.formatting import fmt_ms
-from ..analysis.ranks import RankFigures, find_straggler
+from ..analysis.ranks import RankFigures, slowest_rank
 from .environment import hardware_class
 from .history import RunEntry
 
@@ -122,30 +122,17 @@ class StoredJob:
 
     @property
     def slowest(self) -> Any:
-        """The rank's run the job is judged by: the straggler when one stands out
-        (:func:`~traceml_nb.analysis.ranks.find_straggler`, the rule of the report and the live
-        header: DDP ranks all take the straggler's step time, so its data wait tells it apart),
-        else the rank with the longest median step time, ranks within ``SLOWEST_RANK_TIE`` of it
-        tied and the tie going to the larger data wait share, then to the lowest rank. None when
-        a rank has no median (no steady steps) or no run is stored."""
-        medians = [step_median_ms(r) for r in self.runs]
-        if not medians or any(m is None for m in medians):
+        """The rank's run the job is judged by
+        (:func:`~traceml_nb.analysis.ranks.slowest_rank`, the rule of the report and the live
+        header, ranks within ``SLOWEST_RANK_TIE`` of the longest median tied). None when a rank
+        has no median (no steady steps) or no run is stored."""
+        if not self.runs or any(step_median_ms(r) is None for r in self.runs):
             return None
-        found = find_straggler([_figures(r) for r in self.runs])
-        if found is not None:
-            return next(r for r in self.runs if r.rank == found.rank)
-        longest = max(m for m in medians if m is not None)
-        tied = [
-            i
-            for i, m in enumerate(medians)
-            if m is not None and m >= longest * (1 - SLOWEST_RANK_TIE)
-        ]
-
-        def waits(i: int) -> float:
-            share = data_wait_share(self.runs[i])
-            return -1.0 if share is None else share
-
-        return self.runs[max(tied, key=lambda i: (waits(i), -i))]
+        figures = [_figures(r) for r in self.runs]
+        found = slowest_rank(figures, SLOWEST_RANK_TIE)
+        if found is None:
+            return None
+        return next(r for r, f in zip(self.runs, figures, strict=True) if f is found[0])
 
     @property
     def short_id(self) -> str:

@@ -18,14 +18,13 @@ from ..analysis.formatting import fmt_ms, fmt_s, fmt_share
 from ..analysis.steps import StepRule, rule_of
 from ..record import RankRecord
 from .chart import step_chart_svg
-from .live_data import SnapshotReader, StepRows
+from .live_data import RECENT_STEPS, SnapshotReader, StepRows
 from .live_ranks import figures_of, slowest_parts
 from .model import StepChart
 
 THREAD_NAME = "traceml-handle-view"
 MIN_TICK_S = 1.0  #: at most one update a second
-RECENT_STEPS = 200  #: steps the mini chart shows
-STATS_STEPS = 50  #: steps behind the live median and data-wait share
+CHART_STEPS = 200  #: steps the mini chart shows
 
 
 @dataclass
@@ -45,15 +44,15 @@ class LiveStatus:
 
     @property
     def step_ms(self) -> float | None:
-        """Median step time of the last ``STATS_STEPS`` steps."""
-        recent = sorted(self.recent_wall_ms[-STATS_STEPS:])
+        """Median step time of the last ``RECENT_STEPS`` steps."""
+        recent = sorted(self.recent_wall_ms[-RECENT_STEPS:])
         return recent[len(recent) // 2] if recent else None
 
     @property
     def data_wait_share(self) -> float | None:
-        """Data wait / step time over the last ``STATS_STEPS`` steps."""
-        walls = sum(self.recent_wall_ms[-STATS_STEPS:])
-        return sum(self.recent_wait_ms[-STATS_STEPS:]) / walls if walls > 0 else None
+        """Data wait / step time over the last ``RECENT_STEPS`` steps."""
+        walls = sum(self.recent_wall_ms[-RECENT_STEPS:])
+        return sum(self.recent_wait_ms[-RECENT_STEPS:]) / walls if walls > 0 else None
 
     def headline(self) -> str:
         state = "running" if self.state == "running" else f"{self.state}; the report follows"
@@ -90,7 +89,7 @@ class LiveStatus:
 class RecentSteps:
     """Reads new step rows through the engine and keeps the last ``keep`` steps."""
 
-    def __init__(self, read: SnapshotReader, keep: int = RECENT_STEPS) -> None:
+    def __init__(self, read: SnapshotReader, keep: int = CHART_STEPS) -> None:
         self.read = read
         self.keep = keep
         self._read = 0

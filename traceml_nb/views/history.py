@@ -9,6 +9,7 @@ from typing import Any
 
 from ..analysis.formatting import fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
 from ..session.history import History
+from ..session.stored_jobs import split_jobs
 
 NO_RUNS = "No traceml_nb runs in this session yet."
 
@@ -132,25 +133,22 @@ def stored_cells(row: Any) -> dict[str, str]:
 
 
 def group_jobs(rows: list[Any]) -> list[list[Any]]:
-    """Stored rows in order, the runs of one ``torchrun`` job (same name and ``job_id``)
-    together, at the place of the job's first run, in rank order. A rank that stores again
-    under the same id starts another job (torchrun's static rendezvous gives every job the id
-    ``none``; an elastic restart keeps its job's id: :mod:`~traceml_nb.session.stored_jobs`)."""
-    groups: list[list[Any]] = []
-    current: dict[tuple[str, str], list[Any]] = {}
+    """Stored rows in order, the runs of one ``torchrun`` job together, at the place of the
+    job's first run, in rank order: the jobs of each name as
+    :func:`~traceml_nb.session.stored_jobs.split_jobs` tells them apart (a rank that stores
+    again under the same id starts another job)."""
+    by_name: dict[str, list[Any]] = {}
     for row in rows:
-        job = getattr(row, "job_id", None)
-        if job is None:
-            groups.append([row])
-            continue
-        key = (row.name, job)
-        group = current.get(key)
-        if group is None or any(r.rank == row.rank for r in group):
-            group = current[key] = []
+        if getattr(row, "job_id", None) is not None:
+            by_name.setdefault(row.name, []).append(row)
+    job_of = {
+        id(r): job.runs for runs in by_name.values() for job in split_jobs(runs) for r in job.runs
+    }
+    groups: list[list[Any]] = []
+    for row in rows:
+        group = job_of.get(id(row), [row])
+        if not any(g is group for g in groups):
             groups.append(group)
-        group.append(row)
-    for group in groups:
-        group.sort(key=lambda r: (getattr(r, "rank", None) is None, getattr(r, "rank", 0) or 0))
     return groups
 
 

@@ -28,6 +28,11 @@ NAN = float("nan")
 #: Points a chart source keeps at most (the browser stays responsive well above this).
 MAX_POINTS = 2000
 
+#: The live figures of a run or a rank (its median step, its data wait share) are over its
+#: latest this-many steps: recent enough to follow a loop that slows down, enough steps for a
+#: median that one slow batch does not move.
+RECENT_STEPS = 50
+
 #: The throughput is averaged over at least this many steps (one step alone is too noisy).
 RATE_WINDOW_STEPS = 20
 

@@ -12,24 +12,22 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..analysis.formatting import fmt_ms, fmt_share
-from ..analysis.ranks import RankFigures, find_straggler
+from ..analysis.ranks import RankFigures, slowest_rank
 from ..analysis.steps import rule_of
 from ..record import RankRecord
-from .live_data import StepRows
+from .live_data import RECENT_STEPS, StepRows
 
-#: The header's figures of a rank are over its latest this-many steps: recent enough to follow
-#: a rank that slows down, enough steps for a median that one slow batch does not move.
-LIVE_RANK_WINDOW_STEPS = 50
-#: Step-table rows read for those steps: a step is one row of its source, and the rows of the
-#: other sources (the fetches of a loop whose steps are its optimizer steps) come in between.
-LIVE_RANK_WINDOW_ROWS = 4 * LIVE_RANK_WINDOW_STEPS
+#: Step-table rows read for a rank's latest :data:`~.live_data.RECENT_STEPS` steps: a step is
+#: one row of its source, and the rows of the other sources (the fetches of a loop whose steps
+#: are its optimizer steps) come in between.
+RECENT_ROWS = 4 * RECENT_STEPS
 
 
 def recent_figures(rec: RankRecord, steps: int) -> RankFigures:
     """``rec``'s figures for the header: ``steps`` the steps it made so far; the medians and the
-    data wait share over its latest :data:`LIVE_RANK_WINDOW_STEPS` steps (None before any)."""
+    data wait share over its latest :data:`RECENT_STEPS` steps (None before any)."""
     record = rec.record
-    snap = record.snapshot(max(0, len(record.steps) - LIVE_RANK_WINDOW_ROWS), samples=False)
+    snap = record.snapshot(max(0, len(record.steps) - RECENT_ROWS), samples=False)
     rows = StepRows.of_rule(snap.steps, rule_of(snap))
     return figures_of(rec, steps, rows.wall_ns / 1e6, rows.wait_ns / 1e6)
 
@@ -41,9 +39,9 @@ def figures_of(
     wait_ms: Sequence[float] | np.ndarray,
 ) -> RankFigures:
     """``rec``'s figures from its steps' times in milliseconds, in step order: the medians and
-    the data wait share over the latest :data:`LIVE_RANK_WINDOW_STEPS` of them."""
-    walls = np.asarray(wall_ms, dtype=np.float64)[-LIVE_RANK_WINDOW_STEPS:]
-    waits = np.asarray(wait_ms, dtype=np.float64)[-LIVE_RANK_WINDOW_STEPS:]
+    the data wait share over the latest :data:`RECENT_STEPS` of them."""
+    walls = np.asarray(wall_ms, dtype=np.float64)[-RECENT_STEPS:]
+    waits = np.asarray(wait_ms, dtype=np.float64)[-RECENT_STEPS:]
     figures = RankFigures(rec.rank, rec.status, rec.error, steps, launch=rec.launch, pid=rec.pid)
     if len(walls):
         figures.step_ms_median = float(np.median(walls))
@@ -53,23 +51,10 @@ def figures_of(
     return figures
 
 
-def slowest(figures: Sequence[RankFigures]) -> tuple[RankFigures, bool] | None:
-    """The rank the header names and whether it is the straggler
-    (:func:`~traceml_nb.analysis.ranks.find_straggler`); else the rank with the longest median
-    step. None before any rank has steps."""
-    measured = [f for f in figures if f.step_ms_median is not None]
-    if not measured:
-        return None
-    found = find_straggler(measured)
-    if found is not None:
-        return next(f for f in measured if (f.launch, f.rank) == (found.launch, found.rank)), True
-    return max(measured, key=lambda f: (f.step_ms_median or 0.0, -f.rank)), False
-
-
 def slowest_parts(figures: Sequence[RankFigures]) -> tuple[RankFigures, str, str] | None:
     """The rank the header follows and its two parts: who ("rank 1 (slowest of 2)") and its
     figures ("25.3 ms a step, data wait 85%: the straggler"); None before any rank has steps."""
-    found = slowest(figures)
+    found = slowest_rank(figures)
     if found is None:
         return None
     f, straggler = found
