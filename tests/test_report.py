@@ -84,6 +84,7 @@ def make_capabilities() -> Capabilities:
     caps.set("data_wait", True)
     caps.set("gpu_events", False, CPU_ONLY)
     caps.set("gpu_utilisation", False, CPU_ONLY)
+    caps.set("gpm_sm_active", False, CPU_ONLY)
     caps.set("host", True)
     return caps
 
@@ -122,7 +123,7 @@ Metrics:
   main process CPU               98% (100% = one core)
   system CPU                     55%
   CPUs available                 8
-  GPU input stall share, GPU utilisation (median), GPU memory peak: unavailable (no CUDA device in this run, CPU only)
+  GPU input stall share, GPU utilisation (median), SM activity (median), GPU memory peak: unavailable (no CUDA device in this run, CPU only)
   DataLoader workers CPU: unavailable (no DataLoader workers (num_workers=0))
   eval (loader 1): 20 batches, 3.5 s
 Notes:
@@ -180,6 +181,21 @@ def test_unavailable_metrics_say_why_and_never_zero():
         if not line.available:
             assert line.text.startswith("unavailable (") and line.text.endswith(")")
             assert not re.search(r"\b0(\.0+)?\b", line.text)
+
+
+def test_sm_activity_shows_the_gpm_figures_measured_beside_it():
+    caps = make_capabilities()
+    summary = make_summary(
+        sm_active_median_pct=62.0, sm_occupancy_median_pct=40.0, dram_bw_median_pct=30.0
+    )
+    lines = {m.label: m.text for m in metric_lines(summary, caps)}
+    # tensor-core activity was not measured: left out, never 0
+    assert lines["SM activity (median)"] == "62% (SM occupancy 40%, DRAM bandwidth 30%)"
+    assert "62%" in render_text(make_report(summary=summary))
+    t4 = "this GPU has no GPM metrics (Hopper and later GPUs have them)"  # a T4
+    summary = make_summary(unavailable={"sm_active_median_pct": t4})
+    lines = {m.label: m.text for m in metric_lines(summary, caps)}
+    assert lines["SM activity (median)"] == f"unavailable ({t4})"
 
 
 def test_a_measured_zero_is_shown_as_zero():

@@ -76,6 +76,22 @@ def _memory(s: Summary, v: float) -> str:
     return fmt_mb(v)
 
 
+#: The GPM figures shown beside SM activity, by their Summary fields.
+GPM_BESIDE = (
+    ("SM occupancy", "sm_occupancy_median_pct"),
+    ("tensor cores", "tensor_active_median_pct"),
+    ("DRAM bandwidth", "dram_bw_median_pct"),
+)
+
+
+def _sm_activity(s: Summary, v: float) -> str:
+    """``62% (SM occupancy 40%, tensor cores 12%, DRAM bandwidth 30%)``: the GPM medians, each
+    where it was measured."""
+    beside = [(label, getattr(s, field)) for label, field in GPM_BESIDE]
+    measured = ", ".join(f"{label} {fmt_pct(x)}" for label, x in beside if _finite(x))
+    return f"{fmt_pct(v)} ({measured})" if measured else fmt_pct(v)
+
+
 METRICS: tuple[_Metric, ...] = (
     _Metric("step time (median)", "step_ms_median", "steps", _ms_with_spread),
     _Metric("data wait (median)", "data_wait_ms_median", "data_wait", lambda s, v: fmt_ms(v)),
@@ -88,6 +104,7 @@ METRICS: tuple[_Metric, ...] = (
         "gpu_utilisation",
         lambda s, v: fmt_pct(v),
     ),
+    _Metric("SM activity (median)", "sm_active_median_pct", "gpm_sm_active", _sm_activity),
     _Metric("GPU memory peak", "gpu_mem_peak_mb", "gpu_memory", _memory),
     _Metric("throughput", "samples_per_s", "steps", lambda s, v: fmt_rate(v, "samples/s")),
     _Metric("steps per second", "steps_per_s", "steps", lambda s, v: fmt_rate(v, "steps/s")),
