@@ -144,7 +144,13 @@ def test_the_payload_has_the_measured_figures_and_says_why_the_others_are_missin
     assert p.metrics["traceml/data_wait_share"] == 0.4
     assert p.metrics["traceml/saving_bound_share"] == 0.4
     assert p.metrics["traceml/total_steps"] == 3.0
-    for missing in ("gpu_util_median_pct", "gpu_stall_share", "gpu_mem_peak_mb", "steal_mean_pct"):
+    for missing in (
+        "gpu_util_median_pct",
+        "sm_active_median_pct",
+        "gpu_stall_share",
+        "gpu_mem_peak_mb",
+        "steal_mean_pct",
+    ):
         assert f"traceml/{missing}" not in p.metrics  # never 0
         assert f"traceml/{missing}" in p.skipped
     assert p.skipped["traceml/gpu_util_median_pct"] == "no CUDA device in this run, CPU only"
@@ -165,6 +171,16 @@ def test_the_payload_has_the_measured_figures_and_says_why_the_others_are_missin
     assert columns == ["step", "step_ms", "data_wait_ms", "compute_ms"]
     assert rows[0] == [0, 400.0, 200.0, 200.0]
     assert p.what == "17 metrics, the verdict, the HTML report and 3 steps of 3 series"
+
+
+def test_the_gpm_figures_are_logged_where_measured():
+    result = FakeResult()
+    result.summary.sm_active_median_pct = 62.0
+    result.summary.tensor_active_median_pct = 12.0
+    p = build_payload(result)
+    assert p.metrics["traceml/sm_active_median_pct"] == 62.0
+    assert p.metrics["traceml/tensor_active_median_pct"] == 12.0
+    assert "traceml/dram_bw_median_pct" in p.skipped  # not measured: left out, never 0
 
 
 def test_a_failing_tracker_is_one_line_and_without_a_renderer_the_text_says_so(monkeypatch):
