@@ -77,6 +77,18 @@ def entry(
     )
 
 
+def test_sm_activity_is_a_row_where_either_run_had_it():
+    before, after = entry(1, steps_around(100.0)), entry(2, steps_around(80.0, seed=2))
+    assert "SM activity" not in [r.label for r in compare(before, after).rows]  # CPU, T4: none
+    before.summary.sm_active_median_pct = 40.0
+    after.summary.sm_active_median_pct = 71.0
+    rows = compare(before, after).rows
+    assert rows[3].label == "GPU utilisation"
+    assert rows[4] == ComparisonRow("SM activity", "40%", "71%", "+31 pts", "good")
+    after.summary.sm_active_median_pct = None  # the candidate ran where GPM is missing
+    assert compare(before, after).rows[4].delta == "\u2014"
+
+
 def test_the_motivating_comparison():
     before = entry(1, steps_around(316.0), wait=0.44, util=51.0, mem=6000.0, verdict="input-bound")
     after = entry(2, steps_around(179.0, seed=2), wait=0.02, util=93.0, mem=6100.0)

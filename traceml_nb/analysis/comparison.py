@@ -288,4 +288,11 @@ def compare(a: RunLike, b: RunLike, *, noise: BaselineNoise | None = None) -> Co
         _relative_row("peak GPU memory", sa.gpu_mem_peak_mb, sb.gpu_mem_peak_mb, fmt_mb, NEUTRAL),
         _verdict_row(a.diagnosis, b.diagnosis),
     ]
+    if sa.sm_active_median_pct is not None or sb.sm_active_median_pct is not None:
+        # GPM's SM activity, where either run had it (a Hopper or later GPU): after NVML's
+        # utilisation, which reads 100% while most SMs idle
+        sm = _points_row(
+            "SM activity", sa.sm_active_median_pct, sb.sm_active_median_pct, fmt_pct, GOOD
+        )
+        result.rows.insert(4, sm)
     return result
