@@ -546,6 +546,27 @@ def test_live_view_charts_gpu_utilisation_and_memory_from_nvml():
     assert "GPU utilisation" in titles and "GPU memory" in titles
 
 
+def test_live_view_shows_sm_activity_as_dots_where_gpm_reads_it(monkeypatch):
+    from fake_nvml import FakeNvml, make_gpus
+
+    from traceml_nb.sampling import gpm
+
+    monkeypatch.setattr(gpm, "GPM_PERIOD_S", 0.1)
+    view, run = _gpu_view(FakeNvml([make_gpus(1)[0].enable_gpm(sm_active=23.0)]))
+    assert run.capabilities.ok("gpm_sm_active"), run.capabilities.reasons
+    active = np.asarray(view.charts.gpus[0].data["sm_active_pct"])
+    assert set(active[~np.isnan(active)].tolist()) == {23.0}  # between GPM reads: gaps, not 0
+    legends = [i.label.value for m in view.charts.layout.references() if hasattr(m, "items")
+               for i in m.items if hasattr(i, "label")]  # fmt: skip
+    assert "GPU 0 SM activity (GPM)" in legends
+    # a GPU without GPM (a T4): no SM activity entry at all
+    view, run = _gpu_view(FakeNvml(make_gpus(1)))
+    assert not run.capabilities.ok("gpm_sm_active")
+    legends = [i.label.value for m in view.charts.layout.references() if hasattr(m, "items")
+               for i in m.items if hasattr(i, "label")]  # fmt: skip
+    assert "GPU 0 SM activity (GPM)" not in legends
+
+
 def test_live_view_says_why_gpu_utilisation_is_missing_on_mig():
     from fake_nvml import FakeNvml, make_gpus
 

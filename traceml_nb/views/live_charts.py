@@ -32,7 +32,7 @@ CPU_COLORS = {"proc_cpu_pct": "#3182bd", "workers_cpu_pct": "#e6550d", "sys_cpu_
 #: The step series' columns the charts use (``step_ms`` is not drawn: it is not sent).
 STEP_CHART_FIELDS = ("step", "t_s", "wait_ms", "compute_ms", "samples_per_s", "steps_per_s")
 HOST_COLUMNS = ("proc_cpu_pct", "workers_cpu_pct", "sys_cpu_pct")
-GPU_COLUMNS = ("util_gpu_pct", "mem_used_mb", "torch_alloc_mb")
+GPU_COLUMNS = ("util_gpu_pct", "sm_active_pct", "mem_used_mb", "torch_alloc_mb")
 GPU_COLORS = (
     "#31a354",
     "#756bb1",
@@ -163,6 +163,16 @@ class LiveCharts:
                 if "util_gpu_pct" in table.names:
                     util.line(
                         "t", "util_gpu_pct", source=src, color=color, legend_label=f"GPU {index}"
+                    )
+                if "sm_active_pct" in table.names and caps.ok("gpm_sm_active"):
+                    # a GPM value every GPM_PERIOD_S, the samples between have none: dots
+                    util.scatter(
+                        "t",
+                        "sm_active_pct",
+                        source=src,
+                        color=color,
+                        size=5,
+                        legend_label=f"GPU {index} SM activity (GPM)",
                     )
                 if "mem_used_mb" in table.names:
                     mem.line(
