@@ -546,6 +546,17 @@ def test_live_view_charts_gpu_utilisation_and_memory_from_nvml():
     assert "GPU utilisation" in titles and "GPU memory" in titles
 
 
+def legend_labels(view: LiveView) -> list[str]:
+    """Every legend entry's label in the view's charts."""
+    return [
+        item.label.value
+        for model in view.charts.layout.references()
+        if hasattr(model, "items")
+        for item in model.items
+        if hasattr(item, "label")
+    ]
+
+
 def test_live_view_shows_sm_activity_as_dots_where_gpm_reads_it(monkeypatch):
     from fake_nvml import FakeNvml, make_gpus
 
@@ -556,15 +567,11 @@ def test_live_view_shows_sm_activity_as_dots_where_gpm_reads_it(monkeypatch):
     assert run.capabilities.ok("gpm_sm_active"), run.capabilities.reasons
     active = np.asarray(view.charts.gpus[0].data["sm_active_pct"])
     assert set(active[~np.isnan(active)].tolist()) == {23.0}  # between GPM reads: gaps, not 0
-    legends = [i.label.value for m in view.charts.layout.references() if hasattr(m, "items")
-               for i in m.items if hasattr(i, "label")]  # fmt: skip
-    assert "GPU 0 SM activity (GPM)" in legends
+    assert "GPU 0 SM activity (GPM)" in legend_labels(view)
     # a GPU without GPM (a T4): no SM activity entry at all
     view, run = _gpu_view(FakeNvml(make_gpus(1)))
     assert not run.capabilities.ok("gpm_sm_active")
-    legends = [i.label.value for m in view.charts.layout.references() if hasattr(m, "items")
-               for i in m.items if hasattr(i, "label")]  # fmt: skip
-    assert "GPU 0 SM activity (GPM)" not in legends
+    assert "GPU 0 SM activity (GPM)" not in legend_labels(view)
 
 
 def test_live_view_says_why_gpu_utilisation_is_missing_on_mig():

@@ -272,6 +272,12 @@ def compare(a: RunLike, b: RunLike, *, noise: BaselineNoise | None = None) -> Co
         )
         step_delta = NOT_AVAILABLE
     sa, sb = a.summary, b.summary
+    # GPM's SM activity, shown where either run had it (a Hopper or later GPU), after NVML's
+    # utilisation, which reads 100% while most SMs idle
+    sm_row = _points_row(
+        "SM activity", sa.sm_active_median_pct, sb.sm_active_median_pct, fmt_pct, GOOD
+    )
+    sm_measured = sa.sm_active_median_pct is not None or sb.sm_active_median_pct is not None
     result.rows = [
         ComparisonRow("median step time", fmt_ms(med_a), fmt_ms(med_b), step_delta, step_direction),
         _throughput_row(sa, sb),
@@ -285,14 +291,8 @@ def compare(a: RunLike, b: RunLike, *, noise: BaselineNoise | None = None) -> Co
         _points_row(
             "GPU utilisation", sa.gpu_util_median_pct, sb.gpu_util_median_pct, fmt_pct, GOOD
         ),
+        *([sm_row] if sm_measured else []),
         _relative_row("peak GPU memory", sa.gpu_mem_peak_mb, sb.gpu_mem_peak_mb, fmt_mb, NEUTRAL),
         _verdict_row(a.diagnosis, b.diagnosis),
     ]
-    if sa.sm_active_median_pct is not None or sb.sm_active_median_pct is not None:
-        # GPM's SM activity, where either run had it (a Hopper or later GPU): after NVML's
-        # utilisation, which reads 100% while most SMs idle
-        sm = _points_row(
-            "SM activity", sa.sm_active_median_pct, sb.sm_active_median_pct, fmt_pct, GOOD
-        )
-        result.rows.insert(4, sm)
     return result

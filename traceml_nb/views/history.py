@@ -145,9 +145,11 @@ def group_jobs(rows: list[Any]) -> list[list[Any]]:
         id(r): job.runs for runs in by_name.values() for job in split_jobs(runs) for r in job.runs
     }
     groups: list[list[Any]] = []
+    shown: set[int] = set()  # the jobs already placed, by id of their list of runs
     for row in rows:
         group = job_of.get(id(row), [row])
-        if not any(g is group for g in groups):
+        if id(group) not in shown:
+            shown.add(id(group))
             groups.append(group)
     return groups
 
