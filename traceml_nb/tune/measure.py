@@ -339,8 +339,10 @@ def measure_round(
     (one per worker, produced together) is not timed. A candidate whose loader raises is
     marked failed with the reason. ``KeyboardInterrupt`` propagates after the cleanup.
 
-    ``consumer_ms``: with workers, each timed batch is followed by this much of the training
-    process's CPU kept busy (the run's compute time per step, no model run), so that the
+    ``consumer_ms``: with workers, each timed batch (and the first burst) is followed by this
+    much of the training process's CPU kept busy (the run's compute time per step, no model
+    run; without it before the first timed batch, that batch waits for a worker still making
+    it, which no step of the run does), so that the
     workers share the CPUs and their queue is drained at the pace of the training, as in the
     run: a loader that keeps up only while nothing else runs, or whose queue is too short to
     absorb a late batch, shows it."""
@@ -375,6 +377,8 @@ def measure_round(
             fetch()
         if workers:
             steady = -(-steady // workers) * workers  # whole rounds of the workers
+            if consumer_ms:
+                busy(consumer_ms / 1e3)
         cpu0 = _cpu_seconds(pids) if pids else None
         start = time.perf_counter()
         durations: list[float] = []
