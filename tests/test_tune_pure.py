@@ -170,6 +170,17 @@ def test_more_workers_than_cpus_only_when_the_workers_idle(share, extended):
     assert (_idle_extension(ms, 2, 10.0) == [3, 4]) is extended
 
 
+@pytest.mark.parametrize(
+    ("over", "extended"), [(WITHIN_BEST_SHARE - 0.01, False), (WITHIN_BEST_SHARE + 0.01, True)]
+)
+def test_more_workers_than_cpus_only_when_the_best_is_clearly_behind_the_compute(over, extended):
+    # c + r = 10.5 ms; the best (2 idle workers) a batch every 10.5 ms × (1 + over)
+    d = 10.5 * (1 + over)
+    ms = [measured(0, 40.0), measured(1, 30.0, cpu=0.1), measured(2, d, cpu=0.1)]
+    update_predictions(ms, 10.0, cpus=2)
+    assert (_idle_extension(ms, 2, 10.0) == [3, 4]) is extended
+
+
 def test_no_more_workers_when_the_workers_keep_up_or_are_not_the_best():
     ms = [measured(0, 40.0), measured(1, 30.0, cpu=0.1), measured(2, 8.0, cpu=0.1)]
     update_predictions(ms, 10.0, cpus=2)

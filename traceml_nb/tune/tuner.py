@@ -54,6 +54,7 @@ from .thresholds import (
     MAX_ROUNDS,
     TUNE_BUDGET_S,
     VARIANT_WORKER_COUNTS,
+    WITHIN_BEST_SHARE,
 )
 
 SHARDING_NOTE = (
@@ -247,7 +248,9 @@ def _idle_extension(
     measurements: list[Measurement], cpus: int | None, compute_ms: float | None
 ) -> list[int]:
     """Worker counts past the CPUs to try: when the best candidate is the one with the most
-    workers, its workers were idle-waiting, and it still cannot keep up with the compute."""
+    workers, its workers were idle-waiting, and it still cannot keep up with the compute (its
+    time between batches more than ``WITHIN_BEST_SHARE`` over the compute and its training
+    side)."""
     best = best_of(measurements)
     measured = [m for m in measurements if m.usable]
     if best is None or not measured or not cpus:
@@ -259,8 +262,11 @@ def _idle_extension(
     if share is None or share >= IDLE_WORKER_SHARE:
         return []
     d, r = best.between_ms, best.training_side_ms
-    if compute_ms is not None and d is not None and r is not None and d <= compute_ms + r:
-        return []  # the workers already keep up
+    # no loader gets a step below c + r: one within WITHIN_BEST_SHARE of it already keeps up,
+    # and a faster one would not change the recommendation (the cheapest within that share)
+    keeping_up_ms = None if compute_ms is None or r is None else compute_ms + r
+    if d is not None and keeping_up_ms is not None and d <= keeping_up_ms * (1 + WITHIN_BEST_SHARE):
+        return []
     return extra_worker_counts(cpus, [m.candidate.num_workers for m in measurements])
 
 
