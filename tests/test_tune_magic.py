@@ -5,11 +5,15 @@ the best of the whole grid measured here, and the loop closed in the rerun's com
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
+import gc
 import json
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,11 +23,13 @@ from ipython_shell import traceml_shell
 from traceml_nb.session import default_session
 from traceml_nb.tune.candidates import Candidate, worker_counts
 from traceml_nb.tune.predict import MEASURED, predict_ms
-from traceml_nb.tune.thresholds import PREFETCH_CHOICES, TUNE_BUDGET_S
+from traceml_nb.tune.thresholds import PREFETCH_CHOICES
 from traceml_nb.tune.tuner import usable_cpus
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.ipynb"
 STARVED_LOADER = "loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=0)"
+#: The issue's performance target: tuning the quickstart's starved loader on 2 CPUs, s.
+QUICKSTART_TUNE_S = 30.0
 
 
 def notebook_cells() -> list[str]:
@@ -39,11 +45,50 @@ def setup_and_starved_cell() -> tuple[str, str]:
     return setup, starved
 
 
+#: The reruns the must-show may take to find the model computing at the tuned run's speed.
+RERUNS = 5
+#: A rerun whose model step (its compute time) ran within this share of the tuned run's is
+#: held to the original prediction; every rerun is held to the prediction for its own compute.
+COMPUTE_DRIFT_SHARE = 0.10
+#: glibc's mallopt parameters, and what the test holds them at (see :func:`steady_allocator`).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+STEADY_MMAP_THRESHOLD = 32 << 20  # glibc's largest: the model's activations stay on the heap
+STEADY_TRIM_THRESHOLD = 256 << 20
+DEFAULT_THRESHOLD = 128 << 10  # glibc's default for both
+
+
+@contextlib.contextmanager
+def steady_allocator() -> Iterator[None]:
+    """Hold glibc's allocator steady while the quickstart's runs are compared.
+
+    By default glibc serves a large block (the model's activations, MBs each) from fresh
+    ``mmap`` pages or from its heap depending on what the process freed before, and trims the
+    heap now and then: measured on the 2-vCPU VM, the starved cell's step took 240 to 3,200 minor
+    page faults and 44 to 53 ms from one run to the next, and 17 and 39 to 43 ms held steady. That is the
+    process's history, not the loader; the must-show is about the loader, so the test fixes
+    the two thresholds (which also stops glibc adjusting them) and puts the defaults back after
+    (the adjustment stays off). Without glibc, nothing is changed."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        yield
+        return
+    mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD)
+    mallopt(M_TRIM_THRESHOLD, STEADY_TRIM_THRESHOLD)
+    try:
+        yield
+    finally:
+        mallopt(M_MMAP_THRESHOLD, DEFAULT_THRESHOLD)
+        mallopt(M_TRIM_THRESHOLD, DEFAULT_THRESHOLD)
+
+
 @pytest.fixture(scope="module")
 def ip():
     setup, _ = setup_and_starved_cell()
-    with traceml_shell(setup + "\nSTEPS = 80\n") as shell:
+    with steady_allocator(), traceml_shell(setup + "\nSTEPS = 80\n") as shell:
         yield shell
+        shell.user_ns.pop("loader", None)  # a rerun's persistent workers end with their loader
+        gc.collect()
 
 
 def cell(line: str, loader_line: str = STARVED_LOADER) -> str:
@@ -74,43 +119,51 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
     assert starved.diagnosis.verdict == "input-bound"
     assert tuning.status == "completed"
     assert tuning.recommended is not None and tuning.recommended.num_workers >= 1
-    assert tuning.elapsed_s <= TUNE_BUDGET_S and wall <= TUNE_BUDGET_S + 5
+    assert tuning.elapsed_s <= QUICKSTART_TUNE_S and wall <= QUICKSTART_TUNE_S + 5
     assert tuning.paste.startswith("DataLoader(data, batch_size=32, shuffle=True, num_workers=")
     assert tuning.predicted_ms < starved.summary.step_ms_median
-    rerun = ip.run_cell(cell("%%traceml --name quickstart -o fixed", f"loader = {tuning.paste}"))
-    assert rerun.success, rerun.error_in_exec
-    fixed = ip.user_ns["fixed"]
-    out = capsys.readouterr().out
-    measured = fixed.summary.step_ms_median
-    assert fixed.diagnosis.verdict != "input-bound", fixed.diagnosis.title
-    # the prediction used the starved run's compute time; on a shared machine the compute of
-    # the rerun can differ (other processes): the prediction for the compute the rerun had
-    # must hold always, the original one whenever the machine ran the model as fast as before
     chosen = tuning.measurement_of(tuning.recommended)
-    compute_now = fixed.summary.compute_ms_median
-    drift = compute_now / tuning.compute_ms - 1
-    # with workers, each batch was followed by the tuned compute time: shift it to the rerun's
-    paced = dataclasses.replace(
-        chosen,
-        steady_s=chosen.steady_s + (compute_now - tuning.compute_ms) / 1e3 * chosen.steady_batches,
-    )
-    again = predict_ms(paced, compute_now, fixed.summary.cpus_available)
-    print(
-        f"tune: {tuning.elapsed_s:.1f} s; predicted {tuning.predicted_ms:.1f} ms "
-        f"(compute {tuning.compute_ms:.1f} ms), measured {measured:.1f} ms "
-        f"(compute {compute_now:.1f} ms, drift {drift:+.0%}); for that compute {again:.1f} ms"
-    )
-    assert measured == pytest.approx(again, rel=0.15)
-    if abs(drift) <= 0.05:
-        assert measured == pytest.approx(tuning.predicted_ms, rel=0.15)
-    # the loop closed: the rerun's comparison shows the prediction beside the measurement
-    assert fixed.prediction is not None and fixed.prediction["recommended"]
-    assert fixed.prediction["predicted_ms"] == pytest.approx(tuning.predicted_ms)
-    assert "%traceml tune of #1 quickstart predicted" in fixed.comparison.headline
-    assert any(
-        r.label.startswith("step time predicted by %traceml tune") for r in fixed.comparison.rows
-    )
-    assert "%traceml tune of #1 quickstart predicted" in out
+    figures = []
+    for attempt in range(RERUNS):
+        rerun = ip.run_cell(
+            cell("%%traceml --name quickstart -o fixed", f"loader = {tuning.paste}")
+        )
+        assert rerun.success, rerun.error_in_exec
+        fixed = ip.user_ns["fixed"]
+        out = capsys.readouterr().out
+        measured = fixed.summary.step_ms_median
+        assert fixed.diagnosis.verdict != "input-bound", fixed.diagnosis.title
+        if attempt == 0:  # the loop closed: the comparison shows the prediction beside it
+            assert fixed.prediction is not None and fixed.prediction["recommended"]
+            assert fixed.prediction["predicted_ms"] == pytest.approx(tuning.predicted_ms)
+            assert "%traceml tune of #1 quickstart predicted" in fixed.comparison.headline
+            assert any(
+                r.label.startswith("step time predicted by %traceml tune")
+                for r in fixed.comparison.rows
+            )
+            assert "%traceml tune of #1 quickstart predicted" in out
+        # the prediction is for the compute the tuned run had: for the compute this rerun had
+        # (each batch followed by it while the loader was measured), it must hold always
+        compute_now = fixed.summary.compute_ms_median
+        drift = compute_now / tuning.compute_ms - 1
+        paced = dataclasses.replace(
+            chosen,
+            steady_s=chosen.steady_s
+            + (compute_now - tuning.compute_ms) / 1e3 * chosen.steady_batches,
+        )
+        again = predict_ms(paced, compute_now, fixed.summary.cpus_available)
+        figures.append(
+            f"predicted {tuning.predicted_ms:.1f} ms (compute {tuning.compute_ms:.1f} ms), "
+            f"measured {measured:.1f} ms (compute {compute_now:.1f} ms, drift {drift:+.0%}); "
+            f"for that compute {again:.1f} ms"
+        )
+        with capsys.disabled():
+            print(f"tune: {tuning.elapsed_s:.1f} s; rerun {attempt + 1}: {figures[-1]}")
+        assert measured == pytest.approx(again, rel=0.15)
+        if abs(drift) <= COMPUTE_DRIFT_SHARE:  # the premise held: the must-show itself
+            assert measured == pytest.approx(tuning.predicted_ms, rel=0.15)
+            return
+    pytest.fail(f"the model's compute drifted in every rerun: {figures}")
 
 
 def _train_steps(ns, loader, steps: int, warm: int = 3) -> list[float]:
@@ -308,8 +361,6 @@ def test_tune_usage_errors(ip, capsys):
         "    lopt.zero_grad(); l.backward(); lopt.step()\n"
     )
     assert ip.run_cell(inline).success
-    import gc
-
     gc.collect()
     with pytest.raises(UsageError, match="is no longer alive; pass it: %traceml tune --loader"):
         ip.run_line_magic("traceml", "tune")
