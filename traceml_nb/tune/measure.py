@@ -339,13 +339,12 @@ def measure_round(
     (one per worker, produced together) is not timed. A candidate whose loader raises is
     marked failed with the reason. ``KeyboardInterrupt`` propagates after the cleanup.
 
-    ``consumer_ms``: with workers, each timed batch (and the first burst) is followed by this
+    ``consumer_ms``: with workers, the first burst and each timed batch are followed by this
     much of the training process's CPU kept busy (the run's compute time per step, no model
-    run; without it before the first timed batch, that batch waits for a worker still making
-    it, which no step of the run does), so that the
-    workers share the CPUs and their queue is drained at the pace of the training, as in the
-    run: a loader that keeps up only while nothing else runs, or whose queue is too short to
-    absorb a late batch, shows it."""
+    run), so that the workers share the CPUs and their queue is drained at the pace of the
+    training, as in the run: a loader that keeps up only while nothing else runs, or whose
+    queue is too short to absorb a late batch, shows it. (Without the wait after the burst, the
+    first timed batch would wait for a worker still making it, which no step of the run does.)"""
     cand = m.candidate
     workers = cand.num_workers
     it: Any = None
