@@ -67,7 +67,7 @@ class GpmReader:
         name: str,
         *,
         why: str = "",
-        period_s: float = GPM_PERIOD_S,
+        period_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._nvml = nvml
@@ -75,7 +75,7 @@ class GpmReader:
         self._capabilities = capabilities
         self._name = name
         self.why = why
-        self.period_s = period_s
+        self.period_s = GPM_PERIOD_S if period_s is None else period_s
         self._clock = clock
         self.unsupported: dict[str, str] = {}
         self._samples: list[Any] = []
