@@ -23,13 +23,17 @@ from ipython_shell import traceml_shell
 from traceml_nb.session import default_session
 from traceml_nb.tune.candidates import Candidate, worker_counts
 from traceml_nb.tune.predict import MEASURED, predict_ms
-from traceml_nb.tune.thresholds import PREFETCH_CHOICES
+from traceml_nb.tune.thresholds import COMPUTE_CHANGE_SHARE, PREFETCH_CHOICES
 from traceml_nb.tune.tuner import usable_cpus
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.ipynb"
 STARVED_LOADER = "loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=0)"
-#: The issue's performance target: tuning the quickstart's starved loader on 2 CPUs, s.
+#: The issue's performance target: tuning the quickstart's starved loader on 2 CPUs, s...
 QUICKSTART_TUNE_S = 30.0
+#: ...where its model's compute takes at most this long a step (39-48 ms on the 2-vCPU VM,
+#: one core kept busy). Tuning is mostly batches times the compute, so a machine that runs the
+#: model slower (a busier one) is given proportionally longer.
+QUICKSTART_COMPUTE_MS = 50.0
 
 
 def notebook_cells() -> list[str]:
@@ -47,9 +51,6 @@ def setup_and_starved_cell() -> tuple[str, str]:
 
 #: The reruns the must-show may take to find the model computing at the tuned run's speed.
 RERUNS = 5
-#: A rerun whose model step (its compute time) ran within this share of the tuned run's is
-#: held to the original prediction; every rerun is held to the prediction for its own compute.
-COMPUTE_DRIFT_SHARE = 0.10
 #: glibc's mallopt parameters, and what the test holds them at (see :func:`steady_allocator`).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 STEADY_MMAP_THRESHOLD = 32 << 20  # glibc's largest: the model's activations stay on the heap
@@ -119,7 +120,8 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
     assert starved.diagnosis.verdict == "input-bound"
     assert tuning.status == "completed"
     assert tuning.recommended is not None and tuning.recommended.num_workers >= 1
-    assert tuning.elapsed_s <= QUICKSTART_TUNE_S and wall <= QUICKSTART_TUNE_S + 5
+    limit_s = QUICKSTART_TUNE_S * max(1.0, tuning.compute_ms / QUICKSTART_COMPUTE_MS)
+    assert tuning.elapsed_s <= limit_s and wall <= limit_s + 5
     assert tuning.paste.startswith("DataLoader(data, batch_size=32, shuffle=True, num_workers=")
     assert tuning.predicted_ms < starved.summary.step_ms_median
     chosen = tuning.measurement_of(tuning.recommended)
@@ -160,7 +162,11 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
         with capsys.disabled():
             print(f"tune: {tuning.elapsed_s:.1f} s; rerun {attempt + 1}: {figures[-1]}")
         assert measured == pytest.approx(again, rel=0.15)
-        if abs(drift) <= COMPUTE_DRIFT_SHARE:  # the premise held: the must-show itself
+        # a rerun whose model ran within COMPUTE_CHANGE_SHARE of the tuned run's compute is
+        # held to the original prediction: the must-show itself; one past it says so
+        changed = "the model's own compute changed too" in fixed.comparison.headline
+        assert changed is (abs(drift) > COMPUTE_CHANGE_SHARE), fixed.comparison.headline
+        if not changed:
             assert measured == pytest.approx(tuning.predicted_ms, rel=0.15)
             return
     pytest.fail(f"the model's compute drifted in every rerun: {figures}")

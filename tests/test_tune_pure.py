@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from traceml_nb.session.session import prediction_sentence
 from traceml_nb.tune.candidates import (
     Candidate,
     LoaderSpec,
@@ -28,6 +29,7 @@ from traceml_nb.tune.predict import (
     update_predictions,
 )
 from traceml_nb.tune.thresholds import (
+    COMPUTE_CHANGE_SHARE,
     EARLY_DROP_FACTOR,
     IDLE_WORKER_SHARE,
     MAX_TUNE_WORKERS,
@@ -260,3 +262,28 @@ def test_the_report_says_what_to_paste_and_what_it_saves():
     html = render_html(result)
     assert "<pre" in html and "DataLoader(data, num_workers=2)" in html
     assert repr(TuneReport(result)) == text
+
+
+@pytest.mark.parametrize(
+    ("change", "said"), [(COMPUTE_CHANGE_SHARE - 0.01, False), (COMPUTE_CHANGE_SHARE + 0.01, True)]
+)
+def test_the_rerun_says_when_the_model_itself_ran_at_another_speed(change, said):
+    prediction = {
+        "tuned_run": "#1 quickstart",
+        "candidate": "1 worker, prefetch 2",
+        "predicted_ms": 43.0,
+        "measured_ms": 40.0,
+        "error_share": 40.0 / 43.0 - 1,
+        "tuned_compute_ms": 40.0,
+        "compute_ms": 40.0 * (1 - change),
+    }
+    sentence = prediction_sentence(prediction)
+    assert sentence.startswith(
+        "%traceml tune of #1 quickstart predicted 43 ms a step for these settings "
+        "(1 worker, prefetch 2): measured 40 ms (−7%)"
+    )
+    assert ("the model's own compute changed too (40 ms \u2192" in sentence) is said
+    if said:
+        assert sentence.endswith(f"−{change:.0%}), and the prediction was for 40 ms")
+    # a run without a compute time (no steady DataLoader steps) says nothing of it
+    assert prediction_sentence({**prediction, "compute_ms": None}) == sentence.split(";")[0]

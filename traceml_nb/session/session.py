@@ -330,6 +330,8 @@ class Session:
                         "predicted_ms": m.predicted_ms,
                         "measured_ms": measured,
                         "error_share": measured / m.predicted_ms - 1,
+                        "tuned_compute_ms": tuning.compute_ms,
+                        "compute_ms": entry.summary.compute_ms_median,
                     }
         return None
 
@@ -512,16 +514,34 @@ def prediction_row(prediction: dict[str, Any]) -> Any:
     )
 
 
+def compute_change(prediction: dict[str, Any]) -> float | None:
+    """How much the rerun's compute time per step differs from the tuned run's, a share
+    (``+0.17``: 17% longer); None where either is unknown."""
+    tuned, now = prediction.get("tuned_compute_ms"), prediction.get("compute_ms")
+    return None if not tuned or now is None else now / tuned - 1
+
+
 def prediction_sentence(prediction: dict[str, Any]) -> str:
     """``%traceml tune of #1 predicted 27.2 ms a step for these settings: measured 28.0 ms
-    (+3%)``."""
+    (+3%)``, and where the model's own compute changed by more than ``COMPUTE_CHANGE_SHARE``,
+    by how much (the prediction is for the tuned run's compute)."""
     from ..analysis.formatting import fmt_ms, signed_pct
+    from ..tune.thresholds import COMPUTE_CHANGE_SHARE
 
-    return (
+    sentence = (
         f"%traceml tune of {prediction['tuned_run']} predicted {fmt_ms(prediction['predicted_ms'])}"
         f" a step for these settings ({prediction['candidate']}): measured "
         f"{fmt_ms(prediction['measured_ms'])} ({signed_pct(prediction['error_share'])})"
     )
+    change = compute_change(prediction)
+    if change is not None and abs(change) > COMPUTE_CHANGE_SHARE:
+        tuned = fmt_ms(prediction["tuned_compute_ms"])
+        sentence += (
+            f"; the model's own compute changed too ({tuned} \u2192 "
+            f"{fmt_ms(prediction['compute_ms'])} a step, {signed_pct(change)}), and the "
+            f"prediction was for {tuned}"
+        )
+    return sentence
 
 
 _default: Session | None = None

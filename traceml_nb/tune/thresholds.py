@@ -49,3 +49,10 @@ VARIANT_WORKER_COUNTS = 2
 #: Of the budget left, the share the first round may use, so that the survivors get their
 #: longer rounds.
 FIRST_ROUND_BUDGET_SHARE = 0.5
+#: A rerun with the tuned settings whose compute time per step (step less data wait) differs
+#: from the tuned run's by more than this share says so beside the prediction: the prediction
+#: is for the tuned run's compute, and the tuner does not run the model. Below it is the
+#: run-to-run noise of a model's compute in the same settings (a few percent, measured on the
+#: 2-vCPU VM in alternating runs); past it the compute itself changed (reruns with one core
+#: kept busy ran the quickstart's model up to 20% faster or 10% slower).
+COMPUTE_CHANGE_SHARE = 0.10
