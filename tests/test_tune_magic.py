@@ -64,11 +64,12 @@ def steady_allocator() -> Iterator[None]:
 
     By default glibc serves a large block (the model's activations, MBs each) from fresh
     ``mmap`` pages or from its heap depending on what the process freed before, and trims the
-    heap now and then: measured on the 2-vCPU VM, the starved cell's step took 240 to 3,200 minor
-    page faults and 44 to 53 ms from one run to the next, and 17 and 39 to 43 ms held steady. That is the
-    process's history, not the loader; the must-show is about the loader, so the test fixes
-    the two thresholds (which also stops glibc adjusting them) and puts the defaults back after
-    (the adjustment stays off). Without glibc, nothing is changed."""
+    heap now and then. Measured on the 2-vCPU VM, the starved cell's step took 240 to 3,200
+    minor page faults and 44 to 53 ms from one run to the next; with the thresholds held, 17
+    faults and 39 to 43 ms. That is the process's history, not the loader, and the must-show is
+    about the loader: the test fixes the two thresholds (which also stops glibc adjusting them)
+    and puts the defaults back after (the adjustment stays off). Without glibc, nothing is
+    changed."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):

@@ -2,9 +2,10 @@
 
 **The prediction.** Iterated without the model, a candidate delivers a batch every *d* ms (its
 steady time between batches; with workers, each batch is followed by the run's compute time
-of the training process kept busy, :func:`.measure.measure_round`, so *d* is at least *c*). Of that, *r* ms a batch are spent in the training process itself: all of
-*d* without workers (the main process makes the batch), and with workers the time to take a
-ready batch off the queue (unpickling it, pinning), measured on batches that were waiting.
+of the training process kept busy, :func:`.measure.measure_round`, so *d* is at least *c*).
+Of that, *r* ms a batch are spent in the training process itself: all of *d* without workers
+(the main process makes the batch), and with workers the time to take a ready batch off the
+queue (unpickling it, pinning), measured on batches that were waiting.
 With the run's compute time per step *c* (its step time less its data wait), the step takes
 
     predicted = max(c + r, d)
