@@ -202,6 +202,14 @@ def _train_steps(ns, loader, steps: int, warm: int = 3) -> list[float]:
     return times
 
 
+#: Interleaved passes over the whole grid (half choose the best, half judge it) and steady
+#: steps per candidate in each: 4 passes of 8 steps once read one candidate 27% faster than an
+#: identical one under CI's load (1 worker, prefetch 8 against prefetch 2, a worker that keeps
+#: up), the machine's speed moving between the candidates' turns.
+GRID_PASSES = 6
+GRID_STEPS = 10
+
+
 def test_the_recommendation_is_within_10pct_of_the_best_of_the_whole_grid(ip, tuned):
     from torch.utils.data import DataLoader
 
@@ -218,17 +226,17 @@ def test_the_recommendation_is_within_10pct_of_the_best_of_the_whole_grid(ip, tu
     # is chosen on the even passes and judged on the odd ones (the best of many noisy medians,
     # judged on the data that chose it, reads faster than it is)
     passes: list[dict[Candidate, list[float]]] = []
-    for rep in range(4):
+    for rep in range(GRID_PASSES):
         times: dict[Candidate, list[float]] = {}
         for cand in grid[rep:] + grid[:rep]:
             kwargs = {"num_workers": cand.num_workers}
             if cand.num_workers:
                 kwargs["prefetch_factor"] = cand.prefetch_factor
             loader = DataLoader(ns["data"], batch_size=32, shuffle=True, **kwargs)
-            times[cand] = _train_steps(ns, loader, steps=8)
+            times[cand] = _train_steps(ns, loader, steps=GRID_STEPS)
         passes.append(times)
-    choosing = {c: statistics.median(passes[0][c] + passes[2][c]) for c in grid}
-    judging = {c: passes[1][c] + passes[3][c] for c in grid}
+    choosing = {c: statistics.median(sum((p[c] for p in passes[0::2]), [])) for c in grid}
+    judging = {c: sum((p[c] for p in passes[1::2]), []) for c in grid}
     best = min(choosing, key=choosing.__getitem__)
     rec = tuning.recommended
     print(
