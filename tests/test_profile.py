@@ -11,6 +11,7 @@ import inspect
 import json
 import sys
 
+import numpy as np
 import pytest
 import torch
 from test_report import make_summary
@@ -306,10 +307,15 @@ def test_profiled_steps_are_left_out_of_the_statistics(tmp_path):
     assert s.steady_steps == s.total_steps - s.warmup_steps - s.profiled_steps
     assert profiled.steps.phase.count("train, profiled") == 9
     assert plain.summary.profiled_steps == 0
-    # the profiler slowed its steps; the statistics do not show it
+    # the profiler slowed its steps; the statistics are of the other steps only (within the
+    # run: the median of another run moves by half on a busy machine)
     assert profiled.profile is not None and profiled.profile.step_ms is not None
     assert profiled.profile.step_ms > s.step_ms_median
-    assert s.step_ms_median < 1.5 * plain.summary.step_ms_median
+    steps = profiled.steps
+    phases = zip(steps.wall_ms, steps.phase, strict=True)
+    train_ms = [ms for ms, phase in phases if phase == "train"]
+    assert len(train_ms) == s.steady_steps
+    assert s.step_ms_median == pytest.approx(float(np.median(train_ms)))
     assert "9 steps that ran under the profiler are left out of the statistics." in (
         profiled.diagnosis.secondary
     )
