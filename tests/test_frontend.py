@@ -27,7 +27,8 @@ from traceml_nb.views.frontend import (
     detect_frontend,
     prepare_widgets,
 )
-from traceml_nb.views.handle import MIN_TICK_S, THREAD_NAME, HandleView
+from traceml_nb.views.handle import MIN_TICK_S, THREAD_NAME, HandleView, LiveStatus
+from traceml_nb.views.live_data import RECENT_STEPS
 
 
 def bare(cls):
@@ -175,6 +176,15 @@ def test_handle_view_before_any_step():
     assert status.steps == 0 and status.step_ms is None and status.data_wait_share is None
     assert "<svg" not in status._repr_html_()
     assert status.headline().endswith(" · 0 steps")
+
+
+def test_the_handle_s_step_time_is_the_median_of_the_recent_steps():
+    status = LiveStatus("even", "running", 1.0, 4, recent_wall_ms=[10.0, 40.0, 20.0, 30.0])
+    assert status.step_ms == 25.0  # the mean of the middle two, like the live view's
+    assert LiveStatus("odd", "running", 1.0, 3, recent_wall_ms=[9.0, 1.0, 5.0]).step_ms == 5.0
+    old = [1000.0] * 10
+    recent = LiveStatus("tail", "running", 1.0, 60, recent_wall_ms=old + [2.0] * RECENT_STEPS)
+    assert recent.step_ms == 2.0  # only the latest RECENT_STEPS
 
 
 def test_live_view_falls_back_to_the_handle_view_when_bokeh_view_cannot_load(monkeypatch, capsys):

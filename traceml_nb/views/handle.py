@@ -8,6 +8,7 @@ second (each update re-sends the whole output, so it is kept small: a few kB).
 
 from __future__ import annotations
 
+import statistics
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,9 +45,10 @@ class LiveStatus:
 
     @property
     def step_ms(self) -> float | None:
-        """Median step time of the last ``RECENT_STEPS`` steps."""
-        recent = sorted(self.recent_wall_ms[-RECENT_STEPS:])
-        return recent[len(recent) // 2] if recent else None
+        """Median step time of the last ``RECENT_STEPS`` steps (the same median as the live
+        view's header, :func:`~.live_ranks.figures_of`)."""
+        recent = self.recent_wall_ms[-RECENT_STEPS:]
+        return statistics.median(recent) if recent else None
 
     @property
     def data_wait_share(self) -> float | None:
