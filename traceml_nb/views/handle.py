@@ -45,8 +45,8 @@ class LiveStatus:
 
     @property
     def step_ms(self) -> float | None:
-        """Median step time of the last ``RECENT_STEPS`` steps (the same median as the live
-        view's header, :func:`~.live_ranks.figures_of`)."""
+        """Median step time of the last ``RECENT_STEPS`` steps (the median the live view's
+        rank figures take, :func:`~.live_ranks.figures_of`)."""
         recent = self.recent_wall_ms[-RECENT_STEPS:]
         return statistics.median(recent) if recent else None
 
