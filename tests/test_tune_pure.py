@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from traceml_nb.session.session import prediction_sentence
+from traceml_nb.analysis.formatting import fmt_ms
+from traceml_nb.session.session import prediction_rows, prediction_sentence
 from traceml_nb.tune.candidates import (
     Candidate,
     LoaderSpec,
@@ -24,6 +25,7 @@ from traceml_nb.tune.predict import (
     Measurement,
     TuneResult,
     drop_slow,
+    predict_for_compute_ms,
     predict_ms,
     recommend,
     update_predictions,
@@ -84,6 +86,28 @@ def test_workers_that_need_the_cpu_share_it_with_the_training():
     assert m.predicted_ms == pytest.approx(20.0)
     update_predictions([m], 10.0, cpus=8)
     assert m.predicted_ms == pytest.approx(10.5)
+
+
+@pytest.mark.parametrize(
+    ("over", "moves"), [(WITHIN_BEST_SHARE - 0.01, True), (WITHIN_BEST_SHARE + 0.01, False)]
+)
+def test_the_prediction_made_again_for_another_compute(over, moves):
+    # measured with the tuned run's 40 ms of compute after each batch, r = 2 ms
+    m = measured(1, (40.0 + 2.0) * (1 + over), train_ms=2.0)
+    update_predictions([m], 40.0, cpus=2)
+    d = m.between_ms
+    assert predict_for_compute_ms(m, 40.0, 40.0, cpus=2) == pytest.approx(m.predicted_ms)
+    again = predict_for_compute_ms(m, 40.0, 30.0, cpus=2)
+    # a worker that kept up came when asked, 10 ms sooner; one that did not keeps its pace
+    assert again == pytest.approx(d - 10.0 if moves else d)
+    # without workers the batch is the main process's own fetch: c' + d
+    alone = measured(0, 16.0)
+    assert predict_for_compute_ms(alone, 40.0, 30.0, cpus=2) == pytest.approx(46.0)
+    # the workers' CPU share with the training still bounds it: (30 + 30) / 2
+    m.worker_cpu_ms_per_batch = 30.0
+    assert predict_for_compute_ms(m, 40.0, 30.0, cpus=2) == pytest.approx(max(again, 30.0))
+    unmeasured = Measurement(Candidate(1, 2, False))
+    assert predict_for_compute_ms(unmeasured, 40.0, 30.0, cpus=2) is None
 
 
 def test_training_side_is_pooled_across_worker_candidates_of_the_same_pinning():
@@ -287,3 +311,34 @@ def test_the_rerun_says_when_the_model_itself_ran_at_another_speed(change, said)
         assert sentence.endswith(f"−{change:.0%}), and the prediction was for 40 ms")
     # a run without a compute time (no steady DataLoader steps) says nothing of it
     assert prediction_sentence({**prediction, "compute_ms": None}) == sentence.split(";")[0]
+    assert len(prediction_rows(prediction)) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "said"), [(COMPUTE_CHANGE_SHARE - 0.01, False), (COMPUTE_CHANGE_SHARE + 0.01, True)]
+)
+def test_the_rerun_gives_the_prediction_for_its_own_compute_when_that_changed(change, said):
+    prediction = {
+        "tuned_run": "#1 quickstart",
+        "candidate": "1 worker, prefetch 2",
+        "predicted_ms": 40.0,
+        "measured_ms": 30.0,
+        "error_share": 30.0 / 40.0 - 1,
+        "tuned_compute_ms": 38.0,
+        "compute_ms": 38.0 * (1 - change),
+        "predicted_for_compute_ms": 31.0,
+    }
+    sentence = prediction_sentence(prediction)
+    now = fmt_ms(prediction["compute_ms"])
+    assert sentence.endswith(f": for {now} it is 31 ms (measured −3%)") is said
+    rows = prediction_rows(prediction)
+    assert [r.label.startswith("step time predicted for this run's compute") for r in rows] == [
+        False,
+        *([True] if said else []),
+    ]
+    if said:
+        assert (rows[1].before, rows[1].after, rows[1].delta) == ("31 ms", "30 ms", "−3%")
+    # where it could not be made again, the sentence stops at what the prediction was for
+    unknown = {**prediction, "predicted_for_compute_ms": None}
+    assert prediction_sentence(unknown).endswith("the prediction was for 38 ms") is said
+    assert len(prediction_rows(unknown)) == 1

@@ -244,8 +244,9 @@ class RunResult:
     #: what ``%traceml tune`` of an earlier run of the cell predicted for this run's loader
     #: settings: ``tuned_run``, ``candidate``, ``recommended``, ``predicted_ms``,
     #: ``measured_ms``, ``error_share`` (measured / predicted − 1), ``tuned_compute_ms`` (the
-    #: compute time per step the prediction was made for), ``compute_ms`` (this run's); None:
-    #: no such tuning
+    #: compute time per step the prediction was made for), ``compute_ms`` (this run's),
+    #: ``predicted_for_compute_ms`` (the prediction made again for this run's compute; None
+    #: where either compute time is unknown); None: no such tuning
     prediction: dict[str, Any] | None = None
     #: one line per experiment tracker the run was logged to (``--log-to``): what was logged
     #: where, or why nothing was

@@ -176,7 +176,7 @@ class Session:
             with_baseline, with_previous, with_best, comparisons = self._comparisons(entry, target)
         prediction = self.prediction_for(entry)
         if prediction is not None and with_previous is not None:
-            with_previous.rows.append(prediction_row(prediction))
+            with_previous.rows.extend(prediction_rows(prediction))
             with_previous.headline += f"; {prediction_sentence(prediction)}"
         stored_id, store_note = self._write(entry, target)
         if store_note:
@@ -310,6 +310,7 @@ class Session:
         loader settings, beside what ``entry`` measured (None: no such tuning)."""
         from ..tune.candidates import same_settings
         from ..tune.find import training_loader_info
+        from ..tune.predict import predict_for_compute_ms
 
         info = training_loader_info(entry.loaders)
         if info is None or entry.summary.step_ms_median is None or not self.tunings:
@@ -323,6 +324,11 @@ class Session:
             for m in ordered:
                 if m.predicted_ms is not None and same_settings(m.candidate, info):
                     measured = entry.summary.step_ms_median
+                    compute = entry.summary.compute_ms_median
+                    again = None
+                    if tuning.compute_ms and compute is not None:
+                        cpus = entry.summary.cpus_available
+                        again = predict_for_compute_ms(m, tuning.compute_ms, compute, cpus)
                     return {
                         "tuned_run": tuned.label,
                         "candidate": m.candidate.label,
@@ -331,7 +337,8 @@ class Session:
                         "measured_ms": measured,
                         "error_share": measured / m.predicted_ms - 1,
                         "tuned_compute_ms": tuning.compute_ms,
-                        "compute_ms": entry.summary.compute_ms_median,
+                        "compute_ms": compute,
+                        "predicted_for_compute_ms": again,
                     }
         return None
 
@@ -500,18 +507,46 @@ class Session:
 MAX_TUNINGS = 20
 
 
-def prediction_row(prediction: dict[str, Any]) -> Any:
-    """The comparison row that puts a tuning's prediction beside the measured step time."""
+def prediction_rows(prediction: dict[str, Any]) -> list[Any]:
+    """The comparison rows that put a tuning's prediction beside the measured step time: the
+    prediction, and where the model's own compute changed by more than
+    ``COMPUTE_CHANGE_SHARE``, the prediction made again for this run's compute."""
     from ..analysis.comparison import NEUTRAL, ComparisonRow
     from ..analysis.formatting import fmt_ms, signed_pct
 
-    return ComparisonRow(
-        f"step time predicted by %traceml tune of {prediction['tuned_run']}",
-        fmt_ms(prediction["predicted_ms"]),
-        fmt_ms(prediction["measured_ms"]),
-        signed_pct(prediction["error_share"]),
-        NEUTRAL,
-    )
+    measured = prediction["measured_ms"]
+    rows = [
+        ComparisonRow(
+            f"step time predicted by %traceml tune of {prediction['tuned_run']}",
+            fmt_ms(prediction["predicted_ms"]),
+            fmt_ms(measured),
+            signed_pct(prediction["error_share"]),
+            NEUTRAL,
+        )
+    ]
+    again = _changed_compute_prediction(prediction)
+    if again is not None:
+        rows.append(
+            ComparisonRow(
+                f"step time predicted for this run's compute ({fmt_ms(prediction['compute_ms'])})",
+                fmt_ms(again),
+                fmt_ms(measured),
+                signed_pct(measured / again - 1),
+                NEUTRAL,
+            )
+        )
+    return rows
+
+
+def _changed_compute_prediction(prediction: dict[str, Any]) -> float | None:
+    """``predicted_for_compute_ms`` where the compute changed by more than
+    ``COMPUTE_CHANGE_SHARE``, else None."""
+    from ..tune.thresholds import COMPUTE_CHANGE_SHARE
+
+    change = compute_change(prediction)
+    if change is None or abs(change) <= COMPUTE_CHANGE_SHARE:
+        return None
+    return prediction.get("predicted_for_compute_ms") or None
 
 
 def compute_change(prediction: dict[str, Any]) -> float | None:
@@ -524,7 +559,8 @@ def compute_change(prediction: dict[str, Any]) -> float | None:
 def prediction_sentence(prediction: dict[str, Any]) -> str:
     """``%traceml tune of #1 predicted 27.2 ms a step for these settings: measured 28.0 ms
     (+3%)``, and where the model's own compute changed by more than ``COMPUTE_CHANGE_SHARE``,
-    by how much (the prediction is for the tuned run's compute)."""
+    by how much (the prediction is for the tuned run's compute) and the prediction made again
+    for this run's compute (``: for 26.7 ms it is 29.2 ms (measured −3%)``)."""
     from ..analysis.formatting import fmt_ms, signed_pct
     from ..tune.thresholds import COMPUTE_CHANGE_SHARE
 
@@ -535,12 +571,15 @@ def prediction_sentence(prediction: dict[str, Any]) -> str:
     )
     change = compute_change(prediction)
     if change is not None and abs(change) > COMPUTE_CHANGE_SHARE:
-        tuned = fmt_ms(prediction["tuned_compute_ms"])
+        tuned, now = fmt_ms(prediction["tuned_compute_ms"]), fmt_ms(prediction["compute_ms"])
         sentence += (
-            f"; the model's own compute changed too ({tuned} \u2192 "
-            f"{fmt_ms(prediction['compute_ms'])} a step, {signed_pct(change)}), and the "
-            f"prediction was for {tuned}"
+            f"; the model's own compute changed too ({tuned} \u2192 {now} a step, "
+            f"{signed_pct(change)}), and the prediction was for {tuned}"
         )
+        again = _changed_compute_prediction(prediction)
+        if again is not None:
+            error = prediction["measured_ms"] / again - 1
+            sentence += f": for {now} it is {fmt_ms(again)} (measured {signed_pct(error)})"
     return sentence
 
 

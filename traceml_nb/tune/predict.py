@@ -101,6 +101,30 @@ def predict_ms(m: Measurement, compute_ms: float | None, cpus: int | None) -> fl
     d, r = m.between_ms, m.training_side_ms
     if d is None or r is None or compute_ms is None:
         return None
+    return _step_ms(m, d, r, compute_ms, cpus)
+
+
+def predict_for_compute_ms(
+    m: Measurement, tuned_compute_ms: float, compute_ms: float, cpus: int | None
+) -> float | None:
+    """The prediction of ``m``'s candidate made again for another compute time per step, ms:
+    ``compute_ms`` (a rerun's) where the loader was measured with the tuned run's
+    ``tuned_compute_ms``. Workers that kept up (*d* within ``WITHIN_BEST_SHARE`` of
+    *c* + *r*) delivered each batch when the paced consumer asked for it, so their *d* moves
+    with the compute; workers that did not keep up deliver at their own pace, and a loader
+    without workers is the main process's own fetch: their *d* stays as measured. None where
+    the measurement has no time between batches."""
+    d, r = m.between_ms, m.training_side_ms
+    if d is None or r is None:
+        return None
+    if m.candidate.num_workers and d <= (tuned_compute_ms + r) * (1 + WITHIN_BEST_SHARE):
+        d += compute_ms - tuned_compute_ms
+    return _step_ms(m, d, r, compute_ms, cpus)
+
+
+def _step_ms(m: Measurement, d: float, r: float, compute_ms: float, cpus: int | None) -> float:
+    """max(*c* + *r*, *d*), and with workers whose CPU use was measured at least
+    (*w* + *c*) / CPUs (module docstring), ms."""
     predicted = max(compute_ms + r, d)
     if m.candidate.num_workers and m.worker_cpu_ms_per_batch is not None and cpus:
         predicted = max(predicted, (m.worker_cpu_ms_per_batch + compute_ms) / cpus)
