@@ -149,6 +149,7 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
         # rerun had (each batch followed by it while the loader was measured), it holds always
         drift = prediction["compute_ms"] / tuning.compute_ms - 1
         again = prediction["predicted_for_compute_ms"]
+        assert again is not None
         figures.append(
             f"predicted {tuning.predicted_ms:.1f} ms (compute {tuning.compute_ms:.1f} ms), "
             f"measured {measured:.1f} ms (compute {prediction['compute_ms']:.1f} ms, drift "

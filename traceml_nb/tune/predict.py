@@ -15,6 +15,8 @@ overlap them — and, where the workers' CPU use was measured, at least ``(w + c
 the CPU time the workers spent per batch: workers that need the CPU share it with the
 training. Without a compute time (a run without steady steps, or the Python API given none)
 candidates are ranked by *d* alone and the predicted step time is unavailable, with the reason.
+A rerun whose model computed faster or slower gets the prediction made again for its own
+compute (:func:`predict_for_compute_ms`).
 """
 
 from __future__ import annotations
