@@ -288,19 +288,26 @@ def test_the_report_says_what_to_paste_and_what_it_saves():
     assert repr(TuneReport(result)) == text
 
 
+def rerun_prediction(
+    predicted_ms: float, measured_ms: float, *, tuned_compute_ms: float, compute_ms: float
+) -> dict:
+    """A rerun's ``RunResult.prediction`` of the quickstart's recommended loader."""
+    return {
+        "tuned_run": "#1 quickstart",
+        "candidate": "1 worker, prefetch 2",
+        "predicted_ms": predicted_ms,
+        "measured_ms": measured_ms,
+        "error_share": measured_ms / predicted_ms - 1,
+        "tuned_compute_ms": tuned_compute_ms,
+        "compute_ms": compute_ms,
+    }
+
+
 @pytest.mark.parametrize(
     ("change", "said"), [(COMPUTE_CHANGE_SHARE - 0.01, False), (COMPUTE_CHANGE_SHARE + 0.01, True)]
 )
 def test_the_rerun_says_when_the_model_itself_ran_at_another_speed(change, said):
-    prediction = {
-        "tuned_run": "#1 quickstart",
-        "candidate": "1 worker, prefetch 2",
-        "predicted_ms": 43.0,
-        "measured_ms": 40.0,
-        "error_share": 40.0 / 43.0 - 1,
-        "tuned_compute_ms": 40.0,
-        "compute_ms": 40.0 * (1 - change),
-    }
+    prediction = rerun_prediction(43.0, 40.0, tuned_compute_ms=40.0, compute_ms=40.0 * (1 - change))
     sentence = prediction_sentence(prediction)
     assert sentence.startswith(
         "%traceml tune of #1 quickstart predicted 43 ms a step for these settings "
@@ -318,16 +325,8 @@ def test_the_rerun_says_when_the_model_itself_ran_at_another_speed(change, said)
     ("change", "said"), [(COMPUTE_CHANGE_SHARE - 0.01, False), (COMPUTE_CHANGE_SHARE + 0.01, True)]
 )
 def test_the_rerun_gives_the_prediction_for_its_own_compute_when_that_changed(change, said):
-    prediction = {
-        "tuned_run": "#1 quickstart",
-        "candidate": "1 worker, prefetch 2",
-        "predicted_ms": 40.0,
-        "measured_ms": 30.0,
-        "error_share": 30.0 / 40.0 - 1,
-        "tuned_compute_ms": 38.0,
-        "compute_ms": 38.0 * (1 - change),
-        "predicted_for_compute_ms": 31.0,
-    }
+    prediction = rerun_prediction(40.0, 30.0, tuned_compute_ms=38.0, compute_ms=38.0 * (1 - change))
+    prediction["predicted_for_compute_ms"] = 31.0
     sentence = prediction_sentence(prediction)
     now = fmt_ms(prediction["compute_ms"])
     assert sentence.endswith(f": for {now} it is 31 ms (measured −3%)") is said
