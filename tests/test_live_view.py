@@ -429,7 +429,9 @@ def stream_calls(monkeypatch):
 
 def test_live_view_updates_from_one_thread_with_batched_messages(stream_calls):
     with traceml_nb.Run("live-test", interval=0.05) as run:
-        view = LiveView(run, display=False, settle_s=0)
+        # max_duty: on a busy machine a first tick of 10 ms would put the next one off past
+        # the run's end (VIEW_MAX_DUTY, tested on its own); this test is about the thread
+        view = LiveView(run, display=False, settle_s=0, max_duty=1.0)
         view.start()
         assert [t.name for t in threading.enumerate()].count("traceml-view") == 1
         steps = train(1.5)
