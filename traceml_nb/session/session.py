@@ -576,8 +576,8 @@ def prediction_sentence(prediction: dict[str, Any]) -> str:
             f"; the model's own compute changed too ({tuned} \u2192 {now} a step, "
             f"{signed_pct(change)}), and the prediction was for {tuned}"
         )
-        again = _changed_compute_prediction(prediction)
-        if again is not None:
+        again = prediction.get("predicted_for_compute_ms")
+        if again:
             error = prediction["measured_ms"] / again - 1
             sentence += f": for {now} it is {fmt_ms(again)} (measured {signed_pct(error)})"
     return sentence
