@@ -136,6 +136,23 @@ MAD_TO_SIGMA = 1.4826
 #: (``python -m traceml_nb check --max-slowdown``), beyond the noise as well.
 DEFAULT_MAX_SLOWDOWN = 0.10
 
+# --- judging a change (:mod:`.judge`, :mod:`.noise`) -------------------------------------------
+#: The chance, per decision, that identical code is called slower (or faster): the one-sided
+#: level of the confidence bound a "slower"/"faster" verdict must clear. Kept well under the 1%
+#: the false alarm rate is held to in tests/unit/test_gate_statistics.py, since run-to-run
+#: noise has heavier tails than the normal the t bounds assume.
+FALSE_ALARM_RATE = 0.005
+#: The chance a change of the full margin is let through as "no significant change" (a gate's
+#: "not slower"): the one-sided level of the bound that must rule the margin out.
+MISS_RATE = 0.10
+#: The least change of the median step time that matters in a comparison of runs (a fraction):
+#: a verdict "slower"/"faster" needs at least half of it (``MIN_PRACTICAL_EFFECT``), and "no
+#: significant change" needs the whole of it ruled out.
+CHANGE_MARGIN = 0.10
+#: An inconclusive verdict says how many more runs (or A/B rounds) would decide, up to this
+#: many; beyond it, that the change is too small for this noise.
+MAX_RUNS_NEEDED = 30
+
 # --- what changed -----------------------------------------------------------------------------
 #: Other processes using at least this share of the machine's CPUs during a run load the
 #: machine enough to slow a training loop that needs the CPU (a quarter of the cores).
