@@ -70,17 +70,25 @@ class Judgement:
         return asdict(self)
 
 
-def _verdict(delta: float, se: float, df: float, margin: float, one_sided: bool) -> str:
+def _verdict(
+    delta: float,
+    se: float,
+    df: float,
+    margin: float,
+    one_sided: bool,
+    false_alarm_rate: float,
+    miss_rate: float,
+) -> str:
     """The verdict on a log change ``delta`` with standard error ``se`` on ``df`` degrees of
     freedom, against ``margin`` (module docstring)."""
     log_margin = math.log1p(margin)
     half = math.log1p(margin / 2)
-    sure = t_quantile(1 - FALSE_ALARM_RATE, df) * se
+    sure = t_quantile(1 - false_alarm_rate, df) * se
     if delta - sure > 0 and delta >= half:
         return SLOWER
     if not one_sided and delta + sure < 0 and delta <= -half:
         return FASTER
-    fair = t_quantile(1 - MISS_RATE, df) * se
+    fair = t_quantile(1 - miss_rate, df) * se
     within_above = delta + fair < log_margin
     if within_above and (one_sided or delta - fair > -log_margin):
         return NO_CHANGE
@@ -95,20 +103,24 @@ def judge(
     *,
     one_sided: bool = False,
     se_with_more: Callable[[int], tuple[float, float]] | None = None,
+    false_alarm_rate: float = FALSE_ALARM_RATE,
+    miss_rate: float = MISS_RATE,
 ) -> Judgement:
     """Judge the log change ``delta`` (ln after/before) with standard error ``se`` on ``df``
     degrees of freedom against ``margin`` (module docstring). ``se_with_more(m)``: the
     standard error and degrees of freedom ``m`` more runs would give, for the count an
-    inconclusive verdict carries."""
+    inconclusive verdict carries. ``false_alarm_rate`` and ``miss_rate``: the one-sided levels
+    of the two bounds (a sequential gate that looks after every round asks for less per look)."""
     if se < 0 or df <= 0 or margin <= 0:
         raise ValueError(f"judge needs se >= 0, df > 0, margin > 0 (got {se}, {df}, {margin})")
-    verdict = _verdict(delta, se, df, margin, one_sided)
-    sure = t_quantile(1 - FALSE_ALARM_RATE, df) * se
+    levels = (false_alarm_rate, miss_rate)
+    verdict = _verdict(delta, se, df, margin, one_sided, *levels)
+    sure = t_quantile(1 - false_alarm_rate, df) * se
     more = None
     if verdict == INCONCLUSIVE and se_with_more is not None:
         for m in range(1, MAX_RUNS_NEEDED + 1):
             se_m, df_m = se_with_more(m)
-            if _verdict(delta, se_m, df_m, margin, one_sided) != INCONCLUSIVE:
+            if _verdict(delta, se_m, df_m, margin, one_sided, *levels) != INCONCLUSIVE:
                 more = m
                 break
     return Judgement(
