@@ -16,13 +16,15 @@ from traceml_nb.analysis.attribution import (
     steal_share,
     what_changed,
 )
-from traceml_nb.analysis.baseline import (
-    baseline_noise,
-    compare_with_baseline,
-    is_regression,
-    pairwise_noise,
+from traceml_nb.analysis.baseline import compare_with_baseline, is_regression
+from traceml_nb.analysis.comparison import NO_CHANGE, SLOWER
+from traceml_nb.analysis.noise import (
+    RunPoint,
+    default_noise_sigma,
+    estimate_noise,
+    is_busy,
+    judge_change,
 )
-from traceml_nb.analysis.comparison import NO_CHANGE, SLOWER, compare
 from traceml_nb.analysis.cost import (
     DEFAULT_GPU_PRICES_USD_PER_HOUR,
     PRICE_SOURCE,
@@ -33,122 +35,99 @@ from traceml_nb.analysis.cost import (
 )
 from traceml_nb.analysis.thresholds import (
     BUSY_MACHINE_SHARE,
+    BUSY_NOISE_FACTOR,
+    CLASS_PRIOR_MAX_DF,
+    DEFAULT_NOISE_AT_10MS,
+    DEFAULT_NOISE_EXPONENT,
+    DEFAULT_NOISE_MAX,
+    DEFAULT_PRIOR_DF,
     LOAD_CHANGE_SHARE,
-    MAD_TO_SIGMA,
     MATERIAL_STEAL_SHARE,
-    MIN_BASELINE_RUNS,
-    MIN_PRACTICAL_EFFECT,
-    NOISE_MULTIPLIER,
     SOURCE_DIFF_LINES,
     STEAL_CHANGE_SHARE,
-    UNKNOWN_NOISE_MIN_EFFECT,
+    STEP_LENGTH_FACTOR,
 )
 
 
 # --- the noise ---------------------------------------------------------------------------------
-def test_fewer_than_min_baseline_runs_leave_the_noise_unknown_and_say_how_many_would_tell():
-    noise = baseline_noise([20.0] * (MIN_BASELINE_RUNS - 1))
-    assert not noise.known and noise.spread is None
-    assert noise.runs_needed == 1
-    assert noise.margin == UNKNOWN_NOISE_MIN_EFFECT
-    assert baseline_noise([20.0] * MIN_BASELINE_RUNS).known
-    assert baseline_noise([]).runs_needed == MIN_BASELINE_RUNS
+def test_the_default_noise_grows_for_shorter_steps_up_to_its_cap():
+    assert default_noise_sigma(10.0) == DEFAULT_NOISE_AT_10MS
+    assert default_noise_sigma(100.0) == DEFAULT_NOISE_AT_10MS  # never below the 10 ms figure
+    assert default_noise_sigma(0.5) == pytest.approx(
+        DEFAULT_NOISE_AT_10MS * 20**DEFAULT_NOISE_EXPONENT
+    )
+    assert default_noise_sigma(1e-6) == DEFAULT_NOISE_MAX
+    noise = estimate_noise([], 10.0)
+    assert (noise.sigma, noise.df, noise.own_df) == (DEFAULT_NOISE_AT_10MS, DEFAULT_PRIOR_DF, 0)
 
 
-def test_the_spread_is_the_robust_deviation_of_the_run_medians():
-    noise = baseline_noise([100.0, 102.0, 98.0, 101.0, 150.0])  # one odd run
-    assert noise.center_ms == 101.0
-    assert noise.spread == pytest.approx(MAD_TO_SIGMA * 1.0 / 101.0)
-    assert noise.margin == MIN_PRACTICAL_EFFECT  # 3 × 1.5% is below the practical floor
-    wide = baseline_noise([100.0, 110.0, 90.0, 105.0, 95.0])
-    assert wide.spread == pytest.approx(MAD_TO_SIGMA * 5 / 100)
-    assert wide.margin == pytest.approx(NOISE_MULTIPLIER * MAD_TO_SIGMA * 0.05)
+def test_runs_of_one_configuration_estimate_the_noise_and_two_configurations_never_mix():
+    a = [10.0, 10.2, 9.8, 10.1]
+    b = [20.0, 20.4, 19.6, 20.2]  # another DataLoader: twice as slow, the same scatter
+    pooled = estimate_noise([a, b], 10.0)
+    assert pooled.own_df == 6 and pooled.own_runs == 8 and pooled.own_configs == 2
+    assert pooled.sigma < DEFAULT_NOISE_AT_10MS  # the 2x between them is not noise
+    mixed = estimate_noise([a + b], 10.0)
+    assert mixed.sigma > 0.2
+
+
+def test_other_configurations_of_the_machine_count_only_at_a_similar_step_length():
+    def spread_group(config, ms, busy=False):
+        return [RunPoint(config, ms * f, busy) for f in (0.8, 1.0, 1.25)]
+
+    near = spread_group("near", 10.0 * STEP_LENGTH_FACTOR * 0.99)
+    far = spread_group("far", 10.0 * STEP_LENGTH_FACTOR * 1.01)
+    busy = spread_group("busy", 10.0, busy=True)
+    mine = spread_group("mine", 10.0)
+    noise = estimate_noise([], 10.0, [*near, *far, *busy, *mine], own_configs=["mine"])
+    assert (noise.class_configs, noise.class_df) == (1, 2.0)
+    assert noise.sigma > DEFAULT_NOISE_AT_10MS  # the near configuration's wide scatter counts
+    many = [p for i in range(20) for p in spread_group(f"c{i}", 10.0)]
+    assert estimate_noise([], 10.0, many).class_df == CLASS_PRIOR_MAX_DF
+
+
+def test_a_busy_machine_is_told_on_both_sides_of_its_thresholds():
+    assert not is_busy({})
+    assert not is_busy({"other_cpu_share": BUSY_MACHINE_SHARE - 0.01, "steal_share": None})
+    assert is_busy({"other_cpu_share": BUSY_MACHINE_SHARE})
+    assert not is_busy({"steal_share": MATERIAL_STEAL_SHARE - 0.001})
+    assert is_busy({"steal_share": MATERIAL_STEAL_SHARE})
+
+
+def test_a_run_on_a_busy_machine_is_judged_with_wider_noise():
+    noise = estimate_noise([[10.0, 10.1, 9.9, 10.05, 9.95]], 10.0)
+    quiet = judge_change([10.0] * 5, [12.5], noise, 0.10, one_sided=True)
+    busy = judge_change([10.0] * 5, [12.5], noise, 0.10, one_sided=True, after_busy=True)
+    assert quiet.verdict == SLOWER
+    assert busy.verdict == "inconclusive"
+    assert busy.se > BUSY_NOISE_FACTOR * 0.9 * quiet.se
 
 
 def baseline_runs(medians, steps=60, jitter=0.01):
     return [make_run(step_ms=m, steps=steps, jitter=jitter, seed=i) for i, m in enumerate(medians)]
 
 
-def test_a_change_inside_the_noise_is_no_change_and_just_outside_it_is_slower():
-    runs = baseline_runs([100.0, 110.0, 90.0, 105.0, 95.0])  # margin ~ 22%
-    margin = baseline_noise([r.summary.step_ms_median for r in runs]).margin
-    inside = make_run(step_ms=100.0 * (1 + margin - 0.04), jitter=0.005, seed=9)
-    outside = make_run(step_ms=100.0 * (1 + margin + 0.04), jitter=0.005, seed=9)
-    assert compare_with_baseline(runs, inside).verdict == NO_CHANGE
-    beyond = compare_with_baseline(runs, outside)
-    assert beyond.verdict == SLOWER
-    assert "beyond the run-to-run noise of 5 baseline runs" in beyond.headline
-    within = compare_with_baseline(runs, inside)
-    assert "no significant change: within the run-to-run noise" in within.headline
-    # the step-level rule alone calls the first one significant: the noise is what stops it
-    assert compare(runs[-1], inside).verdict == SLOWER
-
-
-def test_one_run_against_another_carries_both_runs_noise():
-    """The previous or the best run scatters as much as the new one: √2 × the spread."""
-    runs = baseline_runs([100.0, 104.0, 96.0, 102.0, 98.0])  # spread ~3%, margin ~9%
-    noise = baseline_noise([r.summary.step_ms_median for r in runs])
-    pair = pairwise_noise(noise)
-    assert pair.pairwise and pair.spread == pytest.approx(2**0.5 * noise.spread)
-    assert pair.margin == pytest.approx(NOISE_MULTIPLIER * 2**0.5 * noise.spread)
-    previous = make_run(step_ms=100.0, jitter=0.005, seed=8)
-    inside = make_run(step_ms=100.0 * (1 + pair.margin - 0.02), jitter=0.005, seed=9)
-    outside = make_run(step_ms=100.0 * (1 + pair.margin + 0.02), jitter=0.005, seed=9)
-    assert noise.margin < pair.margin - 0.02  # beyond the single-run margin, inside this one
-    within = compare(previous, inside, noise=pair)
-    assert within.verdict == NO_CHANGE
-    assert "within the noise between two runs (5 baseline runs tell it)" in within.headline
-    assert compare(previous, inside, noise=noise).verdict == SLOWER
-    assert compare(previous, outside, noise=pair).verdict == SLOWER
-    unknown = baseline_noise([100.0])
-    assert pairwise_noise(unknown) == unknown  # not known yet: left as it is
-
-
-def test_a_change_below_the_practical_effect_is_no_change_even_with_no_noise():
-    runs = baseline_runs([100.0] * 5, jitter=0.001)
-    below = make_run(step_ms=100.0 * (1 + MIN_PRACTICAL_EFFECT - 0.01), jitter=0.001, seed=7)
-    above = make_run(step_ms=100.0 * (1 + MIN_PRACTICAL_EFFECT + 0.01), jitter=0.001, seed=7)
-    assert compare_with_baseline(runs, below).verdict == NO_CHANGE
-    assert compare_with_baseline(runs, above).verdict == SLOWER
-
-
-def test_with_the_noise_unknown_the_headline_says_how_many_runs_would_tell():
-    runs = baseline_runs([100.0, 100.0])
-    result = compare_with_baseline(runs, make_run(step_ms=101.0, seed=5))
-    assert "run-to-run noise not known yet: 1 more run would tell" in result.headline
-    single = compare_with_baseline(runs[:1], make_run(step_ms=101.0, seed=5))
-    assert "2 more runs would tell" in single.headline
-
-
-def test_against_one_earlier_run_with_the_noise_unknown_a_change_counts_from_10pct():
-    """The previous run as the only baseline run: the margin is UNKNOWN_NOISE_MIN_EFFECT,
-    as in the baseline comparison, not MIN_PRACTICAL_EFFECT."""
-    previous = make_run(step_ms=100.0, jitter=0.002, seed=1)
-    unknown = baseline_noise([previous.summary.step_ms_median])
-    below = make_run(step_ms=100.0 * (1 - UNKNOWN_NOISE_MIN_EFFECT + 0.01), jitter=0.002, seed=2)
-    above = make_run(step_ms=100.0 * (1 - UNKNOWN_NOISE_MIN_EFFECT - 0.01), jitter=0.002, seed=2)
-    result = compare(previous, below, noise=pairwise_noise(unknown))
-    assert result.verdict == NO_CHANGE
-    assert "run-to-run noise not known yet: 2 more runs would tell" in result.headline
-    assert compare(previous, above, noise=pairwise_noise(unknown)).verdict == "faster"
-    assert compare(previous, below).verdict == "faster"  # no noise given: the 5% rule
-
-
-def test_the_step_row_reads_the_median_of_the_baseline_runs():
+def test_the_step_row_reads_the_mean_of_the_baseline_runs():
     runs = baseline_runs([100.0, 102.0, 98.0])
     result = compare_with_baseline(runs, make_run(step_ms=130.0, seed=4))
-    assert result.rows[0].label == "median step time (median of 3 runs)"
+    assert result.rows[0].label == "median step time (mean of 3 runs)"
     assert result.baseline_ids == [r.id for r in runs]
+    assert result.judgement is not None and result.noise is not None
 
 
-def test_a_regression_needs_the_slowdown_beyond_the_allowed_share():
-    runs = baseline_runs([100.0] * 5, jitter=0.002)
-    slower = compare_with_baseline(runs, make_run(step_ms=115.0, jitter=0.002, seed=8))
-    assert slower.verdict == SLOWER
-    assert is_regression(slower, 0.10)
-    assert not is_regression(slower, 0.20)
-    same = compare_with_baseline(runs, make_run(step_ms=100.5, jitter=0.002, seed=8))
-    assert not is_regression(same, 0.0)
+def test_the_gate_asks_one_question_is_it_slower():
+    runs = baseline_runs([100.0, 101.0, 99.0, 100.5, 99.5], jitter=0.002)
+    slower = compare_with_baseline(
+        runs, make_run(step_ms=125.0, jitter=0.002, seed=8), margin=0.10, one_sided=True
+    )
+    assert slower.verdict == SLOWER and is_regression(slower)
+    faster = compare_with_baseline(
+        runs, make_run(step_ms=60.0, jitter=0.002, seed=8), margin=0.10, one_sided=True
+    )
+    assert faster.verdict == NO_CHANGE and not is_regression(faster)
+    assert compare_with_baseline(runs, make_run(step_ms=60.0, jitter=0.002, seed=8)).verdict == (
+        "faster"
+    )
 
 
 # --- what changed ----------------------------------------------------------------------------
@@ -340,13 +319,3 @@ def test_price_parsing():
             parse_prices(bad)
     assert gpu_price("Tesla T4", "garbage")[1] == PRICE_SOURCE  # a bad setting is ignored
     assert gpu_price(None) is None
-
-
-def test_until_the_noise_is_known_a_change_counts_from_unknown_noise_min_effect():
-    """Two baseline runs: a rerun 7% slower with tight steps is no significant change; one
-    13% slower is slower (the step-level rule, with the larger margin)."""
-    baseline = baseline_runs([100.0, 100.0], jitter=0.001)
-    below = make_run(step_ms=100.0 * (1 + UNKNOWN_NOISE_MIN_EFFECT - 0.03), jitter=0.001, seed=7)
-    above = make_run(step_ms=100.0 * (1 + UNKNOWN_NOISE_MIN_EFFECT + 0.03), jitter=0.001, seed=7)
-    assert compare_with_baseline(baseline, below).verdict == NO_CHANGE
-    assert compare_with_baseline(baseline, above).verdict == SLOWER

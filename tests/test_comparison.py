@@ -1,4 +1,4 @@
-"""Comparing two runs: the bootstrap interval, the practical-effect floor, the rows."""
+"""Comparing two runs: the noise model's verdict, the bootstrap interval, the rows."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import pytest
 from builders import RecordBuilder, cpu_capabilities
 
 from traceml_nb.analysis import ComparisonRow, analyze, compare
-from traceml_nb.analysis.comparison import bootstrap_ratio_ci, step_verdict
+from traceml_nb.analysis.comparison import bootstrap_ratio_ci
 from traceml_nb.analysis.model import Diagnosis, Summary
-from traceml_nb.analysis.thresholds import BOOTSTRAP_RESAMPLES, MIN_PRACTICAL_EFFECT
+from traceml_nb.analysis.noise import Noise
+from traceml_nb.analysis.thresholds import BOOTSTRAP_RESAMPLES, CHANGE_MARGIN
+
+#: a well-known noise: 2% between runs, on 40 degrees of freedom
+KNOWN = Noise(sigma=0.02, df=40.0, own_runs=41, own_df=40.0, own_configs=1, step_ms=100.0)
 from traceml_nb.session.history import RunEntry
 
 
@@ -96,7 +100,11 @@ def test_the_motivating_comparison():
     assert (c.baseline_id, c.candidate_id) == (1, 2)
     assert c.verdict == "faster"
     assert c.significant
-    assert c.headline == "step time 316 ms \u2192 179 ms (\u221243%, faster, significant)"
+    headline = (
+        "step time 316 ms \u2192 179 ms (\u221243%, faster, beyond the run-to-run noise "
+        "(\u00b138%: assumed for 316 ms steps until reruns tell))"
+    )
+    assert c.headline == headline
     assert c.step_ratio == pytest.approx(179 / 316)
     assert c.ci_low < c.step_ratio < c.ci_high < 1
     assert c.rows == [
@@ -108,10 +116,7 @@ def test_the_motivating_comparison():
         ComparisonRow("verdict", "input-bound", "compute-bound", "changed", "good"),
     ]
     text = c.to_text()
-    assert (
-        text.splitlines()[0]
-        == "#2 vs #1: step time 316 ms \u2192 179 ms (\u221243%, faster, significant)"
-    )
+    assert text.splitlines()[0] == f"#2 vs #1: {headline}"
     assert c.to_dict()["rows"][0] == {
         "label": "median step time",
         "before": "316 ms",
@@ -123,10 +128,15 @@ def test_the_motivating_comparison():
 
 def test_slower():
     c = compare(
-        entry(1, steps_around(100.0)), entry(2, steps_around(130.0, seed=3), verdict="host-bound")
+        entry(1, steps_around(100.0)),
+        entry(2, steps_around(130.0, seed=3), verdict="host-bound"),
+        noise=KNOWN,
     )
     assert c.verdict == "slower"
-    assert c.headline == "step time 100 ms \u2192 130 ms (+30%, slower, significant)"
+    assert c.headline == (
+        "step time 100 ms \u2192 130 ms (+30%, slower, beyond the run-to-run noise "
+        "(\u00b17.9%: 41 runs of this configuration))"
+    )
     assert c.rows[0].direction == "bad"
     assert c.rows[1].direction == "bad"
     assert c.rows[-1] == ComparisonRow("verdict", "compute-bound", "host-bound", "changed", "bad")
@@ -134,41 +144,52 @@ def test_slower():
 
 def test_identical_runs_are_no_significant_change():
     values = steps_around(50.0)
-    c = compare(entry(1, values), entry(2, list(values)))
+    c = compare(entry(1, values), entry(2, list(values)), noise=KNOWN)
     assert c.verdict == "no significant change"
     assert not c.significant
-    assert c.headline == "step time 50 ms \u2192 50 ms (\u00b10%, no significant change)"
+    assert c.headline == (
+        "step time 50 ms \u2192 50 ms (\u00b10%, no significant change: within the run-to-run "
+        "noise (\u00b17.9%: 41 runs of this configuration))"
+    )
     assert c.ci_low <= 1 <= c.ci_high
     assert [r.direction for r in c.rows] == ["neutral"] * 6
     assert c.rows[-1].delta == "same"
 
 
-def test_practical_effect_floor_both_sides():
+def test_the_change_must_reach_half_the_margin_both_sides():
+    """A change the noise model is sure of still needs CHANGE_MARGIN / 2 to be called."""
     base = steps_around(100.0, spread=0.001)
-    just_below = [v * (1 + MIN_PRACTICAL_EFFECT - 0.002) for v in base]
-    c = compare(entry(1, base), entry(2, just_below))
-    assert c.ci_low > 1  # the interval alone would call it slower...
-    assert c.verdict == "no significant change"  # ...but the change is below the floor
-    just_above = [v * (1 + MIN_PRACTICAL_EFFECT + 0.002) for v in base]
-    assert compare(entry(1, base), entry(2, just_above)).verdict == "slower"
-    faster = [v * (1 - MIN_PRACTICAL_EFFECT - 0.002) for v in base]
-    assert compare(entry(1, base), entry(2, faster)).verdict == "faster"
+    tight = Noise(sigma=0.002, df=40.0, own_runs=41, own_df=40.0, own_configs=1)
+    half = CHANGE_MARGIN / 2
+    just_below = [v * (1 + half - 0.002) for v in base]
+    c = compare(entry(1, base), entry(2, just_below), noise=tight)
+    assert c.ci_low > 1 and c.judgement.low > 0  # both intervals would call it slower...
+    assert c.verdict == "no significant change"  # ...but the change is below half the margin
+    just_above = [v * (1 + half + 0.002) for v in base]
+    assert compare(entry(1, base), entry(2, just_above), noise=tight).verdict == "slower"
+    faster = [v * (1 - half - 0.002) for v in base]
+    assert compare(entry(1, base), entry(2, faster), noise=tight).verdict == "faster"
 
 
-def test_a_wide_interval_is_no_significant_change():
+def test_a_change_the_noise_cannot_tell_is_inconclusive_and_says_what_would_decide():
+    values = steps_around(100.0, spread=0.001)
+    wide = Noise(sigma=0.05, df=4.0, step_ms=100.0)
+    c = compare(entry(1, values), entry(2, [v * 1.15 for v in values]), noise=wide)
+    assert c.verdict == "inconclusive" and not c.significant
+    assert c.judgement.more_needed is not None and c.judgement.more_needed >= 1
+    assert f"{c.judgement.more_needed} more run" in c.headline
+    assert "inconclusive: within the run-to-run noise" in c.headline
+
+
+def test_steps_that_overlap_keep_a_run_level_change_inconclusive():
     rng = np.random.default_rng(5)
     noisy_a = list(rng.lognormal(np.log(100), 0.8, 15))
-    noisy_b = [v * 1.1 for v in rng.lognormal(np.log(100), 0.8, 15)]
-    c = compare(entry(1, noisy_a), entry(2, noisy_b))
+    noisy_b = [v * 1.3 for v in rng.lognormal(np.log(100), 0.8, 15)]
+    c = compare(entry(1, noisy_a), entry(2, noisy_b), noise=KNOWN)
     assert c.ci_low <= 1 <= c.ci_high
-    assert c.verdict == "no significant change"
-
-
-def test_step_verdict_rule():
-    assert step_verdict(0.8, 0.75, 0.85) == "faster"
-    assert step_verdict(1.2, 1.1, 1.3) == "slower"
-    assert step_verdict(0.8, 0.7, 1.01) == "no significant change"
-    assert step_verdict(0.96, 0.95, 0.97) == "no significant change"
+    assert c.judgement.verdict in ("slower", "faster")
+    assert c.verdict == "inconclusive"
+    assert "the runs' own steps overlap" in c.headline
 
 
 def test_bootstrap_is_deterministic_and_uses_enough_resamples():

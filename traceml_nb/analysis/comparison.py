@@ -1,16 +1,16 @@
-"""Comparing two runs: what changed, and whether the step time really moved.
+"""Comparing runs: what changed, and whether the step time really moved.
 
-The step-time verdict rests on a bootstrap confidence interval of the ratio of median step
-times (candidate / baseline): both runs' steady step times are resampled with replacement
-``BOOTSTRAP_RESAMPLES`` times with a fixed seed. A change is *significant* when the interval
-excludes 1 **and** the medians differ by at least ``MIN_PRACTICAL_EFFECT``; consecutive steps
-are not independent, so the interval alone would call noise significant. Given the baseline's
-run-to-run noise (:class:`~.model.BaselineNoise`, :mod:`.baseline`), the medians must also
-differ by more than that noise's margin.
+The step-time verdict is the run-to-run noise model's (:mod:`.noise`, :mod:`.judge`): the
+change of the (geometric) mean of the runs' median step times, judged against the noise of
+their configurations, with Student's t bounds for how little few runs tell. "Slower" or
+"faster" also needs the step-level bootstrap interval of the ratio of median step times
+(``BOOTSTRAP_RESAMPLES`` resamples of both runs' steady steps, fixed seed) to exclude 1:
+where the steps themselves cannot tell, the verdict is inconclusive.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -18,16 +18,19 @@ import numpy as np
 
 from ..contracts import PROBLEM_VERDICTS
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_share, signed_pct, signed_points
-from .model import BaselineNoise, Diagnosis, Summary
+from .judge import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, Judgement
+from .model import Diagnosis, Summary
+from .noise import Noise, estimate_noise, judge_change, log_mean_ms
 from .thresholds import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
+    CHANGE_MARGIN,
     CONFIDENCE_LEVEL,
+    MAX_STORED_STEPS,
     MIN_PRACTICAL_EFFECT,
     NEUTRAL_POINTS,
 )
 
-FASTER, SLOWER, NO_CHANGE = "faster", "slower", "no significant change"
 GOOD, BAD, NEUTRAL = "good", "bad", "neutral"
 NOT_AVAILABLE = "\u2014"
 _CHUNK = 256  # bootstrap resamples drawn at once (bounds the index matrix's memory)
@@ -62,20 +65,26 @@ class Comparison:
     step_ratio: float | None = None  #: median step time of the candidate / of the baseline
     ci_low: float | None = None  #: bootstrap 95% interval of ``step_ratio``
     ci_high: float | None = None
-    verdict: str = NO_CHANGE  #: "faster", "slower" or "no significant change"
+    #: "faster", "slower", "no significant change" or "inconclusive"
+    verdict: str = NO_CHANGE
     headline: str = ""
-    #: the baseline's run-to-run noise the verdict was judged against (None: step level only)
-    noise: BaselineNoise | None = None
+    #: the run-to-run noise the verdict was judged against
+    noise: Noise | None = None
+    #: the verdict's figures: the change, its bounds, how many more runs would decide
+    judgement: Judgement | None = None
     #: what differs between the two runs (code, settings, environment, load), one item a line
     changes: list[str] = field(default_factory=list)
     #: the runs the baseline is made of (one for a run-to-run comparison)
     baseline_ids: list[int] = field(default_factory=list)
     #: said before the headline, e.g. that the runs are on different hardware classes
     note: str = ""
+    #: the parts of the configuration that differ between the baseline and the candidate
+    #: (:func:`~.configuration.changed_parts`: "code", "loader", "versions", "hardware")
+    changed_parts: tuple[str, ...] = ()
 
     @property
     def significant(self) -> bool:
-        return self.verdict != NO_CHANGE
+        return self.verdict in (FASTER, SLOWER)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +97,8 @@ class Comparison:
             "verdict": self.verdict,
             "headline": self.headline,
             "noise": self.noise.to_dict() if self.noise is not None else None,
+            "judgement": self.judgement.to_dict() if self.judgement is not None else None,
+            "changed_parts": list(self.changed_parts),
             "changes": list(self.changes),
             "baseline_ids": list(self.baseline_ids),
             "note": self.note,
@@ -138,16 +149,6 @@ def bootstrap_ratio_ci(
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])
     return float(low), float(high)
-
-
-def step_verdict(
-    ratio: float, ci_low: float, ci_high: float, margin: float = MIN_PRACTICAL_EFFECT
-) -> str:
-    """ "faster"/"slower" when the interval excludes 1 and the change is at least ``margin``
-    (``MIN_PRACTICAL_EFFECT``, or the baseline noise's margin when that is larger)."""
-    if abs(ratio - 1) < max(margin, MIN_PRACTICAL_EFFECT) or ci_low <= 1 <= ci_high:
-        return NO_CHANGE
-    return FASTER if ratio < 1 else SLOWER
 
 
 def _median(run: RunLike, values: np.ndarray) -> float | None:
@@ -209,63 +210,118 @@ def _throughput_row(a: Summary, b: Summary) -> ComparisonRow:
     )
 
 
-def verdict_tail(verdict: str, noise: BaselineNoise | None) -> str:
-    """The words after the change in a headline: ``slower, significant`` (step level only),
-    ``slower, beyond the run-to-run noise (±3.0%)``, ``no significant change (within ...)``,
-    or with the noise unknown, how many more runs would tell."""
-    if noise is None:
-        return f"{verdict}, significant" if verdict != NO_CHANGE else NO_CHANGE
-    if noise.known:
-        if noise.pairwise:
-            band = (
-                f"the noise between two runs ({noise.runs} baseline runs tell it), "
-                f"\u00b1{fmt_pct_plain(noise.margin)}"
-            )
-        else:
-            band = (
-                f"the run-to-run noise of {noise.runs} baseline runs, "
-                f"\u00b1{fmt_pct_plain(noise.margin)}"
-            )
-        if verdict == NO_CHANGE:
-            return f"{NO_CHANGE}: within {band}"
-        return f"{verdict}, beyond {band}"
-    more = noise.runs_needed
-    unknown = (
-        f"run-to-run noise not known yet: {more} more run{'s' if more != 1 else ''} would tell"
-    )
-    head = f"{verdict}, significant" if verdict != NO_CHANGE else NO_CHANGE
-    return f"{head}; {unknown}"
-
-
 def fmt_pct_plain(share: float) -> str:
     """A fraction as a percentage with one decimal below 10%: 0.031 → '3.1%', 0.12 → '12%'."""
     pct = share * 100
     return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
 
 
-def compare(a: RunLike, b: RunLike, *, noise: BaselineNoise | None = None) -> Comparison:
-    """Run ``b`` (the candidate) against run ``a`` (the baseline); ``noise``: the baseline's
-    run-to-run noise, which a change must exceed too (None: the step-level rule alone)."""
-    values_a = np.asarray(a.step_ms, dtype=float)
+def noise_source(noise: Noise) -> str:
+    """Where the noise comes from: ``5 runs of this configuration``, ``7 runs of 2
+    configurations and 3 other configurations on this machine``, or ``assumed for 10 ms steps
+    until reruns tell``."""
+    parts = []
+    if noise.own_configs == 1:
+        parts.append(f"{noise.own_runs} runs of this configuration")
+    elif noise.own_configs > 1:
+        parts.append(f"{noise.own_runs} runs of {noise.own_configs} configurations")
+    if noise.class_configs:
+        n = noise.class_configs
+        parts.append(f"{n} other configuration{'s' if n != 1 else ''} on this machine")
+    if not parts:
+        return f"assumed for {fmt_ms(noise.step_ms)} steps until reruns tell"
+    return " and ".join(parts)
+
+
+def verdict_tail(judgement: Judgement, noise: Noise | None) -> str:
+    """The words after the change in a headline: ``slower, beyond the run-to-run noise
+    (±7.4%: 5 runs of this configuration)``, ``no significant change: within …``,
+    ``inconclusive: within … ; 3 more runs would decide``."""
+    band = f"\u00b1{fmt_pct_plain(judgement.half_width)}"
+    if noise is not None:
+        band += f": {noise_source(noise)}"
+    verdict = judgement.verdict
+    if verdict in (FASTER, SLOWER):
+        return f"{verdict}, beyond the run-to-run noise ({band})"
+    if verdict == NO_CHANGE:
+        return f"{NO_CHANGE}: within the run-to-run noise ({band})"
+    more = judgement.more_needed
+    if more is None:
+        decide = "a change this small cannot be told at this noise"
+    else:
+        decide = f"{more} more run{'s' if more != 1 else ''} would decide"
+    return f"{INCONCLUSIVE}: within the run-to-run noise ({band}); {decide}"
+
+
+#: the headline's tail where the noise model saw a change but the runs' own steps overlap
+STEPS_OVERLAP = (
+    f"{INCONCLUSIVE}: the runs' own steps overlap (the step-level bootstrap interval includes no "
+    "change)"
+)
+
+
+def pooled_steps(runs: Sequence[RunLike], limit: int = MAX_STORED_STEPS) -> np.ndarray:
+    """The runs' steady step times together, each run evenly thinned to an equal share of
+    ``limit`` values (so that a long run does not outweigh the others, and the bootstrap stays
+    bounded)."""
+    share = max(2, limit // max(1, len(runs)))
+    parts = []
+    for run in runs:
+        values = np.asarray(run.step_ms, dtype=float)
+        if len(values) > share:
+            values = values[np.linspace(0, len(values) - 1, share).round().astype(int)]
+        parts.append(values)
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def compare(
+    a: RunLike,
+    b: RunLike,
+    *,
+    before: Sequence[RunLike] | None = None,
+    noise: Noise | None = None,
+    margin: float = CHANGE_MARGIN,
+    one_sided: bool = False,
+    after_busy: bool = False,
+) -> Comparison:
+    """Run ``b`` (the candidate) against run ``a``, or against the runs ``before`` (a baseline,
+    oldest first; ``a`` is the latest of them and fills the table's other rows).
+
+    The step time's verdict (:func:`.noise.judge_change`) judges ``b``'s median against the
+    geometric mean of the earlier medians with ``noise`` (default: :func:`.noise.
+    estimate_noise` of the earlier runs alone) and ``margin`` (the least change that matters;
+    ``one_sided``: a gate's question, is it slower); ``after_busy``: ``b`` ran on a busy
+    machine. "Slower"/"faster" also needs the step-level bootstrap interval to exclude 1."""
+    runs_a = [a] if not before else list(before)
+    values_a = np.asarray(a.step_ms, dtype=float) if not before else pooled_steps(runs_a)
     values_b = np.asarray(b.step_ms, dtype=float)
-    med_a, med_b = _median(a, values_a), _median(b, values_b)
-    result = Comparison(baseline_id=a.id, candidate_id=b.id, noise=noise, baseline_ids=[a.id])
-    # a noise not known yet carries its own, wider margin (UNKNOWN_NOISE_MIN_EFFECT)
-    margin = noise.margin if noise is not None else MIN_PRACTICAL_EFFECT
+    medians_a = [m for m in (_median(r, np.asarray(r.step_ms, dtype=float)) for r in runs_a) if m]
+    med_b = _median(b, values_b)
+    result = Comparison(baseline_id=a.id, candidate_id=b.id, baseline_ids=[r.id for r in runs_a])
     step_direction = NEUTRAL
-    if med_a and med_b and len(values_a) >= 2 and len(values_b) >= 2:
-        ratio = med_b / med_a
+    center = log_mean_ms(medians_a) if medians_a else None
+    if center and med_b and len(values_a) >= 2 and len(values_b) >= 2:
+        if noise is None:
+            noise = estimate_noise([medians_a], center)
+        judgement = judge_change(
+            medians_a, [med_b], noise, margin, one_sided=one_sided, after_busy=after_busy
+        )
+        ratio = med_b / center
         low, high = bootstrap_ratio_ci(values_a, values_b)
         result.step_ratio, result.ci_low, result.ci_high = ratio, low, high
-        result.verdict = step_verdict(ratio, low, high, margin)
-        tail = verdict_tail(result.verdict, noise)
+        result.noise, result.judgement = noise, judgement
+        result.verdict = judgement.verdict
+        tail = verdict_tail(judgement, noise)
+        if result.verdict in (FASTER, SLOWER) and low <= 1 <= high:
+            result.verdict, tail = INCONCLUSIVE, STEPS_OVERLAP
         result.headline = (
-            f"step time {fmt_ms(med_a)} \u2192 {fmt_ms(med_b)} ({signed_pct(ratio - 1)}, {tail})"
+            f"step time {fmt_ms(center)} \u2192 {fmt_ms(med_b)} ({signed_pct(ratio - 1)}, {tail})"
         )
         step_delta = signed_pct(ratio - 1)
         step_direction = {FASTER: GOOD, SLOWER: BAD}.get(result.verdict, NEUTRAL)
     else:
-        missing = [f"#{r.id}" for r, v in ((a, values_a), (b, values_b)) if len(v) < 2]
+        empty = [(a, values_a)] if not before else [(r, np.asarray(r.step_ms)) for r in runs_a]
+        missing = [f"#{r.id}" for r, v in [*empty, (b, values_b)] if len(v) < 2]
         verb = "has" if len(missing) == 1 else "have"
         result.headline = (
             f"step time not comparable: {' and '.join(missing)} {verb} no steady steps"
@@ -279,7 +335,14 @@ def compare(a: RunLike, b: RunLike, *, noise: BaselineNoise | None = None) -> Co
     )
     sm_measured = sa.sm_active_median_pct is not None or sb.sm_active_median_pct is not None
     result.rows = [
-        ComparisonRow("median step time", fmt_ms(med_a), fmt_ms(med_b), step_delta, step_direction),
+        ComparisonRow(
+            "median step time"
+            + (f" (mean of {len(medians_a)} runs)" if before and len(medians_a) > 1 else ""),
+            fmt_ms(center),
+            fmt_ms(med_b),
+            step_delta,
+            step_direction,
+        ),
         _throughput_row(sa, sb),
         _points_row(
             "data wait",

@@ -66,6 +66,11 @@ class Judgement:
     def decided(self) -> bool:
         return self.verdict != INCONCLUSIVE
 
+    @property
+    def half_width(self) -> float:
+        """The bounds' distance from the estimate, relative (0.074: ±7.4%)."""
+        return math.expm1(math.log1p(self.high) - math.log1p(self.change))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -156,36 +156,6 @@ class Analysis:
 
 
 @dataclass
-class BaselineNoise:
-    """The run-to-run noise of a baseline: how far identical reruns' median step times scatter.
-
-    ``runs`` baseline runs with a median; ``center_ms`` the median of their median step times
-    (ms); ``spread`` their robust relative standard deviation (``MAD_TO_SIGMA`` × median
-    absolute deviation / ``center_ms``, a fraction; None with fewer than ``MIN_BASELINE_RUNS``
-    runs); ``margin`` the relative change a run must exceed to be slower or faster (a fraction:
-    the larger of ``MIN_PRACTICAL_EFFECT`` and ``NOISE_MULTIPLIER`` × ``spread``);
-    ``runs_needed`` how many more baseline runs would make the noise known (0 when known).
-    ``pairwise``: the noise of one run against another single run (the previous, the best),
-    both of which scatter (:func:`~.baseline.pairwise_noise`), not against the baseline's
-    center.
-    """
-
-    runs: int
-    center_ms: float | None
-    spread: float | None
-    margin: float
-    runs_needed: int
-    pairwise: bool = False
-
-    @property
-    def known(self) -> bool:
-        return self.spread is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
 class IdleCost:
     """What a run's idle accelerator time cost.
 

@@ -153,6 +153,33 @@ CHANGE_MARGIN = 0.10
 #: many; beyond it, that the change is too small for this noise.
 MAX_RUNS_NEEDED = 30
 
+# --- run-to-run noise (:mod:`.noise`) -----------------------------------------------------------
+#: The run-to-run noise assumed at a 10 ms median step before any run says otherwise (standard
+#: deviation of ln(median step), ≈ relative): identical ~10 ms CPU jobs in fresh processes on
+#: this 2-core VM class scattered by 3-9% between quiet days and noisy ones.
+DEFAULT_NOISE_AT_10MS = 0.05
+#: Shorter steps are noisier (timer resolution, the scheduler, caches matter more): the default
+#: grows as (10 ms / step) ** this; 0.5 ms steps get ~14%, as identical sub-millisecond reruns
+#: in one kernel moved by -12% to +32%.
+DEFAULT_NOISE_EXPONENT = 0.35
+#: ...and is never above this.
+DEFAULT_NOISE_MAX = 0.30
+#: The default counts as this many degrees of freedom (as many as five runs would give): enough
+#: to judge a 2x change from two runs, little enough that a configuration's own runs soon
+#: outweigh it.
+DEFAULT_PRIOR_DF = 4.0
+#: Other configurations of the machine class count toward the noise when their median step is
+#: within this factor of the compared runs' (either way): noise depends on the step's length.
+STEP_LENGTH_FACTOR = 3.0
+#: ...worth at most this many degrees of freedom together, so that the compared
+#: configurations' own runs still matter.
+CLASS_PRIOR_MAX_DF = 12.0
+#: A run made on a busy machine (``BUSY_MACHINE_SHARE``, ``MATERIAL_STEAL_SHARE``) against a quiet
+#: baseline is judged with this many times the noise: such runs measured 20-60% slower than
+#: quiet ones, against 3-9% between quiet runs; with 3 times, busy candidates still made half of
+#: the simulated false alarms (tests/test_noise_statistics.py).
+BUSY_NOISE_FACTOR = 5.0
+
 # --- what changed -----------------------------------------------------------------------------
 #: Other processes using at least this share of the machine's CPUs during a run load the
 #: machine enough to slow a training loop that needs the CPU (a quarter of the cores).
@@ -195,3 +222,53 @@ STRAGGLER_MIN_WAIT_MS = 1.0
 #: A rank is the straggler by its step time when its median step is at least this many times
 #: the median of the other ranks' medians (ranks that do not synchronise every step).
 STRAGGLER_STEP_FACTOR = 1.2
+
+# --- change points (:mod:`.changepoints`, ``%traceml history --name``, ``check --history``) ----
+# Measured in tests/test_changepoints.py on 2,000 simulated histories of 20-30 runs each (a
+# run-to-run noise of 3-10% per history, lognormal; one run in 20 on a busy machine, 20-60%
+# slower): identical runs show a shift in 0.45% of histories (0.15% a slowdown beyond 10%);
+# a +20% shift in the middle is found (within two runs of where it happened) in 85%, +10% in 43%.
+#: The least runs on each side of a shift (runs): a shift is told once this many runs follow it,
+#: and one or two busy-machine runs at the end of a history cannot make one.
+CHANGE_MIN_RUNS = 4
+#: The least runs a history needs before its shifts are looked for (runs). With 10 runs a
+#: clean +20% step reaches the significance level in 8% of histories (the runs can only be
+#: shuffled into 210-252 distinct halves); with 12, in 77%.
+CHANGE_MIN_HISTORY = 12
+#: The permutation test's level: the chance that a history of identical runs shows a shift
+#: (exact for runs whose noise is exchangeable; the false alarm rate held under 1% in tests).
+CHANGE_SIGNIFICANCE = 0.01
+#: Shuffles of the runs in the permutation test: with 499, a split is significant when at most
+#: 4 shuffles score as high (p = 5/500); more only sharpen p-values far from the level.
+CHANGE_PERMUTATIONS = 499
+#: The least shift reported, as the ratio of the segments' median step times less 1, either
+#: way (0.05 = 5% slower, or faster by the same ratio): a significant move of a few percent (a
+#: long history tells 3% apart) is noise of the machine, not a change worth a line.
+CHANGE_MIN_SHIFT = 0.08
+
+# --- the A/B gate (``python -m traceml_nb ab``, :mod:`.paired`) ---------------------------------
+# Chosen by the simulation study in tests/test_paired.py (10,000 simulated A/B decisions per
+# case: per-run lognormal noise of 3-8% of a 10 ms step, a slow drift across the job, busy
+# spells of 1-3 runs 20-60% slower). At these defaults and --max-slowdown 0.10: identical code
+# called slower in 0.24% of decisions (1.4% inconclusive), +10% caught in 81%, +20% in 99.9%;
+# 8.2 rounds used on average for identical code, 14.7 at +10%, 8.3 at +20%. At the noisiest
+# machine of the study (8% on every run) the false alarm rate is 0.5% and +10% is caught in 67%.
+#: The most rounds (one run of the base and one of the head each, ABBA) a gate makes before it
+#: answers "inconclusive" (exit 3): 30 rounds = 60 runs of the command. Fewer (25) catch +10% in
+#: under 80% of the study's decisions; most decisions stop long before (early stopping).
+DEFAULT_AB_ROUNDS = 30
+#: The gate looks at the rounds (and may stop) from this many rounds on: with fewer, a spread
+#: from 2-4 ratios is itself too uncertain (and a busy spell too strong) to be worth a look of
+#: the false alarm budget. Also the least ``--rounds`` allowed. 5 or 6 gave the same rates.
+MIN_AB_ROUNDS = 5
+#: The one-sided level of the "slower" bound at each look (a probability). The gate looks after
+#: every round from ``MIN_AB_ROUNDS`` on (up to 26 looks), so each look gets far less than the
+#: ``FALSE_ALARM_RATE`` of one comparison: 0.001 keeps the whole sequential procedure at 0.24%
+#: (0.5% on the noisiest machine); 0.002 gave 0.5% (1.1% with 8% noise on every run).
+AB_FALSE_ALARM_PER_LOOK = 0.001
+#: The one-sided level of the bound that must rule out a slowdown of ``--max-slowdown`` for a
+#: "not slower" at each look (a probability): smaller than ``MISS_RATE``, since a true +10%
+#: slowdown gets a chance to pass at every look. 0.05 caught +10% in 78%, 0.03 in 81%.
+AB_MISS_PER_LOOK = 0.03
+#: A failed or empty run's report shows at most this many of the last lines of its output.
+AB_OUTPUT_TAIL_LINES = 20

@@ -3,11 +3,18 @@
 :func:`check` reads the store (never writes it) and returns a :class:`CheckResult` whose
 ``exit_code`` is what ``python -m traceml_nb check`` exits with:
 
-* **0** no regression: the latest run is not slower than its baseline by more than
-  ``max_slowdown`` *and* the baseline's run-to-run noise *and* the step-level bootstrap;
-* **1** a regression beyond all three;
+* **0** not slower: a slowdown of ``max_slowdown`` is ruled out (:mod:`..analysis.judge`:
+  the upper bound at ``1 - MISS_RATE`` is below it);
+* **1** a regression: slower with confidence (the lower bound at ``1 - FALSE_ALARM_RATE`` is
+  above no change, the estimate at least half of ``max_slowdown``, and the step-level
+  bootstrap agrees);
 * **2** no verdict: no run or no baseline yet, a latest run without steady steps, a usage
-  error, or a store that cannot be read.
+  error, or a store that cannot be read;
+* **3** inconclusive: the run-to-run noise is too wide to tell; the verdict says how many
+  more runs would decide.
+
+The baseline is the runs of the latest run's configuration, or of the configuration before it
+(:mod:`.baselines`); the noise is theirs, with what the machine class has shown as a prior.
 """
 
 from __future__ import annotations
@@ -18,23 +25,31 @@ from typing import Any
 
 from ..analysis.attribution import what_changed
 from ..analysis.baseline import compare_with_baseline, is_regression
-from ..analysis.comparison import Comparison, fmt_pct_plain
+from ..analysis.comparison import Comparison, fmt_pct_plain, noise_source
+from ..analysis.configuration import changed_parts
 from ..analysis.formatting import fmt_ms, signed_pct
-from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN, MIN_BASELINE_RUNS
+from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
+from ..analysis.noise import is_busy
+from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
+from .baselines import EARLIER, SAME, choose_baseline, machine_points, noise_for
 from .environment import hardware_class
 from .history import RunEntry
 from .store import Store, StoreError, resolve_store_path
 from .stored_jobs import StoredJob, job_of, run_hardware, split_jobs, steady_steps, step_median_ms
 
-EXIT_OK, EXIT_REGRESSION, EXIT_NO_VERDICT = 0, 1, 2
+EXIT_OK, EXIT_REGRESSION, EXIT_NO_VERDICT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 PASS, REGRESSION, NO_BASELINE, ERROR = "pass", "regression", "no baseline", "error"
+INCONCLUSIVE = "inconclusive"
+#: Runs the gate wants stored of a configuration before its noise is its own.
+ADVISED_BASELINE_RUNS = 5
 #: "No baseline yet" names at most this many of the latest earlier jobs it left out, and why.
 LEFT_OUT_SHOWN = 3
 
 
 @dataclass
 class CheckResult:
-    """The gate's outcome. ``status``: "pass", "regression", "no baseline" or "error";
+    """The gate's outcome. ``status``: "pass", "regression", "inconclusive", "no baseline" or
+    "error";
     ``verdict``: one paragraph saying it; ``comparison`` the latest run against its baseline
     (None without one); ``max_slowdown`` the allowed slowdown, a fraction (0.10 = 10%)."""
 
@@ -52,6 +67,8 @@ class CheckResult:
     job: StoredJob | None = None
     #: the job each baseline run stands for (None: a run alone), parallel to ``baseline``
     baseline_jobs: list[StoredJob | None] = field(default_factory=list)
+    #: which baseline it is: "same configuration", "earlier configuration" or "pinned"
+    baseline_kind: str = SAME
 
     @property
     def slowdown(self) -> float | None:
@@ -75,6 +92,7 @@ class CheckResult:
             "changes": list(self.changes),
             "job": self.job.to_dict() if self.job is not None else None,
             "baseline_jobs": [j.to_dict() if j is not None else None for j in self.baseline_jobs],
+            "baseline_kind": self.baseline_kind,
         }
 
 
@@ -101,7 +119,7 @@ def check(
     ``BASELINE_RUNS`` earlier complete jobs of ``name`` of the same world size; a job that is
     not whole (a rank failed or stored no run) has no verdict. A run alone is compared with
     runs that ran alone only."""
-    if not (isinstance(max_slowdown, (int, float)) and 0 <= max_slowdown < 10):
+    if not (isinstance(max_slowdown, (int, float)) and 0 < max_slowdown < 10):
         return _fail(
             name,
             f"--max-slowdown must be a fraction such as 0.10, got {max_slowdown!r}",
@@ -139,8 +157,11 @@ def check(
                 return unjudged
             candidate = job.slowest
         hardware = None if any_hardware else hardware_class(candidate.environment)
+        kind = SAME
         if against == "baseline":
-            baseline, units, skipped = _baseline(target, name, candidate, job, hardware)
+            baseline, units, skipped, kind = _baseline(
+                target, name, candidate, job, hardware, any_hardware
+            )
         else:
             text = str(against).strip().lstrip("@")
             if not text.isdigit():
@@ -151,6 +172,7 @@ def check(
                     path,
                 )
             baseline, units, skipped = _stand_for_jobs(target, [target.get(int(text))], exclude=job)
+            kind = "run"
             if not baseline:
                 why = skipped[0] if skipped else "not a run to compare with"
                 return _fail(name, f"--against @{text}: {why}", max_slowdown, path, NO_BASELINE)
@@ -168,7 +190,20 @@ def check(
             candidate,
             job=job,
         )
-    comparison = compare_with_baseline(baseline, candidate)
+    try:
+        points = machine_points(candidate, None, target, before=candidate.stored_id)
+    except StoreError:
+        points = []
+    keys = {candidate.configuration.key, *(r.configuration.key for r in baseline)}
+    comparison = compare_with_baseline(
+        baseline,
+        candidate,
+        noise=noise_for(candidate, keys, points, candidate.summary.step_ms_median or 0.0),
+        margin=max_slowdown,
+        one_sided=True,
+        after_busy=is_busy(candidate.load) and not all(is_busy(r.load) for r in baseline),
+    )
+    comparison.changed_parts = changed_parts(baseline[-1].configuration, candidate.configuration)
     changes = what_changed(baseline[-1], candidate, verdict=comparison.verdict).lines()
     comparison.changes = changes
     if comparison.step_ratio is None:
@@ -177,13 +212,19 @@ def check(
             f"no verdict on {subject}: {comparison.headline}.",
             max_slowdown, path, candidate, baseline, comparison, changes, job, units,
         )  # fmt: skip
-    regression = is_regression(comparison, max_slowdown)
+    regression = is_regression(comparison)
+    if regression:
+        exit_code, status = EXIT_REGRESSION, REGRESSION
+    elif comparison.verdict == INCONCLUSIVE_VERDICT:
+        exit_code, status = EXIT_INCONCLUSIVE, INCONCLUSIVE
+    else:
+        exit_code, status = EXIT_OK, PASS
     return CheckResult(
-        EXIT_REGRESSION if regression else EXIT_OK,
-        REGRESSION if regression else PASS,
+        exit_code,
+        status,
         name,
         verdict_paragraph(
-            name, candidate, baseline, comparison, max_slowdown, regression, job=job, units=units
+            name, candidate, baseline, comparison, max_slowdown, job=job, units=units, kind=kind
         ),
         max_slowdown,
         path,
@@ -193,6 +234,7 @@ def check(
         changes,
         job,
         units,
+        kind,
     )
 
 
@@ -222,17 +264,29 @@ def _unjudged_job(name: str, job: StoredJob, max_slowdown: float, path: str) -> 
 
 
 def _baseline(
-    target: Store, name: str, candidate: RunEntry, job: StoredJob | None, hardware: str | None
-) -> tuple[list[RunEntry], list[StoredJob | None], list[str]]:
-    """The baseline runs (oldest first), the job each stands for (None: a run alone) and why
-    earlier jobs were left out. A run alone: its pins, else the last runs alone (never ranks of
-    a job); a job: its pins, else the slowest ranks of the last complete jobs of its world size."""
-    if job is None or target.pins(name):
+    target: Store,
+    name: str,
+    candidate: RunEntry,
+    job: StoredJob | None,
+    hardware: str | None,
+    any_hardware: bool,
+) -> tuple[list[RunEntry], list[StoredJob | None], list[str], str]:
+    """The baseline runs (oldest first), the job each stands for (None: a run alone), why
+    earlier jobs were left out, and the baseline's kind. A run alone: :func:`.baselines.
+    choose_baseline` (its pins, else its configuration's runs, else the configuration's before
+    it; never ranks of a job); a job: its pins, else the slowest ranks of the last complete jobs
+    of its world size."""
+    if job is None:
+        chosen = choose_baseline(
+            candidate, None, target, any_hardware=any_hardware, before=candidate.stored_id
+        )
+        return (*_stand_for_jobs(target, chosen.runs), chosen.kind)
+    if target.pins(name):
         runs = target.baseline(
             name, hardware=hardware, before=candidate.stored_id, k=BASELINE_RUNS, alone=True
         )
         runs = [r for r in runs if r.stored_id != candidate.stored_id]
-        return _stand_for_jobs(target, runs, exclude=job)
+        return (*_stand_for_jobs(target, runs, exclude=job), "pinned")
     kept: list[StoredJob] = []
     skipped = []
     for other in split_jobs(target.job_rows(name)):
@@ -252,7 +306,7 @@ def _baseline(
     kept = kept[-BASELINE_RUNS:]
     by_id = {r.stored_id: r for r in target.entries([j.slowest.id for j in kept])}
     units: list[StoredJob | None] = [*kept]
-    return [by_id[j.slowest.id] for j in kept], units, skipped
+    return [by_id[j.slowest.id] for j in kept], units, skipped, SAME
 
 
 def _stand_for_jobs(
@@ -296,8 +350,8 @@ def _no_baseline(
 ) -> str:
     where = "" if any_hardware else f" on {hardware_class(candidate.environment)}"
     store_more = (
-        f"Store {MIN_BASELINE_RUNS} or more runs of it (e.g. on the main branch) and the gate "
-        "has a baseline whose noise it knows."
+        f"Store {ADVISED_BASELINE_RUNS} or more runs of it (e.g. on the main branch) and the "
+        "gate has a baseline whose noise it knows."
     )
     if job is None:
         text = (
@@ -323,39 +377,37 @@ def verdict_paragraph(
     baseline: list[RunEntry],
     comparison: Comparison,
     max_slowdown: float,
-    regression: bool,
     *,
     job: StoredJob | None = None,
     units: list[StoredJob | None] | None = None,
+    kind: str = SAME,
 ) -> str:
     """The gate's verdict in one paragraph. ``job``: the job whose slowest rank ``candidate``
-    is; ``units``: the job each baseline run stands for (None: a run alone)."""
+    is; ``units``: the job each baseline run stands for (None: a run alone); ``kind``: the
+    baseline's (``EARLIER``: the runs of the configuration before the candidate's)."""
     of = _baseline_words(baseline, units or [None] * len(baseline))
+    if kind == EARLIER:
+        of += " of the configuration before it"
     subject = _subject(name, candidate, job)
     ratio = comparison.step_ratio
-    noise = comparison.noise
-    if ratio is None:
+    judgement = comparison.judgement
+    if ratio is None or judgement is None:
         if job is None:
             return f"{name!r}: no verdict on @{candidate.stored_id}: {comparison.headline}."
         return f"no verdict on {subject}: {comparison.headline}."
-    median_before = noise.center_ms if noise is not None and noise.center_ms else None
-    if median_before is None or len(baseline) == 1:
-        median_before = baseline[-1].summary.step_ms_median
+    before = baseline[-1].summary.step_ms_median
+    if len(baseline) > 1 and ratio:
+        before = (candidate.summary.step_ms_median or 0.0) / ratio
     move = (
-        f"{fmt_ms(median_before)} \u2192 {fmt_ms(candidate.summary.step_ms_median)} "
-        f"({signed_pct(ratio - 1)})"
+        f"{fmt_ms(before)} \u2192 {fmt_ms(candidate.summary.step_ms_median)} "
+        f"({signed_pct(ratio - 1)}, bounds {signed_pct(judgement.low)} to "
+        f"{signed_pct(judgement.high)})"
     )
-    allowed = f"the {fmt_pct_plain(max_slowdown)} allowed"
-    if noise is not None and noise.known:
-        band = f"the run-to-run noise of the baseline (\u00b1{fmt_pct_plain(noise.margin)})"
-    elif noise is not None:
-        band = (
-            f"the step-level bootstrap (the run-to-run noise is not known yet: "
-            f"{noise.runs_needed} more baseline run{'s' if noise.runs_needed != 1 else ''} "
-            "would tell)"
-        )
-    else:
-        band = "the step-level bootstrap"
+    noise = comparison.noise
+    band = "the run-to-run noise"
+    if noise is not None:
+        band += f" ({noise_source(noise)})"
+    allowed = f"a slowdown of {fmt_pct_plain(max_slowdown)}"
     what = list(comparison.changes[1:])
     changed = ""
     if what:
@@ -363,17 +415,27 @@ def verdict_paragraph(
     elif comparison.changes:
         first = comparison.changes[0]
         changed = f" {first[:1].upper()}{first[1:]}"
-    if regression:
+    if comparison.verdict == "slower":
         head = (
-            f"REGRESSION: {subject} is slower than its baseline, "
-            f"{of}: step time {move}, beyond {allowed} and beyond {band}."
+            f"REGRESSION: {subject} is slower than its baseline, {of}: step time {move}, "
+            f"beyond {band}; the gate is set to catch {allowed}."
         )
-    elif comparison.verdict == "slower":
-        head = f"OK: {subject} is slower than {of} ({move}), beyond {band} but within {allowed}."
+    elif comparison.verdict == INCONCLUSIVE_VERDICT:
+        more = judgement.more_needed
+        decide = (
+            f"{more} more run{'s' if more != 1 else ''} of it would decide"
+            if more is not None
+            else "a change this small cannot be told at this noise; an A/B run "
+            "(python -m traceml_nb ab) pairs the runs so the machine's drift cancels"
+        )
+        head = (
+            f"INCONCLUSIVE: {subject} against {of}: step time {move}: neither {allowed} nor "
+            f"no slowdown can be ruled out against {band}; {decide}."
+        )
     else:
         head = (
-            f"OK: {subject} against {of}: step time {move}, "
-            f"{comparison.verdict} (judged against {allowed} and {band})."
+            f"OK: {subject} against {of}: step time {move}, not slower: {allowed} is ruled "
+            f"out against {band}."
         )
     return head + changed
 

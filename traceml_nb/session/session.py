@@ -13,24 +13,16 @@ The magic holds the kernel's default session; a script or a test may hold its ow
 from __future__ import annotations
 
 import os
-import re
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from ..run import Run
 from .history import History, RunEntry, entry_from
 from .result import LabelledComparison, RunResult
 
-#: ``cell [12]``: the name of a run given none; it names no cell across sessions.
-_FALLBACK_NAME = re.compile(r"^cell \[\d+\]$")
 GPU_PRICE_ENV = "TRACEML_NB_GPU_PRICE"
-
-
-def stable_name(entry: RunEntry) -> bool:
-    """The run's name identifies its cell across sessions: given with ``--name``, or read from
-    the cell's leading comment (not the ``cell [n]`` fallback, nor the default ``run``)."""
-    return entry.named or not (_FALLBACK_NAME.match(entry.name) or entry.name == "run")
 
 
 class Session:
@@ -82,46 +74,14 @@ class Session:
 
     def baseline_for(
         self, entry: RunEntry, store: Any = None, *, any_hardware: bool = False
-    ) -> tuple[list[RunEntry], str]:
-        """The baseline runs of ``entry`` (oldest first) and a note ('' or why it is what it
-        is): from the store when the run has a stable name (:func:`stable_name`) and the store
-        can be read, else the earlier runs of its cell in this session; completed runs with
-        steady steps, on ``entry``'s hardware class unless ``any_hardware``. A rank of a
-        ``torchrun`` job is compared with the same rank of earlier jobs of its world size, a
-        run alone with runs alone."""
-        from ..analysis.thresholds import BASELINE_RUNS
-        from .environment import hardware_class
-        from .store import StoreError
+    ) -> Any:
+        """The :class:`~.baselines.Baseline` of ``entry`` (:func:`~.baselines.choose_baseline`:
+        its pinned runs, else the runs of its configuration, else those of the configuration
+        before it; from the store when the run has a stable name and the store can be read,
+        else from this session's history)."""
+        from .baselines import choose_baseline
 
-        hardware = None if any_hardware else hardware_class(entry.environment)
-        note = ""
-        if store is not None and stable_name(entry) and os.path.exists(store.path):
-            # a rank of a torchrun job against the same rank of earlier jobs, a run alone
-            # against runs alone: one process has no all-reduce to wait at
-            rank_of = None
-            if entry.job_id is not None and entry.rank is not None and entry.world_size:
-                rank_of = (entry.rank, entry.world_size, entry.job_id)
-            try:
-                runs = store.baseline(
-                    entry.name,
-                    hardware=hardware,
-                    k=BASELINE_RUNS,
-                    alone=rank_of is None,
-                    rank_of=rank_of,
-                )
-                if entry.stored_id is not None:
-                    runs = [r for r in runs if r.stored_id != entry.stored_id]
-                return runs, note
-            except StoreError as exc:
-                note = f"baseline from this session only: {exc}"
-        runs = [
-            e
-            for e in self.history.same_cell(entry)
-            if e.status == "completed"
-            and len(e.step_ms) >= 2
-            and (hardware is None or hardware_class(e.environment) == hardware)
-        ]
-        return runs[-BASELINE_RUNS:], note
+        return choose_baseline(entry, self.history, store, any_hardware=any_hardware)
 
     # --- a run's result ---------------------------------------------------------------------
     def result(
@@ -361,44 +321,65 @@ class Session:
     def _comparisons(
         self, entry: RunEntry, target: Any
     ) -> tuple[Any, Any, Any, list[LabelledComparison]]:
+        """The run against its baseline, its previous run and its best run, each judged with
+        the run-to-run noise of the configurations it compares (:mod:`.baselines`)."""
         from ..analysis import compare as compare_runs
         from ..analysis.attribution import what_changed
-        from ..analysis.baseline import baseline_noise, compare_with_baseline, pairwise_noise
+        from ..analysis.baseline import compare_with_baseline
+        from ..analysis.configuration import changed_parts
+        from ..analysis.noise import is_busy
+        from .baselines import machine_points, noise_for
 
-        baseline, note = self.baseline_for(entry, target)
-        noise = baseline_noise([r.summary.step_ms_median for r in baseline]) if baseline else None
-        # one run against another single run: both scatter
-        between_two = pairwise_noise(noise) if noise is not None else None
+        baseline = self.baseline_for(entry, target)
+        runs = baseline.runs
+        points = machine_points(entry, self.history, target)
+        step_ms = entry.summary.step_ms_median or 0.0
+        config = entry.configuration
+
+        def judged(before: list[RunEntry]) -> dict[str, Any]:
+            """The keyword arguments that judge ``entry`` against ``before``."""
+            keys = {config.key, *(r.configuration.key for r in before)}
+            return {
+                "noise": noise_for(entry, keys, points, step_ms),
+                "after_busy": is_busy(entry.load) and not all(is_busy(r.load) for r in before),
+            }
+
         previous = self.history.previous_of(entry)
         best = self.history.best_of(entry)
         comparisons: list[LabelledComparison] = []
         with_baseline = with_previous = with_best = None
         same_as_previous = (
-            len(baseline) == 1
+            len(runs) == 1
             and previous is not None
-            and (baseline[0] is previous or baseline[0].stored_id == previous.stored_id)
+            and (runs[0] is previous or runs[0].stored_id == previous.stored_id)
         )
-        if baseline and not same_as_previous:
-            with_baseline = compare_with_baseline(baseline, entry, noise=noise)
+        if runs and not same_as_previous:
+            with_baseline = compare_with_baseline(runs, entry, **judged(runs))
+            with_baseline.changed_parts = changed_parts(runs[-1].configuration, config)
             changes = what_changed(
-                baseline[-1],
+                runs[-1],
                 entry,
                 verdict=with_baseline.verdict,
-                baseline_load_share=_median_load(baseline, "other_cpu_share"),
-                baseline_steal_share=_median_load(baseline, "steal_share"),
+                baseline_load_share=_median_load(runs, "other_cpu_share"),
+                baseline_steal_share=_median_load(runs, "steal_share"),
             )
             with_baseline.changes = changes.lines()
-            if note:
-                with_baseline.note = note
-            comparisons.append(LabelledComparison(baseline_title(entry, baseline), with_baseline))
+            if baseline.note:
+                with_baseline.note = baseline.note
+            title = baseline_title(entry, runs, baseline.kind, with_baseline.changed_parts)
+            comparisons.append(LabelledComparison(title, with_baseline))
         if previous is not None:
-            with_previous = compare_runs(previous, entry, noise=between_two)
+            with_previous = compare_runs(previous, entry, **judged([previous]))
+            with_previous.changed_parts = changed_parts(previous.configuration, config)
             with_previous.changes = what_changed(
                 previous, entry, verdict=with_previous.verdict
             ).lines()
             comparisons.append(LabelledComparison(f"previous run {previous.label}", with_previous))
-        if best is not None and best is not previous:
-            with_best = compare_runs(best, entry, noise=between_two)
+        # the best of several runs of this very configuration is only its luckiest: the
+        # baseline judges those; the best run is compared where it is another configuration
+        if best is not None and best is not previous and best.configuration.key != config.key:
+            with_best = compare_runs(best, entry, **judged([best]))
+            with_best.changed_parts = changed_parts(best.configuration, config)
             comparisons.append(LabelledComparison(f"best run {best.label}", with_best))
         return with_baseline, with_previous, with_best, comparisons
 
@@ -601,15 +582,39 @@ def _median_load(runs: list[RunEntry], key: str) -> float | None:
     return known[len(known) // 2] if known else None
 
 
-def baseline_title(entry: RunEntry, baseline: list[RunEntry]) -> str:
-    """``baseline: 5 runs of 'resnet' (@3–@7)`` / ``baseline: run #2 of 'resnet'``."""
+#: How a baseline title names what changed (:func:`~traceml_nb.analysis.configuration.
+#: changed_parts` codes), e.g. ``3 runs of the earlier code``.
+CHANGED_PART_WORDS = {
+    "code": "code",
+    "loader": "DataLoader settings",
+    "versions": "versions",
+    "hardware": "hardware",
+}
+
+
+def baseline_title(
+    entry: RunEntry, baseline: list[RunEntry], kind: str = "", changed: Sequence[str] = ()
+) -> str:
+    """``baseline: 5 runs of this configuration of 'resnet' (@3–@7)``, ``baseline: 3 runs of
+    the earlier DataLoader settings of 'resnet' (@1–@3)``, ``baseline: run #2 of 'resnet'``
+    (pinned runs: ``the pinned baseline``)."""
+    from .baselines import EARLIER, PINNED, SAME
+
     labels = [f"@{r.stored_id}" if r.origin == "store" else f"#{r.id}" for r in baseline]
     earlier = [r for r in baseline if r.session_id is not None and r.session_id != entry.session_id]
     where = ", from an earlier session" if earlier and len(earlier) == len(baseline) else ""
-    if len(baseline) == 1:
-        return f"baseline: run {labels[0]} of {entry.name!r}{where}"
-    span = f"{labels[0]}\u2013{labels[-1]}"
-    return f"baseline: {len(baseline)} runs of {entry.name!r} ({span}){where}"
+    runs = "run" if len(baseline) == 1 else f"{len(baseline)} runs"
+    if kind == EARLIER and changed:
+        words = " and ".join(CHANGED_PART_WORDS.get(c, c) for c in changed)
+        what = f"{runs} of the earlier {words}"
+    elif kind == SAME:
+        what = f"{runs} of this configuration"
+    elif kind == PINNED:
+        what = f"the pinned {runs}"
+    else:
+        what = runs
+    span = labels[0] if len(labels) == 1 else f"{labels[0]}\u2013{labels[-1]}"
+    return f"baseline: {what} of {entry.name!r} ({span}){where}"
 
 
 def _rank_analysis(run: Run, warmup: Any, snapshot: Any, analysis: Any) -> tuple[Any, Any, Any]:

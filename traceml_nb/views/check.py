@@ -8,16 +8,22 @@ from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from ..session.check import ERROR, NO_BASELINE, REGRESSION, CheckResult
+from ..session.check import ERROR, INCONCLUSIVE, NO_BASELINE, REGRESSION, CheckResult
 from .text import format_value
 
-_ICON = {"pass": "\u2705", REGRESSION: "\u274c", NO_BASELINE: "\u26a0\ufe0f", ERROR: "\u26a0\ufe0f"}
+_ICON = {
+    "pass": "\u2705",
+    REGRESSION: "\u274c",
+    INCONCLUSIVE: "\u2754",
+    NO_BASELINE: "\u26a0\ufe0f",
+    ERROR: "\u26a0\ufe0f",
+}
 
 
 @dataclass
 class CheckReport:
     """What ``traceml_nb.check(...)`` returns: the :class:`~traceml_nb.session.check.
-    CheckResult` (``result``) and its renderings. ``exit_code`` 0/1/2 as the CLI exits."""
+    CheckResult` (``result``) and its renderings. ``exit_code`` 0/1/2/3 as the CLI exits."""
 
     result: CheckResult
 
@@ -56,20 +62,21 @@ class CheckReport:
 
     def junit(self) -> str:
         """JUnit XML: one test case named after the run; a failure for a regression, a skip for
-        no baseline yet, an error for an unreadable store or a usage error."""
+        no baseline yet and for an inconclusive verdict, an error for an unreadable store or a
+        usage error."""
         r = self.result
         body = ""
         message = quoteattr(r.verdict)
         if r.status == REGRESSION:
             body = f'<failure message={message} type="regression">{escape(r.verdict)}</failure>'
-        elif r.status == NO_BASELINE:
+        elif r.status in (NO_BASELINE, INCONCLUSIVE):
             body = f"<skipped message={message}/>"
         elif r.status == ERROR:
             body = f'<error message={message} type="store">{escape(r.verdict)}</error>'
         counts = {
             "failures": int(r.status == REGRESSION),
             "errors": int(r.status == ERROR),
-            "skipped": int(r.status == NO_BASELINE),
+            "skipped": int(r.status in (NO_BASELINE, INCONCLUSIVE)),
         }
         attrs = " ".join(f'{k}="{v}"' for k, v in counts.items())
         case = quoteattr(r.name)

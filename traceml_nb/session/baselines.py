@@ -1,0 +1,179 @@
+"""Which earlier runs a run is judged against, and the run-to-run noise it is judged with.
+
+A run's **baseline** (:func:`choose_baseline`) is, in order:
+
+* the runs pinned for its name (``%traceml baseline NAME set``), as they are;
+* else the last ``BASELINE_RUNS`` earlier runs of its own configuration (:mod:`~traceml_nb.
+  analysis.configuration`): same name, hardware class, code, DataLoader settings and versions;
+* else, for a run whose configuration is new, the last runs of the configuration before it
+  (that of the latest earlier run of the name), and the comparison says what changed.
+
+Only completed runs with steady steps count, on the run's hardware class; a run that ran on a
+quiet machine is judged against quiet runs where there are any (busy runs do not make later
+baselines). Runs come from the store when the run's name is stable (:func:`stable_name`) and
+the store can be read, else from this session's history.
+
+The **noise** (:func:`noise_for`) pools the compared configurations' own quiet runs and, as a
+prior, what the other configurations of the machine class have shown (:func:`machine_points`;
+:func:`traceml_nb.analysis.noise.estimate_noise`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..analysis.noise import Noise, RunPoint, estimate_noise, is_busy
+from ..analysis.thresholds import BASELINE_RUNS
+from .environment import hardware_class
+from .history import History, RunEntry
+
+#: ``cell [12]``: the name of a run given none; it names no cell across sessions.
+_FALLBACK_NAME = re.compile(r"^cell \[\d+\]$")
+#: The kinds of baseline (:attr:`Baseline.kind`).
+PINNED, SAME, EARLIER = "pinned", "same configuration", "earlier configuration"
+
+
+def stable_name(entry: RunEntry) -> bool:
+    """The run's name identifies its cell across sessions: given with ``--name``, or read from
+    the cell's leading comment (not the ``cell [n]`` fallback, nor the default ``run``)."""
+    return entry.named or not (_FALLBACK_NAME.match(entry.name) or entry.name == "run")
+
+
+@dataclass
+class Baseline:
+    """The runs a run is judged against (oldest first), ``kind`` (:data:`PINNED`,
+    :data:`SAME` or :data:`EARLIER`) and ``note``: '' or why it is what it is (a store that
+    could not be read)."""
+
+    runs: list[RunEntry]
+    kind: str = SAME
+    note: str = ""
+
+
+def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int) -> list[RunEntry]:
+    """The last ``k`` of ``runs``: only quiet ones where there are any, unless ``entry`` itself
+    ran on a busy machine."""
+    if not is_busy(entry.load):
+        quiet = [r for r in runs if not is_busy(r.load)]
+        if quiet:
+            runs = quiet
+    return runs[-k:]
+
+
+def _split(entry: RunEntry, earlier: list[RunEntry]) -> Baseline:
+    """Baseline from ``earlier`` runs (oldest first, already of the right name and class)."""
+    key = entry.configuration.key
+    same = [r for r in earlier if r.configuration.key == key]
+    if same:
+        return Baseline(_quiet_first(same, entry, BASELINE_RUNS), SAME)
+    if not earlier:
+        return Baseline([], SAME)
+    before = earlier[-1].configuration.key
+    runs = [r for r in earlier if r.configuration.key == before]
+    return Baseline(_quiet_first(runs, entry, BASELINE_RUNS), EARLIER)
+
+
+#: How many of a name's latest runs are read from the store to choose a baseline among.
+STORE_LOOKBACK = 200
+
+
+def choose_baseline(
+    entry: RunEntry,
+    history: History | None,
+    store: Any,
+    *,
+    any_hardware: bool = False,
+    before: int | None = None,
+) -> Baseline:
+    """The baseline of ``entry`` (module docstring). ``store``: a
+    :class:`~.store.Store` or None; ``before``: only stored runs older than this store id
+    (the gate's candidate). A rank of a ``torchrun`` job is compared with the same rank of
+    earlier jobs of its world size, a run alone with runs alone."""
+    from .store import StoreError
+
+    hardware = None if any_hardware else hardware_class(entry.environment)
+    note = ""
+    if store is not None and stable_name(entry) and os.path.exists(store.path):
+        rank_of = None
+        if entry.job_id is not None and entry.rank is not None and entry.world_size:
+            rank_of = (entry.rank, entry.world_size, entry.job_id)
+        try:
+            pinned = store.pins(entry.name)
+            runs = store.baseline(
+                entry.name,
+                hardware=hardware,
+                before=before,
+                k=STORE_LOOKBACK,
+                alone=rank_of is None,
+                rank_of=rank_of,
+            )
+            if entry.stored_id is not None:
+                runs = [r for r in runs if r.stored_id != entry.stored_id]
+            if pinned:
+                return Baseline(runs, PINNED)
+            return _split(entry, runs)
+        except StoreError as exc:
+            note = f"baseline from this session only: {exc}"
+    earlier = [
+        e
+        for e in (history.same_cell(entry) if history is not None else [])
+        if e.status == "completed"
+        and len(e.step_ms) >= 2
+        and (hardware is None or hardware_class(e.environment) == hardware)
+    ]
+    found = _split(entry, earlier)
+    found.note = note
+    return found
+
+
+def machine_points(
+    entry: RunEntry, history: History | None, store: Any, *, before: int | None = None
+) -> list[RunPoint]:
+    """Every run of ``entry``'s hardware class the noise model may learn from: the store's
+    (all names; older than store id ``before`` when given) and this session's that are not
+    stored, ``entry`` itself left out. A store that cannot be read adds nothing."""
+    from .store import StoreError
+
+    hardware = hardware_class(entry.environment)
+    points: list[RunPoint] = []
+    stored: set[int] = set()
+    if store is not None and os.path.exists(store.path):
+        try:
+            for row in store.class_rows(hardware, before=before):
+                if row.id == entry.stored_id or row.step_ms_median is None:
+                    continue
+                stored.add(row.id)
+                load = {"other_cpu_share": row.other_cpu_share, "steal_share": row.steal_share}
+                points.append(RunPoint(row.config, float(row.step_ms_median), is_busy(load)))
+        except StoreError:
+            pass
+    for e in history.entries if history is not None else []:
+        median = e.summary.step_ms_median
+        if (
+            e is entry
+            or e.status != "completed"
+            or median is None
+            or (e.stored_id is not None and e.stored_id in stored)
+            or hardware_class(e.environment) != hardware
+        ):
+            continue
+        points.append(RunPoint(e.configuration.key, float(median), is_busy(e.load)))
+    return points
+
+
+def noise_for(
+    entry: RunEntry, configs: Iterable[str], points: Sequence[RunPoint], step_ms: float
+) -> Noise:
+    """The noise for comparing ``entry`` with runs of ``configs`` (configuration keys; its own
+    among them): those configurations' quiet runs in ``points`` estimate it, the others of the
+    machine class are the prior."""
+    wanted = set(configs)
+    groups: dict[str, list[float]] = {}
+    for p in points:
+        if p.config in wanted and p.config is not None and not p.busy:
+            groups.setdefault(p.config, []).append(p.median_ms)
+    return estimate_noise(list(groups.values()), step_ms, points, own_configs=sorted(wanted))
