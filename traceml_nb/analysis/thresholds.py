@@ -250,9 +250,9 @@ CHANGE_MIN_SHIFT = 0.08
 # Chosen by the simulation study in tests/test_paired.py (10,000 simulated A/B decisions per
 # case: per-run lognormal noise of 3-8% of a 10 ms step, a slow drift across the job, busy
 # spells of 1-3 runs 20-60% slower). At these defaults and --max-slowdown 0.10: identical code
-# called slower in 0.24% of decisions (1.4% inconclusive), +10% caught in 81%, +20% in 99.9%;
-# 8.2 rounds used on average for identical code, 14.7 at +10%, 8.3 at +20%. At the noisiest
-# machine of the study (8% on every run) the false alarm rate is 0.5% and +10% is caught in 67%.
+# called slower in 0.25% of decisions (1.5% inconclusive), +10% caught in 82%, +20% in 99.9%;
+# 8.3 rounds used on average for identical code, 14.6 at +10%, 8.4 at +20%. At the noisiest
+# machine of the study (8% on every run) the false alarm rate is 0.5% and +10% is caught in 68%.
 #: The most rounds (one run of the base and one of the head each, ABBA) a gate makes before it
 #: answers "inconclusive" (exit 3): 30 rounds = 60 runs of the command. Fewer (25) catch +10% in
 #: under 80% of the study's decisions; most decisions stop long before (early stopping).
@@ -263,7 +263,7 @@ DEFAULT_AB_ROUNDS = 30
 MIN_AB_ROUNDS = 5
 #: The one-sided level of the "slower" bound at each look (a probability). The gate looks after
 #: every round from ``MIN_AB_ROUNDS`` on (up to 26 looks), so each look gets far less than the
-#: ``FALSE_ALARM_RATE`` of one comparison: 0.001 keeps the whole sequential procedure at 0.24%
+#: ``FALSE_ALARM_RATE`` of one comparison: 0.001 keeps the whole sequential procedure at 0.25%
 #: (0.5% on the noisiest machine); 0.002 gave 0.5% (1.1% with 8% noise on every run).
 AB_FALSE_ALARM_PER_LOOK = 0.001
 #: The one-sided level of the bound that must rule out a slowdown of ``--max-slowdown`` for a
