@@ -66,14 +66,41 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let the baseline come from another hardware class",
     )
+    check.add_argument(
+        "--history",
+        action="store_true",
+        help="report the latest shift of NAME's step time over its stored history (change "
+        "points) and what came with it; exit 1 when it is a slowdown beyond --max-slowdown, "
+        "2 when the history is too short",
+    )
     check.add_argument("--format", choices=("text", "markdown"), default="text")
     check.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
     return top
 
 
+def _check_history(args: argparse.Namespace) -> int:
+    """``check --history``: the latest shift of the name's stored step time."""
+    from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
+    from .session.shifts import check_history
+    from .views.shifts import HistoryCheckReport
+
+    slowdown = DEFAULT_MAX_SLOWDOWN if args.max_slowdown is None else args.max_slowdown
+    report = HistoryCheckReport(check_history(args.name, store=args.store, max_slowdown=slowdown))
+    print(report.markdown() if args.format == "markdown" else report.text())
+    if args.junit:
+        try:
+            report.write_junit(args.junit)
+        except OSError as exc:
+            print(f"traceml_nb check: cannot write {args.junit}: {exc}", file=sys.stderr)
+            return 2
+    return report.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = parser().parse_args(argv)  # a usage error exits 2, as argparse does
+    if args.command == "check" and args.history:
+        return _check_history(args)
     from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
     from .session.check import check
     from .views.check import CheckReport

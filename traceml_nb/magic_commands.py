@@ -22,7 +22,7 @@ LINE_HELP = """\
 
   %traceml history          table of the runs (name, status, verdict, step time...)
   %traceml history --all    the stored runs of every session (the latest 100)
-  %traceml history --name NAME   the stored runs named NAME
+  %traceml history --name NAME   the stored runs named NAME, shifts of the step time marked
   %traceml compare A B      compare run A (before) with run B (after); A and B as listed
                             by %traceml history (number or name), or stored runs (@17)
   %traceml baseline NAME    the baseline of NAME; ... set @3,@4,@5 pins it, ... clear unpins

@@ -224,8 +224,33 @@ class StoredHistory:
         stored = store.count(name)
         since = time.time() - TOTALS_DAYS * 86400
         totals = [totals_sentence(t) for t in store.totals(since=since, name=name)]
+        if name is not None and rows:
+            return cls._with_shifts(store, name, rows, stored, totals)
         cells = [job_cells(group) for group in group_jobs(rows)]
         return cls(cells, totals, len(rows), stored, store.path)
+
+    @classmethod
+    def _with_shifts(
+        cls, store: Any, name: str, rows: list[Any], stored: int, totals: list[str]
+    ) -> StoredHistory:
+        """``--name NAME``: the runs on the latest run's hardware class, the shifts of their
+        step time marked (``▲ +18%`` on a shift's first run) and told under the table."""
+        from ..session.shifts import name_shifts
+        from .shifts import shift_lines, shift_mark
+
+        history = name_shifts(store, name)
+        shown = [r for r in rows if r.hardware == history.hardware]
+        cells = []
+        for group in group_jobs(shown):
+            row = job_cells(group)
+            found = next((f for f in map(history.shift_from, (r.id for r in group)) if f), None)
+            row["shift"] = shift_mark(found) if found is not None else ""
+            cells.append(row)
+        notes = shift_lines(history)
+        other = len(rows) - len(shown)
+        if other:
+            notes.append(f"({other} runs on other hardware not shown)")
+        return cls(cells, notes + totals, len(rows), stored, store.path)
 
     @property
     def text(self) -> str:
