@@ -43,7 +43,7 @@ def test_exit_0_when_the_latest_run_is_not_slower(store):
     done = cli("check", "--name", "smoke", "--store", store.path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("OK: 'smoke' @6 against the median of 5 runs @1\u2013@5")
-    assert "no significant change" in done.stdout
+    assert "not slower: a slowdown of 10% is ruled out" in done.stdout
     assert len(done.stdout.strip().splitlines()) == 1  # one paragraph
 
 
@@ -65,9 +65,10 @@ def test_exit_1_on_a_regression_with_markdown_and_junit(store, tmp_path):
     out = done.stdout
     assert out.startswith("### \u274c traceml_nb check: `smoke` \u2014 regression")
     assert "REGRESSION: 'smoke' @6 is slower than its baseline, the median of 5 runs" in out
-    assert "beyond the 10% allowed and beyond the run-to-run noise of the baseline" in out
+    assert "of the configuration before it" in out  # the cell changed: a new configuration
+    assert "beyond the run-to-run noise (5 runs of this configuration)" in out
     assert re.search(
-        r"\| median step time \(median of 5 runs\) \| 20(\.\d)? ms \| 24(\.\d)? ms \| \+20% \|", out
+        r"\| median step time \(mean of 5 runs\) \| 20(\.\d)? ms \| 24(\.\d)? ms \| \+20% \|", out
     )
     assert "- cell source: + sleep(0.004)" in out
     suite = ET.parse(junit).getroot().find("testsuite")
@@ -77,11 +78,15 @@ def test_exit_1_on_a_regression_with_markdown_and_junit(store, tmp_path):
     assert "REGRESSION" in case.find("failure").get("message")
 
 
-def test_a_slowdown_within_the_allowed_share_passes(store):
+def test_a_slowdown_well_under_the_gates_slowdown_passes(store):
+    """The gate catches a slowdown of --max-slowdown; one under half of it, with that slowdown
+    ruled out, passes; one over half of it, surely slower, fails."""
     store.add(make_run("smoke", step_ms=24.0, seed=12))
-    done = cli("check", "--name", "smoke", "--store", store.path, "--max-slowdown", "0.3")
+    done = cli("check", "--name", "smoke", "--store", store.path, "--max-slowdown", "0.5")
     assert done.returncode == 0, done.stdout
-    assert "but within the 30% allowed" in done.stdout
+    assert "not slower: a slowdown of 50% is ruled out" in done.stdout
+    near = cli("check", "--name", "smoke", "--store", store.path, "--max-slowdown", "0.3")
+    assert near.returncode == 1, near.stdout  # +20%: over half of 30%, and surely slower
 
 
 def test_exit_2_without_a_baseline_or_a_store(tmp_path):
@@ -120,26 +125,26 @@ def test_against_one_stored_run(store):
 def test_the_api_returns_the_same(store):
     store.add(make_run("smoke", step_ms=26.0, seed=14))
     report = traceml_nb.check("smoke", store=store.path)
-    assert report.exit_code == 1 and not report.passed
+    assert report.exit_code == 1 and not report.passed, report.text()
     assert report.result.slowdown == pytest.approx(0.3, abs=0.03)
     assert report.text().startswith("REGRESSION")
     assert report._repr_markdown_() == report.markdown()
     assert report.to_dict()["baseline"] == [1, 2, 3, 4, 5]
-    assert traceml_nb.check("smoke", store=store.path, max_slowdown=0.5).exit_code == 0
+    assert traceml_nb.check("smoke", store=store.path, max_slowdown=0.8).exit_code == 0
 
 
 def test_the_worked_ci_example_fails_when_steps_get_20_percent_slower(tmp_path):
-    """README's example: the smoke test runs three times (the baseline) and once more; the gate
-    passes that; then with 2 ms more per 10 ms step, and the gate fails it."""
+    """README's example: the smoke test runs five times (the baseline) and once more; the gate
+    does not call that slower; then with 2 ms more per 10 ms step, and the gate fails it."""
     env = {"TRACEML_NB_STORE": str(tmp_path / "ci.sqlite")}
     script = (REPO / "docs" / "ci_smoke.py").read_text()
-    for _ in range(4):
+    for _ in range(6):
         done = python(script, env={**env, "SMOKE_EXTRA_MS": "0"})
         assert done.returncode == 0, done.stderr
     same = cli("check", "--name", "smoke", env=env)
-    assert same.returncode == 0, same.stdout
+    assert same.returncode in (0, 3), same.stdout  # never a regression; 3 on a noisy day
     done = python(script, env={**env, "SMOKE_EXTRA_MS": "2"})
     assert done.returncode == 0, done.stderr
     slower = cli("check", "--name", "smoke", env=env)
-    assert slower.returncode == 1, slower.stdout
-    assert slower.stdout.startswith("REGRESSION: 'smoke' @5 is slower than its baseline")
+    assert slower.returncode == 1, same.stdout + "\n" + slower.stdout
+    assert slower.stdout.startswith("REGRESSION: 'smoke' @7 is slower than its baseline")

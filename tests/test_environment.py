@@ -298,11 +298,11 @@ def test_a_t4_run_is_not_compared_with_a100_runs_by_default(t4_and_a100):
     store, a100, tesla = t4_and_a100
     session = Session(store=store.path)
     candidate = make_run(step_ms=40.0, seed=10, env=tesla)
-    runs, _ = session.baseline_for(candidate, store)
+    runs = session.baseline_for(candidate, store).runs
     assert [r.stored_id for r in runs] == [4]  # the T4 run only
-    runs, _ = session.baseline_for(make_run(env=a100), store)
+    runs = session.baseline_for(make_run(env=a100), store).runs
     assert [r.stored_id for r in runs] == [1, 2, 3]
-    runs, _ = session.baseline_for(candidate, store, any_hardware=True)
+    runs = session.baseline_for(candidate, store, any_hardware=True).runs
     assert [r.stored_id for r in runs] == [1, 2, 3, 4]  # on request
 
 

@@ -21,26 +21,17 @@ prior, what the other configurations of the machine class have shown (:func:`mac
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..analysis.noise import Noise, RunPoint, estimate_noise, is_busy
 from ..analysis.thresholds import BASELINE_RUNS
 from .environment import hardware_class
-from .history import History, RunEntry
+from .history import History, RunEntry, stable_name
 
-#: ``cell [12]``: the name of a run given none; it names no cell across sessions.
-_FALLBACK_NAME = re.compile(r"^cell \[\d+\]$")
 #: The kinds of baseline (:attr:`Baseline.kind`).
 PINNED, SAME, EARLIER = "pinned", "same configuration", "earlier configuration"
-
-
-def stable_name(entry: RunEntry) -> bool:
-    """The run's name identifies its cell across sessions: given with ``--name``, or read from
-    the cell's leading comment (not the ``cell [n]`` fallback, nor the default ``run``)."""
-    return entry.named or not (_FALLBACK_NAME.match(entry.name) or entry.name == "run")
 
 
 @dataclass
@@ -64,16 +55,25 @@ def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int) -> list[RunEntry
     return runs[-k:]
 
 
-def _split(entry: RunEntry, earlier: list[RunEntry]) -> Baseline:
+def _same_key(entry: RunEntry, any_hardware: bool) -> Any:
+    """What two runs of one configuration share: the key, or with ``any_hardware`` (the
+    hardware class crossed on request) every part but the hardware."""
+    config = entry.configuration
+    if not any_hardware:
+        return config.key
+    return sorted((k, repr(v)) for k, v in config.parts.items() if k != "hardware")
+
+
+def _split(entry: RunEntry, earlier: list[RunEntry], any_hardware: bool = False) -> Baseline:
     """Baseline from ``earlier`` runs (oldest first, already of the right name and class)."""
-    key = entry.configuration.key
-    same = [r for r in earlier if r.configuration.key == key]
+    key = _same_key(entry, any_hardware)
+    same = [r for r in earlier if _same_key(r, any_hardware) == key]
     if same:
         return Baseline(_quiet_first(same, entry, BASELINE_RUNS), SAME)
     if not earlier:
         return Baseline([], SAME)
-    before = earlier[-1].configuration.key
-    runs = [r for r in earlier if r.configuration.key == before]
+    before = _same_key(earlier[-1], any_hardware)
+    runs = [r for r in earlier if _same_key(r, any_hardware) == before]
     return Baseline(_quiet_first(runs, entry, BASELINE_RUNS), EARLIER)
 
 
@@ -115,7 +115,7 @@ def choose_baseline(
                 runs = [r for r in runs if r.stored_id != entry.stored_id]
             if pinned:
                 return Baseline(runs, PINNED)
-            return _split(entry, runs)
+            return _split(entry, runs, any_hardware)
         except StoreError as exc:
             note = f"baseline from this session only: {exc}"
     earlier = [
@@ -125,7 +125,7 @@ def choose_baseline(
         and len(e.step_ms) >= 2
         and (hardware is None or hardware_class(e.environment) == hardware)
     ]
-    found = _split(entry, earlier)
+    found = _split(entry, earlier, any_hardware)
     found.note = note
     return found
 
@@ -135,7 +135,9 @@ def machine_points(
 ) -> list[RunPoint]:
     """Every run of ``entry``'s hardware class the noise model may learn from: the store's
     (all names; older than store id ``before`` when given) and this session's that are not
-    stored, ``entry`` itself left out. A store that cannot be read adds nothing."""
+    stored, ``entry`` itself left out, and so are the ranks of ``torchrun`` jobs (a job's ranks
+    differ by their roles, not by noise: a job's noise is that of its slowest ranks). A store
+    that cannot be read adds nothing."""
     from .store import StoreError
 
     hardware = hardware_class(entry.environment)
@@ -144,7 +146,7 @@ def machine_points(
     if store is not None and os.path.exists(store.path):
         try:
             for row in store.class_rows(hardware, before=before):
-                if row.id == entry.stored_id or row.step_ms_median is None:
+                if row.id == entry.stored_id or row.step_ms_median is None or row.job_id:
                     continue
                 stored.add(row.id)
                 load = {"other_cpu_share": row.other_cpu_share, "steal_share": row.steal_share}
@@ -158,6 +160,7 @@ def machine_points(
             or e.status != "completed"
             or median is None
             or (e.stored_id is not None and e.stored_id in stored)
+            or e.job_id is not None
             or hardware_class(e.environment) != hardware
         ):
             continue
@@ -170,8 +173,11 @@ def noise_for(
 ) -> Noise:
     """The noise for comparing ``entry`` with runs of ``configs`` (configuration keys; its own
     among them): those configurations' quiet runs in ``points`` estimate it, the others of the
-    machine class are the prior."""
+    machine class are the prior. For a run made on a busy machine the busy runs count too:
+    judged among its own kind, not against a noise no busy run could show."""
     wanted = set(configs)
+    if is_busy(entry.load):  # a run on a busy machine: the busy runs are its own kind
+        points = [replace(p, busy=False) for p in points]
     groups: dict[str, list[float]] = {}
     for p in points:
         if p.config in wanted and p.config is not None and not p.busy:

@@ -29,7 +29,7 @@ from ..analysis.comparison import Comparison, fmt_pct_plain, noise_source
 from ..analysis.configuration import changed_parts
 from ..analysis.formatting import fmt_ms, signed_pct
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
-from ..analysis.noise import is_busy
+from ..analysis.noise import estimate_noise, is_busy
 from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
 from .baselines import EARLIER, SAME, choose_baseline, machine_points, noise_for
 from .environment import hardware_class
@@ -195,10 +195,16 @@ def check(
     except StoreError:
         points = []
     keys = {candidate.configuration.key, *(r.configuration.key for r in baseline)}
+    step_ms = candidate.summary.step_ms_median or 0.0
+    if job is None:
+        noise = noise_for(candidate, keys, points, step_ms)
+    else:  # a job's noise is that of the slowest ranks of earlier jobs
+        medians = [r.summary.step_ms_median for r in baseline if r.summary.step_ms_median]
+        noise = estimate_noise([medians], step_ms, points, own_configs=sorted(keys))
     comparison = compare_with_baseline(
         baseline,
         candidate,
-        noise=noise_for(candidate, keys, points, candidate.summary.step_ms_median or 0.0),
+        noise=noise,
         margin=max_slowdown,
         one_sided=True,
         after_busy=is_busy(candidate.load) and not all(is_busy(r.load) for r in baseline),

@@ -603,7 +603,7 @@ def baseline_title(
     labels = [f"@{r.stored_id}" if r.origin == "store" else f"#{r.id}" for r in baseline]
     earlier = [r for r in baseline if r.session_id is not None and r.session_id != entry.session_id]
     where = ", from an earlier session" if earlier and len(earlier) == len(baseline) else ""
-    runs = "run" if len(baseline) == 1 else f"{len(baseline)} runs"
+    runs = "1 run" if len(baseline) == 1 else f"{len(baseline)} runs"
     if kind == EARLIER and changed:
         words = " and ".join(CHANGED_PART_WORDS.get(c, c) for c in changed)
         what = f"{runs} of the earlier {words}"
