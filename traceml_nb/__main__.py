@@ -11,6 +11,9 @@ noise, 2 no baseline yet, a partial ``torchrun`` job (a rank failed or stored no
 error or a store that cannot be read. When the latest run of NAME is a rank of a ``torchrun``
 job, the job is judged: its slowest rank against the slowest ranks of earlier whole jobs. The
 GPU self-check is ``python -m traceml_nb.selfcheck``.
+
+``python -m traceml_nb ab --name NAME --base REF -- COMMAND``: the same-job A/B gate
+(:mod:`traceml_nb.session.ab`); exit 0 not slower, 1 slower, 2 no verdict, 3 inconclusive.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def _fraction(text: str) -> float:
@@ -75,7 +79,113 @@ def parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--format", choices=("text", "markdown"), default="text")
     check.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
+    _add_ab(commands)
     return top
+
+
+def _add_ab(commands: Any) -> None:
+    """The ``ab`` subcommand: the same-job A/B gate (:mod:`.session.ab`)."""
+    from .analysis.thresholds import DEFAULT_AB_ROUNDS, MIN_AB_ROUNDS
+
+    ab = commands.add_parser(
+        "ab",
+        help="run COMMAND at a base and at the head alternately (ABBA); exit 1 when the head "
+        "is slower",
+        description="Run COMMAND (which records a run named NAME into $TRACEML_NB_STORE) in a "
+        "temporary git worktree of --base REF (A) and in the current tree (B), alternately, "
+        "ABBA, and judge the paired per-round ratios of their median step times. Exit 0: not "
+        "slower; 1: slower (a regression); 2: a usage error, a command that failed or recorded "
+        "no run; 3: inconclusive after --rounds rounds.",
+        usage="python -m traceml_nb ab --name NAME (--base REF | --base-command CMD) "
+        "[--rounds K] [--max-slowdown 0.10] [--store PATH] [--format text|markdown] "
+        "[--junit FILE] -- COMMAND [ARGS...]",
+    )
+    ab.add_argument("--name", required=True, help="the run name COMMAND records")
+    base = ab.add_mutually_exclusive_group(required=True)
+    base.add_argument(
+        "--base", metavar="REF", help="the git ref to compare with (e.g. origin/main)"
+    )
+    base.add_argument(
+        "--base-command",
+        metavar="CMD",
+        help="run CMD (one string, split as a shell would) as the base instead of a git ref",
+    )
+    ab.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_AB_ROUNDS,
+        metavar="K",
+        help=f"at most K rounds of two runs (default {DEFAULT_AB_ROUNDS}, at least "
+        f"{MIN_AB_ROUNDS}); the gate stops once decided",
+    )
+    ab.add_argument(
+        "--max-slowdown",
+        type=_fraction,
+        default=None,
+        metavar="FRACTION",
+        help="the slowdown of the median step time to catch (default 0.10 = 10%%)",
+    )
+    ab.add_argument(
+        "--store",
+        metavar="PATH",
+        help="the store the runs record into (default: a temporary one, deleted at the end)",
+    )
+    ab.add_argument("--format", choices=("text", "markdown"), default="text")
+    ab.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
+    ab.add_argument(
+        "training_command", nargs=argparse.REMAINDER, metavar="COMMAND", help="-- COMMAND [ARGS...]"
+    )
+
+
+def _ab_main(args: argparse.Namespace) -> int:
+    """``python -m traceml_nb ab``: the gate's paragraph to stdout, progress to stderr."""
+    import shlex
+
+    from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
+    from .session.ab import Terminated, ab
+    from .views.ab import AbReport, progress_line
+
+    command = list(args.training_command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if args.base_command is not None:
+        try:
+            base_command: list[str] | None = shlex.split(args.base_command)
+        except ValueError as exc:
+            print(f"traceml_nb ab: --base-command: {exc}", file=sys.stderr)
+            return 2
+    else:
+        base_command = None
+
+    def progress(event: str, result: Any) -> None:
+        print(progress_line(event, result), file=sys.stderr, flush=True)
+
+    try:
+        result = ab(
+            args.name,
+            command,
+            base=args.base,
+            base_command=base_command,
+            rounds=args.rounds,
+            max_slowdown=DEFAULT_MAX_SLOWDOWN if args.max_slowdown is None else args.max_slowdown,
+            store=args.store,
+            progress=progress,
+        )
+    except KeyboardInterrupt:
+        print("traceml_nb ab: interrupted; its runs, worktree and store are gone", file=sys.stderr)
+        return 130
+    except Terminated as exc:
+        print("traceml_nb ab: terminated; its runs, worktree and store are gone", file=sys.stderr)
+        return 128 + exc.signum
+    report = AbReport(result)
+    print(report.markdown() if args.format == "markdown" else report.text())
+    if args.junit:
+        try:
+            report.write_junit(args.junit)
+        except OSError as exc:
+            print(f"traceml_nb ab: cannot write {args.junit}: {exc}", file=sys.stderr)
+            return 2
+    return report.exit_code
 
 
 def _check_history(args: argparse.Namespace) -> int:
@@ -99,6 +209,8 @@ def _check_history(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = parser().parse_args(argv)  # a usage error exits 2, as argparse does
+    if args.command == "ab":
+        return _ab_main(args)
     if args.command == "check" and args.history:
         return _check_history(args)
     from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
