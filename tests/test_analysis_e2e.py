@@ -140,13 +140,19 @@ def test_num_workers_2_is_not_input_bound(history_of_the_story):
         assert analyses[name].summary.data_wait_share < INPUT_BOUND_SHARE
 
 
-def test_the_fix_is_faster_significant_and_within_the_predicted_bound(history_of_the_story):
+def test_the_fix_is_faster_or_a_few_runs_from_it_and_within_the_predicted_bound(
+    history_of_the_story,
+):
+    """One run against one, with nothing but the default noise for ~130 ms steps (5%, worth
+    4 degrees of freedom): a -20% change is called faster, or inconclusive with at most a few
+    more runs to decide; never slower, never "no significant change"."""
     history, analyses, runs = history_of_the_story
     before, after = history.get("baseline"), history.get("workers2")
     assert history.previous_of(after) is before
     c = compare(before, after)
-    assert c.verdict == "faster"
-    assert c.headline.endswith(", faster, significant)")
+    assert c.verdict in ("faster", "inconclusive"), c.headline
+    if c.verdict == "inconclusive":
+        assert c.judgement.more_needed is not None and c.judgement.more_needed <= 3, c.headline
     assert c.ci_high < 1
     # The fix removes the baseline's waits but for the hand-over that remains: the steps get
     # faster by about that share of the baseline's step (~25-30 of ~134 ms), whatever the load.
@@ -163,11 +169,10 @@ def test_the_fix_is_faster_significant_and_within_the_predicted_bound(history_of
     assert measured <= bound + 0.05
 
 
-def test_two_identical_reruns_are_no_significant_change(history_of_the_story):
+def test_two_identical_reruns_are_never_slower_or_faster(history_of_the_story):
     history, _, _ = history_of_the_story
     c = compare(history.get("workers2"), history.get("workers2-again"))
-    assert c.verdict == "no significant change", c.headline
-    assert c.headline.endswith("no significant change)")
+    assert c.verdict in ("no significant change", "inconclusive"), c.headline
 
 
 def test_a_compute_heavy_loop_on_a_cheap_dataset_is_not_input_bound():

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shlex
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -133,3 +135,46 @@ def test_without_jupyterlab_the_demo_says_how_to_install_it(monkeypatch):
     assert hint is not None and hint.endswith(
         "pip install jupyterlab   # JupyterLab is not installed in this environment"
     )
+
+
+def _cells(stdout: str) -> dict[str, str]:
+    """The demo's printed output of each code cell, by its number."""
+    parts = re.split(r"^--- cell (\d+) -+$", stdout, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def _line(report: str, start: str) -> str:
+    found = [line for line in report.splitlines() if line.startswith(start)]
+    assert len(found) == 1, report
+    return found[0]
+
+
+@pytest.mark.slow
+def test_the_demo_three_times_on_a_fresh_store_tells_the_same_story(tmp_path):
+    """The quickstart's story holds the second and third time too: the fixed cell reads
+    "faster" against the starved one every time, and each cell's runs agree with the earlier
+    runs of its own configuration (never "slower" or "faster" against them)."""
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")}
+    env.pop("TRACEML_NB_STORE", None)
+    for i in range(3):
+        done = subprocess.run(
+            [sys.executable, "-m", "traceml_nb.demo", "--out", str(tmp_path / f"out{i}")],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            cwd=str(REPO),
+            env=env,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        cells = _cells(done.stdout)
+        starved, fixed = cells["4"], cells["5"]
+        previous = _line(fixed, "vs previous run #1 quickstart:")
+        assert ", faster, beyond the run-to-run noise" in previous, f"demo {i + 1}:\n{fixed}"
+        if i == 0:
+            assert "vs baseline" not in starved
+            continue
+        for report in (starved, fixed):
+            line = _line(report, "vs baseline:")
+            assert f"{i} run" in line and "of this configuration of 'quickstart'" in line, line
+            assert ", slower" not in line and ", faster" not in line, f"demo {i + 1}:\n{report}"

@@ -104,9 +104,8 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20240601
 #: Two-sided confidence level of the interval.
 CONFIDENCE_LEVEL = 0.95
-#: A change is significant only when the interval excludes 1 AND the median moved by at least
-#: this share: steps of one run are not independent, so the interval alone is too narrow, and
-#: identical code rerun on a shared VM moves a few percent.
+#: A share of the step time, throughput or memory that moved by less than this is shown as
+#: neutral in a comparison's rows (the step time's own verdict is :mod:`.judge`'s).
 MIN_PRACTICAL_EFFECT = 0.05
 #: Changes of a share (data wait, GPU utilisation) smaller than this many percentage points are
 #: shown as neutral.
@@ -114,26 +113,12 @@ NEUTRAL_POINTS = 2.0
 #: At most this many steady step times are kept per run in the history (evenly downsampled).
 MAX_STORED_STEPS = 4000
 
-# --- baselines: run-to-run noise ---------------------------------------------------------------
-#: The baseline of a run: this many earlier completed runs of the same name on the same
-#: hardware class (unless a baseline is pinned).
+# --- baselines ------------------------------------------------------------------------------
+#: The baseline of a run: this many earlier completed runs of its configuration (or of the
+#: configuration before it; unless a baseline is pinned).
 BASELINE_RUNS = 5
-#: With fewer baseline runs than this the run-to-run noise is not known: the report says so
-#: and how many more runs would tell, and only the step-level rule judges the change.
-MIN_BASELINE_RUNS = 3
-#: ...and until it is known a change must be at least this share to count: identical reruns of
-#: a short cell in two processes on a shared 2-core machine, one core kept busy, differed by
-#: 5-10% (a 5% margin called such a rerun "faster, significant").
-UNKNOWN_NOISE_MIN_EFFECT = 0.10
-#: A change beyond the noise must exceed this many robust standard deviations of the baseline
-#: runs' median step times (relative to their median). The robust standard deviation is
-#: ``MAD_TO_SIGMA`` × the median absolute deviation: for normal run-to-run noise, 3 of them
-#: leave ~0.3% of identical reruns outside, and one odd baseline run barely moves it.
-NOISE_MULTIPLIER = 3.0
-#: The median absolute deviation × this estimates the standard deviation of normal data.
-MAD_TO_SIGMA = 1.4826
-#: The CI gate's default: a regression is a slowdown of more than this share of the step time
-#: (``python -m traceml_nb check --max-slowdown``), beyond the noise as well.
+#: The CI gates' default slowdown to catch (``check``/``ab --max-slowdown``, a share of the
+#: step time): a regression is slower with confidence and by at least half of it (:mod:`.judge`).
 DEFAULT_MAX_SLOWDOWN = 0.10
 
 # --- judging a change (:mod:`.judge`, :mod:`.noise`) -------------------------------------------
@@ -146,7 +131,7 @@ FALSE_ALARM_RATE = 0.005
 #: "not slower"): the one-sided level of the bound that must rule the margin out.
 MISS_RATE = 0.10
 #: The least change of the median step time that matters in a comparison of runs (a fraction):
-#: a verdict "slower"/"faster" needs at least half of it (``MIN_PRACTICAL_EFFECT``), and "no
+#: a verdict "slower"/"faster" needs at least half of it, and "no
 #: significant change" needs the whole of it ruled out.
 CHANGE_MARGIN = 0.10
 #: An inconclusive verdict says how many more runs (or A/B rounds) would decide, up to this
