@@ -422,7 +422,8 @@ def _run(side: _Side, index: int, name: str, path: str, tidy: _Tidy) -> AbRun:
     ):
         raise _NoVerdict(
             f"{what} recorded no run named {name!r} in round {index} (it exited 0; it must "
-            f"record one with traceml_nb.Session().run({name!r}) into ${STORE_ENV})",
+            f"record one into ${STORE_ENV}: traceml_nb.Session().run({name!r}), then the "
+            "run's result())",
             tail,
         )
     median = entry.summary.step_ms_median

@@ -41,10 +41,15 @@ def head_words(r: AbResult) -> str:
     return "HEAD with uncommitted changes" if r.head_dirty else "HEAD"
 
 
+def _head_at(r: AbResult) -> str:
+    """``at HEAD`` / ``in the current tree``."""
+    return "in the current tree" if r.head_commit is None else f"at {head_words(r)}"
+
+
 def _sides(r: AbResult) -> str:
-    """``at HEAD than at main`` / ``at HEAD than with the base command``."""
+    """``at HEAD than at main`` / ``in the current tree than with the base command``."""
     than = f"at {base_words(r)}" if r.base_label is not None else "with the base command"
-    return f"at {head_words(r)} than {than}"
+    return f"{_head_at(r)} than {than}"
 
 
 def _rounds_words(r: AbResult) -> str:
@@ -89,7 +94,7 @@ def paragraph(r: AbResult) -> str:
             f"(--rounds {r.rounds_allowed + more}), were the change and the noise to stay"
         )
     return (
-        f"INCONCLUSIVE: {r.name!r} at {head_words(r)} against {base_words(r)} after "
+        f"INCONCLUSIVE: {r.name!r} {_head_at(r)} against {base_words(r)} after "
         f"{_rounds_words(r)}: step time {move} ({signed_pct(j.change)}, between "
         f"{signed_pct(low)} and {signed_pct(high)}): neither slower nor a slowdown of {allowed} "
         f"ruled out; {decide}."
