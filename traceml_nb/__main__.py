@@ -6,9 +6,10 @@
                                [--against baseline|RUN_ID] [--any-hardware]
                                [--format text|markdown] [--junit FILE]
 
-Exit codes: 0 no regression, 1 a regression beyond the allowed slowdown and the baseline's
-noise, 2 no baseline yet, a partial ``torchrun`` job (a rank failed or stored no run), a usage
-error or a store that cannot be read. When the latest run of NAME is a rank of a ``torchrun``
+Exit codes: 0 not slower (a slowdown of --max-slowdown is ruled out), 1 a regression (slower
+with confidence, by at least half of --max-slowdown), 3 inconclusive (the run-to-run noise is
+too wide to tell), 2 no baseline yet, a partial ``torchrun`` job (a rank failed or stored no
+run), a usage error or a store that cannot be read. When the latest run of NAME is a rank of a ``torchrun``
 job, the job is judged: its slowest rank against the slowest ranks of earlier whole jobs. The
 GPU self-check is ``python -m traceml_nb.selfcheck``.
 
@@ -41,9 +42,10 @@ def parser() -> argparse.ArgumentParser:
         "check",
         help="fail (exit 1) when the latest stored run of NAME is slower than its baseline",
         description="Compare the latest stored run of NAME with its baseline (a torchrun "
-        "job: its slowest rank with the slowest ranks of earlier whole jobs). Exit 0: no "
-        "regression; 1: a regression beyond --max-slowdown and the baseline's noise; 2: no "
-        "baseline yet, a partial job, a usage error or an unreadable store.",
+        "job: its slowest rank with the slowest ranks of earlier whole jobs). Exit 0: not "
+        "slower; 1: a regression (slower with confidence, by at least half of "
+        "--max-slowdown); 3: inconclusive (the noise is too wide to tell); 2: no baseline "
+        "yet, a partial job, a usage error or an unreadable store.",
     )
     check.add_argument("--name", required=True, help="the run name (%%%%traceml --name NAME)")
     check.add_argument(
@@ -56,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
         type=_fraction,
         default=None,
         metavar="FRACTION",
-        help="allowed slowdown of the median step time (default 0.10 = 10%%)",
+        help="the slowdown of the median step time to catch (default 0.10 = 10%%)",
     )
     check.add_argument(
         "--against",
