@@ -22,6 +22,11 @@ that cannot be read is ``None`` (never a guess), and for a GPU field of a CUDA r
 ``host_hash``            first 12 hex digits of SHA-256 of the host name (the name is not stored)
 ``git_commit``           ``HEAD`` of the git repository holding the working directory, or ``None``
 ``git_dirty``            the work tree had uncommitted changes (``None`` outside a repository)
+``git_diff_sha``         first 16 hex digits of SHA-256 of ``git diff HEAD`` when the work tree is
+                         dirty; ``None`` when clean, outside a repository, or git failed
+``script_sha``           first 16 hex digits of SHA-256 of the main script's source (the bytes of
+                         ``__main__.__file__``, a ``.py`` file); ``None`` in an IPython kernel or
+                         shell, for ``python -c`` and when the file cannot be read
 ``dataset_type``         the training loader's dataset class, e.g. ``"ImageFolder"``
 ``dataset_len``          its length (``None`` for an iterable dataset)
 ``unavailable``          field -> why it is ``None`` (a CUDA run's GPU fields and CUDA version)
@@ -44,6 +49,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,6 +66,8 @@ from ..sampling.host import cpus_available
 #: Seconds each git command may take (a huge or network-mounted repository must not stall the
 #: end of the cell); past it the commit is unknown.
 GIT_TIMEOUT_S = 2.0
+#: Hex digits of SHA-256 kept in ``script_sha`` and ``git_diff_sha``.
+SHA_HEX_DIGITS = 16
 #: The fields :func:`gpu_environment` reads.
 GPU_FIELDS = ("gpu_name", "gpu_memory_mb", "gpu_driver", "gpu_compute_capability", "gpu_count")
 #: The fields NVML stands in for when PyTorch cannot read them.
@@ -260,16 +268,20 @@ def _gpu(index: int) -> tuple[dict[str, Any], dict[str, str]]:
     return gpu_environment(index)
 
 
-def _git(cwd: str) -> dict[str, Any]:
-    """``git_commit`` and ``git_dirty`` of the repository holding ``cwd`` (None outside one)."""
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:SHA_HEX_DIGITS]
 
-    def git(*args: str) -> str | None:
+
+def _git(cwd: str) -> dict[str, Any]:
+    """``git_commit``, ``git_dirty`` and ``git_diff_sha`` of the repository holding ``cwd``
+    (None outside one)."""
+
+    def git(*args: str) -> bytes | None:
         try:
             done = subprocess.run(
                 ["git", *args],
                 cwd=cwd,
                 capture_output=True,
-                text=True,
                 timeout=GIT_TIMEOUT_S,
                 check=False,
             )
@@ -279,9 +291,49 @@ def _git(cwd: str) -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     if not commit:
-        return {"git_commit": None, "git_dirty": None}
+        return {"git_commit": None, "git_dirty": None, "git_diff_sha": None}
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": commit.strip(), "git_dirty": None if status is None else bool(status)}
+    dirty = None if status is None else bool(status)
+    diff = None
+    if dirty:  # the user's diff tools and text conversions left out: the bytes git stores
+        diff = git("diff", "--no-ext-diff", "--no-textconv", "--no-color", "HEAD")
+    return {
+        "git_commit": commit.decode("utf-8", "replace").strip(),
+        "git_dirty": dirty,
+        "git_diff_sha": None if diff is None else _sha(diff),
+    }
+
+
+def _in_ipython() -> bool:
+    """This process is an IPython kernel or shell (its ``__main__`` is not a script)."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    try:
+        return get is not None and get() is not None
+    except Exception:
+        return False
+
+
+@functools.lru_cache(maxsize=4)
+def _file_sha(path: str) -> str | None:
+    """:func:`_sha` of the file at ``path``, read once per process (the code that ran is the
+    code first read, not a later edit); None when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            return _sha(fh.read())
+    except OSError:
+        return None
+
+
+def script_sha() -> str | None:
+    """``script_sha``: the hash of the main script's source, or None (see the module
+    docstring)."""
+    if _in_ipython():
+        return None
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py") or not os.path.isfile(path):
+        return None
+    return _file_sha(os.path.abspath(path))
 
 
 def capture_environment(
@@ -298,6 +350,7 @@ def capture_environment(
     (:func:`gpu_environment`). Never raises: what cannot be read is ``None``."""
     env: dict[str, Any] = dict.fromkeys(ENVIRONMENT_FIELDS)
     env.update({"dataset_type": None, "dataset_len": None})
+    env.update({"git_diff_sha": None, "script_sha": None})
     unavailable: dict[str, str] = {}
     env["unavailable"] = unavailable
     try:
@@ -316,6 +369,7 @@ def capture_environment(
             if env.get("cuda_version") is None:
                 unavailable["cuda_version"] = NO_CUDA_VERSION
         env.update(_git(cwd or os.getcwd()))
+        env["script_sha"] = script_sha()
         loaders = list(getattr(getattr(run, "record", None), "loaders", ()) or ())
         training = [info for info in loaders if getattr(info, "is_training", False)]
         main = (training or loaders or [None])[0]

@@ -20,9 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.configuration import Configuration, configuration_of
 from ..analysis.model import Analysis, Diagnosis, Summary
 from ..analysis.thresholds import MAX_STORED_STEPS
 from ..contracts import END_STATUSES, EndStatus
+from .environment import hardware_class
 
 #: Runs kept per session; adding one more drops the oldest.
 MAX_RUNS = 500
@@ -142,6 +144,30 @@ class RunEntry:
         if self.origin == "store":
             return f"@{self.stored_id} {self.name}"
         return f"#{self.id} {self.name}"
+
+    @property
+    def configuration(self) -> Configuration:
+        """The run's :class:`~traceml_nb.analysis.configuration.Configuration`: its name (a
+        ``cell [n]`` fallback counts as no name: its code is what identifies the cell), code,
+        training DataLoader, versions and hardware class. Computed on each read, not kept: the
+        environment is filled in after the entry is made."""
+        return configuration_of(
+            self.name if stable_name(self) else "",
+            self.source,
+            self.loaders,
+            self.environment,
+            hardware_class(self.environment),
+        )
+
+
+#: ``cell [12]``: the name of a run given none; it names no cell across sessions.
+_FALLBACK_NAME = re.compile(r"^cell \[\d+\]$")
+
+
+def stable_name(entry: RunEntry) -> bool:
+    """The run's name identifies its cell across sessions: given with ``--name``, or read from
+    the cell's leading comment (not the ``cell [n]`` fallback, nor the default ``run``)."""
+    return entry.named or not (_FALLBACK_NAME.match(entry.name) or entry.name == DEFAULT_RUN_NAME)
 
 
 def _is_number(value: Any) -> bool:
