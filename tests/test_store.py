@@ -11,6 +11,7 @@ import time
 import pytest
 from store_helpers import ENV, make_run, python
 
+from traceml_nb.analysis.configuration import configuration_of
 from traceml_nb.analysis.thresholds import MAX_STORED_STEPS
 from traceml_nb.session import store as store_mod
 from traceml_nb.session.environment import hardware_class
@@ -69,22 +70,24 @@ def test_a_new_store_has_the_schema_the_wal_journal_and_its_migrations(store):
         (1, "runs and pinned baselines"),
         (2, "steal time of each run"),
         (3, "ranks of a job"),
+        (4, "configuration of each run"),
     ]
 
 
 def test_a_store_of_an_older_version_is_migrated(tmp_path, monkeypatch):
     path = tmp_path / "old.sqlite"
     sqlite3.connect(path).close()  # an empty file: version 0
-    extra = (4, "a test column", ("ALTER TABLE runs ADD COLUMN test_extra TEXT",))
+    extra = (5, "a test column", ("ALTER TABLE runs ADD COLUMN test_extra TEXT",))
     Store(path).add(make_run())  # the current version
     monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, extra])
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 4)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 5)
     Store(path).add(make_run())
     assert Store(path).schema() == [
         (1, "runs and pinned baselines"),
         (2, "steal time of each run"),
         (3, "ranks of a job"),
-        (4, "a test column"),
+        (4, "configuration of each run"),
+        (5, "a test column"),
     ]
     assert Store(path).count() == 2
     columns = [r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(runs)")]
@@ -92,7 +95,7 @@ def test_a_store_of_an_older_version_is_migrated(tmp_path, monkeypatch):
 
 
 #: the columns added after schema 1
-LATER_COLUMNS = ("steal_share", "rank", "world_size", "job_id")
+LATER_COLUMNS = ("steal_share", "rank", "world_size", "job_id", "config", "other_cpu_share")
 
 
 def _write_version_1_store(path, monkeypatch, entries) -> None:
@@ -135,9 +138,10 @@ def test_a_version_1_store_migrates_to_steal_time_and_loses_nothing(
         (1, "runs and pinned baselines"),
         (2, "steal time of each run"),
         (3, "ranks of a job"),
+        (4, "configuration of each run"),
     ]
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     steal = conn.execute("SELECT steal_share FROM runs ORDER BY id").fetchall()
     conn.close()
     assert steal[:3] == [(None,), (None,), (None,)]  # earlier runs did not measure it
@@ -155,6 +159,158 @@ def test_a_version_1_store_migrates_to_steal_time_and_loses_nothing(
         assert steal[3] == (pytest.approx(0.12),)
         assert store.get(4).load["steal_share"] == pytest.approx(0.12)
         assert rows[3].steal_share == pytest.approx(0.12)
+
+
+def _write_version_3_store(path, monkeypatch, entries) -> None:
+    """A store as traceml_nb wrote it at schema 3 (before configurations): migrations 1-3 and
+    the rows ``Store._row`` made then (no ``config``, no ``other_cpu_share`` column)."""
+    with monkeypatch.context() as m:
+        m.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:3])
+        m.setattr(store_mod, "SCHEMA_VERSION", 3)
+        m.setattr(
+            store_mod,
+            "_RUN_COLUMNS",
+            tuple(c for c in store_mod._RUN_COLUMNS if c not in ("config", "other_cpu_share")),
+        )
+        Store(path).add_many(entries, session="v3")
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    columns = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+    conn.close()
+    assert "job_id" in columns and "config" not in columns
+
+
+def _version_3_runs() -> list:
+    """Runs of every kind of code and configuration part, as schema 3 stored them."""
+    named = make_run("smoke", seed=0, load=0.25)
+    again = make_run("smoke", seed=1, load=None)  # the same configuration, load not sampled
+    edited = make_run("smoke", seed=2, source="train(loader)\nlog()\n")
+    workers = make_run("smoke", seed=3, num_workers=2)
+    other_hw = make_run("smoke", seed=4, env=dict(ENV, cpu_model="Other CPU"))
+    newer_torch = make_run("smoke", seed=5, env=dict(ENV, torch_version="2.4.0"))
+    script = make_run("job", seed=6, source=None, env=dict(ENV, script_sha="0123456789abcdef"))
+    git = make_run("job", seed=7, source=None, env=dict(ENV, git_commit="a" * 40, git_dirty=False))
+    unknown = make_run("job", seed=8, source=None)  # no script, outside git: code unknown
+    unnamed = make_run("cell [3]", seed=9)  # the fallback name of a cell given none
+    unnamed.named = False
+    crashed = make_run("smoke", seed=10, status="interrupted")
+    crashed.load = {}  # nothing sampled
+    return [
+        named,
+        again,
+        edited,
+        workers,
+        other_hw,
+        newer_torch,
+        script,
+        git,
+        unknown,
+        unnamed,
+        crashed,
+    ]
+
+
+def _columns(path, *names) -> list[tuple]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(f"SELECT {', '.join(names)} FROM runs ORDER BY id").fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("first_use", ["write", "read"])
+def test_a_version_3_store_gets_the_configuration_of_every_run(tmp_path, monkeypatch, first_use):
+    path = tmp_path / "v3.sqlite"
+    entries = _version_3_runs()
+    _write_version_3_store(path, monkeypatch, entries)
+    store = Store(path)
+    if first_use == "write":  # a new run of the first run's configuration
+        newer = make_run("smoke", seed=11, load=0.5)
+        assert store.add(newer) == len(entries) + 1
+    else:  # `check` or `history --all` may be the first to open it after an upgrade
+        assert store.count() == len(entries)
+    assert store.schema()[-1] == (4, "configuration of each run") and SCHEMA_VERSION == 4
+    stored = _columns(path, "config", "other_cpu_share")
+    keys = [key for key, _ in stored]
+    # every run kept, keyed as a new run of its configuration is keyed
+    assert keys[: len(entries)] == [e.configuration.key for e in entries]
+    first = entries[0]
+    assert (
+        keys[0]
+        == configuration_of(
+            first.name, first.source, first.loaders, first.environment, hardware_class(ENV)
+        ).key
+    )
+    assert keys[0] == keys[1] and len(set(keys[:10])) == 9  # only the rerun shares a key
+    assert keys[10] == keys[0]  # an interrupted run has its configuration too
+    assert [share for _, share in stored][: len(entries)] == [0.25, None] + [0.0] * 8 + [None]
+    for stored_id, entry in enumerate(entries, start=1):
+        back = store.get(stored_id)
+        assert back.summary == entry.summary and back.environment == entry.environment
+        assert back.loaders == entry.loaders and back.load == entry.load
+        assert back.source == entry.source and back.session_id == "v3"
+        assert back.configuration == entry.configuration
+    rows = store.rows()
+    assert [r.config for r in rows][: len(entries)] == keys[: len(entries)]
+    assert rows[0].other_cpu_share == 0.25 and rows[1].other_cpu_share is None
+    if first_use == "write":
+        assert keys[-1] == keys[0] and rows[-1].other_cpu_share == 0.5
+    conn = sqlite3.connect(path)
+    index = [r[2] for r in conn.execute("PRAGMA index_info(runs_by_config)")]
+    conn.close()
+    assert index == ["name", "hardware", "config", "id"]
+
+
+def test_a_stored_run_the_migration_cannot_read_gets_no_configuration(tmp_path, monkeypatch):
+    path = tmp_path / "v3.sqlite"
+    _write_version_3_store(path, monkeypatch, [make_run(seed=0), make_run(seed=1)])
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE runs SET environment = '{not json', load = '[1]' WHERE id = 2")
+    conn.commit()
+    conn.close()
+    assert Store(path).count() == 2
+    assert _columns(path, "config", "other_cpu_share") == [
+        (make_run(seed=0).configuration.key, 0.0),
+        (None, None),
+    ]
+
+
+def test_a_failing_migration_step_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    path = tmp_path / "v3.sqlite"
+    _write_version_3_store(path, monkeypatch, [make_run()])
+
+    def broken(conn):
+        conn.execute("UPDATE runs SET name = 'changed'")
+        raise KeyError("a fault\nof the step")
+
+    number, description, steps = store_mod.MIGRATIONS[3]
+    monkeypatch.setattr(
+        store_mod,
+        "MIGRATIONS",
+        [*store_mod.MIGRATIONS[:3], (number, description, (*steps, broken))],
+    )
+    with pytest.raises(StoreError, match="to schema version 4 failed: KeyError") as info:
+        Store(path).count()
+    assert "\n" not in str(info.value)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert "config" not in [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+    assert conn.execute("SELECT name FROM runs").fetchall() == [("smoke",)]
+    conn.close()
+
+
+def test_a_run_is_written_with_its_configuration_and_the_other_processes_share(store):
+    entry = make_run(load=0.3)
+    stored_id = store.add(entry)
+    assert _columns(store.path, "config", "other_cpu_share") == [(entry.configuration.key, 0.3)]
+    row = store.rows()[0]
+    assert (row.id, row.config, row.other_cpu_share) == (stored_id, entry.configuration.key, 0.3)
+    for odd in (None, float("nan"), "busy", True):
+        entry.load = {"other_cpu_share": odd}
+        store.add(entry)
+    assert [share for _, share in _columns(store.path, "config", "other_cpu_share")][1:] == [
+        None
+    ] * 4
 
 
 def test_the_steal_time_has_its_own_column(store):
@@ -269,6 +425,47 @@ def test_a_pinned_baseline_replaces_the_last_runs(store):
     assert store.pins("smoke") == [2, 3]  # a refused pin changes nothing
     assert store.unpin("smoke") == 2
     assert [r.stored_id for r in store.baseline("smoke", hardware=None, k=5)] == [2, 3, 4, 5, 6]
+
+
+def test_the_baseline_of_one_configuration(store):
+    for i in range(4):
+        store.add(make_run("smoke", seed=i))  # @1-@4
+    for i in range(3):
+        store.add(make_run("smoke", seed=10 + i, num_workers=4))  # @5-@7: the fixed loader
+    store.add(make_run("smoke", seed=20))  # @8: the first configuration again
+    store.add(make_run("smoke", seed=21, env=dict(ENV, cpu_model="Other CPU")))  # @9
+    starved, fixed = make_run("smoke").configuration.key, make_run(num_workers=4).configuration.key
+    hw = hardware_class(ENV)
+    assert starved != fixed
+    ids = [r.stored_id for r in store.baseline("smoke", hardware=hw, config=starved, k=3)]
+    assert ids == [3, 4, 8]
+    ids = [r.stored_id for r in store.baseline("smoke", hardware=hw, config=fixed, k=5)]
+    assert ids == [5, 6, 7]
+    assert [r.stored_id for r in store.baseline("smoke", hardware=hw, config=fixed, before=6)] == [
+        5
+    ]
+    assert [r.stored_id for r in store.baseline("smoke", hardware=None, k=3)] == [7, 8, 9]
+    assert store.baseline("smoke", hardware=hw, config="0" * 16) == []
+    assert store.baseline("other", hardware=hw, config=starved) == []  # the name is part of it
+    store.pin("smoke", [5, 6])  # a pinned baseline stays pinned, whatever its configuration
+    assert [r.stored_id for r in store.baseline("smoke", hardware=hw, config=starved)] == [5, 6]
+
+
+def test_the_class_rows_are_every_names_completed_runs_on_one_class(store):
+    other_hw = dict(ENV, cpu_model="Other CPU")
+    store.add(make_run("smoke", seed=0, step_ms=10.0))  # @1
+    store.add(make_run("resnet", seed=1, step_ms=40.0, load=0.4))  # @2
+    store.add(make_run("smoke", seed=2, env=other_hw))  # @3: another class
+    store.add(make_run("smoke", seed=3, status="interrupted"))  # @4: not completed
+    store.add(make_run("bert", seed=4, steps=0))  # @5: no step, no median
+    store.add(make_run("bert", seed=5, step_ms=80.0))  # @6
+    rows = store.class_rows(hardware_class(ENV))
+    assert [(r.id, r.name) for r in rows] == [(1, "smoke"), (2, "resnet"), (6, "bert")]
+    assert rows[0].step_ms_median == pytest.approx(10.0, rel=0.05)
+    assert rows[1].other_cpu_share == 0.4 and rows[1].config == make_run("resnet").configuration.key
+    assert [r.id for r in store.class_rows(hardware_class(ENV), before=6)] == [1, 2]
+    assert [r.id for r in store.class_rows(hardware_class(other_hw))] == [3]
+    assert store.class_rows("GPU: Tesla T4") == []
 
 
 # --- many writers -----------------------------------------------------------------------------

@@ -151,23 +151,43 @@ class RunEntry:
         ``cell [n]`` fallback counts as no name: its code is what identifies the cell), code,
         training DataLoader, versions and hardware class. Computed on each read, not kept: the
         environment is filled in after the entry is made."""
-        return configuration_of(
-            self.name if stable_name(self) else "",
-            self.source,
-            self.loaders,
-            self.environment,
-            hardware_class(self.environment),
-        )
+        return run_configuration(self.name, self.named, self.source, self.loaders, self.environment)
 
 
 #: ``cell [12]``: the name of a run given none; it names no cell across sessions.
 _FALLBACK_NAME = re.compile(r"^cell \[\d+\]$")
 
 
+def name_is_stable(name: str, named: bool) -> bool:
+    """A run's ``name`` identifies its cell across sessions: given with ``--name``
+    (``named``), or read from the cell's leading comment (not the ``cell [n]`` fallback, nor
+    the default ``run``)."""
+    return named or not (_FALLBACK_NAME.match(name) or name == DEFAULT_RUN_NAME)
+
+
 def stable_name(entry: RunEntry) -> bool:
-    """The run's name identifies its cell across sessions: given with ``--name``, or read from
-    the cell's leading comment (not the ``cell [n]`` fallback, nor the default ``run``)."""
-    return entry.named or not (_FALLBACK_NAME.match(entry.name) or entry.name == DEFAULT_RUN_NAME)
+    """:func:`name_is_stable` of ``entry``."""
+    return name_is_stable(entry.name, entry.named)
+
+
+def run_configuration(
+    name: str,
+    named: bool,
+    source: str | None,
+    loaders: list[dict[str, Any]],
+    environment: dict[str, Any],
+    hardware: str | None = None,
+) -> Configuration:
+    """:attr:`RunEntry.configuration` from the entry's parts, as the store keeps them (its
+    schema 4 migration keys the runs stored before); ``hardware`` defaults to
+    ``hardware_class(environment)``."""
+    return configuration_of(
+        name if name_is_stable(name, named) else "",
+        source,
+        loaders,
+        environment,
+        hardware_class(environment) if hardware is None else hardware,
+    )
 
 
 def _is_number(value: Any) -> bool:

@@ -19,7 +19,10 @@ kept steps. Columns of their own, for queries: the figures ``%traceml history`` 
 ``steal_share`` (schema 2), the share 0..1 of the machine's CPU time the hypervisor took during
 the run (steal time; NULL where the kernel reports none, and for runs stored before schema 2);
 ``rank``, ``world_size`` and ``job_id`` (schema 3) of a run in a ``torchrun`` job (``RANK``,
-``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``; NULL for a run alone and for earlier runs).
+``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``; NULL for a run alone and for earlier runs);
+``config``, the key of the run's configuration (:mod:`traceml_nb.analysis.configuration`), and
+``other_cpu_share``, the share 0..1 of the machine's CPUs other processes used (schema 4;
+computed for earlier runs from what they stored).
 """
 
 from __future__ import annotations
@@ -30,14 +33,14 @@ import os
 import sqlite3
 import time
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.model import Diagnosis, Summary
 from .environment import hardware_class
-from .history import RunEntry
+from .history import RunEntry, run_configuration
 
 STORE_ENV = "TRACEML_NB_STORE"
 #: Values of ``TRACEML_NB_STORE`` that turn the store off (any case).
@@ -47,7 +50,7 @@ BUSY_TIMEOUT_S = 3.0
 #: Seconds between attempts to switch a new store to the WAL journal (``Store._use_wal``).
 WAL_RETRY_S = 0.01
 #: The schema this traceml_nb reads and writes.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _RUN_COLUMNS = (
     "name",
@@ -81,10 +84,44 @@ _RUN_COLUMNS = (
     "rank",
     "world_size",
     "job_id",
+    "config",
+    "other_cpu_share",
 )
 
-#: (version, what it does, statements): applied in order to a file of an older version.
-MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
+
+def _backfill_configurations(conn: sqlite3.Connection) -> None:
+    """Schema 4: the configuration key and the other processes' CPU share of every run stored
+    before, computed from what it stored (name, source, loaders, environment, hardware class):
+    the same key a new run of that configuration gets."""
+    rows = conn.execute(
+        "SELECT id, name, named, source, loaders, environment, hardware, load FROM runs"
+    ).fetchall()
+    updates = []
+    for run_id, name, named, source, loaders, environment, hardware, load in rows:
+        try:
+            config: str | None = run_configuration(
+                name, bool(named), source, json.loads(loaders), json.loads(environment), hardware
+            ).key
+        except (ValueError, TypeError, AttributeError):  # JSON that is not what was written
+            config = None  # its configuration is unknown: it joins no other run's
+        try:
+            share = _share((json.loads(load).get("load") or {}).get("other_cpu_share"))
+        except (ValueError, TypeError, AttributeError):
+            share = None
+        updates.append((config, share, run_id))
+    conn.executemany("UPDATE runs SET config = ?, other_cpu_share = ? WHERE id = ?", updates)
+
+
+def _share(value: Any) -> float | None:
+    """A stored share as a column: a finite number, else NULL."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+#: (version, what it does, steps): applied in order to a file of an older version; a step is an
+#: SQL statement or a function of the connection, run inside the same transaction.
+MIGRATIONS: list[tuple[int, str, tuple[str | Callable[[sqlite3.Connection], None], ...]]] = [
     (
         1,
         "runs and pinned baselines",
@@ -123,6 +160,16 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
             "ALTER TABLE runs ADD COLUMN world_size INTEGER",
             "ALTER TABLE runs ADD COLUMN job_id TEXT",
             "CREATE INDEX runs_by_job ON runs (job_id, rank)",
+        ),
+    ),
+    (
+        4,
+        "configuration of each run",
+        (
+            "ALTER TABLE runs ADD COLUMN config TEXT",
+            "ALTER TABLE runs ADD COLUMN other_cpu_share REAL",
+            "CREATE INDEX runs_by_config ON runs (name, hardware, config, id)",
+            _backfill_configurations,
         ),
     ),
 ]
@@ -186,6 +233,9 @@ class StoredRow:
     rank: int | None = None
     world_size: int | None = None
     job_id: str | None = None
+    #: the run's configuration key and the share 0..1 of the CPUs other processes used (schema 4)
+    config: str | None = None
+    other_cpu_share: float | None = None
 
 
 @dataclass
@@ -202,7 +252,8 @@ class NameTotals:
 _LIST_COLUMNS = (
     "id, name, status, started_at, elapsed_s, hardware, total_steps, steady_steps, "
     "step_ms_median, samples_per_s, data_wait_share, gpu_util_median_pct, verdict, "
-    "idle_gpu_s, idle_cost_usd, session, session_run, steal_share, rank, world_size, job_id"
+    "idle_gpu_s, idle_cost_usd, session, session_run, steal_share, rank, world_size, job_id, "
+    "config, other_cpu_share"
 )
 
 
@@ -316,7 +367,18 @@ class Store:
                 if number <= version:
                     continue
                 for statement in statements:
-                    conn.execute(statement)
+                    if not callable(statement):
+                        conn.execute(statement)
+                        continue
+                    try:
+                        statement(conn)
+                    except (sqlite3.Error, StoreError):
+                        raise
+                    except Exception as exc:  # a fault of the step's: the file is left as it was
+                        raise StoreError(
+                            f"migrating the store {self.path} to schema version {number} "
+                            f"failed: {type(exc).__name__}: {_why(exc)}"
+                        ) from None
                 conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)",
                     (number, description, time.time()),
@@ -413,6 +475,8 @@ class Store:
             "rank": e.rank,
             "world_size": e.world_size,
             "job_id": e.job_id,
+            "config": e.configuration.key,
+            "other_cpu_share": _share(e.load.get("other_cpu_share")),
         }
         return tuple(values[c] for c in columns)
 
@@ -537,12 +601,14 @@ class Store:
         k: int = 5,
         alone: bool = False,
         rank_of: tuple[int, int, str] | None = None,
+        config: str | None = None,
     ) -> list[RunEntry]:
-        """The baseline of a run of ``name``: its pinned runs when it has a pin, else the last
-        ``k`` completed runs of ``name`` with at least two steady steps, stored before store id
-        ``before``, on ``hardware`` (``None``: any class), only runs that ran alone (no ranks of
-        a ``torchrun`` job) with ``alone``, only the same rank of other jobs of the same world
-        size with ``rank_of=(rank, world_size, job_id)``; oldest first."""
+        """The baseline of a run of ``name``: its pinned runs when it has a pin (whatever their
+        configuration), else the last ``k`` completed runs of ``name`` with at least two steady
+        steps, stored before store id ``before``, on ``hardware`` (``None``: any class), only
+        runs that ran alone (no ranks of a ``torchrun`` job) with ``alone``, only the same rank
+        of other jobs of the same world size with ``rank_of=(rank, world_size, job_id)``, only
+        runs of the configuration key ``config`` when given; oldest first."""
         pinned = self.pins(name)
         if pinned:
             marks = ", ".join("?" * len(pinned))
@@ -557,11 +623,29 @@ class Store:
         if hardware is not None:
             where += " AND hardware = ?"
             args.append(hardware)
+        if config is not None:
+            where += " AND config = ?"
+            args.append(config)
         if before is not None:
             where += " AND id < ?"
             args.append(int(before))
         found = self._entries(f"{where} ORDER BY id DESC LIMIT {int(k)}", args)
         return found[::-1]
+
+    def class_rows(self, hardware: str, *, before: int | None = None) -> list[StoredRow]:
+        """Every completed run with a median step on the hardware class ``hardware`` (all
+        names; stored before id ``before`` when given), oldest first: what the noise model
+        pools over (:mod:`.baselines`)."""
+        where = "WHERE hardware = ? AND status = 'completed' AND step_ms_median IS NOT NULL"
+        args: list[Any] = [hardware]
+        if before is not None:
+            where += " AND id < ?"
+            args.append(int(before))
+        with self._connect() as conn:
+            found = conn.execute(
+                f"SELECT {_LIST_COLUMNS} FROM runs {where} ORDER BY id", args
+            ).fetchall()
+        return [StoredRow(*row) for row in found]
 
     def _entries(self, where: str, args: Sequence[Any]) -> list[RunEntry]:
         columns = "id, " + ", ".join(_RUN_COLUMNS)
