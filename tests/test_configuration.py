@@ -320,3 +320,14 @@ def test_the_module_docstring_lists_the_new_fields():
 
     doc = textwrap.dedent(environment.__doc__ or "")
     assert "``script_sha``" in doc and "``git_diff_sha``" in doc
+
+
+def test_a_cell_given_no_name_is_its_code():
+    """``cell [n]`` names no cell across sessions: two unnamed runs of one code share a
+    configuration whatever their numbers; a name given keeps its own."""
+    first, later = make_run("cell [3]"), make_run("cell [12]")
+    first.named = later.named = False
+    assert first.configuration == later.configuration
+    assert first.configuration.parts["name"] == ""
+    named = make_run("cell [3]")  # --name "cell [3]": the user's own name
+    assert named.named and named.configuration.key != first.configuration.key
