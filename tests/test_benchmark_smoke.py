@@ -9,6 +9,7 @@ not by the figures.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,41 @@ def test_tracer_breakdown_runs(tmp_path: Path) -> None:
         for loop in ("bare loop", "tiny MLP"):
             assert {"step_us", "step_lo", "step_hi", "calls_us"} <= set(report[loop][part])
     _check_cold_hot_path(text, report["cold_hot_path"])
+
+
+@pytest.mark.timeout(HANG_GUARD_S)
+def test_gate_power_quick_check_parts_run_and_leave_nothing_behind(tmp_path: Path) -> None:
+    """``benchmarks/gate_power.py --quick`` on its check parts (the A/B parts take minutes even
+    when quick): real jobs, a baseline store, judged copies, a busy core; the table and the raw
+    results; its temporary directory and its busy process gone at the end."""
+    out, scratch = tmp_path / "gates.json", tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gate_power.py", "--quick", "--parts", "check,busy-check"]
+        + ["--json", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text, report = proc.stdout, json.loads(out.read_text())
+    assert "| gate | machine | change | decisions | slower (exit 1) |" in text
+    for machine, case in (("quiet", "identical"), ("quiet", "+10%"), ("quiet", "+20%")) + (
+        ("one core busy", "identical"),
+    ):
+        assert f"| `check` | {machine} | {case} | 1 |" in text, (machine, case)
+    cases = [(d["gate"], d["load"], d["case"]) for d in report["decisions"]]
+    assert cases == [
+        ("check", "quiet", "identical"),
+        ("check", "quiet", "+10%"),
+        ("check", "quiet", "+20%"),
+        ("check", "busy", "identical"),
+    ]
+    assert all(d["exit"] in (0, 1, 3) for d in report["decisions"]), report["decisions"]
+    cal = report["calibration"]
+    assert 0 == cal["extra"]["identical"] < cal["extra"]["+10%"] < cal["extra"]["+20%"]
+    assert list(scratch.iterdir()) == []  # its temporary directory, the gates' files with it
+    with pytest.raises(ProcessLookupError):
+        os.kill(report["busy_pid"], 0)
