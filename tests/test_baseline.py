@@ -18,13 +18,6 @@ from traceml_nb.analysis.attribution import (
 )
 from traceml_nb.analysis.baseline import compare_with_baseline, is_regression
 from traceml_nb.analysis.comparison import NO_CHANGE, SLOWER
-from traceml_nb.analysis.noise import (
-    RunPoint,
-    default_noise_sigma,
-    estimate_noise,
-    is_busy,
-    judge_change,
-)
 from traceml_nb.analysis.cost import (
     DEFAULT_GPU_PRICES_USD_PER_HOUR,
     PRICE_SOURCE,
@@ -32,6 +25,13 @@ from traceml_nb.analysis.cost import (
     gpu_price,
     idle_cost,
     parse_prices,
+)
+from traceml_nb.analysis.noise import (
+    RunPoint,
+    default_noise_sigma,
+    estimate_noise,
+    is_busy,
+    judge_change,
 )
 from traceml_nb.analysis.thresholds import (
     BUSY_MACHINE_SHARE,

@@ -11,10 +11,10 @@ from traceml_nb.analysis.comparison import bootstrap_ratio_ci
 from traceml_nb.analysis.model import Diagnosis, Summary
 from traceml_nb.analysis.noise import Noise
 from traceml_nb.analysis.thresholds import BOOTSTRAP_RESAMPLES, CHANGE_MARGIN
+from traceml_nb.session.history import RunEntry
 
 #: a well-known noise: 2% between runs, on 40 degrees of freedom
 KNOWN = Noise(sigma=0.02, df=40.0, own_runs=41, own_df=40.0, own_configs=1, step_ms=100.0)
-from traceml_nb.session.history import RunEntry
 
 
 def steps_around(median: float, n: int = 201, spread: float = 0.05, seed: int = 1) -> list[float]:
@@ -264,3 +264,13 @@ def test_compare_entries_built_from_analyses():
         "GPU utilisation", "unavailable", "unavailable", "\u2014", "neutral"
     )
     assert c.rows[5] == ComparisonRow("verdict", "input-bound", "compute-bound", "changed", "good")
+
+
+def test_a_confidence_bound_keeps_one_decimal_below_ten_percent():
+    from traceml_nb.analysis.formatting import fmt_confidence, signed_pct_fine
+
+    assert signed_pct_fine(0.003) == "+0.3%" and signed_pct_fine(-0.031) == "\u22123.1%"
+    assert signed_pct_fine(0.0004) == "\u00b10.0%"
+    assert signed_pct_fine(0.0996) == "+10%" and signed_pct_fine(0.0994) == "+9.9%"
+    assert signed_pct_fine(-0.17) == "\u221217%"
+    assert fmt_confidence(0.995) == "99.5%" and fmt_confidence(0.9) == "90%"
