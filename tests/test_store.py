@@ -657,3 +657,34 @@ def test_a_real_runs_steal_time_reaches_the_summary_the_load_and_the_store(tmp_p
         assert entry.load["steal_share"] is None and result.summary.steal_mean_pct is None
         assert result.summary.unavailable["steal_mean_pct"] == run.capabilities.why("steal_time")
     assert stored.summary.steal_mean_pct == result.summary.steal_mean_pct
+
+
+def test_a_failing_comparison_still_reports_and_stores_the_run(tmp_path, monkeypatch):
+    """A bug in the comparisons costs the comparisons only: the run is analysed, reported
+    with one note saying why nothing is compared, and stored."""
+    import torch
+
+    from traceml_nb.session.session import Session
+
+    store = Store(tmp_path / "runs.sqlite")
+    session = Session(store=store.path)
+
+    def broken(self, entry, target):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(Session, "_comparisons", broken)
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ds = TensorDataset(torch.randn(16, 4))
+    model = torch.nn.Linear(4, 2)
+    for _ in range(2):
+        with session.run("broken", sample=False) as run:
+            for (x,) in DataLoader(ds, batch_size=2):
+                model(x).sum().backward()
+        result = run.result()
+    assert result.comparisons == [] and result.baseline is None
+    assert (
+        "comparisons with earlier runs unavailable (ZeroDivisionError: float division by zero)"
+        in run.capabilities.notes
+    )
+    assert result.stored_id is not None and len(store.rows()) == 2

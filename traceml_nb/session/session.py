@@ -133,7 +133,14 @@ class Session:
         comparisons: list[LabelledComparison] = []
         with_previous = with_best = with_baseline = None
         if compare:
-            with_baseline, with_previous, with_best, comparisons = self._comparisons(entry, target)
+            try:
+                with_baseline, with_previous, with_best, comparisons = self._comparisons(
+                    entry, target
+                )
+            except Exception as exc:  # our bug: the report and the stored run still come
+                run.capabilities.note(
+                    f"comparisons with earlier runs unavailable ({type(exc).__name__}: {exc})"
+                )
         prediction = self.prediction_for(entry)
         if prediction is not None and with_previous is not None:
             with_previous.rows.extend(prediction_rows(prediction))
