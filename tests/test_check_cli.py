@@ -13,6 +13,7 @@ import pytest
 from store_helpers import REPO, make_run, python
 
 import traceml_nb
+from traceml_nb.analysis.noise import is_busy
 from traceml_nb.session.store import Store
 
 
@@ -42,8 +43,11 @@ def test_exit_0_when_the_latest_run_is_not_slower(store):
     store.add(make_run("smoke", step_ms=20.1, seed=11))
     done = cli("check", "--name", "smoke", "--store", store.path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("OK: 'smoke' @6 against the median of 5 runs @1\u2013@5")
+    assert done.stdout.startswith("OK: 'smoke' @6 against its baseline, 5 runs @1\u2013@5")
     assert "not slower: a slowdown of 10% is ruled out" in done.stdout
+    # the bound that decided, at the level that decided it, below the slowdown ruled out
+    at_most = re.search(r"; at most ([+\u2212±][0-9.]+)% with 90% confidence\)", done.stdout)
+    assert at_most and float(at_most.group(1).replace("\u2212", "-").lstrip("±")) < 10
     assert len(done.stdout.strip().splitlines()) == 1  # one paragraph
 
 
@@ -64,9 +68,11 @@ def test_exit_1_on_a_regression_with_markdown_and_junit(store, tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     out = done.stdout
     assert out.startswith("### \u274c traceml_nb check: `smoke` \u2014 regression")
-    assert "REGRESSION: 'smoke' @6 is slower than its baseline, the median of 5 runs" in out
+    assert "REGRESSION: 'smoke' @6 is slower than its baseline, 5 runs" in out
     assert "of the configuration before it" in out  # the cell changed: a new configuration
     assert "beyond the run-to-run noise (5 runs of this configuration)" in out
+    at_least = re.search(r"\(\+20%; at least \+([0-9.]+)% with 99.5% confidence\)", out)
+    assert at_least and float(at_least.group(1)) > 0, out
     assert re.search(
         r"\| median step time \(mean of 5 runs\) \| 20(\.\d)? ms \| 24(\.\d)? ms \| \+20% \|", out
     )
@@ -133,9 +139,14 @@ def test_the_api_returns_the_same(store):
     assert traceml_nb.check("smoke", store=store.path, max_slowdown=0.8).exit_code == 0
 
 
-def test_the_worked_ci_example_fails_when_steps_get_20_percent_slower(tmp_path):
+def test_the_worked_ci_example_fails_when_the_steps_get_half_again_slower(tmp_path):
     """README's example: the smoke test runs five times (the baseline) and once more; the gate
-    does not call that slower; then with 2 ms more per 10 ms step, and the gate fails it."""
+    does not call that slower; then with 6 ms more per ~12 ms step (+50%), and the gate fails
+    it. A single run judged against five cannot catch +10-20% reliably on a noisy machine (the
+    indifference zone; ``ab`` is the gate for that): +50% it must. Should the slower run itself
+    meet a busy machine (other work on a CI runner) while its baseline ran quiet, it is judged
+    with ``BUSY_NOISE_FACTOR`` times the noise: then inconclusive may be the honest answer, and
+    the paragraph names the load; never "not slower"."""
     env = {"TRACEML_NB_STORE": str(tmp_path / "ci.sqlite")}
     script = (REPO / "docs" / "ci_smoke.py").read_text()
     for _ in range(6):
@@ -143,8 +154,18 @@ def test_the_worked_ci_example_fails_when_steps_get_20_percent_slower(tmp_path):
         assert done.returncode == 0, done.stderr
     same = cli("check", "--name", "smoke", env=env)
     assert same.returncode in (0, 3), same.stdout  # never a regression; 3 on a noisy day
-    done = python(script, env={**env, "SMOKE_EXTRA_MS": "2"})
+    done = python(script, env={**env, "SMOKE_EXTRA_MS": "6"})
     assert done.returncode == 0, done.stderr
     slower = cli("check", "--name", "smoke", env=env)
-    assert slower.returncode == 1, same.stdout + "\n" + slower.stdout
-    assert slower.stdout.startswith("REGRESSION: 'smoke' @7 is slower than its baseline")
+    runs = Store(tmp_path / "ci.sqlite").rows()
+    if is_busy(_load(runs[-1])) and not all(is_busy(_load(r)) for r in runs[:-1]):
+        assert slower.returncode in (1, 3), same.stdout + "\n" + slower.stdout
+        assert "machine load" in slower.stdout or "steal" in slower.stdout, slower.stdout
+    else:
+        assert slower.returncode == 1, same.stdout + "\n" + slower.stdout
+    if slower.returncode == 1:
+        assert slower.stdout.startswith("REGRESSION: 'smoke' @7 is slower than its baseline")
+
+
+def _load(row) -> dict:
+    return {"other_cpu_share": row.other_cpu_share, "steal_share": row.steal_share}

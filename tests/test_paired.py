@@ -34,7 +34,6 @@ import pytest
 
 from traceml_nb.analysis.judge import FALSE_ALARM_RATE, INCONCLUSIVE, NO_CHANGE, SLOWER
 from traceml_nb.analysis.paired import (
-    bound,
     decide,
     judge_rounds,
     log_ratio,
@@ -98,8 +97,8 @@ def test_the_false_alarm_level_per_look_on_both_sides():
     assert judge_rounds(just_sure, MARGIN).verdict == SLOWER
     unsure = judge_rounds(just_unsure, MARGIN)
     assert unsure.verdict == INCONCLUSIVE
-    assert bound(unsure, AB_FALSE_ALARM_PER_LOOK) == pytest.approx(unsure.low)
-    assert unsure.low < 0 < bound(judge_rounds(just_sure, MARGIN), AB_FALSE_ALARM_PER_LOOK)
+    assert unsure.bound(AB_FALSE_ALARM_PER_LOOK) == pytest.approx(unsure.low)
+    assert unsure.low < 0 < judge_rounds(just_sure, MARGIN).bound(AB_FALSE_ALARM_PER_LOOK)
     # one comparison's level would have called it: the sequential gate asks for more per look
     assert judge_rounds(just_unsure, MARGIN, false_alarm_rate=FALSE_ALARM_RATE).verdict == SLOWER
 
@@ -111,7 +110,7 @@ def test_the_miss_level_per_look_on_both_sides():
     not_ruled_out = _alternating(0.0, log_margin * 1.01, 8, level)
     judged = judge_rounds(ruled_out, MARGIN)
     assert judged.verdict == NO_CHANGE
-    assert bound(judged, level) == pytest.approx(MARGIN * 0.99, rel=0.02)
+    assert judged.bound(level) == pytest.approx(MARGIN * 0.99, rel=0.02)
     assert judge_rounds(not_ruled_out, MARGIN).verdict == INCONCLUSIVE
     # the single-comparison miss rate (10%) would have passed it
     assert judge_rounds(not_ruled_out, MARGIN, miss_rate=0.10).verdict == NO_CHANGE

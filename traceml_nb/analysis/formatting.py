@@ -60,6 +60,22 @@ def signed_pct(change: float) -> str:
     return f"+{pct}%" if pct > 0 else f"{MINUS}{-pct}%"
 
 
+def fmt_confidence(level: float) -> str:
+    """A confidence level as a percentage: 0.995 → '99.5%', 0.9 → '90%'."""
+    return f"{level * 100:.4g}%"
+
+
+def signed_pct_fine(change: float) -> str:
+    """A relative change with a sign and one decimal below 10% (a confidence bound, where
+    +0.3% and ±0% say different things): +0.3%, −3.1%, +17%."""
+    pct = change * 100
+    if abs(pct) >= 9.95:
+        return signed_pct(change)
+    if round(pct, 1) == 0:
+        return "\u00b10.0%"
+    return f"+{pct:.1f}%" if pct > 0 else f"{MINUS}{-pct:.1f}%"
+
+
 def signed_points(points: float) -> str:
     """A change of a percentage, in percentage points: +42 pts, −3 pts."""
     value = round(points)

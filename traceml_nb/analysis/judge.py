@@ -71,6 +71,13 @@ class Judgement:
         """The bounds' distance from the estimate, relative (0.074: ±7.4%)."""
         return math.expm1(math.log1p(self.high) - math.log1p(self.change))
 
+    def bound(self, level: float) -> float:
+        """The one-sided bound of the change (relative) at confidence ``level``: above 0.5 an
+        upper bound (0.90: the bound a "no significant change" at ``MISS_RATE`` = 0.10 puts
+        below the margin), below it a lower bound (0.005: the bound a "slower" puts above 0)."""
+        t = t_quantile(level, self.df) if self.se > 0 else 0.0
+        return math.expm1(math.log1p(self.change) + t * self.se)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .judge import Judgement, judge
-from .stats import t_quantile
 from .thresholds import AB_FALSE_ALARM_PER_LOOK, AB_MISS_PER_LOOK, MIN_AB_ROUNDS
 
 
@@ -116,11 +115,3 @@ def decide(log_ratios: Sequence[float], max_slowdown: float, rounds_allowed: int
         if step.stop:
             return step
     return look(log_ratios, max_slowdown, rounds_allowed)
-
-
-def bound(judgement: Judgement, level: float) -> float:
-    """The one-sided bound of the change (relative) at confidence ``level`` (0.97: the upper
-    bound that a "not slower" verdict at ``AB_MISS_PER_LOOK`` = 0.03 puts below the margin;
-    below 0.5: a lower bound)."""
-    t = t_quantile(level, judgement.df) if judgement.se > 0 else 0.0
-    return math.expm1(math.log1p(judgement.change) + t * judgement.se)

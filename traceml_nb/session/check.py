@@ -27,10 +27,15 @@ from ..analysis.attribution import what_changed
 from ..analysis.baseline import compare_with_baseline, is_regression
 from ..analysis.comparison import Comparison, fmt_pct_plain, noise_source
 from ..analysis.configuration import changed_parts
-from ..analysis.formatting import fmt_ms, signed_pct
+from ..analysis.formatting import fmt_confidence, fmt_ms, signed_pct, signed_pct_fine
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.noise import estimate_noise, is_busy
-from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
+from ..analysis.thresholds import (
+    BASELINE_RUNS,
+    DEFAULT_MAX_SLOWDOWN,
+    FALSE_ALARM_RATE,
+    MISS_RATE,
+)
 from .baselines import EARLIER, SAME, choose_baseline, machine_points, noise_for
 from .environment import hardware_class
 from .history import RunEntry
@@ -404,11 +409,14 @@ def verdict_paragraph(
     before = baseline[-1].summary.step_ms_median
     if len(baseline) > 1 and ratio:
         before = (candidate.summary.step_ms_median or 0.0) / ratio
-    move = (
-        f"{fmt_ms(before)} \u2192 {fmt_ms(candidate.summary.step_ms_median)} "
-        f"({signed_pct(ratio - 1)}, bounds {signed_pct(judgement.low)} to "
-        f"{signed_pct(judgement.high)})"
+    move = f"{fmt_ms(before)} \u2192 {fmt_ms(candidate.summary.step_ms_median)}"
+    change = signed_pct(ratio - 1)
+    low = judgement.bound(FALSE_ALARM_RATE)
+    high = judgement.bound(1 - MISS_RATE)
+    at_least = (
+        f"at least {signed_pct_fine(low)} with {fmt_confidence(1 - FALSE_ALARM_RATE)} confidence"
     )
+    at_most = f"at most {signed_pct_fine(high)} with {fmt_confidence(1 - MISS_RATE)} confidence"
     noise = comparison.noise
     band = "the run-to-run noise"
     if noise is not None:
@@ -423,8 +431,8 @@ def verdict_paragraph(
         changed = f" {first[:1].upper()}{first[1:]}"
     if comparison.verdict == "slower":
         head = (
-            f"REGRESSION: {subject} is slower than its baseline, {of}: step time {move}, "
-            f"beyond {band}; the gate is set to catch {allowed}."
+            f"REGRESSION: {subject} is slower than its baseline, {of}: step time {move} "
+            f"({change}; {at_least}), beyond {band}; the gate is set to catch {allowed}."
         )
     elif comparison.verdict == INCONCLUSIVE_VERDICT:
         more = judgement.more_needed
@@ -435,30 +443,31 @@ def verdict_paragraph(
             "(python -m traceml_nb ab) pairs the runs so the machine's drift cancels"
         )
         head = (
-            f"INCONCLUSIVE: {subject} against {of}: step time {move}: neither {allowed} nor "
-            f"no slowdown can be ruled out against {band}; {decide}."
+            f"INCONCLUSIVE: {subject} against its baseline, {of}: step time {move} ({change}; "
+            f"{at_least}, {at_most}): neither {allowed} nor no slowdown can be ruled out "
+            f"against {band}; {decide}."
         )
     else:
         head = (
-            f"OK: {subject} against {of}: step time {move}, not slower: {allowed} is ruled "
-            f"out against {band}."
+            f"OK: {subject} against its baseline, {of}: step time {move} ({change}; {at_most}), "
+            f"not slower: {allowed} is ruled out against {band}."
         )
     return head + changed
 
 
 def _baseline_words(baseline: list[RunEntry], units: list[StoredJob | None]) -> str:
-    """``run @3``, ``the median of 5 runs @1–@5``, ``job 3f2a9c1e… (2 ranks, @5 @6; slowest
-    rank 1)``,
-    ``the median of 3 jobs @2, @5, @8 (each job by its slowest rank)``."""
+    """``run @3``, ``5 runs @1–@5``, ``job 3f2a9c1e… (2 ranks, @5 @6; slowest rank 1)``,
+    ``3 jobs @2, @5, @8 (each job by its slowest rank)``; the step time a paragraph gives for
+    several is the geometric mean of their medians, the centre the noise model judges from."""
     ids = [f"@{r.stored_id}" for r in baseline]
     jobs = sum(u is not None for u in units)
     if len(ids) == 1:
         unit = units[0]
         return f"run {ids[0]}" if unit is None else unit.label()
     if not jobs:
-        return f"the median of {len(ids)} runs {ids[0]}\u2013{ids[-1]}"
+        return f"{len(ids)} runs {ids[0]}\u2013{ids[-1]}"
     alone = len(ids) - jobs
     counted = [f"{jobs} job{'s' if jobs != 1 else ''}"]
     if alone:
         counted.append(f"{alone} run{'s' if alone != 1 else ''}")
-    return f"the median of {' and '.join(counted)} {', '.join(ids)} (each job by its slowest rank)"
+    return f"{' and '.join(counted)} {', '.join(ids)} (each job by its slowest rank)"

@@ -9,8 +9,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from ..analysis.comparison import fmt_pct_plain
-from ..analysis.formatting import fmt_ms, fmt_s, signed_pct
-from ..analysis.paired import bound
+from ..analysis.formatting import fmt_confidence, fmt_ms, fmt_s, signed_pct, signed_pct_fine
 from ..analysis.thresholds import AB_FALSE_ALARM_PER_LOOK, AB_MISS_PER_LOOK, MIN_AB_ROUNDS
 from ..session.ab import ERROR, INCONCLUSIVE, NOT_SLOWER, REGRESSION, AbResult
 from .check import _ICON, CheckReport
@@ -21,11 +20,6 @@ _HEADS = {
     INCONCLUSIVE: "INCONCLUSIVE",
     ERROR: "ERROR",
 }
-
-
-def _confidence(level: float) -> str:
-    """0.999 → '99.9%', 0.97 → '97%'."""
-    return f"{level * 100:.4g}%"
 
 
 def base_words(r: AbResult) -> str:
@@ -68,23 +62,23 @@ def paragraph(r: AbResult) -> str:
     j = r.judgement
     move = f"{fmt_ms(r.a_ms)} \u2192 {fmt_ms(r.b_ms)}"
     allowed = fmt_pct_plain(r.max_slowdown)
-    sure = _confidence(1 - AB_FALSE_ALARM_PER_LOOK)
+    sure = fmt_confidence(1 - AB_FALSE_ALARM_PER_LOOK)
     if r.status == REGRESSION:
-        low = bound(j, AB_FALSE_ALARM_PER_LOOK)
+        low = j.bound(AB_FALSE_ALARM_PER_LOOK)
         return (
             f"REGRESSION: {r.name!r} is slower {_sides(r)}: step time {move} "
-            f"({signed_pct(j.change)}; at least {signed_pct(low)} with {sure} confidence, and "
+            f"({signed_pct(j.change)}; at least {signed_pct_fine(low)} with {sure} confidence, and "
             f"more than half the {allowed} allowed), {_rounds_words(r)}."
         )
     if r.status == NOT_SLOWER:
-        high = bound(j, 1 - AB_MISS_PER_LOOK)
+        high = j.bound(1 - AB_MISS_PER_LOOK)
         return (
             f"OK: {r.name!r} is not slower {_sides(r)}: step time {move} "
-            f"({signed_pct(j.change)}; at most {signed_pct(high)} with "
-            f"{_confidence(1 - AB_MISS_PER_LOOK)} confidence: a slowdown of {allowed} is ruled "
+            f"({signed_pct(j.change)}; at most {signed_pct_fine(high)} with "
+            f"{fmt_confidence(1 - AB_MISS_PER_LOOK)} confidence: a slowdown of {allowed} is ruled "
             f"out), {_rounds_words(r)}."
         )
-    low, high = bound(j, AB_FALSE_ALARM_PER_LOOK), bound(j, 1 - AB_MISS_PER_LOOK)
+    low, high = j.bound(AB_FALSE_ALARM_PER_LOOK), j.bound(1 - AB_MISS_PER_LOOK)
     more = j.more_needed
     if more is None:
         decide = "a change this small cannot be told from this noise in a few more rounds"
@@ -96,7 +90,7 @@ def paragraph(r: AbResult) -> str:
     return (
         f"INCONCLUSIVE: {r.name!r} {_head_at(r)} against {base_words(r)} after "
         f"{_rounds_words(r)}: step time {move} ({signed_pct(j.change)}, between "
-        f"{signed_pct(low)} and {signed_pct(high)}): neither slower nor a slowdown of {allowed} "
+        f"{signed_pct_fine(low)} and {signed_pct_fine(high)}): neither slower nor a slowdown of {allowed} "
         f"ruled out; {decide}."
     )
 
@@ -145,9 +139,9 @@ def rule_words(r: AbResult) -> str:
     return (
         f"Decision: a paired t over the rounds' ln(B/A), looked at after every round from "
         f"{MIN_AB_ROUNDS} on (at most {r.rounds_allowed}): slower when the lower bound at "
-        f"{_confidence(1 - AB_FALSE_ALARM_PER_LOOK)} is above 0 and the change is at least half "
+        f"{fmt_confidence(1 - AB_FALSE_ALARM_PER_LOOK)} is above 0 and the change is at least half "
         f"of {allowed}; not slower when the upper bound at "
-        f"{_confidence(1 - AB_MISS_PER_LOOK)} is below +{allowed}."
+        f"{fmt_confidence(1 - AB_MISS_PER_LOOK)} is below +{allowed}."
     )
 
 
