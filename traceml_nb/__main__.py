@@ -9,8 +9,8 @@
 Exit codes: 0 not slower (a slowdown of --max-slowdown is ruled out), 1 a regression (slower
 with confidence, by at least half of --max-slowdown), 3 inconclusive (the run-to-run noise is
 too wide to tell), 2 no baseline yet, a partial ``torchrun`` job (a rank failed or stored no
-run), a usage error or a store that cannot be read. When the latest run of NAME is a rank of a ``torchrun``
-job, the job is judged: its slowest rank against the slowest ranks of earlier whole jobs. The
+run), a usage error or a store that cannot be read. When the latest run of NAME is a rank of a
+``torchrun`` job, the job is judged: its slowest rank against the slowest ranks of earlier whole jobs. The
 GPU self-check is ``python -m traceml_nb.selfcheck``.
 
 ``python -m traceml_nb ab --name NAME --base REF -- COMMAND``: the same-job A/B gate
@@ -22,7 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .views.check import GateReport
 
 
 def _fraction(text: str) -> float:
@@ -139,6 +142,19 @@ def _add_ab(commands: Any) -> None:
     )
 
 
+def _emit(report: GateReport, args: argparse.Namespace, command: str) -> int:
+    """Print a gate's ``report`` (``--format``), write its JUnit XML (``--junit``) and return
+    its exit code; 2 when the XML cannot be written."""
+    print(report.markdown() if args.format == "markdown" else report.text())
+    if args.junit:
+        try:
+            report.write_junit(args.junit)
+        except OSError as exc:
+            print(f"traceml_nb {command}: cannot write {args.junit}: {exc}", file=sys.stderr)
+            return 2
+    return report.exit_code
+
+
 def _ab_main(args: argparse.Namespace) -> int:
     """``python -m traceml_nb ab``: the gate's paragraph to stdout, progress to stderr."""
     import shlex
@@ -180,14 +196,7 @@ def _ab_main(args: argparse.Namespace) -> int:
         print("traceml_nb ab: terminated; its runs, worktree and store are gone", file=sys.stderr)
         return 128 + exc.signum
     report = AbReport(result)
-    print(report.markdown() if args.format == "markdown" else report.text())
-    if args.junit:
-        try:
-            report.write_junit(args.junit)
-        except OSError as exc:
-            print(f"traceml_nb ab: cannot write {args.junit}: {exc}", file=sys.stderr)
-            return 2
-    return report.exit_code
+    return _emit(report, args, "ab")
 
 
 def _check_history(args: argparse.Namespace) -> int:
@@ -198,14 +207,7 @@ def _check_history(args: argparse.Namespace) -> int:
 
     slowdown = DEFAULT_MAX_SLOWDOWN if args.max_slowdown is None else args.max_slowdown
     report = HistoryCheckReport(check_history(args.name, store=args.store, max_slowdown=slowdown))
-    print(report.markdown() if args.format == "markdown" else report.text())
-    if args.junit:
-        try:
-            report.write_junit(args.junit)
-        except OSError as exc:
-            print(f"traceml_nb check: cannot write {args.junit}: {exc}", file=sys.stderr)
-            return 2
-    return report.exit_code
+    return _emit(report, args, "check")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -228,14 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             any_hardware=args.any_hardware,
         )
     )
-    print(report.markdown() if args.format == "markdown" else report.text())
-    if args.junit:
-        try:
-            report.write_junit(args.junit)
-        except OSError as exc:
-            print(f"traceml_nb check: cannot write {args.junit}: {exc}", file=sys.stderr)
-            return 2
-    return report.exit_code
+    return _emit(report, args, "check")
 
 
 if __name__ == "__main__":

@@ -3,16 +3,14 @@ summary, JUnit XML, and the progress lines printed while it runs."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from ..analysis.comparison import fmt_pct_plain
 from ..analysis.formatting import fmt_confidence, fmt_ms, fmt_s, signed_pct, signed_pct_fine
 from ..analysis.thresholds import AB_FALSE_ALARM_PER_LOOK, AB_MISS_PER_LOOK, MIN_AB_ROUNDS
 from ..session.ab import ERROR, INCONCLUSIVE, NOT_SLOWER, REGRESSION, AbResult
-from .check import _ICON, CheckReport
+from .check import _ICON, GateReport
 
 _HEADS = {
     REGRESSION: "REGRESSION",
@@ -169,20 +167,12 @@ def progress_line(event: str, r: AbResult) -> str:
     return line
 
 
-@dataclass
-class AbReport:
+@dataclass(repr=False)
+class AbReport(GateReport):
     """The :class:`~traceml_nb.session.ab.AbResult` (``result``) and its renderings;
     ``exit_code`` 0/1/2/3 as the CLI exits."""
 
     result: AbResult
-
-    @property
-    def exit_code(self) -> int:
-        return self.result.exit_code
-
-    @property
-    def passed(self) -> bool:
-        return self.result.exit_code == 0
 
     def text(self) -> str:
         """The paragraph, then the rounds' table (or the failing command's output tail)."""
@@ -238,17 +228,3 @@ class AbReport:
             f'time="{r.wall_s:.3f}">{body}<system-out>{escape(self.text())}</system-out>'
             "</testcase></testsuite></testsuites>\n"
         )
-
-    def write_junit(self, path: str | os.PathLike[str]) -> str:
-        """Write :meth:`junit` to ``path`` atomically; returns the absolute path (check's
-        writer, which needs only ``junit()``)."""
-        return CheckReport.write_junit(self, path)  # type: ignore[arg-type]
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.result.to_dict()
-
-    def _repr_markdown_(self) -> str:
-        return self.markdown()
-
-    def __repr__(self) -> str:
-        return self.text()

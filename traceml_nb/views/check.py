@@ -20,20 +20,57 @@ _ICON = {
 }
 
 
-@dataclass
-class CheckReport:
+class GateReport:
+    """What the reports of the CI gates (``check``, ``check --history``, ``ab``) share: a
+    ``result`` with ``exit_code`` (0/1/2/3 as the CLI exits) and ``to_dict()``; each subclass
+    writes its ``text()``, ``markdown()`` and ``junit()``."""
+
+    result: Any
+
+    @property
+    def exit_code(self) -> int:
+        code: int = self.result.exit_code
+        return code
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def markdown(self) -> str:
+        raise NotImplementedError
+
+    def junit(self) -> str:
+        raise NotImplementedError
+
+    def write_junit(self, path: str | os.PathLike[str]) -> str:
+        """Write :meth:`junit` to ``path`` atomically; returns the absolute path."""
+        target = os.path.abspath(os.fspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".traceml-junit-", dir=os.path.dirname(target))
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(self.junit())
+        os.replace(tmp, target)
+        return target
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.result.to_dict()
+        return data
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown()
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+@dataclass(repr=False)
+class CheckReport(GateReport):
     """What ``traceml_nb.check(...)`` returns: the :class:`~traceml_nb.session.check.
     CheckResult` (``result``) and its renderings. ``exit_code`` 0/1/2/3 as the CLI exits."""
 
     result: CheckResult
-
-    @property
-    def exit_code(self) -> int:
-        return self.result.exit_code
-
-    @property
-    def passed(self) -> bool:
-        return self.result.exit_code == 0
 
     def text(self) -> str:
         """The one-paragraph verdict."""
@@ -96,21 +133,3 @@ class CheckReport:
             f'<testcase classname="traceml_nb.check" name={case}>{body}'
             f"<system-out>{escape(r.verdict)}</system-out></testcase></testsuite></testsuites>\n"
         )
-
-    def write_junit(self, path: str | os.PathLike[str]) -> str:
-        """Write :meth:`junit` to ``path`` atomically; returns the absolute path."""
-        target = os.path.abspath(os.fspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".traceml-junit-", dir=os.path.dirname(target))
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(self.junit())
-        os.replace(tmp, target)
-        return target
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.result.to_dict()
-
-    def _repr_markdown_(self) -> str:
-        return self.markdown()
-
-    def __repr__(self) -> str:
-        return self.text()

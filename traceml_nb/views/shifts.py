@@ -3,7 +3,6 @@ and the outputs of ``python -m traceml_nb check --history`` (text, markdown, JUn
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +10,7 @@ from ..analysis.formatting import fmt_ms, fmt_share, signed_pct
 from ..analysis.model import Changes
 from ..analysis.thresholds import CHANGE_MIN_RUNS
 from ..session.shifts import ERROR, SLOWDOWN, TOO_SHORT, HistoryCheck, NameShifts, Shift
+from .check import CheckReport, GateReport
 
 _ICON = {"pass": "\u2705", SLOWDOWN: "\u274c", TOO_SHORT: "\u26a0\ufe0f", ERROR: "\u26a0\ufe0f"}
 #: The check's statuses as ``check``'s JUnit report reads them (a short history is skipped).
@@ -80,16 +80,12 @@ def shift_lines(history: NameShifts) -> list[str]:
     ]
 
 
-@dataclass
-class HistoryCheckReport:
+@dataclass(repr=False)
+class HistoryCheckReport(GateReport):
     """``python -m traceml_nb check --history``: the :class:`~traceml_nb.session.shifts.
     HistoryCheck` (``result``) and its renderings; ``exit_code`` 0/1/2 as the CLI exits."""
 
     result: HistoryCheck
-
-    @property
-    def exit_code(self) -> int:
-        return self.result.exit_code
 
     def text(self) -> str:
         """The one-paragraph verdict."""
@@ -152,7 +148,6 @@ class HistoryCheckReport:
     def _as_check(self) -> Any:
         """The same verdict as ``check``'s report, whose JUnit writer it reuses."""
         from ..session.check import CheckResult
-        from .check import CheckReport
 
         r = self.result
         return CheckReport(
@@ -171,17 +166,3 @@ class HistoryCheckReport:
         history too short, an error for a store that cannot be read."""
         text: str = self._as_check().junit()
         return text
-
-    def write_junit(self, path: str | os.PathLike[str]) -> str:
-        """Write :meth:`junit` to ``path`` atomically; returns the absolute path."""
-        written: str = self._as_check().write_junit(path)
-        return written
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.result.to_dict()
-
-    def _repr_markdown_(self) -> str:
-        return self.markdown()
-
-    def __repr__(self) -> str:
-        return self.text()
