@@ -103,6 +103,18 @@ def test_a_run_on_a_busy_machine_is_judged_with_wider_noise():
     assert busy.se > BUSY_NOISE_FACTOR * 0.9 * quiet.se
 
 
+def test_a_busy_runs_headline_says_its_noise_was_widened():
+    """The band of a run judged on a busy machine names the factor that widened it; a quiet
+    run's does not."""
+    runs = baseline_runs([100.0, 101.0, 99.0, 100.5, 99.5])
+    busy = compare_with_baseline(runs, make_run(step_ms=101.0, seed=9), after_busy=True)
+    quiet = compare_with_baseline(runs, make_run(step_ms=101.0, seed=9))
+    said = f"{BUSY_NOISE_FACTOR:g}\u00d7 for this run on a busy machine"
+    assert said in busy.headline and busy.after_busy and busy.to_dict()["after_busy"]
+    assert said not in quiet.headline and not quiet.after_busy
+    assert busy.judgement.half_width > quiet.judgement.half_width
+
+
 def baseline_runs(medians, steps=60, jitter=0.01):
     return [make_run(step_ms=m, steps=steps, jitter=jitter, seed=i) for i, m in enumerate(medians)]
 

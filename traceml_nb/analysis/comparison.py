@@ -24,6 +24,7 @@ from .noise import Noise, estimate_noise, judge_change, log_mean_ms
 from .thresholds import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
+    BUSY_NOISE_FACTOR,
     CHANGE_MARGIN,
     CONFIDENCE_LEVEL,
     MAX_STORED_STEPS,
@@ -81,6 +82,9 @@ class Comparison:
     #: the parts of the configuration that differ between the baseline and the candidate
     #: (:func:`~.configuration.changed_parts`: "code", "loader", "versions", "hardware")
     changed_parts: tuple[str, ...] = ()
+    #: the candidate ran on a busy machine and its baseline did not: judged with
+    #: ``BUSY_NOISE_FACTOR`` times the noise
+    after_busy: bool = False
 
     @property
     def significant(self) -> bool:
@@ -98,6 +102,7 @@ class Comparison:
             "headline": self.headline,
             "noise": self.noise.to_dict() if self.noise is not None else None,
             "judgement": self.judgement.to_dict() if self.judgement is not None else None,
+            "after_busy": self.after_busy,
             "changed_parts": list(self.changed_parts),
             "changes": list(self.changes),
             "baseline_ids": list(self.baseline_ids),
@@ -216,10 +221,11 @@ def fmt_pct_plain(share: float) -> str:
     return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
 
 
-def noise_source(noise: Noise) -> str:
+def noise_source(noise: Noise, after_busy: bool = False) -> str:
     """Where the noise comes from: ``5 runs of this configuration``, ``7 runs of 2
     configurations and 3 other configurations on this machine``, or ``assumed for 10 ms steps
-    until reruns tell``."""
+    until reruns tell``; with ``after_busy``, ``…, 5× for this run on a busy machine``."""
+    busy = f", {BUSY_NOISE_FACTOR:g}\u00d7 for this run on a busy machine" if after_busy else ""
     parts = []
     if noise.own_configs == 1:
         parts.append(f"{noise.own_runs} runs of this configuration")
@@ -229,17 +235,17 @@ def noise_source(noise: Noise) -> str:
         n = noise.class_configs
         parts.append(f"{n} other configuration{'s' if n != 1 else ''} on this machine")
     if not parts:
-        return f"assumed for {fmt_ms(noise.step_ms)} steps until reruns tell"
-    return " and ".join(parts)
+        return f"assumed for {fmt_ms(noise.step_ms)} steps until reruns tell{busy}"
+    return " and ".join(parts) + busy
 
 
-def verdict_tail(judgement: Judgement, noise: Noise | None) -> str:
+def verdict_tail(judgement: Judgement, noise: Noise | None, after_busy: bool = False) -> str:
     """The words after the change in a headline: ``slower, beyond the run-to-run noise
     (±7.4%: 5 runs of this configuration)``, ``no significant change: within …``,
     ``inconclusive: within … ; 3 more runs would decide``."""
     band = f"\u00b1{fmt_pct_plain(judgement.half_width)}"
     if noise is not None:
-        band += f": {noise_source(noise)}"
+        band += f": {noise_source(noise, after_busy)}"
     verdict = judgement.verdict
     if verdict in (FASTER, SLOWER):
         return f"{verdict}, beyond the run-to-run noise ({band})"
@@ -310,8 +316,8 @@ def compare(
         low, high = bootstrap_ratio_ci(values_a, values_b)
         result.step_ratio, result.ci_low, result.ci_high = ratio, low, high
         result.noise, result.judgement = noise, judgement
-        result.verdict = judgement.verdict
-        tail = verdict_tail(judgement, noise)
+        result.verdict, result.after_busy = judgement.verdict, after_busy
+        tail = verdict_tail(judgement, noise, after_busy)
         if result.verdict in (FASTER, SLOWER) and low <= 1 <= high:
             result.verdict, tail = INCONCLUSIVE, STEPS_OVERLAP
         result.headline = (

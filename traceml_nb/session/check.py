@@ -420,7 +420,7 @@ def verdict_paragraph(
     noise = comparison.noise
     band = "the run-to-run noise"
     if noise is not None:
-        band += f" ({noise_source(noise)})"
+        band += f" ({noise_source(noise, comparison.after_busy)})"
     allowed = f"a slowdown of {fmt_pct_plain(max_slowdown)}"
     what = list(comparison.changes[1:])
     changed = ""
