@@ -13,10 +13,13 @@ Measured here at the defaults (FALSE_ALARM_RATE 0.005, MISS_RATE 0.10, 2,000 his
 ======== ============ ============= ============= ===============
 sigma    false alarms "not slower"  caught at +10% caught at +20%
 ======== ============ ============= ============= ===============
-3%       0.7%         73%           6%            67%
-5%       0.7%         57%           7%            43%
-8%       1.5%         42%           9%            29%
+3%       0.4%         73%           6.5%          68%
+5%       0.3%         55%           7.9%          43%
+8%       0.95%        43%           7.4%          26%
 ======== ============ ============= ============= ===============
+
+(the +10% and +20% columns over 2,000 histories too; a +20% slowdown let through as "not
+slower": 0%, 0.15% and 1.85%).
 
 One run against a baseline cannot be both this careful and sensitive at this noise: the A/B
 gate (``python -m traceml_nb ab``, tests/test_paired.py) pairs the runs and is the CI path.
@@ -74,7 +77,7 @@ def test_identical_histories_raise_at_most_one_false_alarm_in_a_hundred(sigma):
 
 def test_a_noisier_machine_keeps_false_alarms_near_the_rate_with_fewer_clear_passes():
     result = outcomes(0.08, 0.0)
-    assert result.get(SLOWER, 0.0) <= 0.02
+    assert result.get(SLOWER, 0.0) <= 0.015  # 0.95% measured
     assert result.get(NO_CHANGE, 0.0) >= 0.3
 
 
