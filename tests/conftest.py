@@ -19,6 +19,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 _SESSION_STORE_DIR = tempfile.mkdtemp(prefix="traceml-test-store-")
 atexit.register(shutil.rmtree, _SESSION_STORE_DIR, ignore_errors=True)
 os.environ["TRACEML_NB_STORE"] = os.path.join(_SESSION_STORE_DIR, "runs.sqlite")
+#: The frontend is told from these (traceml_nb/views/frontend.py): a suite started from a VS
+#: Code or PyCharm terminal must not make the kernels it starts theirs.
+for _frontend_variable in ("VSCODE_PID", "VSCODE_CWD", "PYCHARM_HOSTED"):
+    os.environ.pop(_frontend_variable, None)
 
 from leakcheck import force_clean, leak_report  # noqa: E402
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+from html.parser import HTMLParser
 
 import pytest
 from ipykernel.zmqshell import ZMQInteractiveShell
@@ -21,7 +22,10 @@ from traceml_nb.views.frontend import (
     JUPYTER,
     KAGGLE,
     PLAIN,
+    PYCHARM,
     TERMINAL,
+    VSCODE,
+    WIDGET_NOTES,
     Frontend,
     choose_live_view,
     detect_frontend,
@@ -74,8 +78,77 @@ class FakeColabOutput:
             Frontend(KAGGLE, False, True, False),
         ),
         (bare(InteractiveShell), {}, {}, Frontend(IPYTHON, False, False, True)),
+        (
+            bare(ZMQInteractiveShell),
+            {"VSCODE_PID": "4242"},
+            {},
+            Frontend(VSCODE, False, True, True),
+        ),
+        # WSL and containers: no VSCODE_PID, but VSCODE_CWD
+        (
+            bare(ZMQInteractiveShell),
+            {"VSCODE_CWD": "/home/u"},
+            {},
+            Frontend(VSCODE, False, True, True),
+        ),
+        (bare(ZMQInteractiveShell), {"VSCODE_PID": ""}, {}, Frontend(JUPYTER, True, True, True)),
+        (
+            bare(ZMQInteractiveShell),
+            {"VSCODE_IPC_HOOK": "x"},
+            {},
+            Frontend(JUPYTER, True, True, True),
+        ),
+        (
+            bare(ZMQInteractiveShell),
+            {"PYCHARM_HOSTED": "1"},
+            {},
+            Frontend(PYCHARM, False, True, True),
+        ),
+        (
+            bare(ZMQInteractiveShell),
+            {"PYCHARM_HOSTED": ""},
+            {},
+            Frontend(JUPYTER, True, True, True),
+        ),
+        # a terminal or plain IPython in those editors stays what it is
+        (
+            bare(TerminalInteractiveShell),
+            {"VSCODE_PID": "1"},
+            {},
+            Frontend(TERMINAL, False, False, True),
+        ),
+        (
+            bare(InteractiveShell),
+            {"PYCHARM_HOSTED": "1"},
+            {},
+            Frontend(IPYTHON, False, False, True),
+        ),
+        # Colab and Kaggle are told first (their own variables and modules)
+        (
+            bare(ZMQInteractiveShell),
+            {"VSCODE_PID": "1"},
+            {"google.colab": object()},
+            Frontend(COLAB, False, True, True),
+        ),
     ],
-    ids=["plain", "terminal", "jupyter", "colab", "kaggle", "kaggle-batch", "ipython"],
+    ids=[
+        "plain",
+        "terminal",
+        "jupyter",
+        "colab",
+        "kaggle",
+        "kaggle-batch",
+        "ipython",
+        "vscode",
+        "vscode-wsl",
+        "vscode-empty",
+        "vscode-other-variable",
+        "pycharm",
+        "pycharm-empty",
+        "terminal-in-vscode",
+        "ipython-in-pycharm",
+        "colab-first",
+    ],
 )
 def test_detect_frontend(shell, environ, modules, expected):
     assert detect_frontend(shell, environ=environ, modules=modules) == expected
@@ -83,18 +156,32 @@ def test_detect_frontend(shell, environ, modules, expected):
 
 @pytest.mark.parametrize(
     ("kind", "auto"),
-    [(JUPYTER, "live"), (COLAB, "html"), (KAGGLE, "html"), (TERMINAL, "none"), (PLAIN, "none")],
+    [
+        (JUPYTER, "live"),
+        (COLAB, "html"),
+        (KAGGLE, "html"),
+        (VSCODE, "html"),
+        (PYCHARM, "html"),
+        (TERMINAL, "none"),
+        (PLAIN, "none"),
+    ],
 )
 def test_auto_view_per_frontend(kind, auto):
     shells = {
         JUPYTER: bare(ZMQInteractiveShell),
         COLAB: bare(ZMQInteractiveShell),
         KAGGLE: bare(ZMQInteractiveShell),
+        VSCODE: bare(ZMQInteractiveShell),
+        PYCHARM: bare(ZMQInteractiveShell),
         TERMINAL: bare(TerminalInteractiveShell),
         PLAIN: None,
     }
     modules = {"google.colab": object()} if kind == COLAB else {}
-    environ = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"} if kind == KAGGLE else {}
+    environ = {
+        KAGGLE: {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"},
+        VSCODE: {"VSCODE_PID": "4242"},
+        PYCHARM: {"PYCHARM_HOSTED": "1"},
+    }.get(kind, {})
     frontend = detect_frontend(shells[kind], environ=environ, modules=modules)
     assert choose_live_view("auto", frontend) == auto
     # the explicit choices hold everywhere
@@ -214,6 +301,67 @@ def test_no_view_for_none_and_text():
     with run:
         for option in ("none", "text"):
             assert start_live_view(run, option, Frontend(JUPYTER, True, True, True)) is None
+
+
+def test_a_widget_forced_in_vscode_or_pycharm_comes_with_a_note(monkeypatch):
+    """``--view live`` still gives the widget there, with one line saying what to do if it
+    stays empty (VS Code: the ``jupyter.widgetScriptSources`` setting); nowhere else."""
+    monkeypatch.setitem(sys.modules, "traceml_nb.views.live", None)  # no Bokeh view needed here
+    for kind, words in ((VSCODE, "jupyter.widgetScriptSources"), (PYCHARM, "--view html")):
+        run = traceml_nb.Run(kind, sample=False)
+        with run:
+            view = start_live_view(run, "live", Frontend(kind, False, True, True))
+        view.stop()
+        assert WIDGET_NOTES[kind] in run.capabilities.notes and words in WIDGET_NOTES[kind]
+        assert "\n" not in WIDGET_NOTES[kind]
+    for kind in (VSCODE, PYCHARM):  # the HTML view they get by default needs no note
+        run = traceml_nb.Run(kind, sample=False)
+        with run:
+            view = start_live_view(run, "auto", Frontend(kind, False, True, True))
+            assert isinstance(view, HandleView)
+        view.stop()
+        assert not run.capabilities.notes
+    assert prepare_widgets(Frontend(JUPYTER, True, True, True), modules={}) is None
+
+
+class _Markup(HTMLParser):
+    """Collects the tags and attributes of an HTML fragment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.attrs: list[tuple[str, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += [(name, value or "") for name, value in attrs]
+
+
+def test_the_html_view_needs_no_script_no_stylesheet_and_nothing_from_the_network():
+    """What a sanitizing frontend (VS Code, PyCharm, a notebook viewer) keeps: no script, no
+    style element, no event handler, no external resource; inline styles only."""
+    status = LiveStatus(
+        "sanitized",
+        "running",
+        12.5,
+        400,
+        recent_wall_ms=[10.0 + (i % 7) for i in range(200)],
+        recent_wait_ms=[4.0] * 200,
+        rank="rank 1 (slowest of 2)",
+    )
+    markup = status._repr_html_()
+    parsed = _Markup()
+    parsed.feed(markup)
+    assert "svg" in parsed.tags and "div" in parsed.tags
+    assert not {"script", "style", "link", "iframe", "img", "object", "embed"} & set(parsed.tags)
+    for name, value in parsed.attrs:
+        assert not name.startswith("on"), name
+        assert name not in ("src", "href", "xlink:href"), (name, value)
+        if name == "xmlns":  # a namespace name, never fetched
+            assert value == "http://www.w3.org/2000/svg"
+        else:
+            assert "//" not in value and "url(" not in value, (name, value)
+    assert "<!--" not in markup and "javascript:" not in markup.lower()
 
 
 def test_colab_live_option_enables_the_widget_manager(monkeypatch):

@@ -429,6 +429,65 @@ def test_notebook_7_shows_the_live_chart_and_the_report(lab_server, page, stop, 
         raise
 
 
+HANDLE_STEPS = re.compile(r" · ([\d,]+) steps? · ")
+
+
+def handle_steps(page) -> int:
+    """The step count the HTML (display-handle) view shows now."""
+    text = page.locator(".traceml-live").first.inner_text(timeout=5000)
+    counted = HANDLE_STEPS.search(text)
+    assert counted, text
+    return int(counted.group(1).replace(",", ""))
+
+
+def test_the_html_view_vscode_and_pycharm_get_updates_while_the_cell_runs(
+    lab_server, page, stop, tmp_path
+):
+    """The view VS Code's and PyCharm's kernels get by default: the kernel is made to read as
+    VS Code's (``VSCODE_PID`` set in its environment by the setup cell), the training cell has
+    no ``--view``, and its one HTML output, updated in place, shows more steps 2 s later while
+    the cell runs; no Bokeh widget is created; at the end the final state and the report."""
+    import nbformat
+    from playwright.sync_api import expect
+
+    if not magic_available():
+        pytest.skip("needs %%traceml")
+    nb = gated_notebook("traceml_magic.ipynb", stop)
+    nb.cells[1].source += '\nos.environ["VSCODE_PID"] = "4242"  # the kernel reads as VS Code\'s'
+    path = "html_view.ipynb"
+    nbformat.write(nb, lab_server.root / path)
+    try:
+        open_notebook(page, lab_server, lab_server.notebook_url(path), path)
+        expect(page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL)).to_be_visible()
+        run_cell(page, path, 1, "notebook:run-all-cells")
+        running = prompt_of(page, TRAIN_CELL)
+        expect(running).to_have_text("[*]:", timeout=60_000)
+        live = page.locator(".traceml-live").first
+        expect(live).to_be_visible(timeout=60_000)
+        deadline = time.monotonic() + 30
+        while handle_steps(page) == 0 and time.monotonic() < deadline:
+            time.sleep(0.25)
+        before = handle_steps(page)
+        time.sleep(2.5)  # the view updates at most once a second
+        after = handle_steps(page)
+        assert running.inner_text() == "[*]:", "the cell ended before the second reading"
+        assert after > before > 0
+        assert "running" in live.inner_text()
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(TRAIN_CELL)
+        expect(cell.locator(".traceml-live svg").first).to_be_visible()
+        expect(cell.locator(".traceml-steps")).to_have_count(0)  # no Bokeh widget
+        expect(page.locator(".traceml-live")).to_have_count(1)  # one output, updated in place
+        stop.touch()
+        expect(running).to_have_text(re.compile(r"\[\d+\]:"), timeout=90_000)
+        expect(live).to_contain_text("completed; the report follows", timeout=30_000)
+        report = cell.locator(".traceml-report")
+        expect(report.first).to_be_visible(timeout=30_000)
+        expect(cell.get_by_text("Error displaying widget")).to_have_count(0)
+    except BaseException:
+        report_failure(page, lab_server, path, tmp_path)
+        raise
+
+
 #: Batches each rank trains on in the browser test: ~4 s of 22 ms batches on rank 1, long
 #: enough to see the lines grow, short enough for a test.
 BROWSER_RANK_BATCHES = 180
