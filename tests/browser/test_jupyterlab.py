@@ -429,7 +429,7 @@ def test_notebook_7_shows_the_live_chart_and_the_report(lab_server, page, stop, 
         raise
 
 
-HANDLE_STEPS = re.compile(r" · ([\d,]+) steps? · ")
+HANDLE_STEPS = re.compile(r" · ([\d,]+) steps?\b")
 
 
 def handle_steps(page) -> int:
