@@ -10,8 +10,9 @@ Exit codes: 0 not slower (a slowdown of --max-slowdown is ruled out), 1 a regres
 with confidence, by at least half of --max-slowdown), 3 inconclusive (the run-to-run noise is
 too wide to tell), 2 no baseline yet, a partial ``torchrun`` job (a rank failed or stored no
 run), a usage error or a store that cannot be read. When the latest run of NAME is a rank of a
-``torchrun`` job, the job is judged: its slowest rank against the slowest ranks of earlier whole jobs. The
-GPU self-check is ``python -m traceml_nb.selfcheck``.
+``torchrun`` job, the job is judged: its slowest rank against the slowest ranks of earlier
+whole jobs. ``check --history``: the latest shift of the stored step time. The GPU self-check
+is ``python -m traceml_nb.selfcheck``.
 
 ``python -m traceml_nb ab --name NAME --base REF -- COMMAND``: the same-job A/B gate
 (:mod:`traceml_nb.session.ab`); exit 0 not slower, 1 slower, 2 no verdict, 3 inconclusive.

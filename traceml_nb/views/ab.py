@@ -88,8 +88,8 @@ def paragraph(r: AbResult) -> str:
     return (
         f"INCONCLUSIVE: {r.name!r} {_head_at(r)} against {base_words(r)} after "
         f"{_rounds_words(r)}: step time {move} ({signed_pct(j.change)}, between "
-        f"{signed_pct_fine(low)} and {signed_pct_fine(high)}): neither slower nor a slowdown of {allowed} "
-        f"ruled out; {decide}."
+        f"{signed_pct_fine(low)} and {signed_pct_fine(high)}): neither slower nor a slowdown of "
+        f"{allowed} ruled out; {decide}."
     )
 
 

@@ -40,8 +40,9 @@ kernels, so JupyterLab opened from there gets the HTML view too: it works everyw
 ``--view live`` still gives the widget.
 
 ``--view live`` forces the widget anywhere (in Colab the custom widget manager is enabled
-first; in VS Code and PyCharm a note says what to do if it stays empty), ``html`` forces the display-handle view, ``text`` prints the report as plain text at
-the end, ``none`` shows nothing live (the final report is still displayed).
+first; in VS Code and PyCharm a note says what to do if it stays empty), ``html`` forces the
+display-handle view, ``text`` prints the report as plain text at the end, ``none`` shows
+nothing live (the final report is still displayed).
 """
 
 from __future__ import annotations
