@@ -19,12 +19,15 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 _SESSION_STORE_DIR = tempfile.mkdtemp(prefix="traceml-test-store-")
 atexit.register(shutil.rmtree, _SESSION_STORE_DIR, ignore_errors=True)
 os.environ["TRACEML_NB_STORE"] = os.path.join(_SESSION_STORE_DIR, "runs.sqlite")
-#: The frontend is told from these (traceml_nb/views/frontend.py): a suite started from a VS
-#: Code or PyCharm terminal must not make the kernels it starts theirs.
-for _frontend_variable in ("VSCODE_PID", "VSCODE_CWD", "PYCHARM_HOSTED"):
-    os.environ.pop(_frontend_variable, None)
 
 from leakcheck import force_clean, leak_report  # noqa: E402
+
+from traceml_nb.views.frontend import PYCHARM_VARIABLE, VSCODE_VARIABLES  # noqa: E402
+
+#: The frontend is told from these: a suite started from a VS Code or PyCharm terminal must not
+#: make the kernels it starts theirs.
+for _frontend_variable in (*VSCODE_VARIABLES, PYCHARM_VARIABLE):
+    os.environ.pop(_frontend_variable, None)
 
 
 @pytest.fixture(autouse=True)

@@ -158,14 +158,10 @@ def test_the_worked_ci_example_fails_when_the_steps_get_half_again_slower(tmp_pa
     assert done.returncode == 0, done.stderr
     slower = cli("check", "--name", "smoke", env=env)
     runs = Store(tmp_path / "ci.sqlite").rows()
-    if is_busy(_load(runs[-1])) and not all(is_busy(_load(r)) for r in runs[:-1]):
+    if is_busy(runs[-1].load) and not all(is_busy(r.load) for r in runs[:-1]):
         assert slower.returncode in (1, 3), same.stdout + "\n" + slower.stdout
         assert "machine load" in slower.stdout or "steal" in slower.stdout, slower.stdout
     else:
         assert slower.returncode == 1, same.stdout + "\n" + slower.stdout
     if slower.returncode == 1:
         assert slower.stdout.startswith("REGRESSION: 'smoke' @7 is slower than its baseline")
-
-
-def _load(row) -> dict:
-    return {"other_cpu_share": row.other_cpu_share, "steal_share": row.steal_share}

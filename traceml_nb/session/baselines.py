@@ -149,8 +149,7 @@ def machine_points(
                 if row.id == entry.stored_id or row.step_ms_median is None or row.job_id:
                     continue
                 stored.add(row.id)
-                load = {"other_cpu_share": row.other_cpu_share, "steal_share": row.steal_share}
-                points.append(RunPoint(row.config, float(row.step_ms_median), is_busy(load)))
+                points.append(RunPoint(row.config, float(row.step_ms_median), is_busy(row.load)))
         except StoreError:
             pass
     for e in history.entries if history is not None else []:

@@ -237,6 +237,12 @@ class StoredRow:
     config: str | None = None
     other_cpu_share: float | None = None
 
+    @property
+    def load(self) -> dict[str, float | None]:
+        """The machine's load during the run as a run's ``load`` holds it (for
+        :func:`~traceml_nb.analysis.noise.is_busy`)."""
+        return {"other_cpu_share": self.other_cpu_share, "steal_share": self.steal_share}
+
 
 @dataclass
 class NameTotals:
