@@ -19,6 +19,12 @@ from traceml_nb.session.stored_jobs import SLOWEST_RANK_TIE, StoredJob, split_jo
 
 #: ranks of a baseline job: rank 1 is the slower by 2% (its 1% step jitter cannot swap them)
 BASE_MS = (20.0, 20.4)
+#: a rank 57% slower than the baseline jobs' slowest: a regression against two or three
+#: identical jobs, whose noise is still mostly the default's (8% at 10 ms)
+SLOW_MS = 32.0
+#: a gate that asks about a 50% slowdown: two to four identical jobs rule that out, as the tests
+#: of which jobs make the baseline need (ruling out 10% takes more runs at the default noise)
+LENIENT = 0.5
 
 
 def job_id(k: int) -> str:
@@ -111,7 +117,7 @@ def test_a_job_slower_by_well_under_the_gates_slowdown_passes(store):
     assert "not slower: a slowdown of 50% is ruled out" in result.verdict
 
 
-@pytest.mark.parametrize("medians", [(20.0, 26.0, 20.4), (20.0, 20.5, 21.0)])
+@pytest.mark.parametrize("medians", [(20.0, 32.0, 20.4), (20.0, 20.5, 21.0)])
 def test_the_order_the_ranks_were_stored_in_does_not_change_the_verdict(tmp_path, medians):
     """``Store.latest`` is whichever rank wrote last; the job is the same whatever that is."""
     verdicts = set()
@@ -120,7 +126,7 @@ def test_the_order_the_ranks_were_stored_in_does_not_change_the_verdict(tmp_path
         for k in range(4):
             add_job(target, (20.0, 20.4, 20.1), job=job_id(k), seed=k, order=order)
         ids = add_job(target, medians, job=job_id(99), seed=9, order=order)
-        result = check("train", store=target.path)
+        result = check("train", store=target.path, max_slowdown=LENIENT)
         slowest = max(range(3), key=lambda r: medians[r])
         assert result.candidate is not None and result.candidate.stored_id == ids[slowest]
         verdicts.add((result.exit_code, normalised(result.verdict), round(result.slowdown, 6)))
@@ -183,7 +189,7 @@ def test_partial_earlier_jobs_are_not_a_baseline(tmp_path):
     add_job(target, job=job_id(2), seed=2, order=(1,))  # rank 0 never stored
     add_job(target, job=job_id(3), seed=3)
     add_job(target, (20.1, 20.3), job=job_id(99), seed=9)
-    result = check("train", store=target.path)
+    result = check("train", store=target.path, max_slowdown=LENIENT)
     assert result.exit_code == 0, result.verdict
     assert [r.stored_id for r in result.baseline] == [2, 7]  # the slowest ranks of jobs 0 and 3
     assert "against its baseline, 2 jobs @2, @7" in result.verdict
@@ -200,7 +206,7 @@ def test_the_baseline_is_the_slowest_ranks_of_the_last_jobs_never_a_mix_of_ranks
         target.add(make_run("train", step_ms=12.0, seed=50 + k))  # a run alone, much faster
     add_job(target, (20.0, 20.4, 20.2), job=job_id(40), seed=40)  # 3 ranks: another config
     ids = add_job(target, (20.2, 20.5), job=job_id(99), seed=9)
-    result = check("train", store=target.path)
+    result = check("train", store=target.path, max_slowdown=LENIENT)
     assert result.exit_code == 0, result.verdict
     assert [r.stored_id for r in result.baseline] == slowest[-5:]
     assert all(r.rank == 1 and r.job_id is not None for r in result.baseline)
@@ -237,7 +243,7 @@ def test_a_run_alone_is_compared_with_runs_alone_only(tmp_path):
         target.add(make_run("train", step_ms=20.0 + 0.1 * i, seed=i))
         add_job(target, (30.0, 30.5), job=job_id(i), seed=i)  # ranks of jobs: not its baseline
     latest = target.add(make_run("train", step_ms=20.1, seed=9))
-    result = check("train", store=target.path)
+    result = check("train", store=target.path, max_slowdown=LENIENT)
     assert result.exit_code == 0, result.verdict
     assert [r.stored_id for r in result.baseline] == [1, 4, 7]
     assert result.job is None and result.baseline_jobs == [None, None, None]
@@ -264,7 +270,7 @@ def test_a_reused_job_id_and_an_elastic_restart_are_told_apart(tmp_path):
     for k in range(3):
         add_job(target, job="none", seed=k, order=(1, 0) if k == 1 else (0, 1))
     add_job(target, (20.1, 20.3), job="none", seed=8, status={0: "failed", 1: "failed"})
-    ids = add_job(target, (20.1, 26.0), job="none", seed=9, order=(1, 0))  # the restart
+    ids = add_job(target, (20.1, SLOW_MS), job="none", seed=9, order=(1, 0))  # the restart
     result = check("train", store=target.path)
     assert result.exit_code == 1, result.verdict
     assert result.verdict.startswith(
@@ -279,7 +285,7 @@ def test_a_reused_job_id_and_an_elastic_restart_are_told_apart(tmp_path):
 # --- pins and --against -----------------------------------------------------------------------
 def test_a_pinned_rank_stands_for_its_job(store):
     store.pin("train", [1, 3, 4])  # rank 0 of job 0; ranks 0 and 1 of job 1
-    add_job(store, (20.1, 26.0), job=job_id(99), seed=9)
+    add_job(store, (20.1, SLOW_MS), job=job_id(99), seed=9)
     result = check("train", store=store.path)
     assert result.exit_code == 1, result.verdict
     assert [r.stored_id for r in result.baseline] == [2, 4]
@@ -351,7 +357,7 @@ def test_a_ddp_job_is_compared_rank_for_rank_when_its_ranks_are_tied(tmp_path):
             target.add(entry)
     medians = [r.step_ms_median for r in target.rows()]
     assert any(medians[i] > medians[i + 1] for i in range(0, 10, 2))  # noise flips the longest
-    result = check("train", store=target.path, against="baseline")
+    result = check("train", store=target.path, against="baseline", max_slowdown=LENIENT)
     assert result.candidate is not None and result.candidate.rank == 1
     assert [r.rank for r in result.baseline] == [1, 1, 1, 1]
     assert result.exit_code == 0 and "same code, same settings" in result.verdict.lower()

@@ -102,7 +102,7 @@ def test_the_motivating_comparison():
     assert c.significant
     headline = (
         "step time 316 ms \u2192 179 ms (\u221243%, faster, beyond the run-to-run noise "
-        "(\u00b138%: assumed for 316 ms steps until reruns tell))"
+        "(\u00b168%: assumed for 316 ms steps until reruns tell))"
     )
     assert c.headline == headline
     assert c.step_ratio == pytest.approx(179 / 316)

@@ -150,10 +150,11 @@ def _line(report: str, start: str) -> str:
 
 
 #: The speed-up of the demo's DataLoader fix the three-runs test requires to read "faster":
-#: ~1.5-2.5x on a quiet 2-core machine; on a machine whose other work takes the cores the fix's
-#: workers need, the measured effect shrinks (-17% seen in CI), and "inconclusive" is then the
-#: honest answer (never "slower" or "no significant change").
-DEMO_FIX_SHOWN = -0.30
+#: ~1.5-2.5x on a quiet 2-core machine (-59% to -61% here); one run against one with nothing
+#: but the default noise (8% at 10 ms) reads "faster" from about -45%. On a machine whose other
+#: work takes the cores the fix's workers need, the measured effect shrinks (-17% seen in CI),
+#: and "inconclusive" is then the honest answer (never "slower" or "no significant change").
+DEMO_FIX_SHOWN = -0.50
 
 
 @pytest.mark.slow
