@@ -180,8 +180,9 @@ def test_tiny_model_on_an_in_memory_dataset_is_not_input_bound():
     )
     # headline, advice and what will not help say the same thing, and none calls 33% "only"
     assert d.title == (
-        "Compute-bound: the steps are very short (0.15 ms), and 33% of them is making each "
-        "batch, not waiting for a slow input pipeline"
+        "Compute-bound: the steps are very short (0.15 ms): 33% of each is making its batch in "
+        "the training process (indexing and collating, no input pipeline to wait for), the rest "
+        "is the model's work"
     )
     assert d.advice == [BATCHED_INDEXING] and "__getitems__" in d.advice[0]
     assert d.wont_help == [

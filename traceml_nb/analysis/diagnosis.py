@@ -505,9 +505,9 @@ def _compute_bound(f: _Facts) -> Diagnosis:
         conf = "low"
     elif f.tiny_steps:
         title = (
-            f"Compute-bound: the steps are very short ({fmt_ms(f.summary.step_ms_median)}), and "
-            f"{fmt_share(sig.share)} of them is making each batch, not waiting for a slow input "
-            "pipeline"
+            f"Compute-bound: the steps are very short ({fmt_ms(f.summary.step_ms_median)}): "
+            f"{fmt_share(sig.share)} of each is making its batch in the training process "
+            "(indexing and collating, no input pipeline to wait for), the rest is the model's work"
         )
         advice = [BATCHED_INDEXING]
         conf = confidence(False, m.steady)
