@@ -172,3 +172,93 @@ def test_the_worked_ci_example_fails_when_the_steps_get_half_again_slower(tmp_pa
         assert slower.returncode == 1, same.stdout + "\n" + slower.stdout
     if slower.returncode == 1:
         assert slower.stdout.startswith("REGRESSION: 'smoke' @7 is slower than its baseline")
+
+
+# --- --runs K: the job trained K times -----------------------------------------------------------
+def add_changed(store: Store, medians: list[float], seed: int = 20) -> list[int]:
+    """Runs of 'smoke' whose cell changed (a new configuration), one per median (ms)."""
+    return [
+        store.add(make_run("smoke", step_ms=m, seed=seed + i, source="train(loader)\nextra()\n"))
+        for i, m in enumerate(medians)
+    ]
+
+
+def test_three_runs_together_catch_a_slowdown_one_run_cannot_tell(store):
+    """+17% after a change: the latest run alone is inconclusive against five baseline runs
+    (its noise is the default's, mostly); the job's three runs together are a regression (the
+    mean of three has a third of one run's variance)."""
+    ids = add_changed(store, [23.3, 23.5, 23.7])
+    one = traceml_nb.check("smoke", store=store.path)
+    assert one.exit_code == 3, one.text()
+    three = traceml_nb.check("smoke", store=store.path, runs=3)
+    assert three.exit_code == 1, three.text()
+    text = three.text()
+    assert text.startswith(
+        f"REGRESSION: 'smoke' @{ids[0]}\u2013@{ids[-1]} (its latest 3 runs) is slower than its "
+        "baseline, 5 runs @1\u2013@5 of the configuration before it: step time 20 ms \u2192 23.5 ms"
+    )
+    assert "(8 runs of 2 configurations)" in text  # the three runs' own scatter is noise too
+    result = three.result
+    assert [r.stored_id for r in result.candidates] == ids
+    assert result.to_dict()["candidates"] == ids
+    assert result.comparison.candidate_ids == ids
+    assert result.slowdown == pytest.approx(23.5 / 20.0 - 1, abs=0.01)
+    assert "| median step time (means of 5 and 3 runs) |" in three.markdown()
+
+
+def test_three_identical_runs_pass_where_one_is_inconclusive(store):
+    ids = add_changed(store, [20.3, 19.9, 20.1])
+    assert traceml_nb.check("smoke", store=store.path).exit_code in (0, 3)
+    three = cli("check", "--name", "smoke", "--store", store.path, "--runs", "3")
+    assert three.returncode == 0, three.stdout
+    assert three.stdout.startswith(f"OK: 'smoke' @{ids[0]}\u2013@{ids[-1]} (its latest 3 runs)")
+    assert "not slower: a slowdown of 10% is ruled out" in three.stdout
+
+
+def test_runs_must_be_the_latest_runs_of_one_configuration(store):
+    store.add(make_run("smoke", step_ms=20.0, seed=30, source="train(loader)\nother()\n"))
+    add_changed(store, [20.0, 20.1])
+    mixed = traceml_nb.check("smoke", store=store.path, runs=3)
+    assert mixed.exit_code == 2, mixed.text()
+    assert mixed.text() == (
+        "--runs 3: the latest 3 stored runs of 'smoke' are judged together, and @6 is of another "
+        "configuration than @8: each must be a completed run of one configuration, alone, on one "
+        "machine class (the CI job trained that many times in a row)"
+    )
+    assert traceml_nb.check("smoke", store=store.path, runs=2).exit_code in (0, 3)
+    too_many = traceml_nb.check("smoke", store=store.path, runs=9)
+    assert too_many.exit_code == 2
+    assert "are judged together, and it has 8" in too_many.text()
+    store.add(make_run("smoke", step_ms=20.0, seed=31, status="interrupted"))
+    stopped = traceml_nb.check("smoke", store=store.path, runs=2)
+    assert stopped.exit_code == 2 and "and @9 interrupted:" in stopped.text()
+    for bad in ("0", "21", "x"):
+        done = cli("check", "--name", "smoke", "--store", store.path, "--runs", bad)
+        assert done.returncode == 2, done.stdout + done.stderr
+    assert traceml_nb.check("smoke", store=store.path, runs=True).exit_code == 2
+
+
+def test_a_busy_run_among_the_k_is_left_out_as_from_a_baseline(store):
+    """Judging a busy run with the quiet ones would multiply the noise of all by
+    BUSY_NOISE_FACTOR (or bias their mean); the quiet ones are judged and the paragraph says
+    which was left out. All of them busy: judged with that noise."""
+    source = "train(loader)\nextra()\n"
+    ids = [
+        store.add(make_run("smoke", step_ms=m, seed=40 + i, source=source, load=load))
+        for i, (m, load) in enumerate([(20.1, 0.0), (27.0, 0.6), (19.9, 0.0)])
+    ]
+    result = traceml_nb.check("smoke", store=store.path, runs=3).result
+    assert [r.stored_id for r in result.candidates] == [ids[0], ids[2]]
+    assert [r.stored_id for r in result.left_out] == [ids[1]]
+    assert result.to_dict()["left_out"] == [ids[1]]
+    assert result.verdict.split(" against ")[0].split(": ", 1)[1] == (
+        f"'smoke' @{ids[0]}\u2013@{ids[2]} (its latest 3 runs; @{ids[1]} left out: it ran on a "
+        "busy machine)"
+    )
+    assert result.exit_code != 1 and not result.comparison.after_busy
+    busy = Store(store.path)
+    for i in range(3):
+        busy.add(make_run("smoke", step_ms=24.0, seed=50 + i, source="b()\n", load=0.6))
+    everyone = traceml_nb.check("smoke", store=store.path, runs=3).result
+    assert everyone.left_out == [] and len(everyone.candidates) == 3
+    assert everyone.comparison.after_busy and everyone.exit_code in (1, 3)

@@ -50,18 +50,27 @@ def check(
     max_slowdown: float | None = None,
     against: str | int = "baseline",
     any_hardware: bool = False,
+    runs: int = 1,
 ) -> Any:
     """The CI gate as an API (``python -m traceml_nb check``): the latest stored run of
-    ``name`` against its baseline. Returns a :class:`~traceml_nb.views.check.CheckReport`:
-    ``exit_code`` (0 no regression, 1 regression, 2 no baseline / unreadable store),
-    ``text()``, ``markdown()``, ``junit()``. ``max_slowdown``: a fraction (default 0.10)."""
+    ``name`` (the latest ``runs`` of them, together) against its baseline. Returns a
+    :class:`~traceml_nb.views.check.CheckReport`: ``exit_code`` (0 no regression, 1
+    regression, 2 no baseline / unreadable store, 3 inconclusive), ``text()``, ``markdown()``,
+    ``junit()``. ``max_slowdown``: a fraction (default 0.10)."""
     from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
     from .session.check import check as run_check
     from .views.check import CheckReport
 
     limit = DEFAULT_MAX_SLOWDOWN if max_slowdown is None else max_slowdown
     return CheckReport(
-        run_check(name, store=store, max_slowdown=limit, against=against, any_hardware=any_hardware)
+        run_check(
+            name,
+            store=store,
+            max_slowdown=limit,
+            against=against,
+            any_hardware=any_hardware,
+            runs=runs,
+        )
     )
 
 

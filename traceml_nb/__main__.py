@@ -3,7 +3,7 @@
 ::
 
     python -m traceml_nb check --name NAME [--store PATH] [--max-slowdown 0.10]
-                               [--against baseline|RUN_ID] [--any-hardware]
+                               [--against baseline|RUN_ID] [--any-hardware] [--runs K]
                                [--format text|markdown] [--junit FILE]
 
 Exit codes: 0 not slower (a slowdown of --max-slowdown is ruled out), 1 a regression (slower
@@ -75,6 +75,15 @@ def parser() -> argparse.ArgumentParser:
         "--any-hardware",
         action="store_true",
         help="let the baseline come from another hardware class",
+    )
+    check.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        metavar="K",
+        help="judge the latest K runs of NAME together (the job trained K times in a row): "
+        "their mean against the baseline of the first, with the noise of one K times smaller "
+        "(default 1)",
     )
     check.add_argument(
         "--history",
@@ -229,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_slowdown=DEFAULT_MAX_SLOWDOWN if args.max_slowdown is None else args.max_slowdown,
             against=args.against,
             any_hardware=args.any_hardware,
+            runs=args.runs,
         )
     )
     return _emit(report, args, "check")

@@ -20,6 +20,7 @@ def compare_with_baseline(
     baseline: Sequence[RunLike],
     candidate: RunLike,
     *,
+    after: Sequence[RunLike] | None = None,
     noise: Noise | None = None,
     margin: float = CHANGE_MARGIN,
     one_sided: bool = False,
@@ -28,13 +29,15 @@ def compare_with_baseline(
     """``candidate`` against the runs of ``baseline`` (oldest first; at least one): the table's
     "before" column is the latest baseline run's, but for the step time: the geometric mean of
     the baseline runs' medians. ``noise`` defaults to the baseline runs' own
-    (:func:`.noise.estimate_noise`); the rest as :func:`.comparison.compare` takes it."""
+    (:func:`.noise.estimate_noise`); ``after``: the candidate's runs when it is several
+    (``candidate`` the latest); the rest as :func:`.comparison.compare` takes it."""
     if not baseline:
         raise ValueError("a baseline needs at least one run")
     return compare(
         baseline[-1],
         candidate,
         before=baseline,
+        after=after,
         noise=noise,
         margin=margin,
         one_sided=one_sided,

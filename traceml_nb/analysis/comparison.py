@@ -77,6 +77,8 @@ class Comparison:
     changes: list[str] = field(default_factory=list)
     #: the runs the baseline is made of (one for a run-to-run comparison)
     baseline_ids: list[int] = field(default_factory=list)
+    #: the runs the candidate is made of (one but for ``check --runs K``)
+    candidate_ids: list[int] = field(default_factory=list)
     #: said before the headline, e.g. that the runs are on different hardware classes
     note: str = ""
     #: the parts of the configuration that differ between the baseline and the candidate
@@ -106,6 +108,7 @@ class Comparison:
             "changed_parts": list(self.changed_parts),
             "changes": list(self.changes),
             "baseline_ids": list(self.baseline_ids),
+            "candidate_ids": list(self.candidate_ids),
             "note": self.note,
         }
 
@@ -280,37 +283,55 @@ def pooled_steps(runs: Sequence[RunLike], limit: int = MAX_STORED_STEPS) -> np.n
     return np.concatenate(parts) if parts else np.empty(0)
 
 
+def _means_of(before: int, after: int) -> str:
+    """What the step time row's figures are: `` (mean of 5 runs)``, `` (means of 5 and 3
+    runs)``, `` (mean of 3 runs after)``; '' for one run against one."""
+    if before > 1 and after > 1:
+        return f" (means of {before} and {after} runs)"
+    if before > 1:
+        return f" (mean of {before} runs)"
+    if after > 1:
+        return f" (mean of {after} runs after)"
+    return ""
+
+
 def compare(
     a: RunLike,
     b: RunLike,
     *,
     before: Sequence[RunLike] | None = None,
+    after: Sequence[RunLike] | None = None,
     noise: Noise | None = None,
     margin: float = CHANGE_MARGIN,
     one_sided: bool = False,
     after_busy: bool = False,
 ) -> Comparison:
     """Run ``b`` (the candidate) against run ``a``, or against the runs ``before`` (a baseline,
-    oldest first; ``a`` is the latest of them and fills the table's other rows).
+    oldest first; ``a`` is the latest of them and fills the table's other rows); ``after``:
+    the candidate's runs when it is several (oldest first; ``b`` is the latest of them).
 
-    The step time's verdict (:func:`.noise.judge_change`) judges ``b``'s median against the
-    geometric mean of the earlier medians with ``noise`` (default: :func:`.noise.
-    estimate_noise` of the earlier runs alone) and ``margin`` (the least change that matters;
-    ``one_sided``: a gate's question, is it slower); ``after_busy``: ``b`` ran on a busy
-    machine. "Slower"/"faster" also needs the step-level bootstrap interval to exclude 1."""
+    The step time's verdict (:func:`.noise.judge_change`) judges the geometric mean of the
+    candidate's medians against that of the earlier medians with ``noise`` (default:
+    :func:`.noise.estimate_noise` of the earlier runs alone) and ``margin`` (the least change
+    that matters; ``one_sided``: a gate's question, is it slower); ``after_busy``: the
+    candidate ran on a busy machine. "Slower"/"faster" also needs the step-level bootstrap
+    interval to exclude 1."""
     runs_a = [a] if not before else list(before)
+    runs_b = [b] if not after else list(after)
     values_a = np.asarray(a.step_ms, dtype=float) if not before else pooled_steps(runs_a)
-    values_b = np.asarray(b.step_ms, dtype=float)
+    values_b = np.asarray(b.step_ms, dtype=float) if not after else pooled_steps(runs_b)
     medians_a = [m for m in (_median(r, np.asarray(r.step_ms, dtype=float)) for r in runs_a) if m]
-    med_b = _median(b, values_b)
+    medians_b = [m for m in (_median(r, np.asarray(r.step_ms, dtype=float)) for r in runs_b) if m]
+    med_b = log_mean_ms(medians_b) if len(medians_b) == len(runs_b) else None
     result = Comparison(baseline_id=a.id, candidate_id=b.id, baseline_ids=[r.id for r in runs_a])
+    result.candidate_ids = [r.id for r in runs_b]
     step_direction = NEUTRAL
     center = log_mean_ms(medians_a) if medians_a else None
     if center and med_b and len(values_a) >= 2 and len(values_b) >= 2:
         if noise is None:
             noise = estimate_noise([medians_a], center)
         judgement = judge_change(
-            medians_a, [med_b], noise, margin, one_sided=one_sided, after_busy=after_busy
+            medians_a, medians_b, noise, margin, one_sided=one_sided, after_busy=after_busy
         )
         ratio = med_b / center
         low, high = bootstrap_ratio_ci(values_a, values_b)
@@ -327,7 +348,8 @@ def compare(
         step_direction = {FASTER: GOOD, SLOWER: BAD}.get(result.verdict, NEUTRAL)
     else:
         empty = [(a, values_a)] if not before else [(r, np.asarray(r.step_ms)) for r in runs_a]
-        missing = [f"#{r.id}" for r, v in [*empty, (b, values_b)] if len(v) < 2]
+        later = [(b, values_b)] if not after else [(r, np.asarray(r.step_ms)) for r in runs_b]
+        missing = [f"#{r.id}" for r, v in [*empty, *later] if len(v) < 2]
         verb = "has" if len(missing) == 1 else "have"
         result.headline = (
             f"step time not comparable: {' and '.join(missing)} {verb} no steady steps"
@@ -342,8 +364,7 @@ def compare(
     sm_measured = sa.sm_active_median_pct is not None or sb.sm_active_median_pct is not None
     result.rows = [
         ComparisonRow(
-            "median step time"
-            + (f" (mean of {len(medians_a)} runs)" if before and len(medians_a) > 1 else ""),
+            "median step time" + _means_of(len(medians_a), len(runs_b)),
             fmt_ms(center),
             fmt_ms(med_b),
             step_delta,

@@ -15,6 +15,8 @@
 
 The baseline is the runs of the latest run's configuration, or of the configuration before it
 (:mod:`.baselines`); the noise is theirs, with what the machine class has shown as a prior.
+With ``runs=K`` (``--runs K``: the job trained K times) the latest K runs are judged together,
+which one run against a stored baseline cannot match at this machine class's noise.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..analysis.comparison import Comparison, fmt_pct_plain, noise_source
 from ..analysis.configuration import changed_parts
 from ..analysis.formatting import fmt_confidence, fmt_ms, signed_pct, signed_pct_fine
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
-from ..analysis.noise import estimate_noise, is_busy
+from ..analysis.noise import RunPoint, estimate_noise, is_busy, log_mean_ms
 from ..analysis.thresholds import (
     BASELINE_RUNS,
     DEFAULT_MAX_SLOWDOWN,
@@ -49,6 +51,9 @@ INCONCLUSIVE = "inconclusive"
 ADVISED_BASELINE_RUNS = 5
 #: "No baseline yet" names at most this many of the latest earlier jobs it left out, and why.
 LEFT_OUT_SHOWN = 3
+#: ``--runs K`` judges the latest K runs together: at most this many (a CI job that trains
+#: more often than this is better served by ``ab``).
+MAX_CHECK_RUNS = 20
 
 
 @dataclass
@@ -74,6 +79,11 @@ class CheckResult:
     baseline_jobs: list[StoredJob | None] = field(default_factory=list)
     #: which baseline it is: "same configuration", "earlier configuration" or "pinned"
     baseline_kind: str = SAME
+    #: ``--runs K``: the K latest runs judged together (oldest first; ``candidate`` is the
+    #: latest of them); empty when one run is judged
+    candidates: list[RunEntry] = field(default_factory=list)
+    #: ...and those of the K left out: they ran on a busy machine while others did not
+    left_out: list[RunEntry] = field(default_factory=list)
 
     @property
     def slowdown(self) -> float | None:
@@ -91,6 +101,8 @@ class CheckResult:
             "max_slowdown": self.max_slowdown,
             "store_path": self.store_path,
             "candidate": self.candidate.stored_id if self.candidate is not None else None,
+            "candidates": [r.stored_id for r in self.candidates],
+            "left_out": [r.stored_id for r in self.left_out],
             "baseline": [r.stored_id for r in self.baseline],
             "slowdown": self.slowdown,
             "comparison": self.comparison.to_dict() if self.comparison is not None else None,
@@ -112,6 +124,7 @@ def check(
     max_slowdown: float = DEFAULT_MAX_SLOWDOWN,
     against: str | int = "baseline",
     any_hardware: bool = False,
+    runs: int = 1,
 ) -> CheckResult:
     """Compare the latest stored run of ``name`` with its baseline (``against="baseline"``:
     the pinned runs, else the last ``BASELINE_RUNS`` completed runs of ``name`` on the same
@@ -123,12 +136,24 @@ def check(
     (:mod:`.stored_jobs`): its slowest rank against the slowest ranks of the last
     ``BASELINE_RUNS`` earlier complete jobs of ``name`` of the same world size; a job that is
     not whole (a rank failed or stored no run) has no verdict. A run alone is compared with
-    runs that ran alone only."""
+    runs that ran alone only.
+
+    ``runs=K``: the CI job trained K times; the latest K stored runs of ``name`` (completed,
+    of one configuration, alone) are judged together against the baseline of the first of
+    them: the change of the geometric mean of their medians, whose noise is K times smaller
+    (:func:`~traceml_nb.analysis.noise.judge_change`); their own scatter joins the noise."""
     if not (isinstance(max_slowdown, (int, float)) and 0 < max_slowdown < 10):
         return _fail(
             name,
             f"--max-slowdown must be a fraction such as 0.10, got {max_slowdown!r}",
             DEFAULT_MAX_SLOWDOWN,
+            None,
+        )
+    if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_CHECK_RUNS:
+        return _fail(
+            name,
+            f"--runs must be a whole number from 1 to {MAX_CHECK_RUNS}, got {runs!r}",
+            max_slowdown,
             None,
         )
     path = resolve_store_path(store)
@@ -154,6 +179,20 @@ def check(
                 NO_BASELINE,
             )
         candidate = latest
+        candidates: list[RunEntry] = []
+        if latest.job_id is not None and runs > 1:
+            return _fail(
+                name,
+                f"--runs {runs} judges runs that ran alone; {name!r} @{latest.stored_id} is a "
+                "rank of a torchrun job: check the latest job without --runs",
+                max_slowdown,
+                path,
+            )
+        if runs > 1:
+            candidates, why = _latest_runs(target, name, latest, runs)
+            if why:
+                return _fail(name, why, max_slowdown, path)
+        first = candidates[0] if candidates else latest
         if latest.job_id is not None:
             job = job_of(split_jobs(target.job_runs(latest.job_id, name=name)), latest.id)
             assert job is not None  # the latest run is in its own job
@@ -165,7 +204,7 @@ def check(
         kind = SAME
         if against == "baseline":
             baseline, units, skipped, kind = _baseline(
-                target, name, candidate, job, hardware, any_hardware
+                target, name, first if job is None else candidate, job, hardware, any_hardware
             )
         else:
             text = str(against).strip().lstrip("@")
@@ -176,14 +215,19 @@ def check(
                     max_slowdown,
                     path,
                 )
-            baseline, units, skipped = _stand_for_jobs(target, [target.get(int(text))], exclude=job)
+            chosen = target.get(int(text))
+            if any(c.stored_id == chosen.stored_id for c in candidates):
+                return _fail(
+                    name, f"--against @{text} is one of the runs checked", max_slowdown, path
+                )
+            baseline, units, skipped = _stand_for_jobs(target, [chosen], exclude=job)
             kind = "run"
             if not baseline:
                 why = skipped[0] if skipped else "not a run to compare with"
                 return _fail(name, f"--against @{text}: {why}", max_slowdown, path, NO_BASELINE)
     except StoreError as exc:
         return _fail(name, f"cannot read the store: {exc}", max_slowdown, path)
-    subject = _subject(name, candidate, job)
+    subject = _subject(name, candidate, job, candidates)
     if not baseline:
         return CheckResult(
             EXIT_NO_VERDICT,
@@ -195,12 +239,26 @@ def check(
             candidate,
             job=job,
         )
+    left_out: list[RunEntry] = []
+    if len(candidates) > 1 and not all(is_busy(r.load) for r in baseline):
+        quiet = [c for c in candidates if not is_busy(c.load)]
+        if quiet and len(quiet) < len(candidates):  # as from a baseline: busy runs left out
+            left_out = [c for c in candidates if is_busy(c.load)]
+            candidates, candidate = quiet, quiet[-1]
     try:
-        points = machine_points(candidate, None, target, before=candidate.stored_id)
+        points = machine_points(first, None, target, before=first.stored_id)
     except StoreError:
         points = []
     keys = {candidate.configuration.key, *(r.configuration.key for r in baseline)}
     step_ms = candidate.summary.step_ms_median or 0.0
+    if candidates:  # their scatter is noise of their configuration too
+        medians = [float(c.summary.step_ms_median or 0.0) for c in candidates]
+        points += [
+            RunPoint(c.configuration.key, m, is_busy(c.load))
+            for c, m in zip(candidates, medians, strict=True)
+        ]
+        step_ms = log_mean_ms(medians)
+    judged = candidates or [candidate]
     if job is None:
         noise = noise_for(candidate, keys, points, step_ms)
     else:  # a job's noise is that of the slowest ranks of earlier jobs
@@ -209,10 +267,12 @@ def check(
     comparison = compare_with_baseline(
         baseline,
         candidate,
+        after=candidates or None,
         noise=noise,
         margin=max_slowdown,
         one_sided=True,
-        after_busy=is_busy(candidate.load) and not all(is_busy(r.load) for r in baseline),
+        after_busy=any(is_busy(c.load) for c in judged)
+        and not all(is_busy(r.load) for r in baseline),
     )
     comparison.changed_parts = changed_parts(baseline[-1].configuration, candidate.configuration)
     changes = what_changed(baseline[-1], candidate, verdict=comparison.verdict).lines()
@@ -222,6 +282,7 @@ def check(
             EXIT_NO_VERDICT, ERROR, name,
             f"no verdict on {subject}: {comparison.headline}.",
             max_slowdown, path, candidate, baseline, comparison, changes, job, units,
+            candidates=candidates,
         )  # fmt: skip
     regression = is_regression(comparison)
     if regression:
@@ -235,7 +296,16 @@ def check(
         status,
         name,
         verdict_paragraph(
-            name, candidate, baseline, comparison, max_slowdown, job=job, units=units, kind=kind
+            name,
+            candidate,
+            baseline,
+            comparison,
+            max_slowdown,
+            job=job,
+            units=units,
+            kind=kind,
+            candidates=candidates,
+            left_out=left_out,
         ),
         max_slowdown,
         path,
@@ -246,12 +316,60 @@ def check(
         job,
         units,
         kind,
+        candidates,
+        left_out,
     )
 
 
-def _subject(name: str, candidate: RunEntry, job: StoredJob | None) -> str:
-    """``'train' @12``; a job: ``'train' job 3f2a9c1e… (2 ranks, @12 @13; slowest rank 1)``."""
-    return f"{name!r} {job.label()}" if job is not None else f"{name!r} @{candidate.stored_id}"
+def _subject(
+    name: str,
+    candidate: RunEntry,
+    job: StoredJob | None,
+    candidates: list[RunEntry] | None = None,
+    left_out: list[RunEntry] | None = None,
+) -> str:
+    """``'train' @12``; several runs: ``'train' @10–@12 (its latest 3 runs)``, ``… (its
+    latest 3 runs; @11 left out: it ran on a busy machine)``; a job: ``'train' job
+    3f2a9c1e… (2 ranks, @12 @13; slowest rank 1)``."""
+    if job is not None:
+        return f"{name!r} {job.label()}"
+    every = sorted([*(candidates or []), *(left_out or [])], key=lambda r: r.stored_id or 0)
+    if len(every) > 1:
+        first, last = every[0].stored_id, every[-1].stored_id
+        text = f"{name!r} @{first}\u2013@{last} (its latest {len(every)} runs"
+        if left_out:
+            ids = " ".join(f"@{r.stored_id}" for r in left_out)
+            they = "it" if len(left_out) == 1 else "they"
+            text += f"; {ids} left out: {they} ran on a busy machine"
+        return text + ")"
+    return f"{name!r} @{candidate.stored_id}"
+
+
+def _latest_runs(target: Store, name: str, latest: RunEntry, k: int) -> tuple[list[RunEntry], str]:
+    """The latest ``k`` stored runs of ``name`` (oldest first) when they are ``k`` completed
+    runs, each with steady steps, alone, of ``latest``'s configuration; else [] and why not."""
+    rows = target.rows(name=name, limit=k)
+    want = f"--runs {k}: the latest {k} stored runs of {name!r} are judged together"
+    if len(rows) < k:
+        return [], f"{want}, and it has {len(rows)}"
+    for row in reversed(rows):  # the latest run's own trouble first
+        if row.status != "completed":
+            why = f"@{row.id} {row.status}"
+        elif (row.steady_steps or 0) < 2:
+            why = f"@{row.id} measured no steady steps"
+        elif row.job_id is not None:
+            why = f"@{row.id} is a rank of a torchrun job"
+        elif row.config != latest.configuration.key:
+            why = f"@{row.id} is of another configuration than @{latest.stored_id}"
+        elif row.hardware != hardware_class(latest.environment):
+            why = f"@{row.id} ran on another machine class ({row.hardware})"
+        else:
+            continue
+        return [], (
+            f"{want}, and {why}: each must be a completed run of one configuration, alone, on "
+            "one machine class (the CI job trained that many times in a row)"
+        )
+    return target.entries([row.id for row in rows]), ""
 
 
 def _unjudged_job(name: str, job: StoredJob, max_slowdown: float, path: str) -> CheckResult | None:
@@ -392,24 +510,31 @@ def verdict_paragraph(
     job: StoredJob | None = None,
     units: list[StoredJob | None] | None = None,
     kind: str = SAME,
+    candidates: list[RunEntry] | None = None,
+    left_out: list[RunEntry] | None = None,
 ) -> str:
     """The gate's verdict in one paragraph. ``job``: the job whose slowest rank ``candidate``
     is; ``units``: the job each baseline run stands for (None: a run alone); ``kind``: the
-    baseline's (``EARLIER``: the runs of the configuration before the candidate's)."""
+    baseline's (``EARLIER``: the runs of the configuration before the candidate's);
+    ``candidates``: the runs judged together (``check --runs K``), ``candidate`` the latest;
+    ``left_out``: those of the K left out (a busy machine)."""
     of = _baseline_words(baseline, units or [None] * len(baseline))
     if kind == EARLIER:
         of += " of the configuration before it"
-    subject = _subject(name, candidate, job)
+    subject = _subject(name, candidate, job, candidates, left_out)
     ratio = comparison.step_ratio
     judgement = comparison.judgement
     if ratio is None or judgement is None:
         if job is None:
             return f"{name!r}: no verdict on @{candidate.stored_id}: {comparison.headline}."
         return f"no verdict on {subject}: {comparison.headline}."
+    after = candidate.summary.step_ms_median
+    if candidates and len(candidates) > 1:
+        after = log_mean_ms([float(c.summary.step_ms_median or 0.0) for c in candidates])
     before = baseline[-1].summary.step_ms_median
     if len(baseline) > 1 and ratio:
-        before = (candidate.summary.step_ms_median or 0.0) / ratio
-    move = f"{fmt_ms(before)} \u2192 {fmt_ms(candidate.summary.step_ms_median)}"
+        before = (after or 0.0) / ratio
+    move = f"{fmt_ms(before)} \u2192 {fmt_ms(after)}"
     change = signed_pct(ratio - 1)
     low = judgement.bound(FALSE_ALARM_RATE)
     high = judgement.bound(1 - MISS_RATE)
