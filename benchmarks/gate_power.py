@@ -14,7 +14,7 @@ calibrated once at the start by timing), never a sleep. The parts:
 * ``check``: a store of ``--baseline-jobs`` jobs (default 5) of the one configuration, then
   jobs (identical, +10%, +20%), each recorded into a COPY of that store and judged there by
   ``python -m traceml_nb check --name smoke --store COPY`` (so no judged job joins the
-  baseline);
+  baseline); with ``--check-runs K``, K jobs of the case into the copy and ``check --runs K``;
 * ``busy-ab`` and ``busy-check``: identical decisions and jobs again while another process
   (``python -c "while True: pass"``, started and killed here) keeps one core busy: the false
   alarms of a loaded machine.
@@ -211,6 +211,7 @@ class Sizes:
     busy_decisions: int
     busy_jobs: int
     ab_rounds: int | None  #: None: the gate's default
+    check_runs: int = 1  #: jobs a check decision judges together (``check --runs K``)
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Sizes:
@@ -229,6 +230,7 @@ class Sizes:
             busy_decisions=pick(args.busy_decisions, 1, 2),
             busy_jobs=pick(args.busy_jobs, check_jobs, check_jobs),
             ab_rounds=args.ab_rounds if args.ab_rounds is not None else (5 if q else None),
+            check_runs=args.check_runs,
         )
 
 
@@ -366,24 +368,27 @@ class Study:
             src = Path(str(self.baseline) + suffix)
             if src.exists():
                 shutil.copyfile(src, str(copy) + suffix)
+        k = self.sizes.check_runs
         try:
             extra = self.cal.extra[case]
-            job = self.job(copy, extra)
+            jobs = [self.job(copy, extra) for _ in range(k)]
             argv = [sys.executable, "-m", "traceml_nb", "check", "--name", NAME]
+            argv += ["--runs", str(k)] if k > 1 else []
             done = self.children.run(
                 [*argv, "--store", str(copy)], self.env(), self.tmp, CHECK_TIMEOUT_S
             )
         finally:
             for suffix in ("", "-wal", "-shm"):
                 Path(str(copy) + suffix).unlink(missing_ok=True)
+        job_s = sum(job.wall_s for job in jobs)
         return {
-            "gate": "check",
+            "gate": "check" if k == 1 else f"check --runs {k}",
             "load": load,
             "case": case,
             "extra_matmuls": extra,
             "exit": done.code,
-            "job_s": job.wall_s,
-            "wall_s": job.wall_s + done.wall_s,
+            "job_s": job_s,
+            "wall_s": job_s + done.wall_s,
             "change": measured_change(done.stdout),
             "verdict": _paragraph(done.stdout),
             "stderr_tail": done.stderr.splitlines()[-8:] if done.code not in EXIT_WORDS else [],
@@ -501,6 +506,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="identical check jobs with one core busy (default: --check-jobs)",
     )
+    parser.add_argument(
+        "--check-runs",
+        type=int,
+        default=1,
+        help="jobs each check decision trains and judges together, check --runs K (default 1)",
+    )
     parser.add_argument("--steps", type=int, help="training steps of a job (default 150)")
     parser.add_argument(
         "--ab-rounds",
@@ -524,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--parts: unknown {', '.join(unknown) or '(none given)'}")
     sizes = Sizes.of(args)
     for what, n in sizes.__dict__.items():
-        if n is not None and n < (1 if what in ("steps", "baseline_jobs") else 0):
+        if n is not None and n < (1 if what in ("steps", "baseline_jobs", "check_runs") else 0):
             parser.error(f"--{what.replace('_', '-')} must be at least 1")
 
     old_term = signal.signal(signal.SIGTERM, _raise_stopped)
@@ -554,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
             f"steps, step {cal.step_ms:.1f} ms (calibrated); slowdowns added as 64×64 matmuls: "
             f"+10% = {cal.extra[PLUS10]} ({cal.share(PLUS10):+.1%} as calibrated), +20% = "
             f"{cal.extra[PLUS20]} ({cal.share(PLUS20):+.1%})",
-            f"check: baseline of {sizes.baseline_jobs} jobs, each judged job against a copy; "
+            f"check: baseline of {sizes.baseline_jobs} jobs, each judged job (--runs "
+            f"{sizes.check_runs}: each {sizes.check_runs} jobs) against a copy; "
             f"ab: rounds {sizes.ab_rounds or 'the default'}, early stop",
             "",
         ]

@@ -285,10 +285,13 @@ HANG = (
 )
 def test_an_interrupted_gate_leaves_no_worktree_directory_or_process(repo, tmp, sig, code):
     env = {**os.environ, "TMPDIR": str(tmp)}
+    # a suite started in the background of a non-interactive shell inherits SIGINT ignored, and
+    # Python then keeps it ignored: the gate gets Ctrl-C as a terminal would give it
     proc = subprocess.Popen(
         [sys.executable, "-m", "traceml_nb", "ab", "--name", "smoke", "--base", "main",
          "--", sys.executable, "-c", HANG],
         cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)

@@ -144,13 +144,14 @@ def test_tracer_breakdown_runs(tmp_path: Path) -> None:
 @pytest.mark.timeout(HANG_GUARD_S)
 def test_gate_power_quick_check_parts_run_and_leave_nothing_behind(tmp_path: Path) -> None:
     """``benchmarks/gate_power.py --quick`` on its check parts (the A/B parts take minutes even
-    when quick): real jobs, a baseline store, judged copies, a busy core; the table and the raw
-    results; its temporary directory and its busy process gone at the end."""
+    when quick), each decision two jobs judged by ``check --runs 2``: real jobs, a baseline
+    store, judged copies, a busy core; the table and the raw results; its temporary directory
+    and its busy process gone at the end."""
     out, scratch = tmp_path / "gates.json", tmp_path / "scratch"
     scratch.mkdir()
     proc = subprocess.run(
         [sys.executable, "benchmarks/gate_power.py", "--quick", "--parts", "check,busy-check"]
-        + ["--json", str(out)],
+        + ["--check-runs", "2", "--json", str(out)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -163,13 +164,13 @@ def test_gate_power_quick_check_parts_run_and_leave_nothing_behind(tmp_path: Pat
     for machine, case in (("quiet", "identical"), ("quiet", "+10%"), ("quiet", "+20%")) + (
         ("one core busy", "identical"),
     ):
-        assert f"| `check` | {machine} | {case} | 1 |" in text, (machine, case)
+        assert f"| `check --runs 2` | {machine} | {case} | 1 |" in text, (machine, case)
     cases = [(d["gate"], d["load"], d["case"]) for d in report["decisions"]]
     assert cases == [
-        ("check", "quiet", "identical"),
-        ("check", "quiet", "+10%"),
-        ("check", "quiet", "+20%"),
-        ("check", "busy", "identical"),
+        ("check --runs 2", "quiet", "identical"),
+        ("check --runs 2", "quiet", "+10%"),
+        ("check --runs 2", "quiet", "+20%"),
+        ("check --runs 2", "busy", "identical"),
     ]
     assert all(d["exit"] in (0, 1, 3) for d in report["decisions"]), report["decisions"]
     cal = report["calibration"]
