@@ -75,24 +75,8 @@ def outcomes(
     sigma: float, shift: float, history: int = BASELINE, histories: int = HISTORIES, seed: int = 7
 ) -> dict:
     """The share of each verdict over ``histories`` simulated gate decisions, each after
-    ``history`` quiet runs of the configuration."""
-    rng = np.random.default_rng(seed)
-    counts: dict[str, int] = {}
-    for _ in range(histories):
-        runs = [_run(rng, sigma, 0.0) for _ in range(history * 2)]
-        quiet = [m for m, busy in runs if not busy][-history:]
-        median, busy = _run(rng, sigma, shift)
-        noise = estimate_noise([quiet], 10.0)
-        verdict = judge_change(
-            quiet[-BASELINE:],
-            [median],
-            noise,
-            DEFAULT_MAX_SLOWDOWN,
-            one_sided=True,
-            after_busy=busy,
-        ).verdict
-        counts[verdict] = counts.get(verdict, 0) + 1
-    return {k: v / histories for k, v in counts.items()}
+    ``history`` quiet runs of the configuration: one run judged (:func:`outcomes_of_runs`)."""
+    return outcomes_of_runs(sigma, shift, history, 1, histories, seed)
 
 
 @pytest.mark.parametrize("history", [BASELINE, 20])
@@ -123,7 +107,7 @@ def test_a_20pct_slowdown_is_caught_more_often_the_quieter_the_machine(sigma, le
 def outcomes_of_runs(
     sigma: float, shift: float, history: int, k: int, histories: int = HISTORIES, seed: int = 7
 ) -> dict:
-    """As :func:`outcomes`, for ``check --runs k``: ``k`` candidate runs judged together (their
+    """Simulated gate decisions for ``check --runs k``: ``k`` candidate runs judged together (their
     quiet ones where there are any: a busy run is left out, as from a baseline), their scatter
     a group of the noise of its own (a changed configuration)."""
     rng = np.random.default_rng(seed)
