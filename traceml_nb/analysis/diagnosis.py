@@ -1,4 +1,4 @@
-"""The verdict on a run: the rules, in the order they are tried (the README's "How the diagnosis works" explains them).
+"""The verdict on a run: the rules, in the order they are tried (docs/diagnosis.md explains them).
 
 1. ``insufficient-data``: fewer than ``MIN_STEADY_STEPS`` steady steps, or nothing that tells
    input waits from compute.

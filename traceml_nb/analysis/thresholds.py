@@ -1,7 +1,7 @@
 """Every threshold of the analysis, in one place, each with its unit and the reason for its value.
 
-The README section "How the diagnosis works" explains them for users; tests/test_diagnosis.py tests each one on both
-sides. Shares are fractions 0..1, percentages 0..100 (CPU: 100 = one core busy).
+docs/diagnosis.md and docs/comparisons.md explain them for users; tests/test_diagnosis.py tests
+each one on both sides. Shares are fractions 0..1, percentages 0..100 (CPU: 100 = one core busy).
 """
 
 from __future__ import annotations

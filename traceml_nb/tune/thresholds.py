@@ -1,7 +1,7 @@
 """Every threshold and default of the tuner, in one place, each with the reason for its value.
 
-The README section "``%traceml tune``" explains them for users; ``tests/test_tune_pure.py``
-tests each one on both sides of its value.
+docs/tune.md explains them for users; ``tests/test_tune_pure.py`` tests each one on both sides
+of its value.
 """
 
 from __future__ import annotations
