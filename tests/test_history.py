@@ -11,7 +11,7 @@ from builders import RecordBuilder, cpu_capabilities
 
 from traceml_nb.analysis import analyze
 from traceml_nb.analysis.thresholds import MAX_STORED_STEPS
-from traceml_nb.session import default_session
+from traceml_nb.api import default_session
 from traceml_nb.session import history_file as history_file_mod
 from traceml_nb.session.history import (
     MAX_RUNS,

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "magic_commands",
         "selfcheck",
         "demo",
+        "api",
         "__init__",
         "__main__",
     ),  # entry points
@@ -116,3 +117,94 @@ def test_the_check_fails_when_run_py_imports_upward(tmp_path, source, where):
     fake = tmp_path / "run.py"
     fake.write_text(source)
     assert upward_imports(fake, "traceml_nb.run"), where
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the package's modules it imports (at the top or in a function), each named as
+    the module or package it resolves to: ``from .session import Session`` is an edge to the
+    package ``traceml_nb.session`` (its ``__init__`` re-exports), ``from . import run`` to
+    ``traceml_nb.run``. A module's own parent packages, which Python imports before it, are
+    not edges of its own."""
+    modules = {module: path for path, module in package_modules()}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges = set()
+        for _, name in imported_modules(path, module):
+            parts = name.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()  # a name imported from a module: the module
+            target = ".".join(parts)
+            if target and target != module and not module.startswith(target + "."):
+                edges.add(target)
+        graph[module] = edges
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circles_package_re_exports_included():
+    assert import_circles(import_graph()) == []
+
+
+def test_the_circle_check_sees_a_circle_through_a_package():
+    graph = {"p": {"p.a"}, "p.a": {"q"}, "q": {"p"}, "r": {"q"}}
+    assert import_circles(graph) == [["p", "p.a", "q"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def attribute_assignments(path: Path) -> list[str]:
+    """``a.b = ...`` at a module's top level: a module setting another's global at import, the
+    hidden wiring the import check cannot see."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign | ast.AugAssign):
+            targets = [node.target]
+        found += [f"{path.name}:{node.lineno}" for t in targets if isinstance(t, ast.Attribute)]
+    return found
+
+
+def test_no_module_sets_another_modules_global_at_import():
+    """Dependencies are passed (a renderer to a session, a session to a run), never set from
+    above into a lower module's globals."""
+    assert [a for path, _ in package_modules() for a in attribute_assignments(path)] == []
+
+
+def test_the_wiring_check_sees_an_assignment(tmp_path):
+    fake = tmp_path / "init.py"
+    fake.write_text("from . import run as _run\n_run.default_session = object\n")
+    assert attribute_assignments(fake) == ["init.py:2"]

@@ -8,7 +8,7 @@ import pytest
 from IPython.core.error import UsageError
 from ipython_shell import traceml_shell
 
-from traceml_nb.session import default_session
+from traceml_nb.api import default_session
 from traceml_nb.session.result import RunResult
 
 

@@ -26,7 +26,7 @@ from traceml_nb.analysis.thresholds import (
     STRAGGLER_STEP_FACTOR,
     STRAGGLER_WAIT_SHARE_MARGIN,
 )
-from traceml_nb.session import default_session
+from traceml_nb.api import default_session
 from traceml_nb.session.job import NOT_GATHERED
 from traceml_nb.session.result import JobRank, job_line
 

@@ -22,7 +22,7 @@ from leakcheck import ORIGINAL_NEXT
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 import traceml_nb
-from traceml_nb.session import default_session
+from traceml_nb.api import default_session
 
 
 def session_history():

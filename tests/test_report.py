@@ -520,3 +520,36 @@ def test_a_multi_line_error_is_one_line_in_the_partial_report():
     said = status_sentence("failed", raised, make_summary(total_steps=3))
     assert said is not None and "\n" not in said
     assert said.startswith("Partial report: the cell failed (ProcessRaisedException: \u2026 ")
+
+
+def test_a_session_given_no_renderer_prints_a_result_as_its_summary_line():
+    """The session layer writes no report: the public ``traceml_nb.Session`` is given the views'
+    renderer (``traceml_nb.api``), the layer's own class none, and its results print as their
+    one-line summary."""
+    import torch
+
+    from traceml_nb.session.session import Session as Bare
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Bare(store=False).run("bare", sample=False) as run:
+        for _ in range(12):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+    res = run.result()
+    assert res.renderer is None and str(res) == repr(res)
+
+
+def test_an_engine_run_given_no_session_says_where_it_could_report():
+    import traceml_nb
+    from traceml_nb.run import Run as EngineRun
+
+    engine = EngineRun("alone", sample=False)
+    with engine:
+        pass
+    with pytest.raises(RuntimeError, match="traceml_nb.Run"):
+        engine.result()
+    with traceml_nb.Run("public", sample=False) as run:
+        pass
+    assert run.result().name == "public"
+    assert traceml_nb.default_session().history.entries[-1].name == "public"

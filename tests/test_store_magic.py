@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 from ipython_shell import traceml_shell
 from test_store import make_read_only, undo_read_only
 
-from traceml_nb.session import default_session
+from traceml_nb.api import default_session
 from traceml_nb.session.store import Store
 
 SETUP = """

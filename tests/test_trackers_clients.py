@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 from ipython_shell import traceml_shell
 from wandb_records import offline_runs, read_offline_run
 
-from traceml_nb.session import default_session
+from traceml_nb.api import default_session
 from traceml_nb.session.trackers.payload import slug
 
 # before any client is imported: no usage data leaves this machine

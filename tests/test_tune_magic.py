@@ -20,7 +20,7 @@ from IPython.core.error import UsageError
 from ipython_shell import traceml_shell
 
 from traceml_nb.analysis.formatting import fmt_ms
-from traceml_nb.session import default_session
+from traceml_nb.api import default_session
 from traceml_nb.tune.candidates import Candidate, worker_counts
 from traceml_nb.tune.predict import MEASURED
 from traceml_nb.tune.thresholds import COMPUTE_CHANGE_SHARE, PREFETCH_CHOICES

@@ -7,8 +7,9 @@
     print(run.result())
 
 IPython, torch, bokeh and the samplers are imported only when they are used, so importing
-this package is cheap. This module wires the layers together: a ``Run`` given no session
-reports to the kernel's default :class:`Session`.
+this package is cheap. ``Session`` and ``default_session`` are those of :mod:`.api` (the
+session layer given the views' report), loaded when first asked for; ``Run`` is the engine's,
+reporting to the kernel's session when it is given none.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import run as _run
-from .run import Run, RunAlreadyActiveError, active_run, step
+from .run import RunAlreadyActiveError, active_run, step
 
 __version__ = "0.1.0"
 __all__ = [
@@ -36,11 +37,20 @@ _LAZY = ("Session", "default_session")  # the session layer loads numpy: importe
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from . import session
+        from . import api
 
-        _wire_trackers()
-        return getattr(session, name)
+        return getattr(api, name)
     raise AttributeError(f"module 'traceml_nb' has no attribute {name!r}")
+
+
+class Run(_run.Run):
+    """The measurement engine (:class:`traceml_nb.run.Run`), as a context manager; given no
+    ``session``, its :meth:`result` reports to the kernel's (:func:`default_session`)."""
+
+    def default_session(self) -> Any:
+        from .api import default_session
+
+        return default_session()
 
 
 def check(
@@ -72,41 +82,6 @@ def check(
             runs=runs,
         )
     )
-
-
-def _default_session() -> Any:
-    from .session import default_session
-
-    _wire_trackers()
-    return default_session()
-
-
-def _report_html(result: Any) -> str:
-    """The static HTML report of a result (what ``--log-to`` attaches to the tracker)."""
-    from .views.report import Report
-
-    return Report.of(result)._repr_html_()
-
-
-def _report_text(result: Any) -> str:
-    """The plain-text report of a result (``print(run.result())``)."""
-    from .views.report import Report
-
-    return repr(Report.of(result))
-
-
-def _wire_trackers() -> None:
-    """Give the session layer the report's renderers (views layer): the experiment trackers
-    attach the HTML report, a result prints as the text report."""
-    from .session import result, trackers
-
-    if trackers.report_html is None:
-        trackers.report_html = _report_html
-    if result.report_text is None:
-        result.report_text = _report_text
-
-
-_run.default_session = _default_session
 
 
 def load_ipython_extension(ipython: Any) -> None:

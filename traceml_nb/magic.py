@@ -22,6 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from .api import Session, default_session
 from .cell import cell_context, compile_cell, default_name, execute
 from .instrument.profiler import (
     DEFAULT_PROFILE_AFTER_STEPS,
@@ -37,7 +38,6 @@ from .run import (
     resolve_device,
     validate_interval,
 )
-from .session import Session, default_session
 from .views.frontend import (
     VIEW_CHOICES,
     Frontend,

@@ -43,10 +43,12 @@ class RankLaunch:
     """``fn`` as the launcher calls it in each rank (``fn(i, *args)``), with the rank measured.
 
     ``writers``: the write end of each rank's pipe, by process index; the child keeps its own
-    and closes the others."""
+    and closes the others. ``engine``: the class of the kernel's run (pickled by reference),
+    whose instance measures the rank."""
 
     fn: Any
     writers: list[Connection]
+    engine: Any
     launch: int = 0
 
     def __call__(self, i: int, *args: Any) -> Any:
@@ -55,7 +57,7 @@ class RankLaunch:
         for j, other in enumerate(self.writers):
             if j != i:
                 _close(other)
-        sender = _start_rank(i, writer)
+        sender = _start_rank(self.engine, i, writer)
         if sender is None:
             _close(writer)
             return self.fn(i, *args)
@@ -76,24 +78,12 @@ def _close(conn: Connection) -> None:
         pass
 
 
-def _forget_parent() -> None:
-    """A forked child holds a copy of the kernel's run and its patches: drop them, here only."""
-    from . import run as run_mod
-    from .instrument import hooks, ranks
-
-    ranks.forget()
-    hooks.uninstall()
-    run_mod._active = None
-
-
-def _start_rank(rank: int, writer: Connection) -> _Sender | None:
-    """The rank's run started and its sender running; None when it could not be (``fn`` then
-    runs unmeasured: measuring never stops the training)."""
-    from .run import Run
-
+def _start_rank(engine: Any, rank: int, writer: Connection) -> _Sender | None:
+    """The rank's run (an ``engine``) started and its sender running; None when it could not
+    be (``fn`` then runs unmeasured: measuring never stops the training)."""
     try:
-        _forget_parent()
-        run = Run(f"rank {rank}", sample=False, device="cpu", session=None)
+        engine.forget_inherited()
+        run = engine(f"rank {rank}", sample=False, device="cpu", session=None)
         run.watch_ranks = False  # a rank's own launches are its business
         run.start()
     except Exception:
@@ -273,7 +263,7 @@ class RankEngine:
             daemon=True,
         )
         launch.thread.start()
-        wrapped = RankLaunch(fn, launch.writers, launch.number)
+        wrapped = RankLaunch(fn, launch.writers, type(self.run), launch.number)
         try:
             return original(wrapped, args, nprocs, join, daemon, start_method)
         except BaseException as exc:

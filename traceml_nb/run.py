@@ -47,11 +47,6 @@ class Concluder(Protocol):
     def result(self, run: Run) -> Any: ...
 
 
-#: The session of a run that was given none; the package sets it to the kernel's default
-#: session, so that this module needs nothing above it.
-default_session: Callable[[], Concluder] | None = None
-
-
 def active_run() -> Run | None:
     """The run currently measuring, if any."""
     return _active
@@ -199,6 +194,17 @@ class Run:
         self.rank, self.world_size, self.job_id = launch_identity()
 
     # --- lifecycle ----------------------------------------------------------------------------
+    @staticmethod
+    def forget_inherited() -> None:
+        """In a forked rank: drop the copy of the kernel's active run and its patches, in this
+        process only (:mod:`.rank_engine` calls it before the rank's own run starts)."""
+        global _active
+        from .instrument import hooks, ranks
+
+        ranks.forget()
+        hooks.uninstall()
+        _active = None
+
     def __enter__(self) -> Run:
         self.start()
         return self
@@ -435,13 +441,17 @@ class Run:
         earlier runs of the same name and keeps it in the history; later calls return the same.
         """
         if self._result is None:
-            session = self.session
-            if session is None:
-                if default_session is None:
-                    raise RuntimeError("this run has no session to report to")
-                session = default_session()
+            session = self.session if self.session is not None else self.default_session()
             self._result = session.result(self)
         return self._result
+
+    def default_session(self) -> Concluder:
+        """Where a run given no session reports: nowhere here (this layer knows no session);
+        ``traceml_nb.Run``, the public class, reports to the kernel's session."""
+        raise RuntimeError(
+            "this run has no session to report to: give it one (session=...), or use "
+            "traceml_nb.Run, which reports to the kernel's session"
+        )
 
     @property
     def elapsed_s(self) -> float:

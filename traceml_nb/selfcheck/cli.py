@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from . import __doc__ as _package_doc
 from .environment import check_environment
 from .gpm import check_gpm
 from .host_cost import check_host_cost
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the checks ``argv`` asks for (default: all) and return the exit code."""
     parser = argparse.ArgumentParser(
         prog="python -m traceml_nb.selfcheck",
-        description=(_package_doc or "").split("\n\n")[0],
+        description="GPU self-check of traceml_nb's measurements: python -m traceml_nb.selfcheck.",
     )
     parser.add_argument(
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="total time budget (s)"

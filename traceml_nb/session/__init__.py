@@ -1,11 +1,12 @@
 """The runs of a kernel: the history, comparisons with earlier runs, and each run's result.
 
-A :class:`Session` (one per kernel: :func:`default_session`; the magic holds it) turns an ended
-:class:`~traceml_nb.run.Run` into its :class:`~.result.RunResult` and keeps it in the history.
+A :class:`Session` turns an ended :class:`~traceml_nb.run.Run` into its
+:class:`~.result.RunResult` and keeps it in the history. The kernel's own session, wired with
+the views' report, is ``traceml_nb.default_session()`` (:mod:`traceml_nb.api`).
 """
 
 from __future__ import annotations
 
-from .session import Session, default_session
+from .session import Session
 
-__all__ = ["Session", "default_session"]
+__all__ = ["Session"]

@@ -25,6 +25,7 @@ from ..analysis.model import Analysis, Diagnosis, Summary
 from ..analysis.thresholds import MAX_STORED_STEPS
 from ..contracts import END_STATUSES, EndStatus
 from .environment import hardware_class
+from .history_file import FILE_FORMAT, FILE_VERSION, read_history_file, write_history_file
 
 #: Runs kept per session; adding one more drops the oldest.
 MAX_RUNS = 500
@@ -429,8 +430,6 @@ class History:
     # --- persistence --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The history as the JSON document :mod:`.history_file` writes."""
-        from .history_file import FILE_FORMAT, FILE_VERSION
-
         return {
             "format": FILE_FORMAT,
             "version": FILE_VERSION,
@@ -441,8 +440,6 @@ class History:
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the history to ``path`` as JSON, atomically (a crash leaves the old file);
         returns the absolute path written."""
-        from .history_file import write_history_file
-
         return write_history_file(path, self.to_dict())
 
     def load(self, path: str | os.PathLike[str]) -> int:
@@ -451,8 +448,6 @@ class History:
         The whole file is read and checked first; on any problem :class:`HistoryFileError` is
         raised and the history is left as it was.
         """
-        from .history_file import read_history_file
-
-        entries, next_id = read_history_file(path)
+        entries, next_id = read_history_file(path, RunEntry.from_dict)
         self._replace(entries[-self.max_runs :], next_id)
         return len(self.entries)

@@ -11,12 +11,19 @@ import json
 import math
 import os
 import tempfile
-from typing import Any
-
-from .history import RunEntry
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 FILE_FORMAT = "traceml_nb.history"
 FILE_VERSION = 1
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+_Entry = TypeVar("_Entry", bound=_Identified)
 
 
 class HistoryFileError(ValueError):
@@ -56,8 +63,11 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def read_history_file(path: str | os.PathLike[str]) -> tuple[list[RunEntry], int]:
-    """The runs in a history file and the next id, or :class:`HistoryFileError`."""
+def read_history_file(
+    path: str | os.PathLike[str], entry_of: Callable[[Any], _Entry]
+) -> tuple[list[_Entry], int]:
+    """The runs in a history file, each made by ``entry_of`` from its JSON object (a
+    ``ValueError`` of it names the run), and the next id; or :class:`HistoryFileError`."""
     where = os.fspath(path)
     try:
         with open(where, encoding="utf-8") as fh:
@@ -87,7 +97,7 @@ def read_history_file(path: str | os.PathLike[str]) -> tuple[list[RunEntry], int
     entries = []
     for position, item in enumerate(runs, 1):
         try:
-            entries.append(RunEntry.from_dict(item))
+            entries.append(entry_of(item))
         except ValueError as exc:
             raise HistoryFileError(f"{where}: run {position} of {len(runs)}: {exc}") from None
     ids = [e.id for e in entries]

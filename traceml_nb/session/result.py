@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..analysis.comparison import Comparison
 from ..analysis.formatting import fmt_ms
@@ -23,9 +22,21 @@ from ..capabilities import Capabilities
 from ..contracts import EndStatus
 from ..record import FLAG_INTERLEAVED, FLAG_PROFILED, RecordSnapshot
 
-#: Renders a result as the plain-text report (``str(result)``, ``print(run.result())``); the
-#: package sets it to the views' renderer, so that this module needs nothing above it.
-report_text: Callable[[Any], str] | None = None
+
+class Renderer(Protocol):
+    """Writes a result's report: what a :class:`~traceml_nb.session.session.Session` is given
+    to print a result (``str(result)``) and to attach it to the trackers; the views layer's
+    :class:`~traceml_nb.views.report.ReportRenderer` is one. Passed down, so that this layer
+    needs nothing above it."""
+
+    def text(self, result: RunResult) -> str:
+        """The plain-text report."""
+        ...
+
+    def html(self, result: RunResult) -> str:
+        """The static HTML report."""
+        ...
+
 
 #: Phase names of the measured steps (other loaders keep their phase name, e.g. "eval (loader 1)").
 PHASE_WARMUP = "warmup"
@@ -261,6 +272,8 @@ class RunResult:
     #: the run's place in a ``torchrun`` job (:class:`JobRank`; None: not a rank of one). Rank
     #: 0 of a gathered job holds the job's ``ranks``, its summary and diagnosis its own.
     job: JobRank | None = None
+    #: writes this result's report (``str(result)``); its session's, None: the one-line summary
+    renderer: Renderer | None = field(default=None, repr=False, compare=False)
 
     @property
     def analysis(self) -> Analysis:
@@ -320,10 +333,10 @@ class RunResult:
         return pd.DataFrame(self.samples[table])
 
     def __str__(self) -> str:
-        """The plain-text report (:data:`report_text`); the one-line summary without it."""
-        if report_text is not None:
+        """The plain-text report (its :attr:`renderer`'s); the one-line summary without one."""
+        if self.renderer is not None:
             try:
-                return report_text(self)
+                return self.renderer.text(self)
             except Exception:  # the report's bug: the summary still prints
                 pass
         return repr(self)

@@ -7,7 +7,9 @@
         train(model, loader)
     result = run.result()                      # analysed, compared, kept in session.history
 
-The magic holds the kernel's default session; a script or a test may hold its own.
+The magic holds the kernel's default session; a script or a test may hold its own. This layer
+writes no report: the session is given a :class:`~.result.Renderer` (``traceml_nb.Session``
+is given the views' report) and passes it on to its results and the trackers.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from ..run import Run
 from .history import History, RunEntry, entry_from
-from .result import LabelledComparison, RunResult
+from .result import LabelledComparison, Renderer, RunResult
 
 GPU_PRICE_ENV = "TRACEML_NB_GPU_PRICE"
 
@@ -32,7 +34,8 @@ class Session:
     for ``TRACEML_NB_STORE`` / the default path, read at each run. ``log_to``: the experiment
     trackers each result is logged to (:mod:`.trackers`: ``"wandb,mlflow,tensorboard:DIR"``;
     None: ``TRACEML_NB_LOG_TO``; a run's own ``log_to`` comes first), ``log_steps`` with the
-    per-step series.
+    per-step series. ``renderer``: writes its results' reports (``str(result)``, the trackers'
+    HTML); None: a result prints as its one-line summary and the trackers get no report.
     """
 
     def __init__(
@@ -42,8 +45,10 @@ class Session:
         store: str | os.PathLike[str] | bool | None = None,
         log_to: str | list[str] | bool | None = None,
         log_steps: bool = False,
+        renderer: Renderer | None = None,
     ) -> None:
         self.history = history if history is not None else History()
+        self.renderer = renderer
         self.store_option = store
         self.log_to = log_to
         self.log_steps = log_steps
@@ -178,6 +183,7 @@ class Session:
             profile=analysis.profile,
             ranks=ranks,
             job=job,
+            renderer=self.renderer,
         )
         if log_to is not False:
             for line in self.export(result, log_to, run=run):
@@ -196,7 +202,8 @@ class Session:
     ) -> list[str]:
         """Log ``result`` to the experiment trackers (:mod:`.trackers`) that ``log_to`` names,
         else ``run``'s, else this session's, else ``TRACEML_NB_LOG_TO``; the lines saying what
-        went where (also in ``result.trackers``). ``render``: the HTML report's renderer.
+        went where (also in ``result.trackers``). ``render``: the HTML report's renderer
+        (default: this session's :attr:`renderer`).
         Never raises: a tracker that cannot be used is one line."""
         from . import trackers
 
@@ -209,6 +216,8 @@ class Session:
         except ValueError as exc:
             lines = [f"traceml: not logged to any tracker: {exc}"]
         else:
+            if render is None and self.renderer is not None:
+                render = self.renderer.html
             lines = trackers.export(result, targets, log_steps=bool(steps), render=render)
         result.trackers = [*result.trackers, *lines]
         return lines
@@ -569,18 +578,6 @@ def prediction_sentence(prediction: dict[str, Any]) -> str:
             error = prediction["measured_ms"] / again - 1
             sentence += f": for {now} it is {fmt_ms(again)} (measured {signed_pct(error)})"
     return sentence
-
-
-_default: Session | None = None
-
-
-def default_session() -> Session:
-    """The session of this kernel (one per process): the magic's, and that of every ``Run``
-    given no session."""
-    global _default
-    if _default is None:
-        _default = Session()
-    return _default
 
 
 def _median_load(runs: list[RunEntry], key: str) -> float | None:

@@ -59,6 +59,17 @@ class Report(ReportContent):
         return render_text(self)
 
 
+class ReportRenderer:
+    """The report as a session asks for it (:class:`~traceml_nb.session.result.Renderer`): the
+    plain text a result prints as, and the static HTML the trackers attach."""
+
+    def text(self, result: RunResult) -> str:
+        return render_text(Report.of(result))
+
+    def html(self, result: RunResult) -> str:
+        return render_html(Report.of(result))
+
+
 @dataclass
 class HistoryTable:
     """``%traceml history``: ``rows`` (:func:`.history.history_table`) as HTML, ``text`` as

@@ -33,10 +33,6 @@ OFF = ("", "off", "none", "no", "false", "0")
 #: at most this many characters of a tracker's error in the line that reports it
 MAX_ERROR_CHARS = 300
 
-#: Renders a result's static HTML report (views sit above the session, so whoever can render
-#: sets this: the package does, when it hands out a Session; the magic passes its own).
-report_html: Callable[[Any], str] | None = None
-
 
 @dataclass(frozen=True)
 class Target:
@@ -103,19 +99,19 @@ def export(
     render: Callable[[Any], str] | None = None,
 ) -> list[str]:
     """Log ``result`` to each of ``targets``; one line per tracker saying what was logged where,
-    or why nothing was. ``render`` gives the HTML report (default: :data:`report_html`);
+    or why nothing was. ``render`` gives the HTML report (None: the report is left out, saying
+    why);
     ``log_steps`` adds the per-step series. Never raises (but for KeyboardInterrupt)."""
     if not targets:
         return []
     from .payload import build_payload
 
     html, html_note = None, None
-    renderer = render or report_html
-    if renderer is None:
+    if render is None:
         html_note = "no report renderer in this process (use traceml_nb.Session or the magic)"
     else:
         try:
-            html = renderer(result)
+            html = render(result)
         except Exception as exc:
             html_note = f"the HTML report could not be made ({type(exc).__name__}: {exc})"
     try:
