@@ -35,9 +35,9 @@ from workloads import (
 )
 
 import traceml_nb
-from traceml_nb.instrument import hooks
-from traceml_nb.instrument.tracer import StepTracer
-from traceml_nb.selfcheck.stats import median_difference
+from traceml_nb.engine.instrument import hooks
+from traceml_nb.engine.instrument.tracer import StepTracer
+from traceml_nb.selfcheck.paired_stats import median_difference
 
 
 # --- the bare-wrapper floor, and where the tracer's time goes -----------------------------------

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import traceml_nb
-from traceml_nb.views.live import LiveView
+from traceml_nb.views.live.view import LiveView
 
 # a benchmark's runs are not the user's: kept out of the run store unless one is chosen
 os.environ.setdefault("TRACEML_NB_STORE", "off")

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from traceml_nb.instrument.tracer import StepTracer
-from traceml_nb.record import RunRecord
+from traceml_nb.engine.instrument.tracer import StepTracer
+from traceml_nb.engine.record import RunRecord
 
 
 class _SyntheticIterator:

@@ -10,7 +10,7 @@
 * :func:`sampler_idle_cost`, :func:`monitor_steady_cost`, :func:`import_time`: the samplers'
   and the live view's CPU, and ``import traceml_nb``; memory is ``memory.py``'s.
 
-Every paired statistic comes from :mod:`traceml_nb.selfcheck.stats`; times are measured in ns
+Every paired statistic comes from :mod:`traceml_nb.selfcheck.paired_stats`; times are measured in ns
 and reported in us.
 """
 
@@ -32,8 +32,8 @@ from typing import Any
 from workloads import Workload, run_loop
 
 import traceml_nb
-from traceml_nb.instrument import hooks
-from traceml_nb.selfcheck.stats import Estimate, bootstrap_interval, median_difference
+from traceml_nb.engine.instrument import hooks
+from traceml_nb.selfcheck.paired_stats import Estimate, bootstrap_interval, median_difference
 
 REPO = Path(__file__).resolve().parent.parent
 #: Packages that ``import traceml_nb`` must not pull in (they are imported when used).
@@ -49,7 +49,7 @@ def in_us(estimate: Estimate) -> Estimate:
 def live_view_class() -> tuple[Any, str]:
     """``(LiveView, '')`` or ``(None, why it is not available)``."""
     try:
-        from traceml_nb.views.live import LiveView
+        from traceml_nb.views.live.view import LiveView
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return LiveView, ""

@@ -21,7 +21,7 @@ from hot_path import ColdHotPath
 from methods import VARIANTS, Interleaved, Timing
 from workloads import Workload
 
-from traceml_nb.selfcheck.stats import Estimate, paired_added, paired_differences
+from traceml_nb.selfcheck.paired_stats import Estimate, paired_added, paired_differences
 
 #: The budgets (a 2-core CPU VM).
 BUDGET_ADDED_US = 5.0  #: median added host time per step, bare loop and tiny MLP, us

@@ -46,7 +46,7 @@ import json, time
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 import traceml_nb
-from traceml_nb.views.live import LiveView
+from traceml_nb.views.live.view import LiveView
 
 torch.manual_seed(0)
 
@@ -110,7 +110,7 @@ print("VIEW-COST " + json.dumps(dict(
 # the tracer and the host sampler do (a loader step row and an optimizer row per step, host
 # samples at 10 Hz) at a fixed step rate and otherwise sleeps; the view runs as in a real run.
 REPLAY = r"""
-from traceml_nb.record import SOURCE_OPTIMIZER, LoaderInfo, SampleTable
+from traceml_nb.engine.record import SOURCE_OPTIMIZER, LoaderInfo, SampleTable
 
 run = traceml_nb.Run("view-cost-replay", sample=False)
 rec = run.record

@@ -26,7 +26,7 @@ from traceml_nb.analysis.thresholds import MAX_STORED_STEPS  # noqa: E402
 from traceml_nb.session.environment import capture_environment, hardware_class  # noqa: E402
 from traceml_nb.session.history import downsample  # noqa: E402
 from traceml_nb.session.store import Store  # noqa: E402
-from traceml_nb.views.history import StoredHistory  # noqa: E402
+from traceml_nb.views.history_table import StoredHistory  # noqa: E402
 
 
 def timed(fn, repeat: int) -> tuple[float, float]:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from traceml_nb.capabilities import Capabilities
-from traceml_nb.record import (
+from traceml_nb.engine.capabilities import Capabilities
+from traceml_nb.engine.record import (
     FLAG_EPOCH_START,
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
@@ -29,7 +29,7 @@ from traceml_nb.record import (
     RunRecord,
     SampleTable,
 )
-from traceml_nb.run import NO_CUDA
+from traceml_nb.engine.run import NO_CUDA
 
 Values = float | int | Sequence[float] | np.ndarray | Callable[[Any], Any] | None
 

@@ -19,8 +19,9 @@ def our_threads() -> list[threading.Thread]:
 
 def leak_report(grace_s: float = 3.0) -> list[str]:
     """What of ours is still installed or running; [] when clean."""
-    from traceml_nb import run as run_mod
-    from traceml_nb.instrument import hooks, ranks
+    from traceml_nb.engine import run as run_mod
+    from traceml_nb.engine.instrument import hooks
+    from traceml_nb.engine.instrument import launch_patch as ranks
 
     problems = []
     deadline = time.monotonic() + grace_s
@@ -71,8 +72,9 @@ def rank_processes() -> list:
 
 def force_clean() -> None:
     """Undo whatever was left, so that one leak does not fail every following test."""
-    from traceml_nb import run as run_mod
-    from traceml_nb.instrument import hooks, ranks
+    from traceml_nb.engine import run as run_mod
+    from traceml_nb.engine.instrument import hooks
+    from traceml_nb.engine.instrument import launch_patch as ranks
 
     hooks.uninstall()
     ranks.uninstall()

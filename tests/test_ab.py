@@ -33,7 +33,7 @@ from traceml_nb.session.ab import (
     AbRound,
     AbRun,
 )
-from traceml_nb.views.ab import AbReport, progress_line
+from traceml_nb.views.ab_report import AbReport, progress_line
 
 TRAIN = '''\
 """A tiny training smoke test: {steps} steps of a small model, recorded as run {name!r}."""

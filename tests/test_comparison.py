@@ -8,7 +8,7 @@ from builders import RecordBuilder, cpu_capabilities
 
 from traceml_nb.analysis import ComparisonRow, analyze, compare
 from traceml_nb.analysis.comparison import bootstrap_ratio_ci
-from traceml_nb.analysis.model import Diagnosis, Summary
+from traceml_nb.analysis.findings import Diagnosis, Summary
 from traceml_nb.analysis.noise import Noise
 from traceml_nb.analysis.thresholds import BOOTSTRAP_RESAMPLES, CHANGE_MARGIN
 from traceml_nb.session.history import RunEntry

@@ -23,8 +23,8 @@ from traceml_nb.analysis.diagnosis import (
     TUNE_HINT,
     confidence,
 )
-from traceml_nb.analysis.model import Analysis, Diagnosis
-from traceml_nb.analysis.profile import PROFILE_SUGGESTION
+from traceml_nb.analysis.findings import Analysis, Diagnosis
+from traceml_nb.analysis.profile_summary import PROFILE_SUGGESTION
 from traceml_nb.analysis.thresholds import (
     CONFIDENT_STEPS,
     FIRST_EPOCH_FACTOR,
@@ -48,9 +48,9 @@ from traceml_nb.analysis.thresholds import (
     WORKER_BUSY_PCT,
     WORKER_SATURATED_PCT,
 )
-from traceml_nb.capabilities import Capabilities
-from traceml_nb.contracts import VERDICTS
-from traceml_nb.record import SOURCE_MARKER, SOURCE_OPTIMIZER, LoaderInfo
+from traceml_nb.engine.capabilities import Capabilities
+from traceml_nb.engine.contracts import VERDICTS
+from traceml_nb.engine.record import SOURCE_MARKER, SOURCE_OPTIMIZER, LoaderInfo
 
 STEP_MS = 30.0
 IDLE_HOST = {"proc_cpu_pct": 100.0, "sys_cpu_pct": 50.0, "workers_cpu_pct": 0.0}
@@ -484,7 +484,7 @@ def test_gpu_busy_threshold_both_sides():
 
 def gpm_capabilities() -> Capabilities:
     """A CUDA run on a GPU with GPM (Hopper and later)."""
-    from traceml_nb.sampling.gpm import COLUMN_CAPABILITY, GPM_CAPABILITY
+    from traceml_nb.engine.sampling.gpm import COLUMN_CAPABILITY, GPM_CAPABILITY
 
     caps = gpu_capabilities()
     for name in (GPM_CAPABILITY, *COLUMN_CAPABILITY.values()):
@@ -767,7 +767,7 @@ def test_system_cpu_evidence_names_the_busiest_core():
 
 def test_throttle_reason_names_match_the_gpu_sampler():
     from traceml_nb.analysis.thresholds import THROTTLE_REASON_NAMES
-    from traceml_nb.contracts import CLOCK_EVENT_REASONS as CLOCK_EVENT_BITS
+    from traceml_nb.engine.contracts import CLOCK_EVENT_REASONS as CLOCK_EVENT_BITS
 
     for bit, name in THROTTLE_REASON_NAMES.items():
         assert CLOCK_EVENT_BITS[bit] == name

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from traceml_nb.magic import TraceMLMagics
-from traceml_nb.magic_commands import _LINE_COMMANDS, _SHELL_COMMANDS, LINE_HELP
+from traceml_nb.notebook.line_commands import _LINE_COMMANDS, _SHELL_COMMANDS, LINE_HELP
+from traceml_nb.notebook.magic import TraceMLMagics
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

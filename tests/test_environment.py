@@ -16,7 +16,7 @@ from fake_cuda import A100_40GB, TESLA_T4, FakeCuda, with_uuid
 from fake_nvml import MIB, FakeField, FakeGpu, FakeNvml, make_gpus
 from store_helpers import make_run
 
-from traceml_nb.sampling import nvml_binding as nb
+from traceml_nb.engine.sampling import nvml_binding as nb
 from traceml_nb.session import environment as env_mod
 from traceml_nb.session.check import check as run_check
 from traceml_nb.session.environment import (

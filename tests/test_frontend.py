@@ -15,7 +15,7 @@ from IPython.terminal.interactiveshell import TerminalInteractiveShell
 from torch.utils.data import DataLoader, TensorDataset
 
 import traceml_nb
-from traceml_nb.magic import start_live_view
+from traceml_nb.notebook.magic import start_live_view
 from traceml_nb.views.frontend import (
     COLAB,
     IPYTHON,
@@ -31,8 +31,8 @@ from traceml_nb.views.frontend import (
     detect_frontend,
     prepare_widgets,
 )
-from traceml_nb.views.handle import MIN_TICK_S, THREAD_NAME, HandleView, LiveStatus
-from traceml_nb.views.live_data import RECENT_STEPS
+from traceml_nb.views.live.data import RECENT_STEPS
+from traceml_nb.views.live.handle import MIN_TICK_S, THREAD_NAME, HandleView, LiveStatus
 
 
 def bare(cls):
@@ -275,7 +275,7 @@ def test_the_handle_s_step_time_is_the_median_of_the_recent_steps():
 
 
 def test_live_view_falls_back_to_the_handle_view_when_bokeh_view_cannot_load(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "traceml_nb.views.live", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "traceml_nb.views.live.view", None)  # import now fails
     run = traceml_nb.Run("fallback", sample=False)
     with run:
         view = start_live_view(run, "live", Frontend(JUPYTER, True, True, True))
@@ -306,7 +306,9 @@ def test_no_view_for_none_and_text():
 def test_a_widget_forced_in_vscode_or_pycharm_comes_with_a_note(monkeypatch):
     """``--view live`` still gives the widget there, with one line saying what to do if it
     stays empty (VS Code: the ``jupyter.widgetScriptSources`` setting); nowhere else."""
-    monkeypatch.setitem(sys.modules, "traceml_nb.views.live", None)  # no Bokeh view needed here
+    monkeypatch.setitem(
+        sys.modules, "traceml_nb.views.live.view", None
+    )  # no Bokeh view needed here
     for kind, words in ((VSCODE, "jupyter.widgetScriptSources"), (PYCHARM, "--view html")):
         run = traceml_nb.Run(kind, sample=False)
         with run:
@@ -367,7 +369,7 @@ def test_the_html_view_needs_no_script_no_stylesheet_and_nothing_from_the_networ
 def test_colab_live_option_enables_the_widget_manager(monkeypatch):
     output = FakeColabOutput()
     monkeypatch.setitem(sys.modules, "google.colab.output", output)
-    monkeypatch.setitem(sys.modules, "traceml_nb.views.live", None)
+    monkeypatch.setitem(sys.modules, "traceml_nb.views.live.view", None)
     run = traceml_nb.Run("colab", sample=False)
     with run:
         view = start_live_view(run, "live", Frontend(COLAB, False, True, True))

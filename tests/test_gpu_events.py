@@ -8,9 +8,9 @@ import pytest
 import torch
 from fake_cuda import FakeTimeline
 
-from traceml_nb.instrument.gpu_events import GpuStallTimer
-from traceml_nb.instrument.tracer import StepTracer
-from traceml_nb.record import RunRecord
+from traceml_nb.engine.instrument.gpu_events import GpuStallTimer
+from traceml_nb.engine.instrument.tracer import StepTracer
+from traceml_nb.engine.record import RunRecord
 
 
 class FakeIter:
@@ -181,7 +181,7 @@ def test_a_failing_event_leaves_the_value_unavailable() -> None:
 
 def test_real_cuda_path_is_chosen_automatically(monkeypatch: pytest.MonkeyPatch) -> None:
     """With CUDA available, Run builds a GpuStallTimer over torch.cuda.Event on the current stream."""
-    import traceml_nb.instrument.gpu_events as ge
+    import traceml_nb.engine.instrument.gpu_events as ge
     from traceml_nb import Run
 
     tl = FakeTimeline()
@@ -246,7 +246,7 @@ def varied_steps(n: int, seed: int = 7) -> list[tuple[float, float, float]]:
 def test_pooled_events_give_every_step_its_own_timeline_and_are_reused() -> None:
     """Long enough for the log to be processed during the loop (every CHECK_EVERY fetches):
     events come back to the pool and are recorded again, never before their time was read."""
-    from traceml_nb.instrument.tracer import CHECK_EVERY
+    from traceml_nb.engine.instrument.tracer import CHECK_EVERY
 
     steps = varied_steps(6 * CHECK_EVERY)
     tl = FakeTimeline()
@@ -271,7 +271,7 @@ def test_pooled_events_give_every_step_its_own_timeline_and_are_reused() -> None
 
 
 def test_the_pool_stays_bounded_over_many_epochs() -> None:
-    from traceml_nb.instrument.tracer import CHECK_EVERY
+    from traceml_nb.engine.instrument.tracer import CHECK_EVERY
 
     tl = FakeTimeline()
     tracer, timer = make(tl)
@@ -288,7 +288,7 @@ def test_the_pool_stays_bounded_over_many_epochs() -> None:
 
 
 def test_a_shared_pool_serves_the_next_run_without_new_events() -> None:
-    from traceml_nb.instrument.gpu_events import EventPool
+    from traceml_nb.engine.instrument.gpu_events import EventPool
 
     tl = FakeTimeline()
     pool = EventPool(tl.event)
@@ -321,7 +321,7 @@ def test_events_of_a_truncated_step_go_back_after_the_end() -> None:
 
 
 def test_a_far_behind_gpu_costs_one_query_per_processing() -> None:
-    from traceml_nb.instrument.tracer import CHECK_EVERY
+    from traceml_nb.engine.instrument.tracer import CHECK_EVERY
 
     tl = FakeTimeline()
     tracer, timer = make(tl)
@@ -351,7 +351,7 @@ def test_the_stream_is_looked_up_once_per_iterator() -> None:
 
 
 def test_a_new_stream_is_seen_at_the_next_iterator_and_within_the_check_period() -> None:
-    from traceml_nb.instrument.gpu_events import STREAM_CHECK_EVERY
+    from traceml_nb.engine.instrument.gpu_events import STREAM_CHECK_EVERY
 
     tl = FakeTimeline()
     rec = RunRecord()
@@ -451,7 +451,7 @@ def test_a_failing_query_or_record_costs_that_step_only() -> None:
 
 
 def test_the_pool_keeps_at_most_max_free_events() -> None:
-    from traceml_nb.instrument.gpu_events import EventPool
+    from traceml_nb.engine.instrument.gpu_events import EventPool
 
     tl = FakeTimeline()
     pool = EventPool(tl.event, max_free=3)
@@ -462,7 +462,7 @@ def test_the_pool_keeps_at_most_max_free_events() -> None:
 
 
 def test_cuda_pools_are_shared_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    import traceml_nb.instrument.gpu_events as ge
+    import traceml_nb.engine.instrument.gpu_events as ge
 
     monkeypatch.setattr(ge, "_cuda_pools", {})
     assert ge.cuda_event_factory(0) is ge.cuda_event_factory(0)

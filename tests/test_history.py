@@ -23,8 +23,8 @@ from traceml_nb.session.history import (
     source_similarity,
 )
 from traceml_nb.session.history_file import HistoryFileError
-from traceml_nb.views.history import history_table
-from traceml_nb.views.history import history_text as render_history_text
+from traceml_nb.views.history_table import history_table
+from traceml_nb.views.history_table import history_text as render_history_text
 
 CELL = """\
 loader = DataLoader(train_ds, batch_size=64, shuffle=True, num_workers=0)
@@ -450,7 +450,7 @@ def test_save_is_atomic(tmp_path, monkeypatch):
 def test_jobs_sharing_an_id_are_told_apart_where_a_rank_stores_again():
     """torchrun's static rendezvous gives every job the id ``none``: two such jobs are two rows
     of ``%traceml history --all``, each in rank order, and runs alone stay rows of their own."""
-    from traceml_nb.views.history import group_jobs
+    from traceml_nb.views.history_table import group_jobs
 
     def row(id_, rank=None, job=None, name="train"):
         return SimpleNamespace(id=id_, rank=rank, job_id=job, name=name)

@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 import traceml_nb
-from traceml_nb.instrument import hooks
-from traceml_nb.record import FLAG_OPTIMIZER_STEP
+from traceml_nb.engine.instrument import hooks
+from traceml_nb.engine.record import FLAG_OPTIMIZER_STEP
 
 
 def _loader(n: int = 400, batch: int = 4) -> DataLoader:

@@ -11,32 +11,33 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "traceml_nb"
 
-#: The layers, lowest first; a module may import its own layer and those below.
+#: The layers, lowest first, as the package's dotted paths (a module belongs to the longest path
+#: it is under); a module may import its own layer and those below.
 LAYERS: list[tuple[str, ...]] = [
-    ("contracts", "capabilities", "record", "events", "profile_capture"),  # shared words, tables
-    ("segment", "instrument", "sampling"),  # what measures: events into rows, samples
-    ("run", "rank_engine"),  # the engine: installs, measures, removes; its ranks
+    (  # shared words, tables
+        "engine",
+        "engine.contracts",
+        "engine.capabilities",
+        "engine.record",
+        "engine.events",
+        "engine.profile_capture",
+    ),
+    ("engine.segment", "engine.instrument", "engine.sampling"),  # events into rows, samples
+    ("engine.run", "engine.rank_launch"),  # installs, measures, removes; its ranks
     ("analysis",),  # pure functions of a record
     ("session", "tune"),  # history, comparisons, results; measuring DataLoader settings
     ("views",),  # what the user sees
-    (
-        "cell",
-        "magic",
-        "magic_commands",
-        "selfcheck",
-        "demo",
-        "api",
-        "__init__",
-        "__main__",
-    ),  # entry points
+    ("notebook", "selfcheck", "demo", "api", "__init__", "__main__"),  # entry points
 ]
 LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}
 
 
 def top_part(module: str) -> str:
-    """The layer name of ``traceml_nb.<part>...`` (``traceml_nb`` itself: ``__init__``)."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "__init__"
+    """The layer path of ``traceml_nb.<path>...`` (``traceml_nb`` itself: ``__init__``): the
+    longest path of :data:`LAYERS` the module is under, else its first part."""
+    rel = module.split(".", 1)[1] if "." in module else "__init__"
+    under = [p for p in LAYER_OF if rel == p or rel.startswith(p + ".")]
+    return max(under, key=len) if under else rel.split(".")[0]
 
 
 def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
@@ -98,32 +99,34 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 def test_the_engine_imports_nothing_of_the_session_or_the_views():
-    engine = ("run", "record", "instrument", "sampling", "analysis", "segment", "events")
     for path, module in package_modules():
-        if top_part(module) in engine:
+        if top_part(module).split(".")[0] in ("engine", "analysis"):
             names = [name for _, name in imported_modules(path, module)]
-            assert not [n for n in names if top_part(n) in ("session", "views", "magic")], module
+            above = [
+                n for n in names if top_part(n).split(".")[0] in ("session", "views", "notebook")
+            ]
+            assert not above, module
 
 
 @pytest.mark.parametrize(
     ("source", "where"),
     [
-        ("from .views.live import LiveView\n", "top"),
-        ("def result(self):\n    from .session import Session\n", "function"),
+        ("from ..views.live.view import LiveView\n", "top"),
+        ("def result(self):\n    from ..session import Session\n", "function"),
         ("import traceml_nb.views.report\n", "absolute"),
     ],
 )
 def test_the_check_fails_when_run_py_imports_upward(tmp_path, source, where):
     fake = tmp_path / "run.py"
     fake.write_text(source)
-    assert upward_imports(fake, "traceml_nb.run"), where
+    assert upward_imports(fake, "traceml_nb.engine.run"), where
 
 
 def import_graph() -> dict[str, set[str]]:
     """Module → the package's modules it imports (at the top or in a function), each named as
     the module or package it resolves to: ``from .session import Session`` is an edge to the
     package ``traceml_nb.session`` (its ``__init__`` re-exports), ``from . import run`` to
-    ``traceml_nb.run``. A module's own parent packages, which Python imports before it, are
+    ``traceml_nb.engine.run``. A module's own parent packages, which Python imports before it, are
     not edges of its own."""
     modules = {module: path for path, module in package_modules()}
     graph: dict[str, set[str]] = {}
@@ -208,3 +211,55 @@ def test_the_wiring_check_sees_an_assignment(tmp_path):
     fake = tmp_path / "init.py"
     fake.write_text("from . import run as _run\n_run.default_session = object\n")
     assert attribute_assignments(fake) == ["init.py:2"]
+
+
+#: The most lines a module may have: past it, a module holds more than one concept.
+MAX_MODULE_LINES = 500
+#: The most lines of the module of ``Session``, which keeps a kernel's state and delegates.
+MAX_SESSION_LINES = 300
+#: The modules over their limit today, with their length then: the rule holds for each as it is
+#: and binds it once it shrinks; entries only leave this list (the structure issue's work left).
+OVER_THE_LIMIT = {
+    "traceml_nb/session/store.py": 694,
+    "traceml_nb/session/session.py": 662,
+    "traceml_nb/session/check.py": 598,
+    "traceml_nb/analysis/diagnosis.py": 587,
+    "traceml_nb/session/ab.py": 558,
+    "traceml_nb/engine/sampling/gpu.py": 551,
+    "traceml_nb/notebook/magic.py": 537,
+    "traceml_nb/engine/sampling/host.py": 506,
+}
+
+
+def module_lines() -> dict[str, int]:
+    return {
+        str(path.relative_to(PACKAGE.parent)): len(path.read_text().splitlines())
+        for path, _ in package_modules()
+    }
+
+
+def test_no_module_grows_past_its_limit():
+    limits = {"traceml_nb/session/session.py": MAX_SESSION_LINES}
+    over = {}
+    for name, lines in module_lines().items():
+        limit = max(limits.get(name, MAX_MODULE_LINES), OVER_THE_LIMIT.get(name, 0))
+        if lines > limit:
+            over[name] = (lines, limit)
+    assert over == {}
+
+
+def test_the_list_of_modules_over_the_limit_only_holds_such_modules():
+    lines = module_lines()
+    limits = {"traceml_nb/session/session.py": MAX_SESSION_LINES}
+    for name in OVER_THE_LIMIT:
+        assert name in lines, f"{name} is gone: take it off OVER_THE_LIMIT"
+        assert lines[name] > limits.get(name, MAX_MODULE_LINES), f"{name} fits: take it off"
+
+
+def test_no_two_modules_share_a_name():
+    """One name, one concept: ``views/check_report.py`` writes what ``session/check.py`` found."""
+    names: dict[str, list[str]] = {}
+    for path, module in package_modules():
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.name, []).append(module)
+    assert {n: m for n, m in names.items() if len(m) > 1} == {}

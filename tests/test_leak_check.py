@@ -5,7 +5,7 @@ import threading
 from leakcheck import ORIGINAL_NEXT, leak_report
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from traceml_nb.instrument import hooks
+from traceml_nb.engine.instrument import hooks
 
 
 def test_leak_report_sees_a_patch_and_a_thread():
@@ -28,8 +28,8 @@ def test_leak_report_sees_a_patch_and_a_thread():
 def test_leak_report_sees_an_optimizer_hook_of_ours_left_registered():
     import torch.optim.optimizer as optim_mod
 
-    from traceml_nb.instrument.tracer import StepTracer
-    from traceml_nb.record import RunRecord
+    from traceml_nb.engine.instrument.tracer import StepTracer
+    from traceml_nb.engine.record import RunRecord
 
     handle = optim_mod.register_optimizer_step_post_hook(StepTracer(RunRecord()).optimizer_hook())
     try:

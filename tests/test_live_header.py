@@ -12,10 +12,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
-from traceml_nb.analysis.model import Analysis
+from traceml_nb.analysis.findings import Analysis
 from traceml_nb.analysis.thresholds import MIN_STEADY_STEPS
-from traceml_nb.views.live import LiveView
-from traceml_nb.views.live_verdict import RunningVerdict, collecting_text
+from traceml_nb.views.live.verdict import RunningVerdict, collecting_text
+from traceml_nb.views.live.view import LiveView
 
 
 class Sleepy(Dataset):
@@ -96,7 +96,7 @@ def test_header_chart_and_verdict_agree_at_every_tick(monkeypatch):
 def _analysis(verdict: str, steady: int):
     from types import SimpleNamespace
 
-    from traceml_nb.analysis.model import Diagnosis
+    from traceml_nb.analysis.findings import Diagnosis
 
     return Analysis(
         SimpleNamespace(steady_steps=steady), Diagnosis(verdict, verdict.title(), "high")

@@ -15,15 +15,15 @@ import rank_fns
 import torch.multiprocessing as mp
 
 import traceml_nb
-from traceml_nb.analysis.ranks import RankFigures
-from traceml_nb.record import SOURCE_OPTIMIZER, RankRecord
-from traceml_nb.views.bokeh_patch import BatchedBokehModel
-from traceml_nb.views.handle import HandleView
-from traceml_nb.views.live import LiveView
-from traceml_nb.views.live_charts import RANKS_CPU_LABEL, WORKERS_LABEL
-from traceml_nb.views.live_data import RECENT_STEPS
-from traceml_nb.views.live_rank_lines import STEP_TITLE
-from traceml_nb.views.live_ranks import recent_figures, slowest_parts
+from traceml_nb.analysis.stragglers import RankFigures
+from traceml_nb.engine.record import SOURCE_OPTIMIZER, RankRecord
+from traceml_nb.views.live.bokeh_patch import BatchedBokehModel
+from traceml_nb.views.live.charts import RANKS_CPU_LABEL, WORKERS_LABEL
+from traceml_nb.views.live.data import RECENT_STEPS
+from traceml_nb.views.live.handle import HandleView
+from traceml_nb.views.live.rank_figures import recent_figures, slowest_parts
+from traceml_nb.views.live.rank_lines import STEP_TITLE
+from traceml_nb.views.live.view import LiveView
 
 MS = 1_000_000
 

@@ -16,16 +16,15 @@ from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
 from traceml_nb.analysis.steps import StepRule, step_rule
-from traceml_nb.record import SOURCE_MARKER, SOURCE_OPTIMIZER, LoaderInfo, RunRecord, SampleTable
-from traceml_nb.views.bokeh_patch import BatchedBokehModel
-from traceml_nb.views.live import (
-    MAX_TICK_S,
-    VIEW_MAX_DUTY,
-    LiveView,
-    header_html,
-    tick_wait_s,
+from traceml_nb.engine.record import (
+    SOURCE_MARKER,
+    SOURCE_OPTIMIZER,
+    LoaderInfo,
+    RunRecord,
+    SampleTable,
 )
-from traceml_nb.views.live_data import (
+from traceml_nb.views.live.bokeh_patch import BatchedBokehModel
+from traceml_nb.views.live.data import (
     STEP_FIELDS,
     SampleSeries,
     SeriesUpdate,
@@ -36,6 +35,13 @@ from traceml_nb.views.live_data import (
     bucket_medians,
     bucket_size,
     recent_rate,
+)
+from traceml_nb.views.live.view import (
+    MAX_TICK_S,
+    VIEW_MAX_DUTY,
+    LiveView,
+    header_html,
+    tick_wait_s,
 )
 
 NAN = float("nan")
@@ -340,7 +346,7 @@ def test_arrays_go_inline_as_gzip_at_our_level_and_bokehs_setting_is_left_alone(
     from bokeh.plotting import figure
     from bokeh.settings import settings
 
-    from traceml_nb.views.bokeh_patch import INLINE_GZIP_LEVEL, patch_message
+    from traceml_nb.views.live.bokeh_patch import INLINE_GZIP_LEVEL, patch_message
 
     values = np.linspace(0.0, 1.0, 300, dtype=np.float32)
     source = ColumnDataSource({"x": np.zeros(0, dtype=np.float32)})
@@ -562,7 +568,7 @@ def legend_labels(view: LiveView) -> list[str]:
 def test_live_view_shows_sm_activity_as_dots_where_gpm_reads_it(monkeypatch):
     from fake_nvml import FakeNvml, make_gpus
 
-    from traceml_nb.sampling import gpm
+    from traceml_nb.engine.sampling import gpm
 
     monkeypatch.setattr(gpm, "GPM_PERIOD_S", 0.1)
     view, run = _gpu_view(FakeNvml([make_gpus(1)[0].enable_gpm(sm_active=23.0)]))
@@ -620,7 +626,7 @@ def test_a_view_that_cannot_start_notes_why_and_raises_nothing(monkeypatch):
     def broken(*_args, **_kwargs):
         raise ValueError("no charts today")
 
-    monkeypatch.setattr("traceml_nb.views.live.LiveCharts", broken)
+    monkeypatch.setattr("traceml_nb.views.live.view.LiveCharts", broken)
     with traceml_nb.Run("broken") as run:
         view = LiveView(run, display=False)
         view.start()
@@ -632,7 +638,7 @@ def test_a_view_that_cannot_start_notes_why_and_raises_nothing(monkeypatch):
 
 def test_running_verdict_comes_from_the_analysis_at_most_once_a_second(monkeypatch):
     import traceml_nb.analysis as analysis_pkg
-    from traceml_nb.analysis.model import Analysis, Diagnosis
+    from traceml_nb.analysis.findings import Analysis, Diagnosis
 
     calls: list[float] = []
 
@@ -658,7 +664,7 @@ def test_running_verdict_comes_from_the_analysis_at_most_once_a_second(monkeypat
 
 def test_a_failing_analysis_drops_the_verdict_after_repeated_errors(monkeypatch):
     import traceml_nb.analysis as analysis_pkg
-    import traceml_nb.views.live as live
+    import traceml_nb.views.live.view as live
 
     calls: list[int] = []
 
@@ -705,7 +711,7 @@ def test_in_a_real_kernel_bokehjs_travels_inline_with_the_widget():
 
     start = (
         "import time, torch, traceml_nb\n"
-        "from traceml_nb.views.live import LiveView\n"
+        "from traceml_nb.views.live.view import LiveView\n"
         "from torch.utils.data import DataLoader, TensorDataset\n"
         "loader = DataLoader(TensorDataset(torch.randn(4096, 8)), batch_size=8)\n"
         "run = traceml_nb.Run('kernel')\n"
@@ -770,7 +776,7 @@ def test_the_view_thread_turns_the_step_log_into_rows_not_the_training_loop(monk
     """With a live view the training loop only logs its steps: the view's thread has them
     segmented before each update, so the loop never does (it would every few hundred events),
     and the rows are complete at the end."""
-    from traceml_nb.instrument.tracer import PROCESS_EVENTS
+    from traceml_nb.engine.instrument.tracer import PROCESS_EVENTS
 
     with traceml_nb.Run("reader", sample=False) as run:
         view = LiveView(run, display=False, settle_s=0)

@@ -499,7 +499,7 @@ def test_one_count_of_steps_in_the_report_the_history_and_the_result(ip, capsys)
     assert res.summary.total_steps == 24 and res.summary.interleaved_steps == 2
     assert "24 steps (" in report and "2 with an evaluation inside" in report
     assert "2 steps that contained an evaluation are left out of the statistics." in report
-    from traceml_nb.views.history import history_cells, history_table
+    from traceml_nb.views.history_table import history_cells, history_table
 
     [row] = history_table(session_history())
     assert history_cells(row)["steps"] == "24"  # what %traceml history shows

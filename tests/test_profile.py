@@ -17,7 +17,7 @@ import torch
 from test_report import make_summary
 
 import traceml_nb
-from traceml_nb.analysis.profile import (
+from traceml_nb.analysis.profile_summary import (
     LOADER_OP,
     PROFILE_SUGGESTION,
     gpu_idle_share,
@@ -31,8 +31,8 @@ from traceml_nb.analysis.thresholds import (
     PROFILE_TOP_OPS,
     SYNC_CAUSE_SHARE,
 )
-from traceml_nb.instrument.profiler import ProfileWindow
-from traceml_nb.profile_capture import OpTotals, ProfileCapture, SyncTotals
+from traceml_nb.engine.instrument.profiler import ProfileWindow
+from traceml_nb.engine.profile_capture import OpTotals, ProfileCapture, SyncTotals
 from traceml_nb.views.report import Report
 
 
@@ -158,10 +158,10 @@ def test_the_rerun_suggestion_on_both_sides_of_its_rules():
 
 
 def test_the_report_shows_the_gpu_profile():
-    from traceml_nb.analysis.model import Analysis, Diagnosis
-    from traceml_nb.capabilities import Capabilities
+    from traceml_nb.analysis.findings import Analysis, Diagnosis
+    from traceml_nb.engine.capabilities import Capabilities
     from traceml_nb.views.html import render_html
-    from traceml_nb.views.model import ReportContent, RunMeta
+    from traceml_nb.views.report_content import ReportContent, RunMeta
     from traceml_nb.views.text import render_text
 
     profile = summarize_profile(gpu_capture(sync_share=0.2, idle_share=0.4))
@@ -472,8 +472,8 @@ def test_a_bad_profile_option_is_a_usage_error(line, error):
 
 
 def test_profile_without_a_number_profiles_ten_steps():
-    from traceml_nb.instrument.profiler import DEFAULT_PROFILE_STEPS
-    from traceml_nb.magic import TraceMLMagics, parse_options
+    from traceml_nb.engine.instrument.profiler import DEFAULT_PROFILE_STEPS
+    from traceml_nb.notebook.magic import TraceMLMagics, parse_options
 
     options = parse_options(TraceMLMagics.traceml_cell, "--profile --name x")
     assert options.profile == DEFAULT_PROFILE_STEPS == 10 and options.name == "x"
@@ -484,7 +484,7 @@ def test_once_the_window_closes_the_fetch_is_the_plain_wrapper_again(tmp_path):
     import torch.optim.optimizer as optim_mod
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    from traceml_nb.instrument import hooks
+    from traceml_nb.engine.instrument import hooks
 
     def window_hooks() -> int:
         posthooks = optim_mod._global_optimizer_post_hooks.values()

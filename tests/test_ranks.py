@@ -15,7 +15,7 @@ import rank_fns
 from ipython_shell import traceml_shell
 
 from traceml_nb.analysis.formatting import fmt_ms
-from traceml_nb.analysis.ranks import (
+from traceml_nb.analysis.stragglers import (
     RankFigures,
     find_straggler,
     slowest_rank,
@@ -473,7 +473,7 @@ def test_figures_from_another_rank_are_checked():
 def test_the_leak_check_sees_a_patch_left_behind():
     from leakcheck import leak_report
 
-    from traceml_nb.instrument import ranks
+    from traceml_nb.engine.instrument import launch_patch as ranks
 
     ranks.install(lambda original, *args: original(*args))
     try:

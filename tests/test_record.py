@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import threading
 
-from traceml_nb.capabilities import Capabilities
-from traceml_nb.record import RunRecord, SampleTable, StepTable
+from traceml_nb.engine.capabilities import Capabilities
+from traceml_nb.engine.record import RunRecord, SampleTable, StepTable
 
 
 def test_a_step_row_costs_under_100_bytes() -> None:

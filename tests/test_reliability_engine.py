@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 import traceml_nb
-from traceml_nb.instrument.tracer import StepTracer
-from traceml_nb.record import FLAG_TRUNCATED, RunRecord
+from traceml_nb.engine.instrument.tracer import StepTracer
+from traceml_nb.engine.record import FLAG_TRUNCATED, RunRecord
 
 
 class FailingDataset(Dataset):

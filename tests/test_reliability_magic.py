@@ -114,8 +114,8 @@ def test_a_half_consumed_loader_with_workers(ip):
 
 
 def test_a_sampler_that_crashes_mid_run_is_reported_and_training_goes_on(ip, monkeypatch, capsys):
-    import traceml_nb.sampling as sampling
-    from traceml_nb.record import SampleTable
+    import traceml_nb.engine.sampling as sampling
+    from traceml_nb.engine.record import SampleTable
 
     class Crashing:
         name = "gpu:0"

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from traceml_nb.analysis import compare
-from traceml_nb.analysis.model import Analysis, Diagnosis, Evidence, PhaseSummary, Summary
-from traceml_nb.capabilities import Capabilities
-from traceml_nb.run import NO_CUDA
+from traceml_nb.analysis.findings import Analysis, Diagnosis, Evidence, PhaseSummary, Summary
+from traceml_nb.engine.capabilities import Capabilities
+from traceml_nb.engine.run import NO_CUDA
 from traceml_nb.views.chart import MAX_BARS, step_chart_svg
 from traceml_nb.views.chart import bars_of as downsample
 from traceml_nb.views.html import render_html
-from traceml_nb.views.model import LabelledComparison, RunMeta, StepChart
 from traceml_nb.views.report import ComparisonView, HistoryTable, Report
+from traceml_nb.views.report_content import LabelledComparison, RunMeta, StepChart
 from traceml_nb.views.text import metric_lines, render_text
 
 CPU_ONLY = NO_CUDA
@@ -441,7 +441,7 @@ def _unavailable_reasons(text: str) -> list[str]:
 def _nvml_failure_reasons() -> list[str]:
     import pynvml
 
-    from traceml_nb.sampling import nvml_binding as nb
+    from traceml_nb.engine.sampling import nvml_binding as nb
 
     codes = [
         pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
@@ -542,7 +542,7 @@ def test_a_session_given_no_renderer_prints_a_result_as_its_summary_line():
 
 def test_an_engine_run_given_no_session_says_where_it_could_report():
     import traceml_nb
-    from traceml_nb.run import Run as EngineRun
+    from traceml_nb.engine.run import Run as EngineRun
 
     engine = EngineRun("alone", sample=False)
     with engine:

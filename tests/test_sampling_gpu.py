@@ -13,11 +13,11 @@ import pytest
 import torch
 from fake_nvml import FakeNvml, PcieCounter, make_gpus
 
-from traceml_nb.capabilities import Capabilities
-from traceml_nb.sampling import Collector, SourceLost
-from traceml_nb.sampling import nvml_binding as nb
-from traceml_nb.sampling.gpm import GPM_COLUMNS, GPM_FLAKY_READS, GPM_PERIOD_S
-from traceml_nb.sampling.gpu import (
+from traceml_nb.engine.capabilities import Capabilities
+from traceml_nb.engine.sampling import Collector, SourceLost
+from traceml_nb.engine.sampling import nvml_binding as nb
+from traceml_nb.engine.sampling.gpm import GPM_COLUMNS, GPM_FLAKY_READS, GPM_PERIOD_S
+from traceml_nb.engine.sampling.gpu import (
     COLUMNS,
     GPM_ON_MIG,
     PCIE_COUNTER_PERIOD_S,
@@ -27,7 +27,7 @@ from traceml_nb.sampling.gpu import (
     describe_clock_events,
     open_gpu_sources,
 )
-from traceml_nb.sampling.gpu_devices import (
+from traceml_nb.engine.sampling.gpu_devices import (
     CudaDeviceIds,
     NvmlDevice,
     match_cuda_device,
@@ -651,7 +651,7 @@ def test_gpu_lost_mid_run_at_50_hz_drops_the_source_and_training_goes_on():
 
 
 def test_gpu_lost_mid_run_keeps_the_host_source_sampling():
-    from traceml_nb.sampling.host import open_host_source
+    from traceml_nb.engine.sampling.host import open_host_source
 
     gpu = make_gpus(1)[0].set("temperature", 60, fail_after=5)
     caps = Capabilities()

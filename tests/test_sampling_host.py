@@ -14,9 +14,9 @@ import psutil
 import pytest
 import torch
 
-from traceml_nb.capabilities import Capabilities
-from traceml_nb.sampling import Collector
-from traceml_nb.sampling.host import (
+from traceml_nb.engine.capabilities import Capabilities
+from traceml_nb.engine.sampling import Collector
+from traceml_nb.engine.sampling.host import (
     COLUMNS,
     HostSource,
     ProcfsReader,
@@ -383,7 +383,7 @@ def test_a_platform_without_steal_time_reads_unavailable_with_a_reason_never_0(f
 
 
 def test_open_host_source_says_why_steal_time_is_missing(monkeypatch):
-    from traceml_nb.sampling import host as host_mod
+    from traceml_nb.engine.sampling import host as host_mod
 
     fake = ScriptedCpuTimes([[core(user=1, idle=1)]], MACOS_FIELDS)
     monkeypatch.setattr(host_mod, "make_reader", lambda psutil: PsutilReader(fake))

@@ -13,12 +13,14 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from traceml_nb.record import FLAG_EPOCH_START, FLAG_TRUNCATED, SOURCE_OPTIMIZER
-from traceml_nb.selfcheck import overhead, stats
+from traceml_nb.engine.record import FLAG_EPOCH_START, FLAG_TRUNCATED, SOURCE_OPTIMIZER
+from traceml_nb.selfcheck import overhead
+from traceml_nb.selfcheck import paired_stats as stats
 from traceml_nb.selfcheck.mapping_child import MARKER
 from traceml_nb.selfcheck.nvml import implausible_nvml, nvml_reading, uuid_key, uuid_text
 from traceml_nb.selfcheck.overhead import judge_overhead
-from traceml_nb.selfcheck.report import (
+from traceml_nb.selfcheck.paired_stats import Estimate, paired_added, steady_medians
+from traceml_nb.selfcheck.results import (
     ERROR,
     FAIL,
     INFO,
@@ -33,7 +35,6 @@ from traceml_nb.selfcheck.report import (
 )
 from traceml_nb.selfcheck.sampler import compare_sampler_with_nvml
 from traceml_nb.selfcheck.stall import StallCase, expected_stall_ms, judge_stall_case
-from traceml_nb.selfcheck.stats import Estimate, paired_added, steady_medians
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -335,7 +336,7 @@ def test_resnet18_like_has_resnet18s_parameter_count() -> None:
 # --- the package on a CPU-only machine --------------------------------------------------------------
 def test_importing_the_self_check_and_its_statistics_loads_no_torch() -> None:
     code = (
-        "import sys, traceml_nb.selfcheck, traceml_nb.selfcheck.stats, traceml_nb.selfcheck.cli\n"
+        "import sys, traceml_nb.selfcheck, traceml_nb.selfcheck.paired_stats, traceml_nb.selfcheck.cli\n"
         "print(sorted(m for m in ('torch', 'numpy', 'pynvml') if m in sys.modules))"
     )
     proc = subprocess.run(
@@ -457,7 +458,7 @@ def test_paired_added_agrees_with_the_general_functions() -> None:
 
 # --- GPM, the samplers' CPU share, the host cost per step ------------------------------------------
 def test_gpm_verdict_one_sm_spin_and_full_matmul() -> None:
-    from traceml_nb.selfcheck.gpm import (
+    from traceml_nb.selfcheck.gpm_check import (
         GPM_MATMUL_MIN_SM_ACTIVE_PCT,
         GPM_SPIN_MAX_SM_ACTIVE_PCT,
         judge_gpm,

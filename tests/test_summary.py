@@ -14,11 +14,11 @@ from builders import (
 )
 
 from traceml_nb.analysis import analyze, detect_warmup, select_steps
-from traceml_nb.analysis.model import Summary
+from traceml_nb.analysis.findings import Summary
 from traceml_nb.analysis.summary import NO_LOADER
 from traceml_nb.analysis.thresholds import WARMUP_MAX_SHARE, WARMUP_SLOW_FACTOR
-from traceml_nb.capabilities import Capabilities
-from traceml_nb.record import (
+from traceml_nb.engine.capabilities import Capabilities
+from traceml_nb.engine.record import (
     FLAG_INTERLEAVED,
     FLAG_TRUNCATED,
     SOURCE_MARKER,

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 import traceml_nb
-from traceml_nb.record import (
+from traceml_nb.engine.record import (
     FLAG_EPOCH_START,
     FLAG_INTERLEAVED,
     FLAG_OPTIMIZER_STEP,
@@ -346,8 +346,8 @@ class _Iter:
 
 
 def test_the_log_becomes_rows_every_few_hundred_events_and_at_the_end() -> None:
-    from traceml_nb.instrument.tracer import CHECK_EVERY, PROCESS_EVENTS, StepTracer
-    from traceml_nb.record import RunRecord
+    from traceml_nb.engine.instrument.tracer import CHECK_EVERY, PROCESS_EVENTS, StepTracer
+    from traceml_nb.engine.record import RunRecord
 
     clock = _ManualClock()
     tracer = StepTracer(RunRecord(), clock=clock)
@@ -445,9 +445,9 @@ def test_a_fetch_logs_one_tuple_and_the_loaders_settings_are_read_when_processed
     """A fetch appends one tuple (the iterator, its batch count, the times, the batch size),
     which is its typed event (an epoch's first also its sample count); the loader's settings
     are read when the log is processed."""
-    from traceml_nb.events import EPOCH_STARTED, FETCH, Fetch, typed
-    from traceml_nb.instrument.tracer import StepTracer
-    from traceml_nb.record import RunRecord
+    from traceml_nb.engine.events import EPOCH_STARTED, FETCH, Fetch, typed
+    from traceml_nb.engine.instrument.tracer import StepTracer
+    from traceml_nb.engine.record import RunRecord
 
     tracer = StepTracer(RunRecord())
     tracer.attach_reader()  # nothing is processed until the reader asks
@@ -520,9 +520,9 @@ def test_optimizer_steps_counted_after_the_first_loader_step_keep_their_place() 
 def test_an_interrupt_while_the_log_is_processed_loses_no_later_event(monkeypatch) -> None:
     """Ctrl-C can arrive while process() runs in the training thread: the events it had not
     reached stay in the log and the run's end turns them into rows."""
-    from traceml_nb.instrument.tracer import StepTracer
-    from traceml_nb.record import RunRecord
-    from traceml_nb.segment import StepSegmenter
+    from traceml_nb.engine.instrument.tracer import StepTracer
+    from traceml_nb.engine.record import RunRecord
+    from traceml_nb.engine.segment import StepSegmenter
 
     real = StepSegmenter._fetch
     calls = []
@@ -668,13 +668,13 @@ def test_a_dataset_that_iterates_a_loader_itself_keeps_both_sizes_right() -> Non
 
 
 def test_with_a_reader_attached_the_loop_only_logs_until_the_reader_processes() -> None:
-    from traceml_nb.instrument.tracer import (
+    from traceml_nb.engine.instrument.tracer import (
         CHECK_EVERY,
         PROCESS_EVENTS,
         READER_MAX_EVENTS,
         StepTracer,
     )
-    from traceml_nb.record import RunRecord
+    from traceml_nb.engine.record import RunRecord
 
     clock = _ManualClock()
     tracer = StepTracer(RunRecord(), clock=clock)
@@ -768,8 +768,8 @@ def test_a_reader_processing_on_its_own_thread_gives_the_rows_the_loop_would() -
 
 @pytest.mark.parametrize("who", ["the loop", "a reader"])
 def test_a_bug_in_our_processing_stops_the_tracing_not_the_training(monkeypatch, who) -> None:
-    from traceml_nb.instrument.tracer import PROCESS_EVENTS
-    from traceml_nb.segment import StepSegmenter
+    from traceml_nb.engine.instrument.tracer import PROCESS_EVENTS
+    from traceml_nb.engine.segment import StepSegmenter
 
     real = StepSegmenter._fetch
 

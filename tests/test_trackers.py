@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from traceml_nb.analysis.model import Diagnosis, Summary
+from traceml_nb.analysis.findings import Diagnosis, Summary
 from traceml_nb.session.result import StepArrays
 from traceml_nb.session.trackers import (
     Target,

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from traceml_nb.tune import tune
 from traceml_nb.tune.candidates import Candidate
+from traceml_nb.tune.constants import FIRST_ROUND_BATCHES, RAM_SHARE
 from traceml_nb.tune.predict import FAILED, MEASURED, SKIPPED
-from traceml_nb.tune.thresholds import FIRST_ROUND_BATCHES, RAM_SHARE
 from traceml_nb.tune.tuner import SHARDING_NOTE
 
 

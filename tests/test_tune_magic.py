@@ -22,8 +22,8 @@ from ipython_shell import traceml_shell
 from traceml_nb.analysis.formatting import fmt_ms
 from traceml_nb.api import default_session
 from traceml_nb.tune.candidates import Candidate, worker_counts
+from traceml_nb.tune.constants import COMPUTE_CHANGE_SHARE, PREFETCH_CHOICES
 from traceml_nb.tune.predict import MEASURED
-from traceml_nb.tune.thresholds import COMPUTE_CHANGE_SHARE, PREFETCH_CHOICES
 from traceml_nb.tune.tuner import usable_cpus
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.ipynb"
@@ -302,7 +302,7 @@ def test_tune_after_an_input_bound_run_with_the_cell_option(ip, capsys):
 
 
 def test_a_tuning_that_fails_after_the_cell_is_one_line_not_an_error(ip, capsys, monkeypatch):
-    import traceml_nb.magic_commands as commands
+    import traceml_nb.notebook.line_commands as commands
 
     def broken(*args, **kwargs):
         raise RuntimeError("tuner bug")

@@ -19,6 +19,15 @@ from traceml_nb.tune.candidates import (
     variants,
     worker_counts,
 )
+from traceml_nb.tune.constants import (
+    COMPUTE_CHANGE_SHARE,
+    EARLY_DROP_FACTOR,
+    IDLE_WORKER_SHARE,
+    MAX_TUNE_WORKERS,
+    PREFETCH_CHOICES,
+    RAM_SHARE,
+    WITHIN_BEST_SHARE,
+)
 from traceml_nb.tune.predict import (
     DROPPED,
     MEASURED,
@@ -29,15 +38,6 @@ from traceml_nb.tune.predict import (
     predict_ms,
     recommend,
     update_predictions,
-)
-from traceml_nb.tune.thresholds import (
-    COMPUTE_CHANGE_SHARE,
-    EARLY_DROP_FACTOR,
-    IDLE_WORKER_SHARE,
-    MAX_TUNE_WORKERS,
-    PREFETCH_CHOICES,
-    RAM_SHARE,
-    WITHIN_BEST_SHARE,
 )
 from traceml_nb.tune.tuner import _idle_extension
 from traceml_nb.views.tune import TuneReport, render_html, render_text

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import run as _run
-from .run import RunAlreadyActiveError, active_run, step
+from .engine import run as _run
+from .engine.run import RunAlreadyActiveError, active_run, step
 
 __version__ = "0.1.0"
 __all__ = [
@@ -44,7 +44,7 @@ def __getattr__(name: str) -> Any:
 
 
 class Run(_run.Run):
-    """The measurement engine (:class:`traceml_nb.run.Run`), as a context manager; given no
+    """The measurement engine (:class:`traceml_nb.engine.run.Run`), as a context manager; given no
     ``session``, its :meth:`result` reports to the kernel's (:func:`default_session`)."""
 
     def default_session(self) -> Any:
@@ -64,12 +64,12 @@ def check(
 ) -> Any:
     """The CI gate as an API (``python -m traceml_nb check``): the latest stored run of
     ``name`` (the latest ``runs`` of them, together) against its baseline. Returns a
-    :class:`~traceml_nb.views.check.CheckReport`: ``exit_code`` (0 no regression, 1
+    :class:`~traceml_nb.views.check_report.CheckReport`: ``exit_code`` (0 no regression, 1
     regression, 2 no baseline / unreadable store, 3 inconclusive), ``text()``, ``markdown()``,
     ``junit()``. ``max_slowdown``: a fraction (default 0.10)."""
     from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
     from .session.check import check as run_check
-    from .views.check import CheckReport
+    from .views.check_report import CheckReport
 
     limit = DEFAULT_MAX_SLOWDOWN if max_slowdown is None else max_slowdown
     return CheckReport(
@@ -86,12 +86,12 @@ def check(
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%%traceml`` / ``%traceml`` (called by ``%load_ext traceml_nb``)."""
-    from .magic import register
+    from .notebook.magic import register
 
     register(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .magic import unregister
+    from .notebook.magic import unregister
 
     unregister(ipython)

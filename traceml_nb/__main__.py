@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .views.check import GateReport
+    from .views.check_report import GateReport
 
 
 def _fraction(text: str) -> float:
@@ -171,7 +171,7 @@ def _ab_main(args: argparse.Namespace) -> int:
 
     from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
     from .session.ab import Terminated, ab
-    from .views.ab import AbReport, progress_line
+    from .views.ab_report import AbReport, progress_line
 
     command = list(args.training_command)
     if command[:1] == ["--"]:
@@ -213,7 +213,7 @@ def _check_history(args: argparse.Namespace) -> int:
     """``check --history``: the latest shift of the name's stored step time."""
     from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
     from .session.shifts import check_history
-    from .views.shifts import HistoryCheckReport
+    from .views.shift_lines import HistoryCheckReport
 
     slowdown = DEFAULT_MAX_SLOWDOWN if args.max_slowdown is None else args.max_slowdown
     report = HistoryCheckReport(check_history(args.name, store=args.store, max_slowdown=slowdown))
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check_history(args)
     from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
     from .session.check import check
-    from .views.check import CheckReport
+    from .views.check_report import CheckReport
 
     report = CheckReport(
         check(

@@ -94,9 +94,9 @@ RUN_COMMAND_JS = """
 
 
 def magic_available() -> bool:
-    """True when ``%%traceml`` exists (``traceml_nb/magic.py`` with ``register``)."""
+    """True when ``%%traceml`` exists (``traceml_nb/notebook/magic.py`` with ``register``)."""
     try:
-        from traceml_nb import magic
+        from traceml_nb.notebook import magic
     except ImportError:
         return False
     return callable(getattr(magic, "register", None))

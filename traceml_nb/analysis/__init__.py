@@ -1,14 +1,14 @@
 """Pure analysis of a run record: summary, warm-up, diagnosis, comparison of runs.
 
 Nothing here touches torch, threads or the display; every function takes plain data and returns
-the dataclasses of :mod:`traceml_nb.analysis.model`.
+the dataclasses of :mod:`traceml_nb.analysis.findings`.
 """
 
 from __future__ import annotations
 
-from ..contracts import VERDICTS
+from ..engine.contracts import VERDICTS
 from .comparison import Comparison, ComparisonRow, compare
-from .model import Analysis, Diagnosis, Evidence, PhaseSummary, Summary
+from .findings import Analysis, Diagnosis, Evidence, PhaseSummary, Summary
 from .pipeline import analyze
 from .steps import select_steps, step_rule
 from .warmup import detect_warmup

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..record import LoaderInfo
+from ..engine.record import LoaderInfo
 from .thresholds import MAX_SUGGESTED_WORKERS, SUGGESTED_PREFETCH
 
 TORCH_DEFAULT_PREFETCH = 2

@@ -16,8 +16,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .findings import Changes
 from .formatting import fmt_share
-from .model import Changes
 from .thresholds import (
     BUSY_MACHINE_SHARE,
     LOAD_CHANGE_SHARE,

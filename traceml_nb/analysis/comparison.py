@@ -16,10 +16,10 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from ..contracts import PROBLEM_VERDICTS
+from ..engine.contracts import PROBLEM_VERDICTS
+from .findings import Diagnosis, Summary
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_share, signed_pct, signed_points
 from .judge import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, Judgement
-from .model import Diagnosis, Summary
 from .noise import Noise, estimate_noise, judge_change, log_mean_ms
 from .thresholds import (
     BOOTSTRAP_RESAMPLES,

@@ -13,7 +13,7 @@ here): either one number, USD per GPU-hour for any GPU (``0.53``), or ``MODEL=PR
 
 from __future__ import annotations
 
-from .model import IdleCost, Summary
+from .findings import IdleCost, Summary
 
 #: Approximate on-demand USD per GPU-hour: the smallest instance with that GPU, divided by its
 #: GPU count (T4: g4dn.xlarge; A10G: g5.xlarge; L4: g6.xlarge; V100: p3.2xlarge; A100:

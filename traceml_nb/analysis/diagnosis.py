@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..capabilities import Capabilities
-from ..contracts import CONFIDENCE_LEVELS, Confidence
-from ..record import LoaderInfo
+from ..engine.capabilities import Capabilities
+from ..engine.contracts import CONFIDENCE_LEVELS, Confidence
+from ..engine.record import LoaderInfo
 from .advice import Change, change_line, explain_changes, loader_changes, more_workers
 from .evidence import InputSignal, collect, input_signal, memory_share
+from .findings import Diagnosis, Summary
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share, fmt_share_below
 from .gpu_busy import GPM, BusySignal, busy_signal, nvml_overstates
-from .model import Diagnosis, Summary
 from .summary import Measurements
 from .thresholds import (
     CONFIDENT_STEPS,

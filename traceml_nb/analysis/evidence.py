@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .advice import describe_loader
+from .findings import Evidence, Summary
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_share
-from .model import Evidence, Summary
 from .summary import Measurements
 from .thresholds import STALL_FACTOR, STALL_MAX_SHARE
 from .throttle import ThrottleFinding

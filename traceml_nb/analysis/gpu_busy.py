@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .findings import Summary
 from .formatting import fmt_pct
-from .model import Summary
 from .thresholds import GPU_BUSY_PCT, SM_ACTIVE_BUSY_PCT
 
 GPM = "gpm"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..capabilities import Capabilities
-from ..record import RecordSnapshot, RunRecord
+from ..engine.capabilities import Capabilities
+from ..engine.record import RecordSnapshot, RunRecord
 from .diagnosis import diagnose
-from .model import Analysis
-from .profile import PROFILE_SUGGESTION, profile_cause, suggests_profile, summarize_profile
+from .findings import Analysis
+from .profile_summary import PROFILE_SUGGESTION, profile_cause, suggests_profile, summarize_profile
 from .summary import measure, summarize
 from .warmup import WarmupSpec
 

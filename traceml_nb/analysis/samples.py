@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..capabilities import Capabilities
+from ..engine.capabilities import Capabilities
 
 #: The capability that explains a missing column of each table.
 GPU_COLUMN_CAPABILITY = {

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contracts import StepSource
-from ..record import (
+from ..engine.contracts import StepSource
+from ..engine.record import (
     FLAG_OPTIMIZER_STEP,
     FLAG_PROFILED,
     FLAG_TRUNCATED,
@@ -39,7 +39,7 @@ from ..record import (
     StepColumns,
     StepTable,
 )
-from .model import PhaseSummary
+from .findings import PhaseSummary
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..capabilities import Capabilities
-from ..record import (
+from ..engine.capabilities import Capabilities
+from ..engine.record import (
     FLAG_EPOCH_START,
     FLAG_INTERLEAVED,
     FLAG_PROFILED,
@@ -17,7 +17,7 @@ from ..record import (
     RecordSnapshot,
     StepColumns,
 )
-from .model import Summary
+from .findings import Summary
 from .samples import Reading, Window
 from .steps import StepSelection, phases, select_rows, training_loader
 from .warmup import WarmupSpec, detect_warmup

@@ -6,7 +6,7 @@ each one on both sides. Shares are fractions 0..1, percentages 0..100 (CPU: 100 
 
 from __future__ import annotations
 
-from ..contracts import CLOCK_EVENT_REASONS
+from ..engine.contracts import CLOCK_EVENT_REASONS
 
 # --- warm-up ----------------------------------------------------------------------------------
 #: With at least this many steps, the first step is always warm-up (it includes the first

@@ -27,7 +27,7 @@ Importing this package does not import torch.
 
 from __future__ import annotations
 
-from .report import CheckResult
+from .results import CheckResult
 
 __all__ = ["CheckResult", "main"]
 

@@ -1,7 +1,7 @@
 """The driver of ``python -m traceml_nb.selfcheck``: its flags, the order of the checks and the
 time each needs at least, and the exit code.
 
-Every check runs in its own ``try`` (:func:`~traceml_nb.selfcheck.report.run_check`): an error
+Every check runs in its own ``try`` (:func:`~traceml_nb.selfcheck.results.run_check`): an error
 is printed and the next check runs. Output is a table on stdout and, with ``--json PATH``, a
 JSON file. Exit code 0 when every check passed, 1 when one failed (the table says which).
 Without CUDA it says so and exits 0.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from .environment import check_environment
-from .gpm import check_gpm
+from .environment_check import check_environment
+from .gpm_check import check_gpm
 from .host_cost import check_host_cost
 from .mapping import check_mapping
 from .nvml import check_nvml
 from .overhead import check_overhead
-from .report import (
+from .results import (
     DEFAULT_BUDGET_S,
     SKIP,
     Budget,

@@ -19,7 +19,7 @@ A warm-up run of the same blocks first fills the device's shared event pool; the
 must then create next to no event (``EventPool.created``: at most one per
 ``NEW_EVENTS_PER_FETCHES`` traced fetches, for a peak of events in flight the warm-up did not
 reach) and look the stream up about once per
-:data:`~traceml_nb.instrument.gpu_events.STREAM_CHECK_EVERY` fetches. The verdict
+:data:`~traceml_nb.engine.instrument.gpu_events.STREAM_CHECK_EVERY` fetches. The verdict
 (:func:`judge_host_cost`) is a pure function, tested without a GPU.
 """
 
@@ -31,8 +31,8 @@ import time
 from typing import Any
 
 from .cuda import torch_module
-from .report import FAIL, PASS, Budget, CheckResult
-from .stats import median_difference
+from .paired_stats import median_difference
+from .results import FAIL, PASS, Budget, CheckResult
 
 HOST_COST_BUDGET_US = 5.0  #: host time the tracer may add to a step of a host-bound GPU loop
 HOST_COST_PAIRS = 300
@@ -95,7 +95,7 @@ def _blocks(
     loop: _Loop, tracer: Any, pairs: int, block_steps: int
 ) -> dict[bool, list[list[float]]]:
     """Per-block lists of the time inside ``next()`` and ``optimizer.step()``, ns, by traced."""
-    from ..instrument import hooks
+    from ..engine.instrument import hooks
 
     clock = time.perf_counter_ns
     inside: dict[bool, list[list[float]]] = {False: [], True: []}
@@ -126,8 +126,8 @@ def _blocks(
 
 def check_host_cost(budget: Budget) -> CheckResult:
     torch = torch_module()
-    from ..instrument.gpu_events import STREAM_CHECK_EVERY, cuda_event_factory
-    from ..run import Run
+    from ..engine.instrument.gpu_events import STREAM_CHECK_EVERY, cuda_event_factory
+    from ..engine.run import Run
 
     loop = _Loop(torch)
     index = torch.cuda.current_device()

@@ -16,7 +16,7 @@ from typing import Any
 from .cuda import torch_module
 from .mapping_child import MARKER
 from .nvml import nvml_handle_for_cuda, uuid_key, uuid_text
-from .report import FAIL, PASS, Budget, CheckResult
+from .results import FAIL, PASS, Budget, CheckResult
 
 CHILD_MODULE = "traceml_nb.selfcheck.mapping_child"
 

@@ -22,7 +22,7 @@ def main() -> None:
     out: dict[str, Any] = {"count": torch.cuda.device_count() if torch.cuda.is_available() else 0}
     if out["count"]:
         out["uuid0"] = str(torch.cuda.get_device_properties(0).uuid)
-    from ..run import Run
+    from ..engine.run import Run
 
     with Run("selfcheck-child", sample=True) as run:
         time.sleep(0.3)

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..sampling.gpu_devices import normalise_uuid
+from ..engine.sampling.gpu_devices import normalise_uuid
 from .cuda import busy_gpu, torch_module
-from .report import FAIL, PASS, WARN, Budget, CheckResult
+from .results import FAIL, PASS, WARN, Budget, CheckResult
 
 UNSUPPORTED = "unsupported"
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .cuda import torch_module
-from .report import FAIL, PASS, Budget, CheckResult
-from .stats import paired_added
+from .paired_stats import paired_added
+from .results import FAIL, PASS, Budget, CheckResult
 
 OVERHEAD_BUDGET_PCT = 1.0  #: ResNet-18-sized loop: traced may add at most this, median
 OVERHEAD_VARIANTS = ("plain", "host-only", "tracer", "monitor")
@@ -101,7 +101,7 @@ def _overhead_loop(torch: Any, kind: str, steps: int) -> tuple[Any, Callable[[An
 def _live_view() -> tuple[Any, str]:
     """``(LiveView class, '')`` or ``(None, why it cannot be imported)``."""
     try:
-        from ..views.live import LiveView
+        from ..views.live.view import LiveView
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return LiveView, ""
@@ -115,7 +115,7 @@ def _time_loop(
     samplers: the step tracer and its CUDA events); ``monitor`` (a Run with samplers and the
     live view's writer, headless). Wall time in ns from a synchronised start to a synchronised
     end; starting and stopping the run are outside it."""
-    from ..run import Run
+    from ..engine.run import Run
 
     run = view = None
     if variant != "plain":

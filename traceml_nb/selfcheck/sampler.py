@@ -13,9 +13,9 @@ from typing import Any
 
 from .cuda import busy_gpu, torch_module
 from .nvml import UNSUPPORTED, nvml_fields, nvml_handle_for_cuda
-from .report import FAIL, PASS, WARN, Budget, CheckResult
+from .results import FAIL, PASS, WARN, Budget, CheckResult
 
-#: raw NVML field (``nvml_fields``) -> the sampler's column (``traceml_nb.sampling.gpu``)
+#: raw NVML field (``nvml_fields``) -> the sampler's column (``traceml_nb.engine.sampling.gpu``)
 SAMPLER_COLUMNS = {
     "util_gpu_pct": "util_gpu_pct",
     "util_memory_pct": "util_mem_pct",
@@ -93,8 +93,8 @@ def check_sampler(budget: Budget) -> CheckResult:
     torch = torch_module()
     import pynvml
 
-    from ..run import Run
-    from .gpm import gpm_support
+    from ..engine.run import Run
+    from .gpm_check import gpm_support
 
     index = torch.cuda.current_device()
     busy_gpu(torch, 1e3 * (SAMPLER_RUN_S + 1.0))

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from .cuda import busy_gpu, torch_module
-from .report import FAIL, PASS, Budget, CheckResult
+from .results import FAIL, PASS, Budget, CheckResult
 
 SAMPLER_CPU_BUDGET_PCT = 1.0  #: of one core, the samplers together at 10 Hz
 SAMPLER_CPU_RUN_S = 6.0
@@ -52,10 +52,10 @@ def source_shares(
 def check_sampler_cpu(budget: Budget) -> CheckResult:
     torch = torch_module()
 
-    from ..capabilities import Capabilities
-    from ..record import RunRecord
-    from ..run import Run
-    from ..sampling import open_sources
+    from ..engine.capabilities import Capabilities
+    from ..engine.record import RunRecord
+    from ..engine.run import Run
+    from ..engine.sampling import open_sources
 
     index = torch.cuda.current_device()
     busy_gpu(torch, 1e3 * (SAMPLER_CPU_RUN_S + SOURCE_RUN_S + 2.0))

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .cuda import elapsed_ms, spin_cycles_per_ms, torch_module
-from .report import FAIL, PASS, SKIP, Budget, CheckResult
-from .stats import steady_medians
+from .paired_stats import steady_medians
+from .results import FAIL, PASS, SKIP, Budget, CheckResult
 
 STALL_TOLERANCE_MIN_MS = 1.0
 STALL_TOLERANCE_FRACTION = 0.15  #: of the injected data delay
@@ -157,7 +157,7 @@ def run_stall_case(
     """Train ``steps`` batches under a ``Run`` and collect the measured stall medians."""
     from torch.utils.data import DataLoader
 
-    from ..run import Run
+    from ..engine.run import Run
 
     device = torch.device("cuda", torch.cuda.current_device())
     work = _GpuWork(torch, device, int(gpu_target_ms * rate))

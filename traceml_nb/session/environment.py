@@ -33,8 +33,8 @@ that cannot be read is ``None`` (never a guess), and for a GPU field of a CUDA r
 ======================== =========================================================================
 
 PyTorch describes the device the run used; NVML is read through the package's own binding
-(:mod:`traceml_nb.sampling.nvml_binding`) for the driver, and for the device matched to the
-CUDA index (:func:`~traceml_nb.sampling.gpu_devices.match_cuda_device`) where PyTorch could not
+(:mod:`traceml_nb.engine.sampling.nvml_binding`) for the driver, and for the device matched to the
+CUDA index (:func:`~traceml_nb.engine.sampling.gpu_devices.match_cuda_device`) where PyTorch could not
 say.
 
 The *hardware class* (:func:`hardware_class`) is what baselines are matched on: the GPU model
@@ -54,14 +54,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..analysis.attribution import ENVIRONMENT_FIELDS
-from ..sampling import nvml_binding as nb
-from ..sampling.gpu_devices import (
+from ..engine.sampling import nvml_binding as nb
+from ..engine.sampling.gpu_devices import (
     CudaDeviceIds,
     device_ids_of,
     list_nvml_devices,
     match_cuda_device,
 )
-from ..sampling.host import cpus_available
+from ..engine.sampling.host import cpus_available
 
 #: Seconds each git command may take (a huge or network-mounted repository must not stall the
 #: end of the cell); past it the commit is unknown.
@@ -344,7 +344,7 @@ def capture_environment(
     nvml: Any = None,
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The environment of the ended ``run`` (a :class:`traceml_nb.run.Run` or alike: its
+    """The environment of the ended ``run`` (a :class:`traceml_nb.engine.run.Run` or alike: its
     ``device_kind``, ``cuda_index`` and ``record.loaders`` are read), as a dict of the fields
     in the module docstring. ``cuda``, ``nvml`` and ``environ`` inject the hardware's side
     (:func:`gpu_environment`). Never raises: what cannot be read is ``None``."""

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.configuration import Configuration, configuration_of
-from ..analysis.model import Analysis, Diagnosis, Summary
+from ..analysis.findings import Analysis, Diagnosis, Summary
 from ..analysis.thresholds import MAX_STORED_STEPS
-from ..contracts import END_STATUSES, EndStatus
+from ..engine.contracts import END_STATUSES, EndStatus
 from .environment import hardware_class
 from .history_file import FILE_FORMAT, FILE_VERSION, read_history_file, write_history_file
 
@@ -72,7 +72,7 @@ class RunEntry:
     #: of its CPU time the hypervisor took, steal time, mean over the run; None where the
     #: kernel reports none)
     load: dict[str, Any] = field(default_factory=dict)
-    #: the idle-GPU cost (:class:`~traceml_nb.analysis.model.IdleCost` as a dict; None for a
+    #: the idle-GPU cost (:class:`~traceml_nb.analysis.findings.IdleCost` as a dict; None for a
     #: CPU run)
     cost: dict[str, Any] | None = None
     stored_id: int | None = None  #: the run's id in the store (``@id``), once stored
@@ -237,7 +237,7 @@ def _check_entry(data: Any) -> None:
 
 
 def entry_from(run_like: Any, analysis: Analysis) -> RunEntry:
-    """A history entry (id 0 until added) for an ended :class:`traceml_nb.run.Run`: its name,
+    """A history entry (id 0 until added) for an ended :class:`traceml_nb.engine.run.Run`: its name,
     ``named``, ``cell_id``, ``source``, status and times, and ``analysis``' figures."""
     name = str(getattr(run_like, "name", None) or DEFAULT_RUN_NAME)
     named = bool(getattr(run_like, "named", name != DEFAULT_RUN_NAME))

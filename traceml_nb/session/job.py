@@ -1,14 +1,14 @@
 """A ``torchrun`` job's report, once: rank 0 gathers the ranks' figures.
 
 Every rank of a job (``RANK``, ``WORLD_SIZE`` in its environment: :attr:`Run.rank
-<traceml_nb.run.Run.rank>`) concludes its own run; when a process group of the job's world
-size exists, each then sends its :class:`~traceml_nb.analysis.ranks.RankFigures` to rank 0
+<traceml_nb.engine.run.Run.rank>`) concludes its own run; when a process group of the job's world
+size exists, each then sends its :class:`~traceml_nb.analysis.stragglers.RankFigures` to rank 0
 with ``torch.distributed.gather_object``, over a gloo group of our own (so an NCCL job works
 too, and our wait is bounded by :data:`GATHER_TIMEOUT_S`, not by the job's own timeout). Rank
 0's result then holds the job's ranks side by side; the others' results show one line. Our
 failure never reaches the user's script: it is one note, and the rank's own report stands.
 
-Ranks launched from the notebook (:mod:`traceml_nb.rank_engine`) never come here: their runs
+Ranks launched from the notebook (:mod:`traceml_nb.engine.rank_launch`) never come here: their runs
 only send rows to the kernel, which reports them.
 """
 
@@ -18,8 +18,8 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from ..analysis.model import Summary
-from ..analysis.ranks import RankFigures, RanksSummary, summarize_ranks
+from ..analysis.findings import Summary
+from ..analysis.stragglers import RankFigures, RanksSummary, summarize_ranks
 from .result import JobRank
 
 #: Seconds each rank waits for the other ranks at the gather (creating our gloo group, then

@@ -13,14 +13,14 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Protocol
 
 from ..analysis.comparison import Comparison
+from ..analysis.findings import Analysis, Diagnosis, IdleCost, Summary
 from ..analysis.formatting import fmt_ms
-from ..analysis.model import Analysis, Diagnosis, IdleCost, Summary
-from ..analysis.profile import ProfileSummary
-from ..analysis.ranks import RanksSummary
+from ..analysis.profile_summary import ProfileSummary
 from ..analysis.steps import StepSelection
-from ..capabilities import Capabilities
-from ..contracts import EndStatus
-from ..record import FLAG_INTERLEAVED, FLAG_PROFILED, RecordSnapshot
+from ..analysis.stragglers import RanksSummary
+from ..engine.capabilities import Capabilities
+from ..engine.contracts import EndStatus
+from ..engine.record import FLAG_INTERLEAVED, FLAG_PROFILED, RecordSnapshot
 
 
 class Renderer(Protocol):
@@ -262,11 +262,11 @@ class RunResult:
     #: one line per experiment tracker the run was logged to (``--log-to``): what was logged
     #: where, or why nothing was
     trackers: list[str] = field(default_factory=list)
-    #: the ``--profile`` capture's summary (:class:`~traceml_nb.analysis.profile.ProfileSummary`:
+    #: the ``--profile`` capture's summary (:class:`~traceml_nb.analysis.profile_summary.ProfileSummary`:
     #: top operators, synchronising calls, the trace file); None: no profile was asked for
     profile: ProfileSummary | None = None
     #: the ranks the run launched (``torch.multiprocessing.spawn``, ``notebook_launcher``), side
-    #: by side with the straggler (:class:`~traceml_nb.analysis.ranks.RanksSummary`); None: the
+    #: by side with the straggler (:class:`~traceml_nb.analysis.stragglers.RanksSummary`); None: the
     #: run launched none. The summary and the diagnosis are then those of ``ranks.reported``.
     ranks: RanksSummary | None = None
     #: the run's place in a ``torchrun`` job (:class:`JobRank`; None: not a rank of one). Rank

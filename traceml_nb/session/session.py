@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ..run import Run
+from ..engine.run import Run
 from .history import History, RunEntry, entry_from
 from .result import LabelledComparison, Renderer, RunResult
 
@@ -58,7 +58,7 @@ class Session:
         self.tunings: list[Any] = []
 
     def run(self, name: str | None = None, **options: Any) -> Run:
-        """A :class:`~traceml_nb.run.Run` whose :meth:`~traceml_nb.run.Run.result` reports here
+        """A :class:`~traceml_nb.engine.run.Run` whose :meth:`~traceml_nb.engine.run.Run.result` reports here
         (``options`` as for ``Run``)."""
         return Run(name, session=self, **options)
 
@@ -538,7 +538,7 @@ def prediction_rows(prediction: dict[str, Any]) -> list[Any]:
 def _changed_compute_prediction(prediction: dict[str, Any]) -> float | None:
     """``predicted_for_compute_ms`` where the compute changed by more than
     ``COMPUTE_CHANGE_SHARE``, else None."""
-    from ..tune.thresholds import COMPUTE_CHANGE_SHARE
+    from ..tune.constants import COMPUTE_CHANGE_SHARE
 
     change = compute_change(prediction)
     if change is None or abs(change) <= COMPUTE_CHANGE_SHARE:
@@ -559,7 +559,7 @@ def prediction_sentence(prediction: dict[str, Any]) -> str:
     by how much (the prediction is for the tuned run's compute) and the prediction made again
     for this run's compute (``: for 26.7 ms it is 29.2 ms (measured −3%)``)."""
     from ..analysis.formatting import fmt_ms, signed_pct
-    from ..tune.thresholds import COMPUTE_CHANGE_SHARE
+    from ..tune.constants import COMPUTE_CHANGE_SHARE
 
     sentence = (
         f"%traceml tune of {prediction['tuned_run']} predicted {fmt_ms(prediction['predicted_ms'])}"
@@ -624,7 +624,7 @@ def baseline_title(
 def _rank_analysis(run: Run, warmup: Any, snapshot: Any, analysis: Any) -> tuple[Any, Any, Any]:
     """The ranks side by side, and the snapshot and analysis the report shows: the straggler's,
     else the lowest rank's that measured steps (else the kernel's own, as given)."""
-    from ..analysis.ranks import analyze_ranks
+    from ..analysis.stragglers import analyze_ranks
 
     ranks, analyses = analyze_ranks(run.ranks, warmup)
     key = ranks.reported

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..analysis.attribution import what_changed
 from ..analysis.changepoints import ChangePoint, Shifts, change_points
-from ..analysis.model import Changes
+from ..analysis.findings import Changes
 from ..analysis.thresholds import CHANGE_MIN_RUNS, DEFAULT_MAX_SLOWDOWN
 from .store import Store, StoredRow, StoreError, resolve_store_path
 from .stored_jobs import split_jobs

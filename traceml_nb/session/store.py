@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.model import Diagnosis, Summary
+from ..analysis.findings import Diagnosis, Summary
 from .environment import hardware_class
 from .history import RunEntry, run_configuration
 

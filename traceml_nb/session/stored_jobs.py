@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.formatting import fmt_ms
-from ..analysis.ranks import RankFigures, slowest_rank
+from ..analysis.stragglers import RankFigures, slowest_rank
 from .environment import hardware_class
 from .history import RunEntry
 
@@ -123,7 +123,7 @@ class StoredJob:
     @property
     def slowest(self) -> Any:
         """The rank's run the job is judged by
-        (:func:`~traceml_nb.analysis.ranks.slowest_rank`, the rule of the report and the live
+        (:func:`~traceml_nb.analysis.stragglers.slowest_rank`, the rule of the report and the live
         header, ranks within ``SLOWEST_RANK_TIE`` of the longest median tied). None when a rank
         has no median (no steady steps) or no run is stored."""
         if not self.runs or any(step_median_ms(r) is None for r in self.runs):

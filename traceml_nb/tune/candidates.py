@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .thresholds import MAX_TUNE_WORKERS, PREFETCH_CHOICES, RAM_SHARE
+from .constants import MAX_TUNE_WORKERS, PREFETCH_CHOICES, RAM_SHARE
 
 #: torch's ``prefetch_factor`` when a loader with workers is given none
 TORCH_DEFAULT_PREFETCH = 2

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .candidates import Candidate, LoaderSpec
+from .constants import TRAIN_SIDE_BATCHES, TRAIN_SIDE_PAUSE_FACTOR
 from .predict import FAILED, MEASURED, Measurement
-from .thresholds import TRAIN_SIDE_BATCHES, TRAIN_SIDE_PAUSE_FACTOR
 
 #: The longest pause taken to let batches queue up for the training-side measurement, s.
 MAX_TRAIN_SIDE_PAUSE_S = 2.0

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..analysis.formatting import fmt_ms, fmt_s, signed_pct
 from .candidates import Candidate
-from .thresholds import EARLY_DROP_FACTOR, WITHIN_BEST_SHARE
+from .constants import EARLY_DROP_FACTOR, WITHIN_BEST_SHARE
 
 MEASURING = "measuring"
 MEASURED = "measured"

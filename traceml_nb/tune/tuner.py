@@ -32,6 +32,15 @@ from .candidates import (
     variants,
     worker_counts,
 )
+from .constants import (
+    FIRST_ROUND_BATCHES,
+    FIRST_ROUND_BUDGET_SHARE,
+    IDLE_WORKER_SHARE,
+    MAX_ROUNDS,
+    TUNE_BUDGET_S,
+    VARIANT_WORKER_COUNTS,
+    WITHIN_BEST_SHARE,
+)
 from .predict import (
     DROPPED,
     MEASURED,
@@ -46,15 +55,6 @@ from .predict import (
     rank_key,
     recommend,
     update_predictions,
-)
-from .thresholds import (
-    FIRST_ROUND_BATCHES,
-    FIRST_ROUND_BUDGET_SHARE,
-    IDLE_WORKER_SHARE,
-    MAX_ROUNDS,
-    TUNE_BUDGET_S,
-    VARIANT_WORKER_COUNTS,
-    WITHIN_BEST_SHARE,
 )
 
 SHARDING_NOTE = (

@@ -2,8 +2,8 @@
 
 * :mod:`.frontend`: which frontend this is (Jupyter, Colab, Kaggle, terminal) and which
   live view suits it;
-* :mod:`.live`: the live Bokeh charts (an ipywidget, one writer thread);
-* :mod:`.handle`: the fallback live view, one HTML output updated in place;
+* :mod:`.live`: the views while the cell runs, the Bokeh charts (an ipywidget, one writer
+  thread) and the fallback, one HTML output updated in place;
 * :mod:`.report` and :mod:`.text`: the static end-of-run report, as HTML with an inline SVG
   chart and as plain text.
 

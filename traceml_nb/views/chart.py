@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from html import escape
 
 from ..analysis.formatting import fmt_ms
-from .model import StepChart
+from .report_content import StepChart
 
 #: Most bars the static chart draws; longer runs are averaged into this many buckets.
 MAX_BARS = 400

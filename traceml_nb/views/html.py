@@ -10,11 +10,11 @@ from html import escape
 from typing import Any
 
 from ..analysis.formatting import fmt_s
-from ..analysis.profile import ProfileSummary
-from . import profile as profile_view
+from ..analysis.profile_summary import ProfileSummary
+from . import profile_section as profile_view
 from .chart import step_chart_svg
-from .model import ReportContent
-from .ranks import ranks_html
+from .rank_table import ranks_html
+from .report_content import ReportContent
 from .text import (
     format_value,
     metric_lines,

@@ -12,9 +12,9 @@ from typing import Any
 
 from ..session.history import History
 from ..session.result import OWN_PHASES, RunResult
-from .history import NO_RUNS, history_cells, history_table, history_text
+from .history_table import NO_RUNS, history_cells, history_table, history_text
 from .html import compare_html, history_html, render_html
-from .model import ReportContent, RunMeta, StepChart
+from .report_content import ReportContent, RunMeta, StepChart
 from .text import render_comparison_text, render_text
 
 

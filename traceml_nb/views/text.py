@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.findings import PhaseSummary, Summary
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share
-from ..analysis.model import PhaseSummary, Summary
-from ..analysis.profile import ProfileSummary
-from ..capabilities import Capabilities
-from . import profile as profile_view
-from .model import ReportContent, RunMeta
-from .ranks import ranks_text
+from ..analysis.profile_summary import ProfileSummary
+from ..engine.capabilities import Capabilities
+from . import profile_section as profile_view
+from .rank_table import ranks_text
+from .report_content import ReportContent, RunMeta
 
 
 def _finite(value: float | None) -> bool:

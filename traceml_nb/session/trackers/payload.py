@@ -1,5 +1,5 @@
 """What every tracker gets from a finished run, built once: the summary figures as metrics under
-``traceml/`` (the unit in each name, as in :class:`~traceml_nb.analysis.model.Summary`), the
+``traceml/`` (the unit in each name, as in :class:`~traceml_nb.analysis.findings.Summary`), the
 verdict, confidence and advice as text, the static HTML report, and optionally the per-step
 series, downsampled. A figure that could not be measured is left out, never logged as 0, and
 the text says why."""

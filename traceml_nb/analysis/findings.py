@@ -1,0 +1,225 @@
+"""The analysis results: plain data, JSON-able, shared by the report, the history and ``-o``.
+
+Units are in the field names (``_ms``, ``_s``, ``_mb``, ``_share`` = fraction 0..1,
+``_pct`` = percent 0..100). ``None`` means unavailable; the reason is in ``unavailable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from ..engine.contracts import Confidence, StepSource, Verdict
+
+
+def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    """Build dataclass ``cls`` from ``data``, ignoring unknown keys (forward compatible)."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class PhaseSummary:
+    """A phase other than the measured steps (an eval loader, an extra loader)."""
+
+    name: str  #: e.g. "eval (loader 1)", "eval (loaders 1–4)"
+    batches: int
+    total_s: float  #: time away from training the phase took, s
+    data_wait_share: float | None
+    slot: int | None = None  #: the phase's (first) loader
+    #: of ``batches`` and ``total_s``, what came before the run's first optimizer step (a
+    #: trainer's sanity check of its validation loader)
+    before_training_batches: int = 0
+    before_training_s: float = 0.0
+
+
+@dataclass
+class Summary:
+    """Steady-state statistics of one run (warm-up steps excluded, reported separately)."""
+
+    step_source: StepSource
+    total_steps: int  #: every step the loop made
+    warmup_steps: int  #: leading steps excluded as warm-up / compile
+    steady_steps: int  #: the steps the statistics are about
+    elapsed_s: float  #: wall time of the run
+    warmup_s: float  #: wall time of the warm-up steps
+    step_ms_median: float | None
+    step_ms_p10: float | None
+    step_ms_p90: float | None
+    step_ms_mean: float | None
+    data_wait_ms_median: float | None
+    compute_ms_median: float | None
+    data_wait_share: float | None  #: sum(data wait) / sum(step time), steady steps
+    first_fetch_ms: float | None  #: first batch of the run (worker start-up)
+    batch_size: int | None  #: median batch size
+    samples_per_s: float | None
+    steps_per_s: float | None
+    gpu_stall_share: float | None  #: sum(GPU input stall) / sum(step time), CUDA events
+    gpu_util_median_pct: float | None  #: NVML, during the steady steps
+    gpu_mem_peak_mb: float | None
+    gpu_mem_total_mb: float | None
+    process_cpu_median_pct: float | None  #: main process, 100 = one core
+    workers_cpu_median_pct: float | None  #: DataLoader workers, summed, 100 = one core
+    system_cpu_median_pct: float | None  #: whole machine, 0..100
+    cpus_available: int | None
+    phases: list[PhaseSummary] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)  #: metric -> why
+    #: steps an evaluation ran inside: counted, but left out of the statistics (their time is
+    #: the evaluation's too)
+    interleaved_steps: int = 0
+    #: steps that ran under the profiler (``--profile``), left out of the statistics
+    profiled_steps: int = 0
+    #: steal time: the share of the machine's CPU time the hypervisor gave to other guests
+    #: while this virtual machine wanted to run, percent 0..100 of all its CPUs' time, mean
+    #: over the steady steps (None where the kernel reports none: not Linux)
+    steal_mean_pct: float | None = None
+    #: GPM metrics (Hopper and later GPUs), medians over the steady steps, percent 0..100: SM
+    #: activity (the share of the SMs busy), SM occupancy (resident warps / the maximum),
+    #: tensor-core activity (share of time) and DRAM bandwidth used (share of its maximum)
+    sm_active_median_pct: float | None = None
+    sm_occupancy_median_pct: float | None = None
+    tensor_active_median_pct: float | None = None
+    dram_bw_median_pct: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        obj = _from_dict(cls, data)
+        obj.phases = [
+            p if isinstance(p, PhaseSummary) else _from_dict(PhaseSummary, p) for p in obj.phases
+        ]
+        return obj
+
+
+@dataclass
+class Evidence:
+    """One number behind a verdict, e.g. ``Evidence("data wait", 0.44, "44% of step time")``."""
+
+    label: str
+    value: float | None
+    text: str  #: the value as shown, or "unavailable (why)"
+
+
+@dataclass
+class Diagnosis:
+    """The verdict on a run, with its evidence and the concrete fix."""
+
+    verdict: Verdict
+    title: str  #: one line for humans
+    confidence: Confidence
+    cause: str | None = None  #: sub-cause, e.g. "too few DataLoader workers"
+    #: what the profile (``--profile``) names as the cause, in words
+    profiled_cause: str | None = None
+    evidence: list[Evidence] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)  #: concrete changes, from the user's loader
+    wont_help: list[str] = field(default_factory=list)  #: what will not help, and why
+    saving_bound_share: float | None = (
+        None  #: fixing the cause saves at most this share of wall time
+    )
+    saving_text: str | None = None
+    secondary: list[str] = field(
+        default_factory=list
+    )  #: other findings (memory pressure, throttling)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
+        obj = _from_dict(cls, data)
+        obj.evidence = [
+            e if isinstance(e, Evidence) else _from_dict(Evidence, e) for e in obj.evidence
+        ]
+        return obj
+
+
+@dataclass
+class Analysis:
+    """The summary and the diagnosis of one run, with what they were computed from (not
+    serialised): ``selection``, the run's steps (:class:`~.steps.StepSelection`), and
+    ``steady_step_ms``, the steady steps' times (ms, in step order) for comparisons."""
+
+    summary: Summary
+    diagnosis: Diagnosis
+    selection: Any = field(default=None, repr=False, compare=False)
+    steady_step_ms: Any = field(default=None, repr=False, compare=False)
+    #: the ``--profile`` capture's summary (:class:`~.profile.ProfileSummary`; None: not asked)
+    profile: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"summary": self.summary.to_dict(), "diagnosis": self.diagnosis.to_dict()}
+        if self.profile is not None:
+            out["profile"] = self.profile.to_dict()
+        return out
+
+
+@dataclass
+class IdleCost:
+    """What a run's idle accelerator time cost.
+
+    ``idle_gpu_s`` idle GPU seconds (the run's wall time × the idle share); ``idle_share`` the
+    idle share, 0..1, from ``method``: ``"1 - GPU utilisation"`` (NVML's median busy share)
+    or ``"GPU input stall"`` (CUDA events); ``usd_per_hour`` the price of one GPU-hour used,
+    ``cost_usd`` the idle time's price (both None without a price for the GPU), ``price_source``
+    where the price comes from.
+    """
+
+    idle_gpu_s: float
+    idle_share: float
+    method: str
+    gpu_name: str | None
+    usd_per_hour: float | None
+    cost_usd: float | None
+    price_source: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Changes:
+    """What differs between a run and its baseline (each list: one item a difference).
+
+    ``code``: changed lines of the cell source (``- old`` / ``+ new``); ``settings``: the
+    training DataLoader's settings and dataset (``num_workers 0 → 4``); ``environment``: the
+    hardware and software fields (``torch_version 2.2.0 → 2.3.1``); ``load``: a sentence on
+    the machine's load when it differs (others' CPU share ``load_share``, 0..1, in this run,
+    ``baseline_load_share`` in the baseline); ``steal``: a sentence on the steal time when it
+    was material and differs (the hypervisor's share of the CPU time ``steal_share``, 0..1, in
+    this run, ``baseline_steal_share`` in the baseline; None where not measured);
+    ``summary``: one sentence over all of it.
+    """
+
+    code: list[str] = field(default_factory=list)
+    settings: list[str] = field(default_factory=list)
+    environment: list[str] = field(default_factory=list)
+    load: str | None = None
+    load_share: float | None = None
+    baseline_load_share: float | None = None
+    summary: str = ""
+    steal: str | None = None
+    steal_share: float | None = None
+    baseline_steal_share: float | None = None
+
+    @property
+    def only_load(self) -> bool:
+        """Code, settings and environment are the same; only the machine's load (other
+        processes' CPU use, steal time or both) differs."""
+        machine = self.load is not None or self.steal is not None
+        return machine and not (self.code or self.settings or self.environment)
+
+    def lines(self) -> list[str]:
+        """Every difference as one line, the summary sentence first."""
+        out = [self.summary] if self.summary else []
+        out += [f"cell source: {line}" for line in self.code]
+        out += [f"DataLoader: {line}" for line in self.settings]
+        out += [f"environment: {line}" for line in self.environment]
+        for sentence in (self.load, self.steal):
+            if sentence:
+                out.append(f"machine load: {sentence}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,139 @@
+"""What the instruments log on the training thread, in order, and the typed events the step
+segmenter (:mod:`traceml_nb.engine.segment`) reads.
+
+The training thread appends plain tuples whose first item is the event's kind (``FETCH``,
+``EXHAUSTED``, ``OPTIMIZER_STEP``, ``MARKER``) and whose other items are the event's fields,
+in the order of the event's class below: a tuple of locals costs the hot path about nothing,
+where building an object of a class of ours costs a call. A logged tuple *is* its event: the
+segmenter dispatches on the kind and unpacks the fields in their class's order, so the tracer
+hands the log on as it is, adding the :class:`IteratorStarted` events the segmenter needs.
+:func:`typed` gives a logged tuple its class, to read its fields by name (tests, debugging).
+
+Times are ``time.perf_counter_ns()`` values. Iterators and optimizers are the objects
+themselves; the segmenter names them by ``id()``, which is only reused once an object is gone
+(and an iterator is announced again whenever its fetch count starts over).
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Any
+
+from .record import LoaderInfo
+
+#: The kind of a logged event: the first item of its tuple.
+FETCH, EXHAUSTED, OPTIMIZER_STEP, MARKER, EPOCH_STARTED, ITERATOR_STARTED = range(6)
+
+
+class _Event(tuple):  # type: ignore[type-arg]
+    """A logged tuple under its event class: fields by name (``_fields``, from the second item
+    on; the first is the kind) and shown by name."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        pairs = zip(self._fields, self[1:], strict=True)
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in pairs)})"
+
+
+def _field(index: int, doc: str) -> Any:
+    """The event's field ``index`` (from 1: item 0 is the kind)."""
+    return property(itemgetter(index), doc=doc)
+
+
+class Fetch(_Event):
+    """A batch returned by a DataLoader iterator's ``__next__``."""
+
+    __slots__ = ()
+    _fields = ("iterator", "number", "t_enter_ns", "t_exit_ns", "batch", "gpu_enter", "gpu_exit")
+    iterator: Any = _field(1, "the iterator")
+    number: int = _field(2, "batches the iterator has yielded this epoch, this one included")
+    t_enter_ns: int = _field(3, "when __next__ was entered")
+    t_exit_ns: int = _field(4, "when it returned the batch")
+    batch: int = _field(
+        5,
+        "samples in the batch as read from it; -1 when they could not be read, or were not: a "
+        "loader whose sizes the segmenter counts (IteratorStarted.batch_size)",
+    )
+    gpu_enter: Any = _field(6, "CUDA event recorded at the entry (None off CUDA)")
+    gpu_exit: Any = _field(7, "CUDA event recorded at the exit")
+
+
+class Exhausted(_Event):
+    """``__next__`` raised ``StopIteration``: the iterator's epoch is over."""
+
+    __slots__ = ()
+    _fields = ("iterator", "t_enter_ns", "gpu_enter")
+    iterator: Any = _field(1, "the iterator")
+    t_enter_ns: int = _field(2, "when __next__ was entered")
+    gpu_enter: Any = _field(3, "CUDA event recorded at the entry (None off CUDA)")
+
+
+class OptimizerStep(_Event):
+    """An ``optimizer.step()`` has returned."""
+
+    __slots__ = ()
+    _fields = ("optimizer", "t_ns")
+    optimizer: Any = _field(1, "the optimizer")
+    t_ns: int = _field(2, "when it returned")
+
+
+class Marker(_Event):
+    """An explicit end of a step: ``traceml_nb.step()``."""
+
+    __slots__ = ()
+    _fields = ("t_ns",)
+    t_ns: int = _field(1, "when it was called")
+
+
+class EpochStarted(_Event):
+    """An iterator's first batch of an epoch is about to be logged: how many samples its
+    sampler holds now (a sampler's length may change between epochs); logged by the
+    training thread, read by the tracer (the segmenter sees an :class:`IteratorStarted`)."""
+
+    __slots__ = ()
+    _fields = ("iterator", "samples", "driver")
+    iterator: Any = _field(1, "the iterator")
+    samples: int = _field(2, "samples in the epoch that starts, -1 unknown")
+    driver: str | None = _field(3, "what iterates it: a trainer's package (LoaderInfo.driver)")
+
+
+class IteratorStarted(_Event):
+    """An iterator whose next :class:`Fetch` begins its epoch, or that the segmenter has not
+    seen yet (it started before the run); made by the tracer, never logged."""
+
+    __slots__ = ()
+    _fields = ("iterator", "loader", "settings", "batch_size", "samples")
+    iterator: Any = _field(1, "the iterator")
+    loader: int = _field(2, "id() of the loader's batch sampler, the same across epochs")
+    settings: LoaderInfo | None = _field(3, "the loader's settings the first time it is seen")
+    batch_size: int = _field(
+        4,
+        "the batch size the segmenter counts this iterator's batches with (0: their sizes are "
+        "read from the batches: see traceml_nb.engine.instrument.loader.counted_batch_size)",
+    )
+    samples: int = _field(5, "samples in the epoch that starts, -1 unknown")
+
+    @classmethod
+    def of(
+        cls, iterator: Any, loader: int, settings: LoaderInfo | None, batch_size: int, samples: int
+    ) -> IteratorStarted:
+        return cls((ITERATOR_STARTED, iterator, loader, settings, batch_size, samples))
+
+
+Event = Fetch | Exhausted | OptimizerStep | Marker | EpochStarted | IteratorStarted
+
+_TYPES: tuple[type[_Event], ...] = (
+    Fetch,
+    Exhausted,
+    OptimizerStep,
+    Marker,
+    EpochStarted,
+    IteratorStarted,
+)
+
+
+def typed(logged: tuple[Any, ...]) -> Event:
+    """The typed event of a logged tuple (its kind is its first item)."""
+    return _TYPES[logged[0]](logged)  # type: ignore[return-value]

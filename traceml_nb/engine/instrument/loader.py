@@ -1,0 +1,126 @@
+"""What a DataLoader iterator tells about its loader and its batches, read without touching data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..record import LoaderInfo
+
+
+def loader_settings(it: Any) -> LoaderInfo:
+    """The loader's settings as its iterator holds them (an iterator keeps no reference to its
+    loader); the slot is assigned by the segmenter."""
+    sampler = getattr(it, "_index_sampler", None)
+    dataset = getattr(it, "_dataset", None)
+    try:
+        dataset_len: int | None = len(dataset)  # type: ignore[arg-type]
+    except Exception:
+        dataset_len = None
+    return LoaderInfo(
+        slot=-1,
+        num_workers=int(getattr(it, "_num_workers", 0) or 0),
+        pin_memory=bool(getattr(it, "_pin_memory", False)),
+        prefetch_factor=getattr(it, "_prefetch_factor", None),
+        persistent_workers=bool(getattr(it, "_persistent_workers", False)),
+        batch_size=getattr(sampler, "batch_size", None),
+        dataset_type=type(dataset).__name__,
+        dataset_len=dataset_len,
+        iterable=getattr(it, "_dataset_kind", 0) == 1,  # torch's _DatasetKind.Iterable
+        dataset_id=id(dataset),
+    )
+
+
+#: The packages whose trainers and wrappers iterate a DataLoader for the user, by the name of
+#: their top module, and what the advice calls them (``LoaderInfo.driver``).
+DRIVERS = {
+    "transformers": "transformers",
+    "pytorch_lightning": "lightning",
+    "lightning": "lightning",
+    "accelerate": "accelerate",
+}
+#: Frames looked at, from the fetch outwards, for a driver.
+DRIVER_FRAMES = 80
+
+
+def driver_of(frame: Any) -> str | None:
+    """What iterates the loader whose fetch ``frame`` belongs to: the outermost frame of a
+    package of :data:`DRIVERS` on the stack (transformers' Trainer iterates through accelerate's
+    loader, and it is the Trainer the user configures), or None (the user's own loop)."""
+    found = None
+    for _ in range(DRIVER_FRAMES):
+        if frame is None:
+            break
+        module = frame.f_globals.get("__name__") or ""
+        found = DRIVERS.get(module.partition(".")[0], found)
+        frame = frame.f_back
+    return found
+
+
+def epoch_samples(batch_sampler: Any) -> int:
+    """Samples a ``BatchSampler`` will batch in the epoch it has just started, -1 unknown."""
+    try:
+        return len(batch_sampler.sampler)
+    except Exception:
+        return -1
+
+
+def counted_batch_size(it: Any) -> int:
+    """The batch size when a loader's batch sizes are counted instead of read, else 0.
+
+    They are when torch's own ``BatchSampler`` feeds a map-style dataset through the default
+    collate: that collate stacks exactly one sample per index, so batch k (from 1) of an epoch
+    of n samples holds ``min(batch_size, n - (k - 1) * batch_size)`` samples, n being ``len()``
+    of the sampler the ``BatchSampler`` batches (as ``len(loader)`` assumes too). Counting
+    costs the fetch three attribute reads of the iterator, where reading the size from the
+    batch costs far more with the caches cold after a model's step. A custom collate, a custom
+    batch sampler or an iterable dataset can yield other sizes: their batches are read
+    (:func:`batch_size_of`). The wrapper (:meth:`.tracer.StepTracer.wrap_next`) makes the same
+    decision on every fetch; the segmenter counts (:func:`traceml_nb.engine.segment.counted_size`).
+    """
+    from torch.utils.data import BatchSampler, default_collate
+
+    sampler = getattr(it, "_index_sampler", None)
+    if (
+        type(sampler) is not BatchSampler
+        or getattr(it, "_collate_fn", None) is not default_collate
+        or getattr(it, "_dataset_kind", None) != 0  # torch's _DatasetKind.Map
+    ):
+        return 0
+    size = getattr(sampler, "batch_size", None)
+    return size if type(size) is int and size > 0 else 0
+
+
+def batch_size_of(batch: Any, _depth: int = 0) -> int:
+    """First dimension of the first tensor-like in ``batch`` (tensor, tuple/list, dict), or -1.
+
+    Looks at most two levels deep and at the first four items of a level, so the usual
+    ``(inputs, targets)`` and ``{"input_ids": ...}`` batches cost a few attribute reads.
+    """
+    kind = type(batch)
+    if (kind is tuple or kind is list) and batch:  # the usual (inputs, targets), read directly
+        first = getattr(batch[0], "shape", None)
+        if first is not None:
+            try:
+                if len(first):
+                    return int(first[0])
+            except Exception:
+                pass  # the general path below gives this item's answer (-1) and goes on
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        try:
+            return int(shape[0]) if len(shape) else -1
+        except Exception:
+            return -1
+    if _depth >= 2:
+        return -1
+    if isinstance(batch, (tuple, list)):
+        items: Any = batch[:4]
+    elif isinstance(batch, dict):
+        items = list(batch.values())[:4]
+    else:
+        return -1
+    for item in items:
+        n = batch_size_of(item, _depth + 1)
+        if n >= 0:
+            return n
+    return -1

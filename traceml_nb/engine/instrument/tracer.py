@@ -1,0 +1,306 @@
+"""The training thread's side of a run: log each fetch, optimizer step and marker, and have the
+log turned into step rows (:class:`~traceml_nb.engine.segment.StepSegmenter`) in batches.
+
+The hot path, a fetch, reads two clocks and the iterator's batch count and appends one tuple
+(:mod:`traceml_nb.engine.events`) to the log, with the batch's size where it cannot be counted
+(:func:`~.loader.counted_batch_size`); an optimizer step appends one more. On CUDA a fetch also
+records two pooled CUDA events (:mod:`.gpu_events`).
+Everything else happens later, many events at a time, on whichever thread processes the log:
+iterators new to the run or starting an epoch over are announced with their loader's settings,
+and the segmenter writes the rows. Who processes:
+
+* with a reader attached (:meth:`StepTracer.attach_reader`: the live view, which asks for fresh
+  rows before each of its updates), the reader's thread; the training thread only past
+  :data:`READER_MAX_EVENTS` events (a reader that fell behind or stopped);
+* without one, the training thread, once the log holds :data:`PROCESS_EVENTS` events, at an
+  iterator's first batch of an epoch and every :data:`CHECK_EVERY`-th (torch's ``__next__``
+  counts an iterator's batches; an optimizer step or a marker checks only against
+  :data:`READER_MAX_EVENTS`, the log's bound);
+* the run's end processes the rest and closes what is still open.
+
+A failure of our own bookkeeping stops the tracing for the rest of the run (the steps before it
+are kept, :attr:`StepTracer.error` says why), never the user's loop.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from ..events import (
+    EPOCH_STARTED,
+    EXHAUSTED,
+    FETCH,
+    MARKER,
+    OPTIMIZER_STEP,
+    IteratorStarted,
+)
+from ..record import RunRecord
+from ..segment import StepSegmenter
+from .gpu_events import GpuStallTimer
+from .loader import batch_size_of, counted_batch_size, driver_of, epoch_samples, loader_settings
+
+#: Without a reader, the training thread processes the log once it holds this many events...
+PROCESS_EVENTS = 256
+#: ...looked at every this many batches of an iterator (a power of two: the check is a mask of
+#: the iterator's own batch count, which costs the fetch nothing).
+CHECK_EVERY = 256
+#: With a reader attached, the training thread processes the log only once it holds this many
+#: events (a reader that fell behind or stopped); without one, an optimizer step or a marker
+#: processes it at this length too (a loop without a DataLoader). About 1 MB of log.
+READER_MAX_EVENTS = 8192
+
+T = TypeVar("T")
+
+
+class StepTracer:
+    """Receives the instrumented events of one run and has them segmented into its record."""
+
+    def __init__(
+        self,
+        record: RunRecord,
+        gpu: GpuStallTimer | None = None,
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self.record = record
+        self.gpu = gpu
+        self.clock = clock
+        #: False once the run has ended or the tracing stopped: the log is dropped from then on
+        self.active = True
+        #: why the tracing stopped during the run (a failure of ours), else None
+        self.error: str | None = None
+        #: logged tuples not processed yet, in order (always this list: the wrapper holds it)
+        self.log: list[tuple[Any, ...]] = []
+        #: the log length at which the logging thread processes it
+        self.max_log = PROCESS_EVENTS
+        #: held while the log is processed; a reader holds it to read rows and loaders alike
+        self.lock = threading.Lock()
+        #: time the logging threads (the training loop) spent processing, ns
+        self.processing_ns = 0
+        #: ...and the time readers spent on it, on their own threads, ns
+        self.reader_processing_ns = 0
+        #: called once if the tracing stops on an error (the hooks take the optimizer hook back)
+        self.on_stop: Callable[[], None] | None = None
+        self._segmenter = StepSegmenter(record, gpu.take if gpu is not None else None)
+        #: id of each iterator announced to the segmenter -> its last batch count
+        self._iterators: dict[int, int] = {}
+        #: loader key -> its batch sampler, held so that no other object takes its id
+        self._loaders: dict[int, Any] = {}
+
+    # --- the hot path ---------------------------------------------------------------------
+    def wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """A ``__next__`` that calls ``original`` and logs the fetch."""
+        from torch.utils.data import BatchSampler, default_collate
+
+        tracer = self
+        clock = self.clock
+        append = self.log.append
+        mark_enter = self.gpu.mark_enter if self.gpu is not None else None
+        mark = self.gpu.mark if self.gpu is not None else None
+
+        def __next__(it: Any) -> Any:
+            __tracebackhide__ = True  # noqa: F841 (IPython and pytest hide this frame)
+            t_enter = clock()
+            gpu_enter = mark_enter(it) if mark_enter is not None else None
+            try:
+                batch = original(it)
+            except StopIteration:
+                append((EXHAUSTED, it, t_enter, gpu_enter))
+                raise
+            t_exit = clock()
+            gpu_exit = mark() if mark is not None else None
+            number = it._num_yielded
+            if number == 1:
+                tracer.epoch_started(it)
+            if (  # counted_batch_size(it) > 0, read off the iterator as it is at hand
+                type(it._index_sampler) is BatchSampler
+                and it._collate_fn is default_collate
+                and not it._dataset_kind
+            ):
+                size = -1  # the segmenter counts it
+            else:
+                size = batch_size_of(batch)
+            append((FETCH, it, number, t_enter, t_exit, size, gpu_enter, gpu_exit))
+            if not number % CHECK_EVERY:
+                tracer.check()
+            return batch
+
+        __next__.__wrapped__ = original  # type: ignore[attr-defined]
+        __next__.__qualname__ = getattr(original, "__qualname__", "__next__")
+        __next__.__doc__ = getattr(original, "__doc__", None)
+        return __next__
+
+    def optimizer_hook(self) -> Callable[[Any, Any, Any], None]:
+        """A global optimizer post-step hook that logs each step."""
+        tracer = self
+        clock = self.clock
+        log = self.log
+        append = log.append
+
+        def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            append((OPTIMIZER_STEP, optimizer, clock()))
+            if len(log) > READER_MAX_EVENTS:
+                tracer.check()
+
+        return on_optimizer_step
+
+    def epoch_started(self, it: Any) -> None:
+        """``it`` yielded its epoch's first batch: log how many samples its sampler holds now
+        (a sampler's length may change between epochs) and what iterates it (a trainer's own
+        loop: :func:`~.loader.driver_of`)."""
+        try:
+            sampler = it._index_sampler
+            samples = epoch_samples(sampler) if counted_batch_size(it) else -1
+            driver = driver_of(sys._getframe(2))  # past this method and the wrapper
+        except Exception:
+            samples, driver = -1, None
+        self.log.append((EPOCH_STARTED, it, samples, driver))
+        self.check()  # a loop that makes a new iterator for every few batches checks here
+
+    def marker(self) -> None:
+        """An explicit end of a step (``traceml_nb.step()``)."""
+        log = self.log
+        log.append((MARKER, self.clock()))
+        if len(log) > READER_MAX_EVENTS:
+            self.check()
+
+    def check(self) -> None:
+        """The logging thread's look at its log: process it when it is due; drop it once the
+        tracing is over (a wrapper that stayed in place keeps logging into it)."""
+        if not self.active:
+            self.log.clear()
+        elif len(self.log) >= self.max_log:
+            self.processing_ns += self._process()
+
+    # --- processing the log ---------------------------------------------------------------
+    def attach_reader(self, attached: bool = True) -> None:
+        """A thread that reads the rows while the run goes on calls :meth:`process` before each
+        read; the training thread then only logs, up to :data:`READER_MAX_EVENTS` events.
+        ``False`` when the reader stops: the training thread takes the work back."""
+        self.max_log = READER_MAX_EVENTS if attached else PROCESS_EVENTS
+
+    def process(self) -> None:
+        """Process the events logged so far, now (a reader, before it reads; its time counts in
+        :attr:`reader_processing_ns`). A failure stops the tracing, not the reader."""
+        self.reader_processing_ns += self._process()
+
+    def read(self, reader: Callable[[], T]) -> T:
+        """Process the events logged so far and return ``reader()``, both under :attr:`lock`,
+        so that what it reads (rows, loaders, counters) is one consistent state. Its time
+        counts in :attr:`reader_processing_ns`."""
+        t0 = time.perf_counter_ns()
+        try:
+            with self.lock:
+                try:
+                    self._segment()
+                except Exception as exc:
+                    self.stop_on_error(exc)
+                return reader()
+        finally:
+            self.reader_processing_ns += time.perf_counter_ns() - t0
+
+    def _process(self) -> int:
+        """Process the log; returns the time it took (real time, whatever :attr:`clock` is), ns."""
+        t0 = time.perf_counter_ns()
+        try:
+            with self.lock:
+                self._segment()
+        except Exception as exc:
+            self.stop_on_error(exc)
+        return time.perf_counter_ns() - t0
+
+    def _segment(self) -> None:
+        """Hand the log to the segmenter (the caller holds :attr:`lock`). If it is interrupted
+        (Ctrl-C while it runs on the training thread) the tuples it had not reached go back to
+        the front of the log, for :meth:`close`."""
+        if not self.active and self.error is not None:
+            self.log.clear()
+            return
+        log = self.log
+        n = len(log)
+        logged = log[:n]
+        del log[:n]  # what another thread appended meanwhile stays, in order
+        pending = iter(logged)
+        try:
+            self._segmenter.feed(self._events(pending))
+        except BaseException:
+            log[:0] = list(pending)
+            raise
+
+    def _events(self, logged: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+        """The logged events, each fetch of an iterator that is new to the run or starts its
+        epoch over (its batch count fell: a new iterator that took a dead one's id starts at 1
+        too) announced first."""
+        iterators = self._iterators
+        starting: dict[int, tuple[int, str | None]] = {}  # iterator id -> its EPOCH_STARTED
+        for item in logged:
+            kind = item[0]
+            if kind == EPOCH_STARTED:
+                starting[id(item[1])] = (item[2], item[3])
+                continue
+            if kind == FETCH:
+                it, number = item[1], item[2]
+                key = id(it)
+                last = iterators.get(key)
+                if last is None or number <= last:
+                    samples, driver = starting.pop(key, (None, None))
+                    if samples is None:  # it started before the run: its epoch is this one
+                        samples = epoch_samples(it._index_sampler) if counted_batch_size(it) else -1
+                    yield self._announce(it, samples, driver)
+                iterators[key] = number
+            elif kind == EXHAUSTED:
+                iterators.pop(id(item[1]), None)
+            yield item
+
+    def _announce(self, it: Any, samples: int, driver: str | None) -> IteratorStarted:
+        """``it`` starts an epoch of ``samples`` samples (-1 unknown), or is new to the run:
+        with its loader's settings (and what iterates it) the first time that loader is seen."""
+        loader = id(it._index_sampler)
+        settings = None
+        if loader not in self._loaders:
+            self._loaders[loader] = it._index_sampler
+            settings = loader_settings(it)
+            settings.driver = driver
+        return IteratorStarted.of(it, loader, settings, counted_batch_size(it), samples)
+
+    def stop_on_error(self, exc: BaseException) -> None:
+        """Stop tracing for the rest of the run because ``exc`` broke our bookkeeping: the
+        optimizer hook is taken back (:attr:`on_stop`), the log is dropped from now on."""
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.deactivate()
+        self.max_log = 1 << 62
+        self.log.clear()
+        on_stop, self.on_stop = self.on_stop, None
+        if on_stop is not None:
+            try:
+                on_stop()
+            except Exception:
+                pass
+
+    def deactivate(self) -> None:
+        """Log nothing more: what the wrapper still logs is dropped at its next check."""
+        self.active = False
+
+    # --- end ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Process the rest of the log, close every open step at the run's end and resolve the
+        GPU events (the run's one synchronisation); after an :attr:`error`, only let go of the
+        loaders. A reader may still call :meth:`process` afterwards: it finds nothing."""
+        t_end = self.clock()
+        t0 = time.perf_counter_ns()
+        with self.lock:
+            try:
+                if self.error is None:
+                    self._segment()
+                    self._segmenter.finish(t_end)
+                    self.processing_ns += time.perf_counter_ns() - t0
+                    if self.gpu is not None:
+                        self.gpu.finish()
+            finally:
+                self.deactivate()
+                self.log.clear()
+                self._loaders.clear()  # a sampler holds its dataset
+                self._iterators.clear()

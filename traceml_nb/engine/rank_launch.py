@@ -1,0 +1,397 @@
+"""Ranks launched from a run: each child process runs its own engine and streams its step rows
+to the kernel over a local pipe.
+
+While a :class:`~traceml_nb.engine.run.Run` is measuring, ``torch.multiprocessing.spawn`` and
+``start_processes`` (:mod:`.instrument.ranks`) start every rank's ``fn`` wrapped by
+:class:`RankLaunch`, a picklable object of this module. In the child it starts a
+:class:`~traceml_nb.engine.run.Run` of its own (no samplers, no CUDA: the rank's device is its own
+business), calls ``fn`` unchanged, and stops that run however ``fn`` ends, so the
+instrumentation lives exactly as long as ``fn``. A daemon thread of the child sends the new
+rows every :data:`SEND_INTERVAL_S` seconds, and the rest when ``fn`` ends, down a one-way
+``multiprocessing`` pipe of the launch's own context (fork, spawn, forkserver alike; no socket
+of ours). In the kernel one receiver thread per launch adds them to ``Run.ranks``
+(:class:`~traceml_nb.engine.record.RankRecord`, one per rank).
+
+Where the wrapper cannot be used (under spawn, an ``fn`` that does not pickle), the original
+``start_processes`` is called unchanged and the run's capabilities say so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from .record import LoaderInfo, RankRecord
+
+#: Seconds between two sends of a rank's new rows: what a rank killed mid-run loses at most.
+SEND_INTERVAL_S = 0.25
+#: Most rows in one message: keeps each write to the pipe short.
+ROWS_PER_MESSAGE = 500
+#: Seconds the kernel waits for the receiver to read what the ranks sent once they ended.
+RECEIVER_JOIN_S = 5.0
+#: Seconds between the receiver's checks whether the run has ended.
+RECEIVER_POLL_S = 0.1
+
+
+# --- the child's side --------------------------------------------------------------------------
+@dataclass
+class RankLaunch:
+    """``fn`` as the launcher calls it in each rank (``fn(i, *args)``), with the rank measured.
+
+    ``writers``: the write end of each rank's pipe, by process index; the child keeps its own
+    and closes the others. ``engine``: the class of the kernel's run (pickled by reference),
+    whose instance measures the rank."""
+
+    fn: Any
+    writers: list[Connection]
+    engine: Any
+    launch: int = 0
+
+    def __call__(self, i: int, *args: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        writer = self.writers[i]
+        for j, other in enumerate(self.writers):
+            if j != i:
+                _close(other)
+        sender = _start_rank(self.engine, i, writer)
+        if sender is None:
+            _close(writer)
+            return self.fn(i, *args)
+        error: BaseException | None = None
+        try:
+            return self.fn(i, *args)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            sender.finish(error)
+
+
+def _close(conn: Connection) -> None:
+    try:
+        conn.close()
+    except OSError:
+        pass
+
+
+def _start_rank(engine: Any, rank: int, writer: Connection) -> _Sender | None:
+    """The rank's run (an ``engine``) started and its sender running; None when it could not
+    be (``fn`` then runs unmeasured: measuring never stops the training)."""
+    try:
+        engine.forget_inherited()
+        run = engine(f"rank {rank}", sample=False, device="cpu", session=None)
+        run.watch_ranks = False  # a rank's own launches are its business
+        run.start()
+    except Exception:
+        return None
+    sender = _Sender(run, writer, rank)
+    sender.start()
+    return sender
+
+
+class _Sender:
+    """Sends a rank's rows to the kernel: a thread while ``fn`` runs, the rest at its end."""
+
+    def __init__(self, run: Any, writer: Connection, rank: int) -> None:
+        self.run = run
+        self.writer = writer
+        self.rank = rank
+        self.sent = 0  #: rows sent so far
+        self.broken = False  #: the kernel's end is gone: nothing more is sent
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"traceml-rank-{rank}-sender", daemon=True
+        )
+
+    def start(self) -> None:
+        rec = self.run.record
+        self._send(("start", self.rank, os.getpid(), rec.t0_wall, rec.t0_ns))
+        self._thread.start()
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        if self.broken:
+            return
+        try:
+            self.writer.send(message)
+        except (OSError, EOFError, ValueError):
+            self.broken = True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SEND_INTERVAL_S) and not self.broken:
+            try:
+                self._send_rows(self.run.snapshot(self.sent, samples=False))
+            except Exception:
+                self.broken = True
+
+    def _send_rows(self, snap: Any) -> None:
+        cols = snap.steps
+        rows = list(
+            zip(
+                cols.start_ns,
+                cols.wall_ns,
+                cols.wait_ns,
+                cols.batch,
+                cols.source,
+                cols.flags,
+                strict=True,
+            )
+        )
+        loaders = [info.to_dict() for info in snap.loaders]
+        counters = (snap.optimizer_steps, snap.markers, dict(snap.first_fetch_wait_ns))
+        for k in range(0, max(len(rows), 1), ROWS_PER_MESSAGE):
+            chunk = rows[k : k + ROWS_PER_MESSAGE]
+            self._send(("rows", self.rank, chunk, loaders, counters))
+            if not self.broken:
+                self.sent += len(chunk)
+
+    def finish(self, error: BaseException | None) -> None:
+        """Stop the rank's run with ``fn``'s exception, send the rest and the end, close."""
+        self._stop.set()
+        self._thread.join()
+        run = self.run
+        try:
+            run.stop(error)
+            self._send_rows(run.record.snapshot(self.sent, samples=False))
+            self._send(
+                (
+                    "end",
+                    self.rank,
+                    run.status,
+                    run.error,
+                    run.record.elapsed_ns,
+                    list(run.capabilities.notes),
+                )
+            )
+        except Exception:
+            pass
+        finally:
+            _close(self.writer)
+
+
+def _lost(rec: RankRecord) -> None:
+    """The rank's channel closed without its end: its time is up to its last row's end."""
+    rec.status = "lost"
+    if not rec.record.elapsed_ns:
+        snap = rec.record.steps.snapshot()
+        ends = [s + w for s, w in zip(snap.start_ns, snap.wall_ns, strict=True)]
+        rec.record.elapsed_ns = max(ends, default=1) or 1
+
+
+# --- the kernel's side -------------------------------------------------------------------------
+@dataclass
+class _Launch:
+    """One call of ``start_processes`` seen by the run."""
+
+    number: int
+    start_method: str
+    readers: list[Connection]
+    writers: list[Connection]
+    ranks: dict[int, RankRecord] = field(default_factory=dict)
+    thread: threading.Thread | None = None
+
+
+class RankEngine:
+    """The kernel's side for one run: the patch's handler, the receivers, the ranks' records
+    (``Run.ranks``, in the order they started)."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.ranks: list[RankRecord] = []
+        self.launches: list[_Launch] = []
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self._installed = False
+
+    def install(self) -> None:
+        from .instrument import launch_patch as ranks
+
+        ranks.install(self.handle)
+        self._installed = True
+
+    def uninstall(self) -> list[str]:
+        """Remove the patch, stop and join the receivers; the notes say what was lost."""
+        from .instrument import launch_patch as ranks
+
+        notes = ranks.uninstall() if self._installed else []
+        self._installed = False
+        self._ended.set()
+        for launch in self.launches:
+            self._close_writers(launch)
+            if launch.thread is not None:
+                launch.thread.join(RECEIVER_JOIN_S)
+                if launch.thread.is_alive():
+                    notes.append(
+                        "the ranks' receiver did not stop in time; what it had not read is lost"
+                    )
+        for rec in self.ranks:
+            if rec.status == "running":
+                _lost(rec)
+        return notes
+
+    # --- the patched start_processes --------------------------------------------------------
+    def handle(
+        self,
+        original: Any,
+        fn: Any,
+        args: tuple[Any, ...],
+        nprocs: int,
+        join: bool,
+        daemon: bool,
+        start_method: str,
+    ) -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        why = self._why_not(fn, nprocs, start_method)
+        if why:
+            self.run.capabilities.note(f"ranks not measured: {why}; they ran unchanged")
+            return original(fn, args, nprocs, join, daemon, start_method)
+        import multiprocessing
+
+        ctx = multiprocessing.get_context(start_method)
+        pipes = [ctx.Pipe(duplex=False) for _ in range(nprocs)]
+        launch = _Launch(
+            len(self.launches), start_method, [r for r, _ in pipes], [w for _, w in pipes]
+        )
+        self.launches.append(launch)
+        launch.thread = threading.Thread(
+            target=self._receive,
+            args=(launch,),
+            name=f"traceml-ranks-receiver-{launch.number}",
+            daemon=True,
+        )
+        launch.thread.start()
+        wrapped = RankLaunch(fn, launch.writers, type(self.run), launch.number)
+        try:
+            return original(wrapped, args, nprocs, join, daemon, start_method)
+        except BaseException as exc:
+            self._close_writers(launch)
+            self._note_failure(launch, exc)
+            raise
+        finally:
+            self._close_writers(launch)
+            if join and launch.thread is not None:
+                launch.thread.join(RECEIVER_JOIN_S)
+
+    @staticmethod
+    def _close_writers(launch: _Launch) -> None:
+        """The kernel's copies of the write ends: once the children hold theirs (they are
+        started), a reader sees the end of its pipe when its rank ends."""
+        for conn in launch.writers:
+            _close(conn)
+
+    def _why_not(self, fn: Any, nprocs: int, start_method: str) -> str:
+        if self._ended.is_set() or self.run.status != "running":
+            return "the run had ended"
+        if not isinstance(nprocs, int) or nprocs < 1:
+            return f"nprocs={nprocs!r}"
+        if start_method != "fork":
+            from multiprocessing.reduction import ForkingPickler
+
+            try:
+                ForkingPickler.dumps(fn)
+            except Exception as exc:
+                return (
+                    f"the function {getattr(fn, '__qualname__', fn)!r} cannot be pickled for "
+                    f"the {start_method!r} start method ({type(exc).__name__})"
+                )
+        return ""
+
+    def _note_failure(self, launch: _Launch, exc: BaseException) -> None:
+        """torch's ``ProcessRaisedException`` names the rank that failed: keep its error where
+        the rank's own last message did not arrive."""
+        index = getattr(exc, "error_index", None)
+        if not isinstance(index, int):
+            return
+        if launch.thread is not None:
+            launch.thread.join(RECEIVER_JOIN_S)
+        with self._lock:
+            rec = launch.ranks.get(index)
+            if rec is None:
+                rec = self._new_rank(launch, index)
+            if rec.status in ("running", "lost", "completed"):
+                rec.status = "failed"
+            if rec.error is None:
+                lines = [line for line in str(getattr(exc, "msg", exc)).splitlines() if line]
+                rec.error = lines[-1] if lines else type(exc).__name__
+
+    def _new_rank(self, launch: _Launch, index: int) -> RankRecord:
+        rec = RankRecord(index, launch.number)
+        launch.ranks[index] = rec
+        self.ranks.append(rec)
+        return rec
+
+    def _receive(self, launch: _Launch) -> None:
+        """Read every rank's pipe until each has closed, or the run has ended and nothing more
+        is waiting."""
+        open_ = {conn: i for i, conn in enumerate(launch.readers)}
+        while open_:
+            ready = wait(list(open_), RECEIVER_POLL_S)
+            if not ready and self._ended.is_set():
+                break
+            for conn in ready:
+                assert isinstance(conn, Connection)
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    self._closed(launch, open_.pop(conn))
+                    _close(conn)
+                    continue
+                except Exception:  # a message cut short by a killed rank
+                    continue
+                self._apply(launch, open_[conn], message)
+        for conn in list(open_):
+            _close(conn)
+
+    def _closed(self, launch: _Launch, index: int) -> None:
+        with self._lock:
+            rec = launch.ranks.get(index)
+            if rec is not None and rec.status == "running":
+                _lost(rec)
+
+    def _apply(self, launch: _Launch, index: int, message: Any) -> None:
+        kind = message[0]
+        with self._lock:
+            rec = launch.ranks.get(index) or self._new_rank(launch, index)
+            if kind == "start":
+                _, _, rec.pid, rec.record.t0_wall, rec.record.t0_ns = message
+            elif kind == "rows":
+                _, _, rows, loaders, counters = message
+                rec.record.steps.extend(rows)
+                rec.record.loaders = [LoaderInfo(**info) for info in loaders]
+                optimizer_steps, markers, first_fetch = counters
+                rec.record.optimizer_steps = optimizer_steps
+                rec.record.markers = markers
+                rec.record.first_fetch_wait_ns = dict(first_fetch)
+            elif kind == "end":
+                _, _, rec.status, rec.error, elapsed_ns, notes = message
+                rec.record.elapsed_ns = elapsed_ns or max(
+                    1, time.perf_counter_ns() - rec.record.t0_ns
+                )
+                rec.notes = list(notes)
+
+
+def start(run: Any) -> RankEngine:
+    """The run's rank engine, its patch installed (the run removes it: :meth:`uninstall`)."""
+    engine = RankEngine(run)
+    engine.install()
+    return engine
+
+
+#: The environment variables of a rank started by ``torchrun`` (torch.distributed.elastic).
+RANK_ENV, WORLD_SIZE_ENV, JOB_ENV = "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"
+
+
+def launch_identity(environ: Any = None) -> tuple[int | None, int | None, str | None]:
+    """``(rank, world_size, job_id)`` of a process started by ``torchrun`` (from ``RANK``,
+    ``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``), each None where unset or not a number."""
+    env = os.environ if environ is None else environ
+
+    def number(name: str) -> int | None:
+        text = str(env.get(name, "")).strip()
+        return int(text) if text.isdigit() else None
+
+    job = str(env.get(JOB_ENV, "")).strip() or None
+    return number(RANK_ENV), number(WORLD_SIZE_ENV), job

@@ -1,0 +1,478 @@
+"""``Run``: the measurement engine as a context manager, usable with or without the magic.
+
+::
+
+    with traceml_nb.Run("baseline") as run:
+        for x, y in loader:
+            ...
+    print(run.result())
+
+Entering installs the DataLoader wrapper and the optimizer step hook, and starts the sampler
+thread; leaving removes all of them in ``finally`` blocks, whatever ended the run, and never
+swallows or replaces the user's exception. A run measures: it fills :attr:`Run.record` and
+:attr:`Run.capabilities`. What the numbers mean, the history and the report belong to the
+session the run reports to (:mod:`traceml_nb.session`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from .capabilities import Capabilities
+from .contracts import RunStatus
+from .record import RankRecord, RecordSnapshot, RunRecord
+
+MIN_INTERVAL_S = 0.02  #: 50 Hz
+MAX_INTERVAL_S = 1.0  #: 1 Hz
+
+#: Why the GPU figures of a run on the CPU are missing.
+NO_CUDA = "no CUDA device in this run, CPU only"
+
+_active_lock = threading.Lock()
+_active: Run | None = None
+
+
+class RunAlreadyActiveError(RuntimeError):
+    """Raised when a run starts while another one is still measuring."""
+
+
+class Concluder(Protocol):
+    """What :meth:`Run.result` hands an ended run to: a session (``traceml_nb.Session``)."""
+
+    def result(self, run: Run) -> Any: ...
+
+
+def active_run() -> Run | None:
+    """The run currently measuring, if any."""
+    return _active
+
+
+def step() -> None:
+    """Mark the end of a training step of a custom loop (no-op when no run is active)."""
+    run = _active
+    if run is not None:
+        run.step()
+
+
+def resolve_device(device: str | int | None) -> tuple[str, int | None]:
+    """``(kind, cuda_index)`` for a ``--device`` value: None/'auto' picks CUDA when available.
+
+    An index the machine does not have is refused here, before anything runs (a CPU-only
+    machine has no ``cuda:N`` at all)."""
+    import torch
+
+    available = torch.cuda.is_available()
+    count = torch.cuda.device_count() if available else 0
+    if device is None or device == "auto":
+        return ("cuda", torch.cuda.current_device()) if available else ("cpu", None)
+    if isinstance(device, int) and not isinstance(device, bool):
+        index: int | None = device
+    else:
+        text = str(device).strip().lower()
+        if text == "cpu":
+            return "cpu", None
+        if text == "cuda":
+            index = torch.cuda.current_device() if available else 0
+        elif text.startswith("cuda:") and text[5:].isdigit():
+            index = int(text[5:])
+        elif text.isdigit():
+            index = int(text)
+        else:
+            raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    assert index is not None
+    if not available:
+        if index > 0:
+            raise ValueError(f"device cuda:{index} does not exist: this machine has no CUDA device")
+        return "cuda", index  # a run on 'cuda' without CUDA: measured, its GPU figures explained
+    if index >= count:
+        raise ValueError(
+            f"device cuda:{index} does not exist: this machine has {count} CUDA device(s), "
+            f"cuda:0 to cuda:{count - 1}"
+        )
+    return "cuda", index
+
+
+def validate_interval(interval: float | str) -> float:
+    """The sampler interval in seconds, checked against the supported 1–50 Hz."""
+    try:
+        value = float(interval)
+    except (TypeError, ValueError):
+        raise ValueError(f"interval must be a number of seconds, got {interval!r}") from None
+    if not (MIN_INTERVAL_S <= value <= MAX_INTERVAL_S):
+        raise ValueError(
+            f"interval must be between {MIN_INTERVAL_S} and {MAX_INTERVAL_S} s (50 Hz to 1 Hz), got {interval!r}"
+        )
+    return value
+
+
+class Run:
+    """Measures the code inside its ``with`` block.
+
+    Parameters
+    ----------
+    name: label of the run in reports and history (``named`` tells whether one was given).
+    interval: sampler period in seconds (0.02–1.0; default 0.1 = 10 Hz).
+    device: ``None``/``'auto'``, ``'cpu'``, ``'cuda'``, ``'cuda:N'``.
+    sample: run the background samplers (GPU via NVML, host via psutil).
+    nvml: an injected NVML backend (tests); ``None`` uses ``pynvml``.
+    event_factory, stream_getter: injected CUDA-event class and stream (tests); on a CUDA
+        device the real ``torch.cuda.Event`` is used automatically.
+    source, cell_id: the code measured and the frontend's id of its cell, for the history.
+    profile: profile this many steady steps with ``torch.profiler``
+        (:mod:`~traceml_nb.engine.instrument.profiler`; None: no profile), after ``profile_after``
+        steps (default :data:`~traceml_nb.engine.instrument.profiler.DEFAULT_PROFILE_AFTER_STEPS`);
+        the trace goes to ``profile_dir``. ``code_file``: the file whose lines the profile
+        names (a notebook cell's name in the line cache; default: the file that starts the
+        run).
+    session: where :meth:`result` reports (default: the kernel's session).
+    log_to: the experiment trackers the session logs the result to at the end
+        (``"wandb,mlflow,tensorboard:DIR"``; None: the session's, else ``TRACEML_NB_LOG_TO``;
+        ``False``/``"off"``: none), ``log_steps`` with the per-step series. The run only
+        carries them: the session logs.
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        interval: float = 0.1,
+        device: str | int | None = None,
+        sample: bool = True,
+        nvml: Any = None,
+        event_factory: Callable[[], Any] | None = None,
+        stream_getter: Callable[[], Any] | None = None,
+        source: str | None = None,
+        cell_id: str | None = None,
+        session: Concluder | None = None,
+        log_to: str | list[str] | bool | None = None,
+        log_steps: bool | None = None,
+        profile: int | None = None,
+        profile_after: int | None = None,
+        profile_dir: str | None = None,
+        code_file: str | None = None,
+    ) -> None:
+        self.name = name or "run"
+        self.named = name is not None
+        self.interval = validate_interval(interval)
+        self.device_kind, self.cuda_index = resolve_device(device)
+        self.sample = sample
+        self.source = source
+        self.cell_id = cell_id
+        self.session = session
+        self.log_to = log_to
+        self.log_steps = log_steps
+        if profile is not None and profile < 1:
+            raise ValueError(f"profile must be a number of steps of at least 1, got {profile}")
+        self.profile = profile
+        self.profile_after = profile_after
+        self.profile_dir = profile_dir
+        self.code_file = code_file
+        self.record = RunRecord()
+        self.capabilities = Capabilities()
+        self.status: RunStatus = "created"
+        self.error: str | None = None
+        self.started_at: float | None = None
+        self._nvml = nvml
+        self._event_factory = event_factory
+        self._stream_getter = stream_getter
+        self._tracer: Any = None
+        self._window: Any = None
+        self._collector: Any = None
+        self._result: Any = None
+        #: the ranks this run launched (:mod:`.rank_launch`), one record each, in start order
+        self.ranks: list[RankRecord] = []
+        self.watch_ranks = True  #: route ``torch.multiprocessing.start_processes`` through it
+        self._ranks_launched: Any = None
+        from .rank_launch import launch_identity
+
+        #: ``RANK``, ``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID`` of a process ``torchrun`` started
+        self.rank, self.world_size, self.job_id = launch_identity()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    @staticmethod
+    def forget_inherited() -> None:
+        """In a forked rank: drop the copy of the kernel's active run and its patches, in this
+        process only (:mod:`.rank_launch` calls it before the rank's own run starts)."""
+        global _active
+        from .instrument import hooks
+        from .instrument import launch_patch as ranks
+
+        ranks.forget()
+        hooks.uninstall()
+        _active = None
+
+    def __enter__(self) -> Run:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop(exc)  # the user's exception, if any, goes on unchanged
+
+    def start(self) -> None:
+        global _active
+        with _active_lock:
+            if _active is not None:
+                raise RunAlreadyActiveError(
+                    f"traceml_nb run {_active.name!r} is still measuring; runs cannot be nested "
+                    "or overlap (end the other run first)"
+                )
+            _active = self
+        try:
+            self._start()
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _start(self) -> None:
+        from .instrument import hooks
+        from .instrument.tracer import StepTracer
+
+        rec = self.record
+        rec.t0_wall = time.time()
+        rec.t0_ns = time.perf_counter_ns()
+        self.started_at = rec.t0_wall
+        self.status = "running"
+        self._tracer = StepTracer(rec, gpu=self._make_gpu_timer())
+        self.capabilities.set("steps", True)
+        self.capabilities.set("data_wait", True)
+        if self.profile is not None:
+            self._window = self._make_window()
+        hooks.install(self._tracer, self._window)
+        if self.watch_ranks:
+            from . import rank_launch
+
+            self._ranks_launched = rank_launch.start(self)
+            self.ranks = self._ranks_launched.ranks
+        if self.sample:
+            self._start_sampling()
+        else:
+            for name in ("nvml", "gpu_utilisation", "host"):
+                self.capabilities.set(name, False, "sampling switched off for this run")
+
+    def _make_gpu_timer(self) -> Any:
+        from .instrument.gpu_events import GpuStallTimer, cuda_event_factory, cuda_stream_getter
+
+        if self._event_factory is not None:
+            self.capabilities.set("gpu_events", True)
+            return GpuStallTimer(self.record.steps, self._event_factory, self._stream_getter)
+        import torch
+
+        if self.device_kind != "cuda":
+            why = NO_CUDA if not torch.cuda.is_available() else "the run watches the CPU"
+            self.capabilities.set("gpu_events", False, why)
+            self.capabilities.set("gpu_memory", False, why)
+            return None
+        if not torch.cuda.is_available():
+            self.capabilities.set("gpu_events", False, "CUDA is not available to PyTorch")
+            return None
+        self.capabilities.set("gpu_events", True)
+        assert self.cuda_index is not None
+        return GpuStallTimer(
+            self.record.steps,
+            cuda_event_factory(self.cuda_index),
+            cuda_stream_getter(self.cuda_index),
+        )
+
+    def _make_window(self) -> Any:
+        from .instrument.profiler import DEFAULT_PROFILE_AFTER_STEPS, ProfileWindow
+
+        code_file = self.code_file
+        if code_file is None:  # the caller of ``with Run()`` / ``run.start()``
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename == __file__:
+                frame = frame.f_back  # type: ignore[assignment]
+            code_file = frame.f_code.co_filename if frame is not None else None
+        assert self.profile is not None
+        return ProfileWindow(
+            self.profile,
+            DEFAULT_PROFILE_AFTER_STEPS if self.profile_after is None else self.profile_after,
+            cuda=self.device_kind == "cuda" and self.capabilities.ok("gpu_events"),
+            t0_ns=self.record.t0_ns,
+            cell_file=code_file,
+            trace_dir=self.profile_dir,
+            name=self.name,
+        )
+
+    def _start_sampling(self) -> None:
+        from .sampling import Collector, open_sources
+
+        devices = (
+            [self.cuda_index] if self.device_kind == "cuda" and self.cuda_index is not None else []
+        )
+        if not devices:
+            self.capabilities.set("nvml", False, NO_CUDA)
+            self.capabilities.set("gpu_utilisation", False, NO_CUDA)
+        try:
+            sources = open_sources(
+                self.record, self.capabilities, devices, nvml=self._nvml, gpu=bool(devices)
+            )
+        except Exception as exc:  # never let a sampler stop the run
+            self.capabilities.note(f"samplers failed to start: {type(exc).__name__}: {exc}")
+            return
+        self._collector = Collector(
+            sources, self.interval, self.capabilities, self.record.t0_ns / 1e9
+        )
+        self._collector.start()
+
+    def step(self) -> None:
+        """Explicit end-of-step marker for custom loops."""
+        if self._tracer is not None:
+            self._tracer.marker()
+            if self._window is not None:
+                from .instrument import hooks
+
+                hooks.marker(self._window)
+
+    def stop(self, exc: BaseException | None = None) -> None:
+        """End the run; ``exc`` is the exception that ended it, if any."""
+        if self.status != "running" and _active is not self:
+            return
+        if exc is None:
+            self.status = "completed"
+        elif isinstance(exc, KeyboardInterrupt):
+            self.status = "interrupted"
+            self.error = "KeyboardInterrupt"
+        else:
+            self.status = "failed"
+            self.error = f"{type(exc).__name__}: {exc}"
+        self._teardown()
+
+    def _teardown(self) -> None:
+        """Remove everything this run installed; each part is attempted whatever the others do."""
+        global _active
+        from .instrument import hooks
+
+        try:
+            if self._ranks_launched is not None:  # the patch removed, the receivers joined
+                for note in self._ranks_launched.uninstall():
+                    self.capabilities.note(note)
+        except Exception as exc:
+            self.capabilities.note(f"the ranks' receiver could not be stopped: {exc}")
+        try:
+            if self._window is not None:  # no profiler left running, whatever follows
+                self._window.end(self._ended_by())
+        except Exception as exc:
+            self.capabilities.note(f"the profiler could not be stopped: {exc}")
+        try:
+            for note in hooks.uninstall():
+                self.capabilities.note(note)
+        finally:
+            try:
+                if self._collector is not None:
+                    self._collector.stop()
+            finally:
+                try:
+                    if self._tracer is not None:
+                        self._tracer.close()
+                        self._note_tracer_error()
+                except Exception as exc:
+                    self.capabilities.note(
+                        f"the last steps could not be closed: {type(exc).__name__}: {exc}"
+                    )
+                finally:
+                    self.record.elapsed_ns = time.perf_counter_ns() - self.record.t0_ns
+                    with _active_lock:
+                        if _active is self:
+                            _active = None
+                    self._finish_profile()
+
+    def _ended_by(self) -> str:
+        return {"failed": "the run failed", "interrupted": "the run was interrupted"}.get(
+            self.status, "the run ended"
+        )
+
+    def _finish_profile(self) -> None:
+        """Write the profile's trace and read its events, after the run's own time is taken."""
+        window, self._window = self._window, None
+        if window is None:
+            return
+        from .profile_capture import ProfileCapture
+
+        try:
+            capture = window.finish(self._ended_by())
+        except Exception as exc:
+            capture = ProfileCapture(window.steps, window.after_steps)
+            capture.why = f"the profile could not be read: {type(exc).__name__}: {exc}"
+        self.record.profile = capture
+        self.capabilities.set("profile", capture.captured, capture.why)
+
+    def _note_tracer_error(self) -> None:
+        error = self._tracer.error
+        if error is not None:
+            self.capabilities.note(
+                f"step tracing stopped during the run (our bug, not yours: {error}); the steps "
+                "before it are kept, the training went on untraced"
+            )
+
+    # --- reading --------------------------------------------------------------------------
+    def snapshot(self, start_row: int = 0, *, samples: bool = True) -> RecordSnapshot:
+        """The record as it is now, step rows from ``start_row`` on (sample tables unless
+        ``samples`` is False): the engine first turns what the run has logged into rows (they
+        otherwise lag the loop by a few hundred steps), and the rows, loaders and counters of
+        the copy agree. Any thread may call it."""
+        tracer = self._tracer
+        if tracer is None:
+            return self.record.snapshot(start_row, samples=samples)
+        return tracer.read(lambda: self.record.snapshot(start_row, samples=samples))
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """For a thread that calls :meth:`snapshot` regularly while the run goes on (a live
+        view): inside the block the training loop only logs its steps and leaves turning them
+        into rows to the reader; when the block ends the loop takes that work back."""
+        tracer = self._tracer
+        if tracer is None:
+            yield
+            return
+        tracer.attach_reader(True)
+        try:
+            yield
+        finally:
+            tracer.attach_reader(False)
+
+    def result(self) -> Any:
+        """The analysed result (:class:`traceml_nb.session.RunResult`) of an ended run.
+
+        The first call hands the run to its session, which analyses it, compares it with the
+        earlier runs of the same name and keeps it in the history; later calls return the same.
+        """
+        if self._result is None:
+            session = self.session if self.session is not None else self.default_session()
+            self._result = session.result(self)
+        return self._result
+
+    def default_session(self) -> Concluder:
+        """Where a run given no session reports: nowhere here (this layer knows no session);
+        ``traceml_nb.Run``, the public class, reports to the kernel's session."""
+        raise RuntimeError(
+            "this run has no session to report to: give it one (session=...), or use "
+            "traceml_nb.Run, which reports to the kernel's session"
+        )
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the start (live) or the run's duration (ended)."""
+        if self.record.elapsed_ns:
+            return self.record.elapsed_ns / 1e9
+        if not self.record.t0_ns:
+            return 0.0
+        return (time.perf_counter_ns() - self.record.t0_ns) / 1e9
+
+    @property
+    def sampler_busy_s(self) -> float:
+        """CPU seconds the sampler thread spent sampling."""
+        return self._collector.busy_s if self._collector is not None else 0.0
+
+    @property
+    def tracer(self) -> Any:
+        """The run's :class:`~traceml_nb.engine.instrument.tracer.StepTracer` (None before the start):
+        its ``processing_ns`` and ``reader_processing_ns`` say what segmenting the steps cost."""
+        return self._tracer
+
+    def __repr__(self) -> str:
+        return f"<traceml_nb.Run {self.name!r} {self.status}, {len(self.record.steps)} step rows, {self.elapsed_s:.1f} s>"

@@ -1,0 +1,406 @@
+"""Step segmentation: the events the instruments logged (:mod:`traceml_nb.engine.events`) into step rows.
+
+Pure and torch-free: events in, rows and loader statistics written to the run record out.
+
+* **A loader's steps.** Each DataLoader keeps its own steps, ``[entry of fetch k, entry of
+  fetch k+1)``: the wait for batch k plus everything the loop did with it. The data wait of a
+  step is the time inside ``__next__`` for its batch, plus the time inside any other loader's
+  ``__next__`` while the step was open (loaders consumed together with ``zip(a, b)``, or a
+  second loader drawn inside each step: its wait is part of the step's). The exhausting fetch
+  (``StopIteration``) closes the epoch's last step; the end of the run closes the rest
+  (``FLAG_TRUNCATED``), and a step closed so ends at its last optimizer step, if it had one.
+* **Which loader trains.** An optimizer step is credited to the loader fetched last and to
+  every loader fetched alongside it since the previous optimizer step (no more often than
+  that one): their batches are followed by optimizer steps (``LoaderInfo.optimizer_steps``).
+  The loader whose fetch comes first after an optimizer step begins the step
+  (``LoaderInfo.leads``): the outer loop's loader, not one drawn inside the step.
+  A step inside which a loader that no optimizer step followed was iterated (an evaluation)
+  is flagged ``FLAG_INTERLEAVED``.
+* **Optimizer rows.** The intervals between the first optimizer's ``step()`` calls (several
+  optimizers, as in a GAN, make one step) are rows of their own, with the data wait of the
+  fetches inside: the steps of a loop without a DataLoader, and of a loop that fetches its
+  next batch before it uses the current one (``LoaderInfo.fetches_ahead``: the trainers of
+  transformers and Lightning, accelerate's prepared loaders), whose loader rows are one batch
+  out of step with its training steps. They are written until the training loaders are
+  known to fetch in step. **Markers** (``traceml_nb.step()``) make rows of their own.
+
+Which of these rows are *the* steps of the run is one rule, :func:`traceml_nb.analysis.steps.choose_steps`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .events import (
+    EXHAUSTED,
+    FETCH,
+    ITERATOR_STARTED,
+    MARKER,
+    OPTIMIZER_STEP,
+    Event,
+    Exhausted,
+    Fetch,
+    IteratorStarted,
+    Marker,
+    OptimizerStep,
+)
+from .record import (
+    FLAG_EPOCH_START,
+    FLAG_INTERLEAVED,
+    FLAG_OPTIMIZER_STEP,
+    FLAG_TRUNCATED,
+    MAX_LOADERS,
+    SOURCE_MARKER,
+    SOURCE_OPTIMIZER,
+    LoaderInfo,
+    RunRecord,
+)
+
+#: Receives, each time rows are written, the steps closed since the last time whose fetches
+#: carried CUDA events, as ``(row, gpu_enter, gpu_exit, next_gpu_enter)``, and the events the
+#: segmenter let go of since (it hands none of them to a later step: the events of a closed
+#: step, of an exhausting fetch, of a fetch it does not count), each as ``(k, event)``: it was
+#: let go of after the first ``k`` of those steps were closed, and no later one holds it.
+GpuSink = Callable[[list[tuple[int, Any, Any, Any]], list[tuple[int, Any]]], None]
+
+
+def counted_size(batch_size: int, samples: int, number: int) -> int:
+    """Samples in batch ``number`` (from 1) of an epoch of ``samples`` batched by
+    ``batch_size`` (a loader whose sizes are counted:
+    :func:`traceml_nb.engine.instrument.loader.counted_batch_size`): ``batch_size`` for every batch
+    but the epoch's last, which holds what is left. Where ``samples`` is unknown (-1: the
+    sampler has no length) every batch counts as full; the segmenter makes the epoch's last
+    one unknown when the epoch ends."""
+    if samples < 0:
+        return batch_size
+    left = samples - (number - 1) * batch_size
+    return min(batch_size, left) if left > 0 else -1
+
+
+class _Loader:
+    """One loader's open step and counters."""
+
+    __slots__ = (
+        "slot",
+        "info",
+        "start",
+        "wait",
+        "batch",
+        "flags",
+        "inside",
+        "last_optimizer_ns",
+        "gpu_enter",
+        "gpu_exit",
+        "since_optimizer",
+        "first_fetch_ns",
+    )
+
+    def __init__(self, slot: int, info: LoaderInfo) -> None:
+        self.slot = slot
+        self.info = info
+        self.start = -1  #: entry of the open step's fetch, -1 while no step is open
+        self.wait = 0
+        self.batch = -1
+        self.flags = 0
+        self.inside: set[int] = set()  #: slots of the other loaders fetched inside the open step
+        self.last_optimizer_ns = -1  #: the last optimizer step inside the open step
+        self.gpu_enter: Any = None
+        self.gpu_exit: Any = None
+        self.since_optimizer = 0  #: fetches since the last optimizer step
+        self.first_fetch_ns = -1  #: when the loader's first fetch of the run was entered
+
+
+class StepSegmenter:
+    """Turns events into step rows of ``record`` (see the module docstring for the rules).
+
+    Feed it the events in the order they were logged; :meth:`finish` closes what the run's end
+    left open. Not thread-safe: its owner serialises the calls.
+    """
+
+    def __init__(self, record: RunRecord, gpu_sink: GpuSink | None = None) -> None:
+        self.record = record
+        self._t0 = record.t0_ns
+        self._gpu_sink = gpu_sink
+        self._loaders: dict[int, _Loader] = {}  #: by loader key
+        self._by_slot: dict[int, _Loader] = {}
+        #: by id() of the iterator: its loader, and the batch size and epoch's samples its sizes
+        #: are counted with (0: they are read)
+        self._iterators: dict[int, tuple[_Loader, int, int]] = {}
+        self._open: dict[int, _Loader] = {}  #: loaders with an open step, by slot
+        self._current: _Loader | None = None  #: the loader fetched last
+        self._after_optimizer = True  #: the next fetch begins a step
+        self._lead_optimizer: int | None = None
+        self._optimizer_prev_ns = 0
+        self._optimizer_wait_mark = 0
+        self._fetched_since_optimizer: set[int] = set()  #: loader slots fetched since the last
+        self._epoch_started_since_optimizer = False
+        self._trained = False  #: an optimizer step has run
+        self._rows_needed: bool | None = None  #: optimizer rows needed, once it is decided
+        self._phase: _Loader | None = None  #: the loader whose phase runs (see ``phase_ns``)
+        self._phase_start_ns = 0
+        self._marker_prev_ns = 0
+        self._marker_wait_mark = 0
+        self._wait_total = 0  #: data wait of every fetch so far, ns
+        self._last_batch = -1
+        self._rows: list[tuple[int, int, int, int, int, int]] = []
+        self._gpu: list[tuple[int, Any, Any, Any]] = []
+        self._gpu_done: list[tuple[int, Any]] = []  #: CUDA events let go of, for the sink
+        #: by event kind (an event's first item)
+        self._handlers: dict[int, Callable[[Any], None]] = {
+            FETCH: self._fetch,
+            OPTIMIZER_STEP: self._optimizer_step,
+            ITERATOR_STARTED: self._iterator_started,
+            EXHAUSTED: self._exhausted,
+            MARKER: self._marker,
+        }
+
+    def feed(self, events: Iterable[Event | tuple[Any, ...]]) -> None:
+        """Apply ``events`` in order: typed events, or the tuples the tracer logged as they are
+        (the same items, in the order of their event's class). The rows made are written even
+        if an event raises (the events not reached stay in ``events``, an iterator, for the
+        caller)."""
+        handlers = self._handlers
+        try:
+            for event in events:
+                handlers[event[0]](event)
+        finally:
+            self._flush()
+
+    def finish(self, t_end_ns: int) -> None:
+        """Close every open step at the run's end ``t_end_ns`` (``FLAG_TRUNCATED``)."""
+        self._end_phase(t_end_ns)
+        try:
+            for st in list(self._open.values()):
+                self._close(st, t_end_ns, None, truncated=True)
+        finally:
+            self._flush()
+
+    # --- events ------------------------------------------------------------------------------
+    def _iterator_started(self, ev: IteratorStarted) -> None:
+        _, iterator, loader, settings, batch_size, samples = ev
+        st = self._loaders.get(loader)
+        if st is None:
+            slot = len(self.record.loaders)
+            if settings is None or slot >= MAX_LOADERS:
+                self._iterators.pop(id(iterator), None)
+                return  # past MAX_LOADERS: counted nowhere rather than mislabelled
+            settings.slot = slot
+            st = _Loader(slot, settings)
+            self.record.loaders.append(settings)
+            self._loaders[loader] = st
+            self._by_slot[slot] = st
+        self._iterators[id(iterator)] = (st, batch_size, samples)
+
+    def _fetch(self, ev: Fetch) -> None:
+        _, iterator, number, t_enter, t_exit, size, gpu_enter, gpu_exit = ev
+        known = self._iterators.get(id(iterator))
+        if known is None:
+            self._let_go(gpu_enter, gpu_exit)
+            return  # a loader past MAX_LOADERS
+        st, per_batch, samples = known
+        batch = counted_size(per_batch, samples, number) if per_batch else size
+        if st.start >= 0:
+            self._close(st, t_enter, gpu_enter, truncated=False)
+        wait = t_exit - t_enter
+        info = st.info
+        info.fetches += 1
+        first = number == 1
+        if first or info.fetches == 1 or not self._trained:
+            self._first_fetches(st, info, first, t_enter, wait)
+        phase = self._phase
+        if phase is not st and (phase is not None or not info.optimizer_steps):
+            self._change_phase(st, t_enter)
+        slot = st.slot
+        self._fetched_since_optimizer.add(slot)
+        if self._after_optimizer:
+            info.leads += 1
+            self._after_optimizer = False
+        open_steps = self._open
+        if open_steps:
+            for other in open_steps.values():  # this wait is part of every step still open
+                other.wait += wait
+                other.inside.add(slot)
+        st.since_optimizer += 1
+        st.start = t_enter
+        st.wait = wait
+        st.batch = batch
+        st.flags = FLAG_EPOCH_START if first else 0
+        st.gpu_enter = gpu_enter
+        st.gpu_exit = gpu_exit
+        open_steps[slot] = st
+        self._current = st
+        self._wait_total += wait
+        self._last_batch = batch
+
+    def _first_fetches(
+        self, st: _Loader, info: LoaderInfo, first: bool, t_enter: int, wait: int
+    ) -> None:
+        """What a fetch counts when it is the loader's first of the run, begins an epoch, or
+        comes before the run's first optimizer step."""
+        if info.fetches == 1:
+            self.record.first_fetch_wait_ns[st.slot] = wait
+            st.first_fetch_ns = t_enter
+        if first:
+            info.epochs += 1
+            self._epoch_started_since_optimizer = True
+        if not self._trained:
+            info.fetches_before_training += 1
+
+    def _change_phase(self, st: _Loader, t_enter: int) -> None:
+        """A fetch of ``st`` after another loader's phase, or of a loader no optimizer step has
+        followed yet: the phase away from training ends, or begins (see ``LoaderInfo.phase_ns``)."""
+        if self._phase is not None:
+            self._end_phase(t_enter)
+        if not st.info.is_training:
+            self._phase, self._phase_start_ns = st, t_enter
+
+    def _exhausted(self, ev: Exhausted) -> None:
+        _, iterator, t_enter, gpu_enter = ev
+        known = self._iterators.pop(id(iterator), None)
+        if known is not None and known[0].start >= 0:
+            st, per_batch, samples = known
+            if per_batch and samples < 0:
+                st.batch = -1  # the epoch's last batch, of a sampler without a length: unknown
+            self._close(st, t_enter, gpu_enter, truncated=False)
+        self._let_go(gpu_enter)  # the end of the step it closed, the start of none
+
+    def _optimizer_step(self, ev: OptimizerStep) -> None:
+        _, optimizer, t_ns = ev
+        self.record.optimizer_steps += 1
+        if self._phase is not None:
+            self._end_phase(t_ns)
+        self._trained = True
+        self._after_optimizer = True
+        cur = self._current
+        if cur is not None:
+            # The loader fetched last trains, and so does any loader fetched alongside it since
+            # the previous optimizer step, no more often than it (``zip(a, b)``, an outer loader
+            # around an inner draw); not an evaluation that ran since (more batches than that).
+            ahead_of = cur.since_optimizer
+            for st in self._by_slot.values():
+                if st is cur or (0 < st.since_optimizer <= ahead_of and st.start >= 0):
+                    info = st.info
+                    if not info.optimizer_steps:
+                        self._rows_needed = None  # a loader is known to train: decide again
+                    info.optimizer_steps += 1
+                    if st.start >= 0:
+                        st.flags |= FLAG_OPTIMIZER_STEP
+                        st.last_optimizer_ns = t_ns
+                st.since_optimizer = 0
+        key = id(optimizer)
+        if self._lead_optimizer is None:
+            self._lead_optimizer = key
+        if key == self._lead_optimizer:
+            if self._rows_needed is not False and self._optimizer_rows_needed():
+                self._optimizer_row(t_ns)
+            self._optimizer_prev_ns = t_ns
+            self._optimizer_wait_mark = self._wait_total
+            self._fetched_since_optimizer.clear()
+            self._epoch_started_since_optimizer = False
+
+    def _optimizer_rows_needed(self) -> bool:
+        """Optimizer rows are the steps, or may be: no loader trains yet, or one of those that
+        do fetches ahead of its steps or has not shown yet that it does not (decided once the
+        training loaders have shown how they fetch, until another loader starts to train)."""
+        if self._rows_needed is not None:
+            return self._rows_needed
+        ahead = [st.info.fetches_ahead for st in self._by_slot.values() if st.info.is_training]
+        if ahead and None not in ahead:
+            self._rows_needed = any(ahead)
+            return self._rows_needed
+        return True
+
+    def _optimizer_row(self, t_ns: int) -> None:
+        """The row from the previous optimizer step (the first: the training loaders' first
+        fetch) to this one, with the data wait of the fetches between them."""
+        start = self._optimizer_prev_ns
+        if not start:
+            firsts = [
+                st.first_fetch_ns
+                for st in self._by_slot.values()
+                if st.info.is_training and 0 <= st.first_fetch_ns <= t_ns
+            ]
+            start = min(firsts, default=self._t0)
+        flags = FLAG_OPTIMIZER_STEP
+        if any(not self._by_slot[s].info.is_training for s in self._fetched_since_optimizer):
+            flags |= FLAG_INTERLEAVED
+        if self._epoch_started_since_optimizer:
+            flags |= FLAG_EPOCH_START
+        wait = self._wait_total - self._optimizer_wait_mark
+        self._row(start, t_ns - start, wait, self._last_batch, SOURCE_OPTIMIZER, flags)
+
+    def _end_phase(self, t_ns: int) -> None:
+        """The loader iterated away from training (an evaluation) is done at ``t_ns``: the
+        training went on, or another loader is iterated."""
+        st = self._phase
+        if st is None:
+            return
+        spent = max(0, t_ns - self._phase_start_ns)
+        st.info.phase_ns += spent
+        if not self._trained:
+            st.info.phase_before_training_ns += spent
+        self._phase = None
+
+    def _marker(self, ev: Marker) -> None:
+        t_ns = ev[1]
+        self.record.markers += 1
+        start = self._marker_prev_ns or self._t0
+        wait = self._wait_total - self._marker_wait_mark
+        self._row(start, t_ns - start, wait, self._last_batch, SOURCE_MARKER, 0)
+        self._marker_prev_ns = t_ns
+        self._marker_wait_mark = self._wait_total
+
+    # --- rows --------------------------------------------------------------------------------
+    def _close(self, st: _Loader, t_end_ns: int, next_gpu: Any, *, truncated: bool) -> None:
+        """Write ``st``'s open step as a row, ending at ``t_end_ns``."""
+        flags = st.flags
+        if st.inside and any(not self._by_slot[slot].info.is_training for slot in st.inside):
+            flags |= FLAG_INTERLEAVED
+        end = t_end_ns
+        if truncated:
+            flags |= FLAG_TRUNCATED
+            if st.last_optimizer_ns >= 0:
+                end = st.last_optimizer_ns
+        else:
+            info = st.info
+            if flags & FLAG_OPTIMIZER_STEP:
+                info.rows_with_step += 1
+            elif flags & FLAG_EPOCH_START:
+                info.epoch_first_rows_without_step += 1
+            else:
+                info.rows_without_step += 1
+        self._row(st.start, end - st.start, st.wait, st.batch, st.slot, flags)
+        if st.gpu_enter is not None and next_gpu is not None and self._gpu_sink is not None:
+            row = len(self.record.steps) + len(self._rows) - 1  # its index, once written
+            self._gpu.append((row, st.gpu_enter, st.gpu_exit, next_gpu))
+        st.start = -1
+        if st.inside:
+            st.inside.clear()
+        st.last_optimizer_ns = -1
+        self._let_go(st.gpu_enter, st.gpu_exit)
+        st.gpu_enter = st.gpu_exit = None
+        del self._open[st.slot]
+
+    def _let_go(self, *events: Any) -> None:
+        """The segmenter holds ``events`` no longer (handed on after the steps queued so far)."""
+        if self._gpu_sink is not None:
+            closed = len(self._gpu)
+            self._gpu_done.extend((closed, ev) for ev in events if ev is not None)
+
+    def _row(
+        self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int
+    ) -> None:
+        """Queue one row (times relative to the run start); :meth:`_flush` writes it."""
+        self._rows.append((start_ns - self._t0, wall_ns, wait_ns, batch, source, flags))
+
+    def _flush(self) -> None:
+        """Write the queued rows in one go, then hand the GPU figures of those rows on."""
+        if self._rows:
+            self.record.steps.extend(self._rows)
+            self._rows = []
+        if self._gpu or self._gpu_done:
+            steps, self._gpu = self._gpu, []
+            done, self._gpu_done = self._gpu_done, []
+            assert self._gpu_sink is not None
+            self._gpu_sink(steps, done)

@@ -1,0 +1,537 @@
+"""``%%traceml`` (measure a cell) and ``%traceml`` (the session's runs): a thin shell holding
+the kernel's :class:`~traceml_nb.session.Session`.
+
+The cell runs as a plain cell would (:mod:`.cell`). The magic's own frames are hidden from
+tracebacks; every exception, ``KeyboardInterrupt`` included, leaves the magic unchanged after
+the run has been stopped, reported and recorded. Nothing here runs per training step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import shlex
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from ..api import Session, default_session
+from ..engine.instrument.profiler import (
+    DEFAULT_PROFILE_AFTER_STEPS,
+    DEFAULT_PROFILE_DIR,
+    DEFAULT_PROFILE_STEPS,
+    PROFILE_DIR_ENV,
+)
+from ..engine.run import (
+    MAX_INTERVAL_S,
+    MIN_INTERVAL_S,
+    Run,
+    RunAlreadyActiveError,
+    resolve_device,
+    validate_interval,
+)
+from ..views.frontend import (
+    VIEW_CHOICES,
+    Frontend,
+    choose_live_view,
+    detect_frontend,
+    prepare_widgets,
+)
+from .cell import cell_context, compile_cell, default_name, execute
+
+
+# --- arguments ---------------------------------------------------------------------------------
+def _interval(text: str) -> float:
+    try:
+        return validate_interval(text)  # type: ignore[arg-type]  # it parses strings too
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _warmup(text: str) -> str | int:
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be 'auto' or a number of steps, got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _name(text: str) -> str:
+    name = " ".join(text.split())
+    if not name:
+        raise argparse.ArgumentTypeError("the run's name must not be empty")
+    return name
+
+
+def _identifier(text: str) -> str:
+    if not text.isidentifier() or keyword.iskeyword(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid Python variable name")
+    return text
+
+
+def _log_to(text: str) -> str:
+    from ..session.trackers import parse_log_to
+
+    try:  # caught here: a misspelt tracker is said before the training runs, not after
+        parse_log_to(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _profile_steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of steps, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 step, got {value}")
+    return value
+
+
+def _device(text: str) -> str:
+    try:  # caught here: a bad index would otherwise fail inside the user's training loop
+        resolve_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+@dataclass(frozen=True)
+class CellOptions:
+    """The parsed ``%%traceml`` line."""
+
+    name: str | None
+    interval: float
+    view: str
+    warmup: str | int
+    out: str | None
+    device: str
+    compare: bool
+    #: where the run is stored: a path (``--store``), False (``--no-store``), None (default)
+    store: str | bool | None = None
+    #: tune the DataLoader right after an input-bound run (``--tune``)
+    tune: bool = False
+    #: the experiment trackers to log the run to (``--log-to``; None: TRACEML_NB_LOG_TO)
+    log_to: str | None = None
+    #: log the per-step series too (``--log-steps``)
+    log_steps: bool = False
+    #: steps to profile with torch.profiler (``--profile [N]``; None: no profile)
+    profile: int | None = None
+    profile_dir: str | None = None  #: where its trace goes (``--profile-dir``)
+
+
+def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
+    """Parse ``line`` with ``magic``'s parser; any problem is a UsageError showing the usage."""
+    parser = magic.parser  # type: ignore[attr-defined]
+    try:  # as a shell splits it: --name "4 workers, pinned" is one name, without its quotes
+        args = parser.parse_args(shlex.split(line))
+    except (UsageError, ValueError) as exc:
+        usage = " ".join(parser.format_usage().replace("::", "").split())
+        raise UsageError(f"usage: {usage}\n%%traceml: {exc}") from None
+    return CellOptions(
+        name=args.name,
+        interval=args.interval,
+        view=args.view,
+        warmup=args.warmup,
+        out=args.out,
+        device=args.device,
+        compare=not args.no_compare,
+        store=False if args.no_store else args.store,
+        tune=args.tune,
+        log_to=args.log_to,
+        log_steps=args.log_steps,
+        profile=args.profile,
+        profile_dir=args.profile_dir,
+    )
+
+
+# --- the magics --------------------------------------------------------------------------------
+@magics_class
+class TraceMLMagics(Magics):
+    """The ``%%traceml`` cell magic and the ``%traceml`` line magic."""
+
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        assert self.shell is not None
+        return self.shell.user_ns
+
+    @property
+    def session(self) -> Session:
+        """The kernel's session: its runs, their history and comparisons."""
+        return default_session()
+
+    @magic_arguments(name="%traceml")
+    @argument(
+        "--name",
+        metavar="LABEL",
+        type=_name,
+        default=None,
+        help="label of the run in the report and the history "
+        "(default: the cell's leading comment, else 'cell [n]')",
+    )
+    @argument(
+        "--interval",
+        metavar="SEC",
+        type=_interval,
+        default=0.1,
+        help=f"sampler period in seconds, {MIN_INTERVAL_S} to {MAX_INTERVAL_S} "
+        "(default 0.1 = 10 Hz)",
+    )
+    @argument(
+        "--view",
+        metavar="VIEW",
+        choices=VIEW_CHOICES,
+        default="auto",
+        help="live view: auto (pick for this frontend), live (Bokeh widget), html (an HTML "
+        "output updated once a second), text (no live view, the report as plain text), none "
+        "(no live view; the final report is still shown). Default: auto",
+    )
+    @argument(
+        "--warmup",
+        metavar="N",
+        type=_warmup,
+        default="auto",
+        help="leading steps excluded from the statistics as warm-up: a number, or auto "
+        "(default: detected from the step times)",
+    )
+    @argument(
+        "-o",
+        "--out",
+        metavar="VAR",
+        type=_identifier,
+        default=None,
+        help="store the RunResult in the variable VAR of the user namespace",
+    )
+    @argument(
+        "--device",
+        metavar="DEVICE",
+        type=_device,
+        default="auto",
+        help="device to watch: auto, cpu, cuda or cuda:N (default: auto = the current CUDA "
+        "device when there is one)",
+    )
+    @argument(
+        "--no-compare",
+        action="store_true",
+        help="do not compare with earlier runs of this cell",
+    )
+    @argument(
+        "--store",
+        metavar="PATH",
+        default=None,
+        help="SQLite run store to write the run to (default: TRACEML_NB_STORE, else "
+        "$XDG_DATA_HOME/traceml_nb/runs.sqlite)",
+    )
+    @argument(
+        "--no-store",
+        action="store_true",
+        help="do not write this run to the run store",
+    )
+    @argument(
+        "--tune",
+        action="store_true",
+        help="when the run is input-bound, measure DataLoader settings right after it and "
+        "recommend one (as %%traceml tune does)",
+    )
+    @argument(
+        "--log-to",
+        metavar="TRACKERS",
+        type=_log_to,
+        default=None,
+        help="log the run's figures, verdict and report to experiment trackers: wandb, mlflow, "
+        "tensorboard or tensorboard:DIR, several separated by commas, or off (default: "
+        "TRACEML_NB_LOG_TO). An active W&B or MLflow run is logged into; otherwise one is "
+        "started in your own configuration",
+    )
+    @argument(
+        "--log-steps",
+        action="store_true",
+        help="with --log-to: the per-step series too (step time, data wait, compute, GPU "
+        "stall; at most 2000 points each, the step index as x)",
+    )
+    @argument(
+        "--profile",
+        metavar="N",
+        type=_profile_steps,
+        nargs="?",
+        const=DEFAULT_PROFILE_STEPS,
+        default=None,
+        help=f"profile N steady steps with torch.profiler (default {DEFAULT_PROFILE_STEPS}), "
+        f"after the warm-up (--warmup N, else {DEFAULT_PROFILE_AFTER_STEPS} steps): the top "
+        "operators and the cell lines they come from, the calls that wait for the GPU, a "
+        "Chrome trace of those steps; the profiled steps are left out of the statistics",
+    )
+    @argument(
+        "--profile-dir",
+        metavar="DIR",
+        default=None,
+        help=f"directory of the --profile trace files (default: {PROFILE_DIR_ENV}, else "
+        f"./{DEFAULT_PROFILE_DIR})",
+    )
+    @cell_magic("traceml")  # type: ignore[arg-type]
+    def traceml_cell(self, line: str, cell: str) -> None:
+        """Measure the training in this cell: live charts while it runs, a diagnosis at the end.
+
+        Put ``%%traceml`` on the first line of a cell that trains a PyTorch model; the code
+        itself needs no change. Every DataLoader batch is a step (without a DataLoader:
+        every ``optimizer.step()``; custom loops: call ``traceml_nb.step()``). While the cell
+        runs a live chart shows step time, data wait and GPU/CPU use; when it ends, however
+        it ends, a report says whether the run was input-bound, host-bound, compute-bound or
+        throttled, with the evidence, the fix taken from your DataLoader settings, an upper
+        bound of what the fix saves, and a comparison with the previous and the best run of
+        the same cell and its baseline. The run is added to the session history (``%traceml
+        history``) and written to the run store (``--store PATH``, ``--no-store``), where
+        later sessions and ``python -m traceml_nb check`` find it.
+
+        The cell behaves like a plain cell: variables it assigns stay defined, its last
+        expression is shown as ``Out[n]``, an exception stops the notebook as usual (after
+        the partial report). Metrics that cannot be measured here (no GPU, no NVML, ...) are
+        shown as "unavailable" with the reason, never as 0. Top-level ``await`` is not
+        supported in a ``%%traceml`` cell (put the loop in a function and call it).
+
+        Examples::
+
+            %%traceml
+            for x, y in train_loader:
+                loss = loss_fn(model(x.cuda()), y.cuda())
+                loss.backward(); opt.step(); opt.zero_grad()
+
+            %%traceml --name "4 workers, pinned" -o res
+            train(model, loader, epochs=1)
+
+            res.diagnosis.verdict, res.to_dataframe()   # in a later cell
+            %traceml history                            # every run of the session
+            %traceml compare 1 2                        # run 2 against run 1
+
+            %%traceml --view none --warmup 20 --interval 0.05 --device cuda:1
+            ...
+
+            %%traceml --log-to wandb,mlflow,tensorboard:runs/exp1 --log-steps
+            train(model, loader)       # figures, verdict and report into the trackers too
+
+            %%traceml --tune          # input-bound? then measure DataLoader settings
+            train(model, loader)      # (the same as %traceml tune after the run)
+
+            %%traceml --profile 10    # torch.profiler over 10 steady steps: which
+            train(model, loader)      # operators and lines take the time
+        """
+        __tracebackhide__ = True  # noqa: F841 (read by IPython's traceback formatter)
+        options = parse_options(self.traceml_cell, line)
+        if not cell.strip():
+            raise UsageError("%%traceml: the cell is empty; put the training code under %%traceml")
+        context = cell_context(self.shell)
+        compiled = compile_cell(self.shell, cell, context)
+        run = self.session.run(
+            options.name or default_name(cell, context.number),
+            interval=options.interval,
+            device=options.device,
+            source=cell,
+            cell_id=context.cell_id,
+            profile=options.profile,
+            profile_after=options.warmup if isinstance(options.warmup, int) else None,
+            profile_dir=options.profile_dir,
+            code_file=compiled.filename,
+        )
+        run.named = options.name is not None
+        frontend = detect_frontend(self.shell)
+        try:
+            run.start()
+        except RunAlreadyActiveError as exc:
+            raise UsageError(f"%%traceml: {exc}") from None
+        view = None
+        try:
+            view = start_live_view(run, options.view, frontend)
+            execute(compiled, self.user_ns)
+        except BaseException as exc:
+            self._finish(run, view, options, exc)
+            raise
+        self._finish(run, view, options, None)
+
+    def _finish(self, run: Run, view: Any, options: CellOptions, exc: BaseException | None) -> None:
+        """Stop the run and the view, then report and record the run, whatever happened."""
+        __tracebackhide__ = True  # noqa: F841
+        try:
+            run.stop(exc)
+        finally:
+            if view is not None:
+                try:
+                    view.stop()
+                except Exception as view_exc:
+                    run.capabilities.note(
+                        f"live view failed: {type(view_exc).__name__}: {view_exc}"
+                    )
+        try:
+            from ..views.report import Report
+
+            result = self.session.result(
+                run,
+                warmup=options.warmup,
+                compare=options.compare,
+                store=options.store,
+                log_to=False,  # logged below, once the report is shown
+            )
+            report = Report.of(result)
+        except Exception as report_exc:  # a broken report must not hide the cell's own outcome
+            where = traceback.extract_tb(report_exc.__traceback__)[-1]
+            print(
+                f"traceml: the report could not be made ({type(report_exc).__name__}: "
+                f"{report_exc}, at {where.filename}:{where.lineno}); the cell itself "
+                f"{'completed' if exc is None else 'raised the error shown below'}",
+                file=sys.stderr,
+            )
+            return
+        if options.view == "text":
+            print(report)
+        else:
+            from IPython.display import display
+
+            display(report)
+        if options.out:
+            self.user_ns[options.out] = result
+        lines = self.session.export(
+            result,
+            options.log_to,
+            run=run,
+            log_steps=options.log_steps or None,
+            render=lambda _: report._repr_html_(),
+        )
+        for tracker_line in lines:
+            print(tracker_line)
+        if options.tune and exc is None:
+            self._tune_after(result)
+
+    def _tune_after(self, result: Any) -> None:
+        """``--tune``: tune the run's DataLoader when the run was input-bound."""
+        verdict = result.diagnosis.verdict
+        if verdict != "input-bound":
+            print(f"traceml: --tune: the run is {verdict}, not input-bound: nothing to tune")
+            return
+        from .line_commands import run_tuning
+
+        print("traceml: --tune: the run is input-bound; measuring DataLoader settings")
+        try:
+            run_tuning(self.shell, self.session, result.run_id)
+        except UsageError as tune_exc:
+            print(f"traceml: --tune: {tune_exc}")
+        except Exception as tune_exc:  # the cell itself succeeded: a failure here is a line
+            print(f"traceml: --tune failed: {type(tune_exc).__name__}: {tune_exc}")
+
+    @line_magic("traceml")  # type: ignore[arg-type]
+    def traceml_line(self, line: str) -> None:
+        """The runs measured in this session: history, compare A B, save, load, clear, tune.
+
+        ::
+
+          %traceml history          table of the runs (name, status, verdict, step time...)
+          %traceml history --all    the stored runs of every session; --name NAME: of NAME
+          %traceml compare A B      compare run A (before) with run B (after); @17: stored
+          %traceml baseline NAME [set RUNS|clear]   show, pin or unpin a baseline
+          %traceml save PATH        write the history to a JSON file
+          %traceml load PATH        replace the history with the runs saved in PATH
+          %traceml clear            forget every run of this session
+          %traceml tune [RUN] [--budget SEC] [--workers LIST] [--prefetch LIST] [--batches N]
+                        [--loader VAR] [-o VAR]
+                                    measure DataLoader settings for the training loader of
+                                    the last run (or RUN) and recommend one
+          %traceml help             the commands
+        """
+        from .line_commands import dispatch
+
+        dispatch(self.session, self.shell, line)
+
+
+def start_live_view(run: Run, view_option: str, frontend: Frontend) -> Any:
+    """Start the live view the option and the frontend call for; ``None`` for no view.
+
+    A view that fails to start is noted in the run's capabilities and the run goes on.
+    """
+    kind = choose_live_view(view_option, frontend)
+    if kind == "none":
+        return None
+    view: Any = None
+    try:
+        if kind == "live":
+            note = prepare_widgets(frontend)
+            if note:
+                run.capabilities.note(note)
+            try:
+                from ..views.live.view import LiveView
+            except ImportError as exc:
+                run.capabilities.note(f"live Bokeh view unavailable ({exc}); showing the HTML view")
+                kind = "html"
+            else:
+                view = LiveView(run)
+        if kind == "html":
+            from ..views.live.handle import HandleView
+
+            view = HandleView(run)
+        view.start()
+    except Exception as exc:
+        run.capabilities.note(f"live view failed to start: {type(exc).__name__}: {exc}")
+        if view is not None:
+            try:
+                view.stop()
+            except Exception:
+                pass
+        return None
+    return view
+
+
+# --- extension hooks ----------------------------------------------------------------------------
+WARMUP_THREAD = "traceml-warmup"
+
+
+def _warm_up_imports() -> None:
+    """Import the live view (bokeh, jupyter_bokeh) and the analysis (numpy) ahead of the
+    first ``%%traceml`` cell, so its chart appears sooner; a failure here is left to the cell."""
+    try:
+        import traceml_nb.analysis  # noqa: F401
+        import traceml_nb.views.live.view  # noqa: F401
+    except Exception:
+        pass
+
+
+def register(ipython: Any) -> None:
+    """Register the magics with ``ipython`` (``%load_ext traceml_nb``).
+
+    A ``RunResult`` shown in a cell (``res`` after ``-o res``) is shown as its report. In a
+    frontend that shows widgets, the live view's imports start at once on a short-lived
+    background thread, while the user's next cells run.
+    """
+    ipython.register_magics(TraceMLMagics)
+    html = ipython.display_formatter.formatters["text/html"]
+    html.for_type_by_name("traceml_nb.session.result", "RunResult", _result_html)
+    if choose_live_view("auto", detect_frontend(ipython)) == "live":
+        threading.Thread(target=_warm_up_imports, name=WARMUP_THREAD, daemon=True).start()
+
+
+def unregister(ipython: Any) -> None:
+    """Remove the magics (``%unload_ext traceml_nb``)."""
+    magics = ipython.magics_manager.magics
+    for kind in ("line", "cell"):
+        magics[kind].pop("traceml", None)
+    ipython.magics_manager.registry.pop(TraceMLMagics.__name__, None)
+    from ..session.result import RunResult
+
+    ipython.display_formatter.formatters["text/html"].pop(RunResult, None)
+
+
+def _result_html(result: Any) -> str:
+    """A :class:`~traceml_nb.session.result.RunResult` shown in a cell: its report."""
+    from ..views.report import Report
+
+    return Report.of(result)._repr_html_()

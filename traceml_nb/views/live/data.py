@@ -1,0 +1,386 @@
+"""Chart data for the live view: record snapshots in, batched and downsampled points out.
+
+Pure logic, no Bokeh: the live view asks a series for its update once per tick and sends the
+result as one ``stream`` (``replace=False``: append the points) or one data replacement
+(``replace=True``). A series never holds more than ``max_points`` points, however long the
+run: rows are grouped into buckets of ``k`` rows (``k`` a power of two, the median of each
+column per bucket) and when the run outgrows ``max_points * k`` rows, ``k`` doubles and the
+whole series is re-binned from the record (a replacement; it happens about
+``log2(rows / max_points)`` times in a run, so ~6 times in a 100,000-step run).
+
+Only complete buckets are sent while the run is live; the last, partial bucket is sent by
+the final update. Values that were not measured stay ``NaN`` (a gap in the chart, never 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from ...analysis.steps import StepRule, rule_of
+from ...engine.record import RecordSnapshot, StepColumns
+
+NAN = float("nan")
+
+#: Points a chart source keeps at most (the browser stays responsive well above this).
+MAX_POINTS = 2000
+
+#: The live figures of a run or a rank (its median step, its data wait share) are over its
+#: latest this-many steps: recent enough to follow a loop that slows down, enough steps for a
+#: median that one slow batch does not move.
+RECENT_STEPS = 50
+
+#: The throughput is averaged over at least this many steps (one step alone is too noisy).
+RATE_WINDOW_STEPS = 20
+
+#: Columns of the step series. ``step``: 1-based step number (bucket middle); ``t_s``: seconds
+#: from the run start to the end of the bucket; ``wait_ms``/``compute_ms``/``step_ms``: median
+#: data wait, rest of the step, and whole step, in milliseconds; ``samples_per_s`` and
+#: ``steps_per_s``: throughput over the last ``max(k, RATE_WINDOW_STEPS)`` steps up to the
+#: bucket's end (``samples_per_s`` is NaN when a batch size there could not be read).
+STEP_FIELDS = ("step", "t_s", "wait_ms", "compute_ms", "step_ms", "samples_per_s", "steps_per_s")
+
+
+class SampleTableLike(Protocol):
+    """What a :class:`SampleSeries` reads: a :class:`~traceml_nb.engine.record.SampleTable`."""
+
+    names: tuple[str, ...]
+
+    def snapshot(self, start: int = 0) -> dict[str, Any]: ...
+
+    def __len__(self) -> int: ...
+
+
+Columns = dict[str, np.ndarray]
+
+
+@dataclass
+class SeriesUpdate:
+    """What one chart source must receive this tick (float64 columns of equal length)."""
+
+    data: Columns
+    replace: bool  #: True: the source's data becomes ``data``; False: ``data`` is appended
+
+    def __len__(self) -> int:
+        return len(next(iter(self.data.values()), ()))
+
+
+def bucket_size(rows: int, max_points: int = MAX_POINTS) -> int:
+    """Smallest power of two ``k`` such that ``rows`` rows make at most ``max_points`` buckets."""
+    if max_points < 1:
+        raise ValueError("max_points must be at least 1")
+    k = 1
+    while (rows + k - 1) // k > max_points:
+        k *= 2
+    return k
+
+
+def bucket_medians(values: np.ndarray, k: int, *, partial: bool) -> np.ndarray:
+    """Median of each run of ``k`` values (``NaN`` ignored; ``NaN`` where none was measured).
+
+    Only whole buckets unless ``partial``, which makes the remainder a last, shorter bucket.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    whole = len(values) // k
+    tail = len(values) - whole * k if partial else 0
+    out = np.full(whole + (1 if tail else 0), NAN)
+    if whole:
+        grid = values[: whole * k].reshape(whole, k)
+        if k == 1:
+            out[:whole] = grid[:, 0]
+        else:
+            out[:whole] = np.median(grid, axis=1)  # NaN where a bucket has a NaN...
+            gaps = np.isnan(grid)
+            partly = gaps.any(axis=1) & ~gaps.all(axis=1)
+            if partly.any():  # ...so those are redone without their NaN (all-NaN stay NaN)
+                out[:whole][partly] = np.nanmedian(grid[partly], axis=1)
+    if tail:
+        rest = values[whole * k :]
+        rest = rest[~np.isnan(rest)]
+        if len(rest):
+            out[-1] = float(np.median(rest))
+    return out
+
+
+def recent_rate(history: Sequence[tuple[float, int]]) -> float | None:
+    """Steps per second between the first and last ``(seconds, steps)`` of ``history``;
+    ``None`` with fewer than two entries or no time between them."""
+    if len(history) < 2:
+        return None
+    (t0, n0), (t1, n1) = history[0], history[-1]
+    if t1 <= t0:
+        return None
+    return (n1 - n0) / (t1 - t0)
+
+
+_NS = np.int64
+
+
+@dataclass
+class StepRows:
+    """Rows of one step source, in order (times in nanoseconds, ``batch`` -1 when unknown)."""
+
+    start_ns: np.ndarray
+    wall_ns: np.ndarray
+    wait_ns: np.ndarray
+    batch: np.ndarray
+
+    @classmethod
+    def empty(cls) -> StepRows:
+        return cls(*(np.empty(0, dtype=_NS) for _ in range(4)))
+
+    @classmethod
+    def of_rule(cls, cols: StepColumns, rule: StepRule) -> StepRows:
+        """The rows of ``cols`` that are steps by ``rule``."""
+        keep = rule.mask(cols) if len(cols) else None
+
+        def column(values: Any) -> np.ndarray:
+            if keep is None:
+                return np.empty(0, dtype=_NS)
+            return np.asarray(values, dtype=_NS)[keep]
+
+        return cls(
+            column(cols.start_ns), column(cols.wall_ns), column(cols.wait_ns), column(cols.batch)
+        )
+
+    def __len__(self) -> int:
+        return len(self.wall_ns)
+
+    def extend(self, other: StepRows) -> None:
+        self.start_ns = np.concatenate([self.start_ns, other.start_ns])
+        self.wall_ns = np.concatenate([self.wall_ns, other.wall_ns])
+        self.wait_ns = np.concatenate([self.wait_ns, other.wait_ns])
+        self.batch = np.concatenate([self.batch, other.batch])
+
+    def drop(self, n: int) -> None:
+        """Forget the first ``n`` rows."""
+        self.start_ns = self.start_ns[n:]
+        self.wall_ns = self.wall_ns[n:]
+        self.wait_ns = self.wait_ns[n:]
+        self.batch = self.batch[n:]
+
+
+def _empty_columns(names: Sequence[str]) -> Columns:
+    return {name: np.empty(0) for name in names}
+
+
+def bin_steps(
+    rows: StepRows,
+    first_step: int,
+    k: int,
+    *,
+    partial: bool,
+    context: int = 0,
+    rate_window: int = RATE_WINDOW_STEPS,
+) -> tuple[Columns, int]:
+    """Bucket medians of ``rows[context:]`` (``k`` rows a bucket) and the number of rows used.
+
+    ``first_step`` is the 0-based index of ``rows[context]`` within its source. Only whole
+    buckets are used unless ``partial``, which also turns the remainder into a last point.
+    The throughput of a point is measured over the last ``max(k, rate_window)`` steps up to
+    the bucket's end; ``rows[:context]`` are earlier steps (already sent) that only serve that
+    trailing window.
+    """
+    body = len(rows) - context
+    used = body if partial else body - body % k
+    if used <= 0:
+        return _empty_columns(STEP_FIELDS), 0
+    seg = slice(context, context + used)
+    wall_ms = rows.wall_ns[seg] / 1e6
+    wait_ms = rows.wait_ns[seg] / 1e6
+    lo = np.arange(0, used, k)
+    hi = np.minimum(lo + k, used)
+    last = context + hi - 1  # each bucket's last row, in ``rows``
+    # throughput over the trailing window, from cumulative sums over all rows
+    end = last + 1
+    start = np.maximum(0, end - max(k, rate_window))
+    walls = np.concatenate([[0], np.cumsum(rows.wall_ns)])
+    samples = np.concatenate([[0], np.cumsum(np.maximum(rows.batch, 0))])
+    unknown = np.concatenate([[0], np.cumsum(rows.batch < 0)])
+    window_s = (walls[end] - walls[start]) / 1e9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps_per_s = np.where(window_s > 0, (end - start) / window_s, NAN)
+        samples_per_s = np.where(
+            (window_s > 0) & (unknown[end] == unknown[start]),
+            (samples[end] - samples[start]) / window_s,
+            NAN,
+        )
+    data = {
+        "step": first_step + (lo + hi + 1) / 2,  # middle of the bucket's steps, 1-based
+        "t_s": (rows.start_ns[last] + rows.wall_ns[last]) / 1e9,
+        "wait_ms": bucket_medians(wait_ms, k, partial=partial),
+        "compute_ms": bucket_medians(wall_ms - wait_ms, k, partial=partial),
+        "step_ms": bucket_medians(wall_ms, k, partial=partial),
+        "samples_per_s": samples_per_s.astype(np.float64),
+        "steps_per_s": steps_per_s.astype(np.float64),
+    }
+    return data, used
+
+
+def bin_samples(cols: Mapping[str, np.ndarray], k: int, *, partial: bool) -> tuple[Columns, int]:
+    """Bucket medians of every column of a sample snapshot (``k`` rows a bucket), rows used."""
+    n = len(cols["t"])
+    used = n if partial else n - n % k
+    out = {name: bucket_medians(values[:used], k, partial=partial) for name, values in cols.items()}
+    return out, used
+
+
+#: Reads the run's record: step rows from the given row on (``Run.snapshot``).
+SnapshotReader = Callable[[int], RecordSnapshot]
+
+
+class StepSeries:
+    """The step chart's points for one run: its steps (:func:`~traceml_nb.analysis.steps.step_rule`),
+    ≤ ``max_points`` buckets.
+
+    Each update reads the rows added since the last one (``read(first_row)``); when the rule
+    that picks the steps changes (the training loader becomes known, markers appear) the
+    series is rebuilt from the whole record. :attr:`snapshot` is what the last update read
+    (its counters and loaders), :attr:`steps` the number of steps it holds.
+    """
+
+    def __init__(self, read: SnapshotReader, max_points: int = MAX_POINTS) -> None:
+        self.read = read
+        self.max_points = max_points
+        self.rule: StepRule | None = None
+        self.snapshot: RecordSnapshot | None = None
+        self.k = 1  #: steps per point
+        self.points = 0  #: points the chart holds after the updates handed out so far
+        self.steps = 0  #: steps read so far
+        self.finished = False
+        self._rows_read = 0  # rows of the step table read (all sources)
+        self._binned = 0  # steps already in a sent point
+        self._pending = StepRows.empty()  # steps read but not yet in a sent point, after...
+        self._context = 0  # ...this many steps already sent, kept for the throughput window
+
+    def update(
+        self, *, final: bool = False, snapshot: RecordSnapshot | None = None
+    ) -> SeriesUpdate | None:
+        """The points to send now, or ``None`` when there is nothing new. ``snapshot``: a copy
+        of the whole record read by the caller (rows from the first on), to use instead of
+        reading again, so that the caller's other readings see the very rows the chart does."""
+        if self.finished:
+            return None
+        self.finished = final
+        if snapshot is not None:
+            snap = replace(snapshot, steps=snapshot.steps.tail(self._rows_read))
+        else:
+            snap = self.read(self._rows_read)
+        self.snapshot = snap
+        rule = rule_of(snap)
+        if rule.kind == "none":
+            return None
+        if rule != self.rule:
+            return self._rebuild(final, snapshot)
+        self._rows_read += len(snap.steps)
+        new = StepRows.of_rule(snap.steps, rule)
+        total = self._binned + len(self._pending) - self._context + len(new)
+        if bucket_size(total, self.max_points) != self.k:
+            return self._rebuild(final, snapshot)
+        self._pending.extend(new)
+        self.steps = total
+        data = self._bin(final)
+        if not len(data["step"]):
+            return None
+        self.points += len(data["step"])
+        return SeriesUpdate(data, replace=False)
+
+    def _rebuild(self, final: bool, snapshot: RecordSnapshot | None) -> SeriesUpdate:
+        """All points again from the whole record (new rule or new bucket size)."""
+        snap = snapshot if snapshot is not None else self.read(0)
+        self.snapshot = snap
+        self.rule = rule_of(snap)
+        self._rows_read = len(snap.steps)
+        rows = StepRows.of_rule(snap.steps, self.rule)
+        self.k = bucket_size(len(rows), self.max_points)
+        self.steps = len(rows)
+        self._pending = rows
+        self._context = 0
+        self._binned = 0
+        data = self._bin(final)
+        self.points = len(data["step"])
+        return SeriesUpdate(data, replace=True)
+
+    def _bin(self, final: bool) -> Columns:
+        """Points of the pending steps; keeps the last sent ones as the throughput's context."""
+        data, used = bin_steps(
+            self._pending, self._binned, self.k, partial=final, context=self._context
+        )
+        self._binned += used
+        sent = self._context + used
+        keep = min(sent, max(self.k, RATE_WINDOW_STEPS))
+        self._pending.drop(sent - keep)
+        self._context = keep
+        return data
+
+
+class SampleSeries:
+    """The points of one sample table (host or one GPU): ≤ ``max_points`` bucket medians.
+
+    The table halves itself when it reaches its cap (its ``stride`` doubles, its rows are
+    renumbered); the series notices and rebuilds.
+    """
+
+    def __init__(
+        self,
+        table: SampleTableLike,
+        columns: Sequence[str] | None = None,
+        max_points: int = MAX_POINTS,
+    ) -> None:
+        self.table = table
+        wanted = table.names[1:] if columns is None else columns
+        #: the columns sent: the time ``t`` (seconds since the run start) and ``columns``
+        self.names = ("t",) + tuple(c for c in wanted if c in table.names and c != "t")
+        self.max_points = max_points
+        self.k = 1  #: samples per point
+        self.points = 0
+        self.finished = False
+        self._stride = getattr(table, "stride", 1)
+        self._rows_read = 0
+        self._binned = 0
+        self._pending: Columns = _empty_columns(self.names)
+        self._started = False
+
+    def update(self, *, final: bool = False) -> SeriesUpdate | None:
+        """The points to send now, or ``None`` when there is nothing new."""
+        if self.finished:
+            return None
+        self.finished = final
+        stride = getattr(self.table, "stride", 1)
+        if not self._started or stride != self._stride:
+            self._started = True
+            self._stride = stride
+            return self._rebuild(final)
+        snap = self._snapshot(self._rows_read)
+        added = len(snap["t"])
+        self._rows_read += added
+        if bucket_size(self._binned + len(self._pending["t"]) + added, self.max_points) != self.k:
+            return self._rebuild(final)
+        for name, values in snap.items():
+            self._pending[name] = np.concatenate([self._pending[name], values])
+        return self._emit(final, replace=False)
+
+    def _emit(self, final: bool, *, replace: bool) -> SeriesUpdate | None:
+        data, used = bin_samples(self._pending, self.k, partial=final)
+        self._pending = {name: values[used:] for name, values in self._pending.items()}
+        self._binned += used
+        had_points = self.points
+        self.points = (0 if replace else self.points) + len(data["t"])
+        if not len(data["t"]) and not (replace and had_points):
+            return None
+        return SeriesUpdate(data, replace=replace)
+
+    def _rebuild(self, final: bool) -> SeriesUpdate | None:
+        snap = self._snapshot(0)
+        self._rows_read = len(snap["t"])
+        self.k = bucket_size(self._rows_read, self.max_points)
+        self._pending = snap
+        self._binned = 0
+        return self._emit(final, replace=True)
+
+    def _snapshot(self, start: int) -> Columns:
+        snap = self.table.snapshot(start)
+        return {name: np.asarray(snap[name], dtype=np.float64) for name in self.names}

@@ -1,0 +1,168 @@
+"""The shifts of a name's step time in words: the marks and lines of ``%traceml history --name``
+and the outputs of ``python -m traceml_nb check --history`` (text, markdown, JUnit XML)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..analysis.findings import Changes
+from ..analysis.formatting import fmt_ms, fmt_share, signed_pct
+from ..analysis.thresholds import CHANGE_MIN_RUNS
+from ..session.shifts import ERROR, SLOWDOWN, TOO_SHORT, HistoryCheck, NameShifts, Shift
+from .check_report import CheckReport, GateReport
+
+_ICON = {"pass": "\u2705", SLOWDOWN: "\u274c", TOO_SHORT: "\u26a0\ufe0f", ERROR: "\u26a0\ufe0f"}
+#: The check's statuses as ``check``'s JUnit report reads them (a short history is skipped).
+_AS_CHECK = {TOO_SHORT: "no baseline"}
+
+
+def _went(item: str) -> str:
+    """``num_workers 4 → 0`` as ``num_workers went 4 → 0`` (other items as they are)."""
+    field, _, rest = item.partition(" ")
+    return f"{field} went {rest}" if "\u2192" in rest else item
+
+
+def changes_clause(changes: Changes) -> str:
+    """What came with a shift, as a clause: ``where the DataLoader's num_workers went 4 → 0``;
+    ``with the same code, settings and environment`` when nothing stored changed."""
+    parts = []
+    if changes.settings:
+        parts.append("the DataLoader's " + " and ".join(_went(s) for s in changes.settings))
+    if changes.code:
+        first = changes.code[0]
+        more = f" and {len(changes.code) - 1} more lines" if len(changes.code) > 1 else ""
+        parts.append(f"the code changed ({first}{more})")
+    if changes.environment:
+        parts.append(" and ".join(_went(s) for s in changes.environment))
+    if changes.load_share is not None and changes.load is not None:
+        parts.append(f"other processes used {fmt_share(changes.load_share)} of the CPUs")
+    if changes.steal_share is not None and changes.steal is not None:
+        parts.append(f"the hypervisor took {fmt_share(changes.steal_share)} of the CPUs")
+    if not parts:
+        return "with the same code, settings and environment"
+    return "where " + ", ".join(parts)
+
+
+def shift_line(shift: Shift) -> str:
+    """``step time +18% from @41 (12.1 ms → 14.3 ms), where the DataLoader's num_workers went
+    4 → 0``."""
+    p = shift.point
+    return (
+        f"step time {signed_pct(p.change)} from @{shift.after.id} "
+        f"({fmt_ms(p.before_ms)} \u2192 {fmt_ms(p.after_ms)}), {changes_clause(shift.changes)}"
+    )
+
+
+def shift_mark(shift: Shift) -> str:
+    """The mark in the history table on a shift's first run: ``▲ +18%`` slower, ``▼ −20%``
+    faster."""
+    arrow = "\u25b2" if shift.point.change > 0 else "\u25bc"
+    return f"{arrow} {signed_pct(shift.point.change)}"
+
+
+def shift_lines(history: NameShifts) -> list[str]:
+    """The lines under ``%traceml history --name``'s table: one per shift, or why none."""
+    shifts = history.shifts
+    where = f" on {history.hardware}" if history.hardware else ""
+    if not shifts.judged:
+        return [
+            f"change points: {shifts.runs} run{'s' if shifts.runs != 1 else ''} with a step "
+            f"time{where}; {shifts.needed} needed to look for shifts"
+        ]
+    if not history.found:
+        return [
+            f"change points: no shift of the step time over {shifts.runs} runs{where} (a shift "
+            f"shows once {CHANGE_MIN_RUNS} runs follow it)"
+        ]
+    return [f"change points over {shifts.runs} runs{where}:"] + [
+        f"  {shift_line(s)}" for s in history.found
+    ]
+
+
+@dataclass(repr=False)
+class HistoryCheckReport(GateReport):
+    """``python -m traceml_nb check --history``: the :class:`~traceml_nb.session.shifts.
+    HistoryCheck` (``result``) and its renderings; ``exit_code`` 0/1/2 as the CLI exits."""
+
+    result: HistoryCheck
+
+    def text(self) -> str:
+        """The one-paragraph verdict."""
+        r = self.result
+        if r.history is None:
+            return f"ERROR: cannot check the history of {r.name!r}: {r.error}."
+        h = r.history
+        where = f" on {h.hardware}" if h.hardware else ""
+        over = f"over its {h.shifts.runs} runs{where}"
+        allowed = f"the {fmt_share(r.max_slowdown)} allowed"
+        if r.status == TOO_SHORT:
+            need = h.shifts.needed - h.shifts.runs
+            left = "; ".join(f"{n} {why}" for why, n in h.left_out.items())
+            return (
+                f"NO VERDICT: {r.name!r} has {h.shifts.runs} completed run"
+                f"{'s' if h.shifts.runs != 1 else ''} with a step time{where}"
+                + (f" ({left} left out)" if left else "")
+                + f"; change points need {h.shifts.needed} ({need} more)."
+            )
+        shift = r.shift
+        if shift is None:
+            return (
+                f"OK: {r.name!r}: no shift of the step time {over} (a shift shows once "
+                f"{CHANGE_MIN_RUNS} runs follow it)."
+            )
+        line = shift_line(shift)
+        since = f"the {shift.runs_since} runs since hold it"
+        p = f"p = {shift.point.p_value:.3f}"
+        if r.status == SLOWDOWN:
+            return (
+                f"REGRESSION: {r.name!r} {line}; {since}, beyond {allowed} "
+                f"(change points {over}, {p})."
+            )
+        kind = "not a slowdown" if shift.point.change <= 0 else f"within {allowed}"
+        return f"OK: {r.name!r} latest shift: {line}; {kind} (change points {over}, {p})."
+
+    def markdown(self) -> str:
+        """A heading, the verdict, and the shifts as a table (for a CI job summary)."""
+        r = self.result
+        head = f"### {_ICON.get(r.status, '')} traceml_nb check --history: `{r.name}` \u2014 "
+        lines = [head + r.status, "", self.text(), ""]
+        found = r.history.found if r.history is not None else []
+        if found:
+            lines += [
+                "| from | before | after | change | what came with it |",
+                "|---|---|---|---|---|",
+            ]
+            for s in found:
+                cells = [
+                    f"@{s.after.id}",
+                    fmt_ms(s.point.before_ms),
+                    fmt_ms(s.point.after_ms),
+                    signed_pct(s.point.change),
+                    changes_clause(s.changes),
+                ]
+                lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            lines.append("")
+        return "\n".join(lines)
+
+    def _as_check(self) -> Any:
+        """The same verdict as ``check``'s report, whose JUnit writer it reuses."""
+        from ..session.check import CheckResult
+
+        r = self.result
+        return CheckReport(
+            CheckResult(
+                exit_code=r.exit_code,
+                status=_AS_CHECK.get(r.status, r.status),
+                name=r.name,
+                verdict=self.text(),
+                max_slowdown=r.max_slowdown,
+                store_path=r.store_path,
+            )
+        )
+
+    def junit(self) -> str:
+        """JUnit XML as ``check`` writes it: a failure for a slowdown that holds, a skip for a
+        history too short, an error for a store that cannot be read."""
+        text: str = self._as_check().junit()
+        return text
