@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check traceml_nb tests benchmarks
 .venv/bin/ruff format --check traceml_nb tests benchmarks
 .venv/bin/mypy traceml_nb
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# the 30 slowest tests in the log; every test's time in out/test-times.xml (JUnit), to keep the suite fast
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 --junitxml=out/test-times.xml "$@"

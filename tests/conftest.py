@@ -8,7 +8,9 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 _SESSION_STORE_DIR = tempfile.mkdtemp(prefix="traceml-test-store-")
 atexit.register(shutil.rmtree, _SESSION_STORE_DIR, ignore_errors=True)
 os.environ["TRACEML_NB_STORE"] = os.path.join(_SESSION_STORE_DIR, "runs.sqlite")
+
+#: The fixtures' and builders' modules (``from builders import ...``), for the tests and for
+#: what they start (spawned ranks get the parent's path).
+SUPPORT = Path(__file__).resolve().parent / "support"
+sys.path.insert(0, str(SUPPORT))
 
 from leakcheck import force_clean, leak_report  # noqa: E402
 

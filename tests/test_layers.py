@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "traceml_nb"
 #: The layers, lowest first, as the package's dotted paths (a module belongs to the longest path
 #: it is under); a module may import its own layer and those below.
 LAYERS: list[tuple[str, ...]] = [
-    (  # shared words, tables
+    (  # shared words, tables, the environment variables
+        "settings",
         "engine",
         "engine.contracts",
         "engine.capabilities",
@@ -221,7 +222,7 @@ MAX_SESSION_LINES = 300
 #: and binds it once it shrinks; entries only leave this list (the structure issue's work left).
 OVER_THE_LIMIT = {
     "traceml_nb/session/store.py": 694,
-    "traceml_nb/session/session.py": 662,
+    "traceml_nb/session/session.py": 355,
     "traceml_nb/session/check.py": 598,
     "traceml_nb/analysis/diagnosis.py": 587,
     "traceml_nb/session/ab.py": 558,

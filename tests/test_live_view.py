@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
 from traceml_nb.analysis.steps import StepRule, step_rule
+from traceml_nb.engine.options import Backends
 from traceml_nb.engine.record import (
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
@@ -527,7 +528,7 @@ def test_first_seconds_send_the_whole_series_so_a_late_frontend_misses_nothing(s
 
 
 def _gpu_view(nvml) -> tuple[LiveView, object]:
-    with traceml_nb.Run("gpu", device="cuda:0", nvml=nvml, interval=0.02) as run:
+    with traceml_nb.Run("gpu", device="cuda:0", backends=Backends(nvml=nvml), interval=0.02) as run:
         view = LiveView(run, display=False)
         view.start()
         train(0.6)

@@ -476,8 +476,8 @@ def test_profile_without_a_number_profiles_ten_steps():
     from traceml_nb.notebook.magic import TraceMLMagics, parse_options
 
     options = parse_options(TraceMLMagics.traceml_cell, "--profile --name x")
-    assert options.profile == DEFAULT_PROFILE_STEPS == 10 and options.name == "x"
-    assert parse_options(TraceMLMagics.traceml_cell, "").profile is None
+    assert options.run.profile == DEFAULT_PROFILE_STEPS == 10 and options.name == "x"
+    assert parse_options(TraceMLMagics.traceml_cell, "").run.profile is None
 
 
 def test_once_the_window_closes_the_fetch_is_the_plain_wrapper_again(tmp_path):

@@ -179,3 +179,19 @@ def test_two_hundred_consecutive_runs_do_not_grow() -> None:
         tracemalloc.stop()
     assert threading.active_count() == threads_before
     assert after - base < 2 * 2**20, f"grew {(after - base) / 1024:.0f} KiB over 200 runs"
+
+
+def test_a_runs_options_are_one_object_its_keywords_over_it():
+    """``RunOptions`` carries how a run is measured and concluded from the magic's line to the
+    session; ``Run``'s keywords are its fields, over a given ``options``."""
+    from traceml_nb.engine.options import RunOptions
+    from traceml_nb.engine.run import Run
+
+    base = RunOptions(interval=0.05, compare=False, warmup=3)
+    run = Run("x", options=base, interval=0.2, sample=False)
+    assert run.options == RunOptions(interval=0.2, sample=False, compare=False, warmup=3)
+    assert (run.interval, run.sample) == (0.2, False)
+    with pytest.raises(TypeError, match="unknown options: intervall"):
+        Run("x", intervall=0.2)
+    with pytest.raises(ValueError, match="at least 1"):
+        Run("x", profile=0)

@@ -14,6 +14,7 @@ import torch
 from fake_nvml import FakeNvml, PcieCounter, make_gpus
 
 from traceml_nb.engine.capabilities import Capabilities
+from traceml_nb.engine.options import Backends
 from traceml_nb.engine.sampling import Collector, SourceLost
 from traceml_nb.engine.sampling import nvml_binding as nb
 from traceml_nb.engine.sampling.gpm import GPM_COLUMNS, GPM_FLAKY_READS, GPM_PERIOD_S
@@ -694,7 +695,9 @@ def test_run_with_a_fake_gpu_records_samples_and_survives_the_loss():
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with traceml_nb.Run("fake-gpu", device="cuda:0", nvml=nvml, interval=0.02) as run:
+    with traceml_nb.Run(
+        "fake-gpu", device="cuda:0", backends=Backends(nvml=nvml), interval=0.02
+    ) as run:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not any("lost" in n for n in run.capabilities.notes):
             for (x,) in loader:
@@ -927,7 +930,9 @@ def test_a_run_on_a_hopper_gpu_records_sm_activity_and_frees_gpm():
 
     gpu = make_gpus(1)[0].enable_gpm(sm_active=31.0)
     nvml = FakeNvml([gpu])
-    with traceml_nb.Run("fake-hopper", device="cuda:0", nvml=nvml, interval=0.05) as run:
+    with traceml_nb.Run(
+        "fake-hopper", device="cuda:0", backends=Backends(nvml=nvml), interval=0.05
+    ) as run:
         time.sleep(2.1)
     active = [v for v in run.record.gpus[0].column("sm_active_pct") if v is not None]
     assert 1 <= len(active) <= 3 and set(active) == {31.0}  # about one a second

@@ -471,7 +471,7 @@ def test_the_class_rows_are_every_names_completed_runs_on_one_class(store):
 # --- many writers -----------------------------------------------------------------------------
 WRITER = """
 import sys
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/support")
 from store_helpers import make_run
 from traceml_nb.session.store import Store
 store = Store(sys.argv[1])

@@ -136,9 +136,9 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
         measured = fixed.summary.step_ms_median
         assert fixed.diagnosis.verdict != "input-bound", fixed.diagnosis.title
         prediction = fixed.prediction
-        assert prediction is not None and prediction["recommended"]
+        assert prediction is not None and prediction.recommended
         if attempt == 0:  # the loop closed: the comparison shows the prediction beside it
-            assert prediction["predicted_ms"] == pytest.approx(tuning.predicted_ms)
+            assert prediction.predicted_ms == pytest.approx(tuning.predicted_ms)
             assert "%traceml tune of #1 quickstart predicted" in fixed.comparison.headline
             assert any(
                 r.label.startswith("step time predicted by %traceml tune")
@@ -147,12 +147,12 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
             assert "%traceml tune of #1 quickstart predicted" in out
         # the prediction is for the compute the tuned run had; made again for the compute this
         # rerun had (each batch followed by it while the loader was measured), it holds always
-        drift = prediction["compute_ms"] / tuning.compute_ms - 1
-        again = prediction["predicted_for_compute_ms"]
+        drift = prediction.compute_ms / tuning.compute_ms - 1
+        again = prediction.predicted_for_compute_ms
         assert again is not None
         figures.append(
             f"predicted {tuning.predicted_ms:.1f} ms (compute {tuning.compute_ms:.1f} ms), "
-            f"measured {measured:.1f} ms (compute {prediction['compute_ms']:.1f} ms, drift "
+            f"measured {measured:.1f} ms (compute {prediction.compute_ms:.1f} ms, drift "
             f"{drift:+.0%}); for that compute {again:.1f} ms"
         )
         with capsys.disabled():

@@ -3,10 +3,11 @@ threshold on both sides of its value, the candidate grid, the line to paste and 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from traceml_nb.analysis.formatting import fmt_ms
-from traceml_nb.session.session import prediction_rows, prediction_sentence
 from traceml_nb.tune.candidates import (
     Candidate,
     LoaderSpec,
@@ -39,6 +40,7 @@ from traceml_nb.tune.predict import (
     recommend,
     update_predictions,
 )
+from traceml_nb.tune.prediction import Prediction, prediction_rows, prediction_sentence
 from traceml_nb.tune.tuner import _idle_extension
 from traceml_nb.views.tune import TuneReport, render_html, render_text
 
@@ -290,17 +292,17 @@ def test_the_report_says_what_to_paste_and_what_it_saves():
 
 def rerun_prediction(
     predicted_ms: float, measured_ms: float, *, tuned_compute_ms: float, compute_ms: float
-) -> dict:
+) -> Prediction:
     """A rerun's ``RunResult.prediction`` of the quickstart's recommended loader."""
-    return {
-        "tuned_run": "#1 quickstart",
-        "candidate": "1 worker, prefetch 2",
-        "predicted_ms": predicted_ms,
-        "measured_ms": measured_ms,
-        "error_share": measured_ms / predicted_ms - 1,
-        "tuned_compute_ms": tuned_compute_ms,
-        "compute_ms": compute_ms,
-    }
+    return Prediction(
+        tuned_run="#1 quickstart",
+        candidate="1 worker, prefetch 2",
+        recommended=True,
+        predicted_ms=predicted_ms,
+        measured_ms=measured_ms,
+        tuned_compute_ms=tuned_compute_ms,
+        compute_ms=compute_ms,
+    )
 
 
 @pytest.mark.parametrize(
@@ -317,7 +319,7 @@ def test_the_rerun_says_when_the_model_itself_ran_at_another_speed(change, said)
     if said:
         assert sentence.endswith(f"−{change:.0%}), and the prediction was for 40 ms")
     # a run without a compute time (no steady DataLoader steps) says nothing of it
-    assert prediction_sentence({**prediction, "compute_ms": None}) == sentence.split(";")[0]
+    assert prediction_sentence(replace(prediction, compute_ms=None)) == sentence.split(";")[0]
     assert len(prediction_rows(prediction)) == 1
 
 
@@ -326,9 +328,9 @@ def test_the_rerun_says_when_the_model_itself_ran_at_another_speed(change, said)
 )
 def test_the_rerun_gives_the_prediction_for_its_own_compute_when_that_changed(change, said):
     prediction = rerun_prediction(40.0, 30.0, tuned_compute_ms=38.0, compute_ms=38.0 * (1 - change))
-    prediction["predicted_for_compute_ms"] = 31.0
+    prediction = replace(prediction, predicted_for_compute_ms=31.0)
     sentence = prediction_sentence(prediction)
-    now = fmt_ms(prediction["compute_ms"])
+    now = fmt_ms(prediction.compute_ms)
     assert sentence.endswith(f": for {now} it is 31 ms (measured −3%)") is said
     rows = prediction_rows(prediction)
     assert [r.label.startswith("step time predicted for this run's compute") for r in rows] == [
@@ -338,6 +340,6 @@ def test_the_rerun_gives_the_prediction_for_its_own_compute_when_that_changed(ch
     if said:
         assert (rows[1].before, rows[1].after, rows[1].delta) == ("31 ms", "30 ms", "−3%")
     # where it could not be made again, the sentence stops at what the prediction was for
-    unknown = {**prediction, "predicted_for_compute_ms": None}
+    unknown = replace(prediction, predicted_for_compute_ms=None)
     assert prediction_sentence(unknown).endswith("the prediction was for 38 ms") is said
     assert len(prediction_rows(unknown)) == 1

@@ -494,7 +494,7 @@ BROWSER_RANK_BATCHES = 180
 
 
 def test_ranks_launched_from_the_cell_get_a_line_each(lab_server, page, tmp_path):
-    """``%%traceml`` on a cell that forks two gloo DDP ranks (``tests/rank_fns.py``: rank 1's
+    """``%%traceml`` on a cell that forks two gloo DDP ranks (``tests/support/rank_fns.py``: rank 1's
     dataset sleeps 20 ms more a batch): the ranks' lines are added to the shown charts as the
     ranks start (a document patch with new models, applied by BokehJS without an error), the
     header follows rank 1, the straggler, and the report has the ranks table."""
@@ -513,7 +513,7 @@ def test_ranks_launched_from_the_cell_get_a_line_each(lab_server, page, tmp_path
         nbformat.v4.new_code_cell(
             "%load_ext traceml_nb\n"
             "import socket, sys\n"
-            f"sys.path.insert(0, {str(REPO / 'tests')!r})\n"
+            f"sys.path.insert(0, {str(REPO / 'tests' / 'support')!r})\n"
             "import rank_fns\n"
             "import torch.multiprocessing as mp\n"
             f"rank_fns.BATCHES = {BROWSER_RANK_BATCHES}\n"

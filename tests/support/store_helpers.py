@@ -15,7 +15,7 @@ from builders import RecordBuilder, cpu_capabilities
 from traceml_nb.analysis import analyze
 from traceml_nb.session.history import RunEntry, entry_from
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 ENV = {
     "gpu_name": None,

@@ -19,12 +19,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Protocol
 
 from .capabilities import Capabilities
 from .contracts import RunStatus
+from .options import Backends, RunOptions
 from .record import RankRecord, RecordSnapshot, RunRecord
 
 MIN_INTERVAL_S = 0.02  #: 50 Hz
@@ -116,70 +118,58 @@ class Run:
     Parameters
     ----------
     name: label of the run in reports and history (``named`` tells whether one was given).
-    interval: sampler period in seconds (0.02–1.0; default 0.1 = 10 Hz).
-    device: ``None``/``'auto'``, ``'cpu'``, ``'cuda'``, ``'cuda:N'``.
-    sample: run the background samplers (GPU via NVML, host via psutil).
-    nvml: an injected NVML backend (tests); ``None`` uses ``pynvml``.
-    event_factory, stream_getter: injected CUDA-event class and stream (tests); on a CUDA
-        device the real ``torch.cuda.Event`` is used automatically.
+    options: how it is measured and concluded (:class:`RunOptions`); its fields may also be
+        given as keywords (``Run("x", interval=0.05, log_to="wandb")``), over ``options``.
     source, cell_id: the code measured and the frontend's id of its cell, for the history.
-    profile: profile this many steady steps with ``torch.profiler``
-        (:mod:`~traceml_nb.engine.instrument.profiler`; None: no profile), after ``profile_after``
-        steps (default :data:`~traceml_nb.engine.instrument.profiler.DEFAULT_PROFILE_AFTER_STEPS`);
-        the trace goes to ``profile_dir``. ``code_file``: the file whose lines the profile
-        names (a notebook cell's name in the line cache; default: the file that starts the
-        run).
-    session: where :meth:`result` reports (default: the kernel's session).
-    log_to: the experiment trackers the session logs the result to at the end
-        (``"wandb,mlflow,tensorboard:DIR"``; None: the session's, else ``TRACEML_NB_LOG_TO``;
-        ``False``/``"off"``: none), ``log_steps`` with the per-step series. The run only
-        carries them: the session logs.
+    code_file: the file whose lines a profile names (a notebook cell's name in the line cache;
+        default: the file that starts the run).
+    session: where :meth:`result` reports (default: see :meth:`default_session`).
+    backends: the hardware's stand-ins (:class:`Backends`; tests); None: the real ones.
     """
 
     def __init__(
         self,
         name: str | None = None,
         *,
-        interval: float = 0.1,
-        device: str | int | None = None,
-        sample: bool = True,
-        nvml: Any = None,
-        event_factory: Callable[[], Any] | None = None,
-        stream_getter: Callable[[], Any] | None = None,
+        options: RunOptions | None = None,
         source: str | None = None,
         cell_id: str | None = None,
-        session: Concluder | None = None,
-        log_to: str | list[str] | bool | None = None,
-        log_steps: bool | None = None,
-        profile: int | None = None,
-        profile_after: int | None = None,
-        profile_dir: str | None = None,
         code_file: str | None = None,
+        session: Concluder | None = None,
+        backends: Backends | None = None,
+        **settings: Any,
     ) -> None:
+        try:
+            options = replace(options or RunOptions(), **settings)
+        except TypeError:
+            known = ", ".join(RunOptions.__dataclass_fields__)
+            unknown = ", ".join(sorted(set(settings) - set(RunOptions.__dataclass_fields__)))
+            raise TypeError(f"Run() got unknown options: {unknown} (options are {known})") from None
+        if options.profile is not None and options.profile < 1:
+            raise ValueError(
+                f"profile must be a number of steps of at least 1, got {options.profile}"
+            )
+        self.options = options
         self.name = name or "run"
         self.named = name is not None
-        self.interval = validate_interval(interval)
-        self.device_kind, self.cuda_index = resolve_device(device)
-        self.sample = sample
+        self.interval = validate_interval(options.interval)
+        self.device_kind, self.cuda_index = resolve_device(options.device)
+        self.sample = options.sample
         self.source = source
         self.cell_id = cell_id
         self.session = session
-        self.log_to = log_to
-        self.log_steps = log_steps
-        if profile is not None and profile < 1:
-            raise ValueError(f"profile must be a number of steps of at least 1, got {profile}")
-        self.profile = profile
-        self.profile_after = profile_after
-        self.profile_dir = profile_dir
+        self.log_to = options.log_to
+        self.log_steps = options.log_steps
+        self.profile = options.profile
+        self.profile_after = options.profile_after
+        self.profile_dir = options.profile_dir
         self.code_file = code_file
         self.record = RunRecord()
         self.capabilities = Capabilities()
         self.status: RunStatus = "created"
         self.error: str | None = None
         self.started_at: float | None = None
-        self._nvml = nvml
-        self._event_factory = event_factory
-        self._stream_getter = stream_getter
+        self._backends = backends if backends is not None else Backends()
         self._tracer: Any = None
         self._window: Any = None
         self._collector: Any = None
@@ -257,9 +247,11 @@ class Run:
     def _make_gpu_timer(self) -> Any:
         from .instrument.gpu_events import GpuStallTimer, cuda_event_factory, cuda_stream_getter
 
-        if self._event_factory is not None:
+        if self._backends.event_factory is not None:
             self.capabilities.set("gpu_events", True)
-            return GpuStallTimer(self.record.steps, self._event_factory, self._stream_getter)
+            return GpuStallTimer(
+                self.record.steps, self._backends.event_factory, self._backends.stream_getter
+            )
         import torch
 
         if self.device_kind != "cuda":
@@ -309,7 +301,7 @@ class Run:
             self.capabilities.set("gpu_utilisation", False, NO_CUDA)
         try:
             sources = open_sources(
-                self.record, self.capabilities, devices, nvml=self._nvml, gpu=bool(devices)
+                self.record, self.capabilities, devices, nvml=self._backends.nvml, gpu=bool(devices)
             )
         except Exception as exc:  # never let a sampler stop the run
             self.capabilities.note(f"samplers failed to start: {type(exc).__name__}: {exc}")

@@ -27,8 +27,8 @@ from ..engine.instrument.profiler import (
     DEFAULT_PROFILE_AFTER_STEPS,
     DEFAULT_PROFILE_DIR,
     DEFAULT_PROFILE_STEPS,
-    PROFILE_DIR_ENV,
 )
+from ..engine.options import RunOptions
 from ..engine.run import (
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
@@ -37,6 +37,7 @@ from ..engine.run import (
     resolve_device,
     validate_interval,
 )
+from ..settings import PROFILE_DIR_ENV
 from ..views.frontend import (
     VIEW_CHOICES,
     Frontend,
@@ -115,23 +116,14 @@ class CellOptions:
     """The parsed ``%%traceml`` line."""
 
     name: str | None
-    interval: float
+    #: how the run is measured and concluded: ``--interval``, ``--device``, ``--profile [N]``
+    #: (after ``--warmup N`` steps), ``--profile-dir``, ``--warmup``, ``--no-compare``,
+    #: ``--store``/``--no-store``, ``--log-to``, ``--log-steps``
+    run: RunOptions
     view: str
-    warmup: str | int
     out: str | None
-    device: str
-    compare: bool
-    #: where the run is stored: a path (``--store``), False (``--no-store``), None (default)
-    store: str | bool | None = None
     #: tune the DataLoader right after an input-bound run (``--tune``)
     tune: bool = False
-    #: the experiment trackers to log the run to (``--log-to``; None: TRACEML_NB_LOG_TO)
-    log_to: str | None = None
-    #: log the per-step series too (``--log-steps``)
-    log_steps: bool = False
-    #: steps to profile with torch.profiler (``--profile [N]``; None: no profile)
-    profile: int | None = None
-    profile_dir: str | None = None  #: where its trace goes (``--profile-dir``)
 
 
 def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
@@ -142,21 +134,19 @@ def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
     except (UsageError, ValueError) as exc:
         usage = " ".join(parser.format_usage().replace("::", "").split())
         raise UsageError(f"usage: {usage}\n%%traceml: {exc}") from None
-    return CellOptions(
-        name=args.name,
+    run = RunOptions(
         interval=args.interval,
-        view=args.view,
-        warmup=args.warmup,
-        out=args.out,
         device=args.device,
+        profile=args.profile,
+        profile_after=args.warmup if isinstance(args.warmup, int) else None,
+        profile_dir=args.profile_dir,
+        warmup=args.warmup,
         compare=not args.no_compare,
         store=False if args.no_store else args.store,
-        tune=args.tune,
         log_to=args.log_to,
-        log_steps=args.log_steps,
-        profile=args.profile,
-        profile_dir=args.profile_dir,
+        log_steps=args.log_steps or None,  # None: the session's
     )
+    return CellOptions(name=args.name, run=run, view=args.view, out=args.out, tune=args.tune)
 
 
 # --- the magics --------------------------------------------------------------------------------
@@ -337,13 +327,9 @@ class TraceMLMagics(Magics):
         compiled = compile_cell(self.shell, cell, context)
         run = self.session.run(
             options.name or default_name(cell, context.number),
-            interval=options.interval,
-            device=options.device,
+            options=options.run,
             source=cell,
             cell_id=context.cell_id,
-            profile=options.profile,
-            profile_after=options.warmup if isinstance(options.warmup, int) else None,
-            profile_dir=options.profile_dir,
             code_file=compiled.filename,
         )
         run.named = options.name is not None
@@ -377,13 +363,7 @@ class TraceMLMagics(Magics):
         try:
             from ..views.report import Report
 
-            result = self.session.result(
-                run,
-                warmup=options.warmup,
-                compare=options.compare,
-                store=options.store,
-                log_to=False,  # logged below, once the report is shown
-            )
+            result = self.session.result(run, log_to=False)  # logged below, once it is shown
             report = Report.of(result)
         except Exception as report_exc:  # a broken report must not hide the cell's own outcome
             where = traceback.extract_tb(report_exc.__traceback__)[-1]
@@ -402,13 +382,7 @@ class TraceMLMagics(Magics):
             display(report)
         if options.out:
             self.user_ns[options.out] = result
-        lines = self.session.export(
-            result,
-            options.log_to,
-            run=run,
-            log_steps=options.log_steps or None,
-            render=lambda _: report._repr_html_(),
-        )
+        lines = self.session.export(result, run=run, render=lambda _: report._repr_html_())
         for tracker_line in lines:
             print(tracker_line)
         if options.tune and exc is None:

@@ -45,16 +45,12 @@ from ..analysis.thresholds import (
     DEFAULT_MAX_SLOWDOWN,
     MIN_AB_ROUNDS,
 )
-from .store import STORE_ENV, Store, StoreError
+from ..settings import STORE_ENV
+from .store import Store, StoreError
 
 EXIT_NOT_SLOWER, EXIT_SLOWER, EXIT_NO_VERDICT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
-NOT_SLOWER, REGRESSION, INCONCLUSIVE, ERROR, RUNNING = (
-    "not slower",
-    "regression",
-    "inconclusive",
-    "error",
-    "running",
-)
+NOT_SLOWER, REGRESSION, INCONCLUSIVE = "not slower", "regression", "inconclusive"
+ERROR, RUNNING = "error", "running"
 BASE, HEAD = "A", "B"
 #: Seconds a run's process group gets between SIGTERM and SIGKILL when the gate stops it.
 KILL_GRACE_S = 2.0

@@ -21,6 +21,7 @@ from ..analysis.stragglers import RanksSummary
 from ..engine.capabilities import Capabilities
 from ..engine.contracts import EndStatus
 from ..engine.record import FLAG_INTERLEAVED, FLAG_PROFILED, RecordSnapshot
+from ..tune.prediction import Prediction
 
 
 class Renderer(Protocol):
@@ -253,12 +254,9 @@ class RunResult:
     environment: dict[str, Any] = field(default_factory=dict)  #: see session.environment
     cost: IdleCost | None = None  #: idle GPU time and its price (None: CPU run)
     #: what ``%traceml tune`` of an earlier run of the cell predicted for this run's loader
-    #: settings: ``tuned_run``, ``candidate``, ``recommended``, ``predicted_ms``,
-    #: ``measured_ms``, ``error_share`` (measured / predicted − 1), ``tuned_compute_ms`` (the
-    #: compute time per step the prediction was made for), ``compute_ms`` (this run's),
-    #: ``predicted_for_compute_ms`` (the prediction made again for this run's compute; None
-    #: where either compute time is unknown); None: no such tuning
-    prediction: dict[str, Any] | None = None
+    #: settings, beside what this run measured (:class:`~traceml_nb.tune.prediction.
+    #: Prediction`); None: no such tuning
+    prediction: Prediction | None = None
     #: one line per experiment tracker the run was logged to (``--log-to``): what was logged
     #: where, or why nothing was
     trackers: list[str] = field(default_factory=list)

@@ -15,16 +15,22 @@ is given the views' report) and passes it on to its results and the trackers.
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from ..engine.run import Run
-from .history import History, RunEntry, entry_from
-from .result import LabelledComparison, Renderer, RunResult
-
-GPU_PRICE_ENV = "TRACEML_NB_GPU_PRICE"
+from ..settings import store_setting
+from ..tune.prediction import Prediction, prediction_for, prediction_rows, prediction_sentence
+from .conclusion import (
+    Compared,
+    compare_with_earlier,
+    conclude,
+    conclude_job,
+    persist,
+    result_of,
+)
+from .history import History, RunEntry
+from .result import Renderer, RunResult
 
 
 class Session:
@@ -72,9 +78,7 @@ class Session:
         path = resolve_store_path(chosen)
         if path is None:
             return None
-        explicit = (chosen is not None and chosen is not True) or bool(
-            os.environ.get("TRACEML_NB_STORE", "").strip()
-        )
+        explicit = (chosen is not None and chosen is not True) or bool(store_setting())
         return Store(path, create_dir=not explicit)
 
     def baseline_for(
@@ -89,100 +93,47 @@ class Session:
         return choose_baseline(entry, self.history, store, any_hardware=any_hardware)
 
     # --- a run's result ---------------------------------------------------------------------
-    def result(
-        self,
-        run: Run,
-        *,
-        warmup: str | int = "auto",
-        compare: bool = True,
-        store: str | os.PathLike[str] | bool | None = None,
-        log_to: str | list[str] | bool | None = None,
-    ) -> RunResult:
-        """Analyse the ended ``run``, compare it with its baseline and the earlier runs of its
-        cell (the previous one and the best one) unless ``compare`` is False, keep it in the
-        history, write it to the store (``store`` as :meth:`store` takes it), log it to the
-        trackers (:meth:`export`; ``log_to=False``: not now) and return its
-        :class:`RunResult`. ``warmup``: ``"auto"`` or the number of leading steps to leave out
-        of the statistics. A store that cannot be written is one note in the result."""
-        from ..analysis import analyze
-        from ..analysis.attribution import other_cpu_share, steal_share
-        from ..analysis.cost import idle_cost
-        from .environment import capture_environment
-        from .result import sample_columns, step_arrays
-
-        snapshot = run.record.snapshot()
-        analysis = analyze(snapshot, run.capabilities, warmup=warmup)
-        ranks = None
-        if run.ranks:  # the kernel only launched them: the report is the ranks'
-            ranks, snapshot, analysis = _rank_analysis(run, warmup, snapshot, analysis)
-        entry = entry_from(run, analysis)
-        entry.environment = capture_environment(run)
-        entry.load = {
-            "other_cpu_share": other_cpu_share(snapshot.host, entry.environment.get("cpu_count")),
-            "steal_share": steal_share(snapshot.host),
-        }
-        cost = (
-            idle_cost(
-                analysis.summary,
-                run.elapsed_s,
-                entry.environment.get("gpu_name"),
-                os.environ.get(GPU_PRICE_ENV),
-            )
-            if run.device_kind == "cuda"
-            else None
-        )
-        entry.cost = cost.to_dict() if cost is not None else None
-        entry = self.history.add(entry)
+    def result(self, run: Run, *, log_to: str | list[str] | bool | None = None) -> RunResult:
+        """Conclude the ended ``run`` as its :class:`~traceml_nb.engine.run.RunOptions` say
+        (the chain of :mod:`.conclusion`): analyse it (``warmup``), compare it with its
+        baseline and the earlier runs of its cell (the previous one and the best one) unless
+        ``compare`` is False, keep it in the history, write it to the store (``store`` as
+        :meth:`store` takes it), log it to the trackers (:meth:`export`; ``log_to=False``
+        here: not now) and return its :class:`RunResult`. A store that cannot be written is
+        one note in the result."""
+        options = run.options
+        concluded = conclude(run, options.warmup)
+        entry = self.history.add(concluded.entry)
         entry.session_id = self.id
-        target = self.store(store)
-        comparisons: list[LabelledComparison] = []
-        with_previous = with_best = with_baseline = None
-        if compare:
+        target = self.store(options.store)
+        compared = Compared()
+        if options.compare:
             try:
-                with_baseline, with_previous, with_best, comparisons = self._comparisons(
-                    entry, target
-                )
+                compared = self._comparisons(entry, target)
             except Exception as exc:  # our bug: the report and the stored run still come
                 run.capabilities.note(
                     f"comparisons with earlier runs unavailable ({type(exc).__name__}: {exc})"
                 )
         prediction = self.prediction_for(entry)
-        if prediction is not None and with_previous is not None:
-            with_previous.rows.extend(prediction_rows(prediction))
-            with_previous.headline += f"; {prediction_sentence(prediction)}"
-        stored_id, store_note = self._write(entry, target)
-        if store_note:
-            run.capabilities.note(store_note)
-        job, job_ranks = _conclude_job(run, analysis.summary, entry.status, stored_id)
-        ranks = job_ranks if job_ranks is not None else ranks
-        device = "cpu"
-        if run.device_kind == "cuda":
-            usable = run.capabilities.ok("gpu_events")
-            device = f"cuda:{run.cuda_index}" + ("" if usable else ", not available")
-        result = RunResult(
-            name=run.name,
-            status=entry.status,
-            error=run.error,
-            elapsed_s=run.elapsed_s,
-            run_id=entry.id,
-            summary=analysis.summary,
-            diagnosis=analysis.diagnosis,
-            capabilities=run.capabilities,
-            steps=step_arrays(snapshot, analysis.selection, analysis.summary.warmup_steps),
-            samples=sample_columns(snapshot),
-            device=device,
-            comparison=with_previous,
-            comparison_best=with_best,
-            comparisons=comparisons,
-            baseline=with_baseline,
-            stored_id=stored_id,
-            store_note=store_note,
-            environment=dict(entry.environment),
-            cost=cost,
+        if prediction is not None and compared.previous is not None:
+            compared.previous.rows.extend(prediction_rows(prediction))
+            compared.previous.headline += f"; {prediction_sentence(prediction)}"
+        stored = persist(entry, target, self.id)
+        if stored.note:
+            run.capabilities.note(stored.note)
+        if stored.write_s is not None:
+            self.last_write_s = stored.write_s
+        job, job_ranks = conclude_job(
+            run, concluded.analysis.summary, entry.status, stored.stored_id
+        )
+        result = result_of(
+            run,
+            concluded,
+            compared,
+            stored,
             prediction=prediction,
-            profile=analysis.profile,
-            ranks=ranks,
             job=job,
+            ranks=job_ranks if job_ranks is not None else concluded.ranks,
             renderer=self.renderer,
         )
         if log_to is not False:
@@ -281,123 +232,17 @@ class Session:
         self.tunings = [*self.tunings, result][-MAX_TUNINGS:]
         return result
 
-    def prediction_for(self, entry: RunEntry) -> dict[str, Any] | None:
+    def prediction_for(self, entry: RunEntry) -> Prediction | None:
         """What a tuning of an earlier run of ``entry``'s cell predicted for ``entry``'s
         loader settings, beside what ``entry`` measured (None: no such tuning)."""
-        from ..tune.candidates import same_settings
-        from ..tune.find import training_loader_info
-        from ..tune.predict import predict_for_compute_ms
-
-        info = training_loader_info(entry.loaders)
-        if info is None or entry.summary.step_ms_median is None or not self.tunings:
+        if not self.tunings:
             return None
-        earlier = self.history.same_cell(entry)
-        for tuning in reversed(self.tunings):
-            tuned = getattr(tuning, "cell_entry", None)
-            if tuned is None or not any(e is tuned for e in earlier):
-                continue
-            ordered = sorted(tuning.measurements, key=lambda m: m.candidate != tuning.recommended)
-            for m in ordered:
-                if m.predicted_ms is not None and same_settings(m.candidate, info):
-                    measured = entry.summary.step_ms_median
-                    compute = entry.summary.compute_ms_median
-                    again = None
-                    if tuning.compute_ms and compute is not None:
-                        cpus = entry.summary.cpus_available
-                        again = predict_for_compute_ms(m, tuning.compute_ms, compute, cpus)
-                    return {
-                        "tuned_run": tuned.label,
-                        "candidate": m.candidate.label,
-                        "recommended": m.candidate == tuning.recommended,
-                        "predicted_ms": m.predicted_ms,
-                        "measured_ms": measured,
-                        "error_share": measured / m.predicted_ms - 1,
-                        "tuned_compute_ms": tuning.compute_ms,
-                        "compute_ms": compute,
-                        "predicted_for_compute_ms": again,
-                    }
-        return None
+        return prediction_for(entry, self.tunings, self.history.same_cell(entry))
 
-    def _write(self, entry: RunEntry, target: Any) -> tuple[int | None, str | None]:
-        """Store ``entry``: its store id, or a note saying why it was not stored."""
-        from .store import StoreError
-
-        if target is None:
-            return None, None
-        started = time.perf_counter()
-        try:
-            entry.stored_id = target.add(entry, session=self.id)
-        except StoreError as exc:
-            return None, f"this run was not stored: {exc}"
-        except Exception as exc:  # our bug: still never the user's cell
-            return None, f"this run was not stored ({type(exc).__name__}: {exc})"
-        self.last_write_s = time.perf_counter() - started
-        return entry.stored_id, None
-
-    def _comparisons(
-        self, entry: RunEntry, target: Any
-    ) -> tuple[Any, Any, Any, list[LabelledComparison]]:
-        """The run against its baseline, its previous run and its best run, each judged with
-        the run-to-run noise of the configurations it compares (:mod:`.baselines`)."""
-        from ..analysis import compare as compare_runs
-        from ..analysis.attribution import what_changed
-        from ..analysis.baseline import compare_with_baseline
-        from ..analysis.configuration import changed_parts
-        from ..analysis.noise import is_busy
-        from .baselines import machine_points, noise_for
-
-        baseline = self.baseline_for(entry, target)
-        runs = baseline.runs
-        points = machine_points(entry, self.history, target)
-        step_ms = entry.summary.step_ms_median or 0.0
-        config = entry.configuration
-
-        def judged(before: list[RunEntry]) -> dict[str, Any]:
-            """The keyword arguments that judge ``entry`` against ``before``."""
-            keys = {config.key, *(r.configuration.key for r in before)}
-            return {
-                "noise": noise_for(entry, keys, points, step_ms),
-                "after_busy": is_busy(entry.load) and not all(is_busy(r.load) for r in before),
-            }
-
-        previous = self.history.previous_of(entry)
-        best = self.history.best_of(entry)
-        comparisons: list[LabelledComparison] = []
-        with_baseline = with_previous = with_best = None
-        same_as_previous = (
-            len(runs) == 1
-            and previous is not None
-            and (runs[0] is previous or runs[0].stored_id == previous.stored_id)
-        )
-        if runs and not same_as_previous:
-            with_baseline = compare_with_baseline(runs, entry, **judged(runs))
-            with_baseline.changed_parts = changed_parts(runs[-1].configuration, config)
-            changes = what_changed(
-                runs[-1],
-                entry,
-                verdict=with_baseline.verdict,
-                baseline_load_share=_median_load(runs, "other_cpu_share"),
-                baseline_steal_share=_median_load(runs, "steal_share"),
-            )
-            with_baseline.changes = changes.lines()
-            if baseline.note:
-                with_baseline.note = baseline.note
-            title = baseline_title(entry, runs, baseline.kind, with_baseline.changed_parts)
-            comparisons.append(LabelledComparison(title, with_baseline))
-        if previous is not None:
-            with_previous = compare_runs(previous, entry, **judged([previous]))
-            with_previous.changed_parts = changed_parts(previous.configuration, config)
-            with_previous.changes = what_changed(
-                previous, entry, verdict=with_previous.verdict
-            ).lines()
-            comparisons.append(LabelledComparison(f"previous run {previous.label}", with_previous))
-        # the best of several runs of this very configuration is only its luckiest: the
-        # baseline judges those; the best run is compared where it is another configuration
-        if best is not None and best is not previous and best.configuration.key != config.key:
-            with_best = compare_runs(best, entry, **judged([best]))
-            with_best.changed_parts = changed_parts(best.configuration, config)
-            comparisons.append(LabelledComparison(f"best run {best.label}", with_best))
-        return with_baseline, with_previous, with_best, comparisons
+    def _comparisons(self, entry: RunEntry, target: Any) -> Compared:
+        """The run against its baseline, its previous run and its best run
+        (:func:`~.conclusion.compare_with_earlier`)."""
+        return compare_with_earlier(entry, self.history, self.baseline_for(entry, target), target)
 
     # --- the history ----------------------------------------------------------------------
     def get(self, ref: int | str) -> RunEntry:
@@ -502,161 +347,3 @@ class Session:
 
 #: Tunings kept per session (each holds its measurements; the oldest are dropped).
 MAX_TUNINGS = 20
-
-
-def prediction_rows(prediction: dict[str, Any]) -> list[Any]:
-    """The comparison rows that put a tuning's prediction beside the measured step time: the
-    prediction, and where the model's own compute changed by more than
-    ``COMPUTE_CHANGE_SHARE``, the prediction made again for this run's compute."""
-    from ..analysis.comparison import NEUTRAL, ComparisonRow
-    from ..analysis.formatting import fmt_ms, signed_pct
-
-    measured = prediction["measured_ms"]
-    rows = [
-        ComparisonRow(
-            f"step time predicted by %traceml tune of {prediction['tuned_run']}",
-            fmt_ms(prediction["predicted_ms"]),
-            fmt_ms(measured),
-            signed_pct(prediction["error_share"]),
-            NEUTRAL,
-        )
-    ]
-    again = _changed_compute_prediction(prediction)
-    if again is not None:
-        rows.append(
-            ComparisonRow(
-                f"step time predicted for this run's compute ({fmt_ms(prediction['compute_ms'])})",
-                fmt_ms(again),
-                fmt_ms(measured),
-                signed_pct(measured / again - 1),
-                NEUTRAL,
-            )
-        )
-    return rows
-
-
-def _changed_compute_prediction(prediction: dict[str, Any]) -> float | None:
-    """``predicted_for_compute_ms`` where the compute changed by more than
-    ``COMPUTE_CHANGE_SHARE``, else None."""
-    from ..tune.constants import COMPUTE_CHANGE_SHARE
-
-    change = compute_change(prediction)
-    if change is None or abs(change) <= COMPUTE_CHANGE_SHARE:
-        return None
-    return prediction.get("predicted_for_compute_ms") or None
-
-
-def compute_change(prediction: dict[str, Any]) -> float | None:
-    """How much the rerun's compute time per step differs from the tuned run's, a share
-    (``+0.17``: 17% longer); None where either is unknown."""
-    tuned, now = prediction.get("tuned_compute_ms"), prediction.get("compute_ms")
-    return None if not tuned or now is None else now / tuned - 1
-
-
-def prediction_sentence(prediction: dict[str, Any]) -> str:
-    """``%traceml tune of #1 predicted 27.2 ms a step for these settings: measured 28.0 ms
-    (+3%)``, and where the model's own compute changed by more than ``COMPUTE_CHANGE_SHARE``,
-    by how much (the prediction is for the tuned run's compute) and the prediction made again
-    for this run's compute (``: for 26.7 ms it is 29.2 ms (measured −3%)``)."""
-    from ..analysis.formatting import fmt_ms, signed_pct
-    from ..tune.constants import COMPUTE_CHANGE_SHARE
-
-    sentence = (
-        f"%traceml tune of {prediction['tuned_run']} predicted {fmt_ms(prediction['predicted_ms'])}"
-        f" a step for these settings ({prediction['candidate']}): measured "
-        f"{fmt_ms(prediction['measured_ms'])} ({signed_pct(prediction['error_share'])})"
-    )
-    change = compute_change(prediction)
-    if change is not None and abs(change) > COMPUTE_CHANGE_SHARE:
-        tuned, now = fmt_ms(prediction["tuned_compute_ms"]), fmt_ms(prediction["compute_ms"])
-        sentence += (
-            f"; the model's own compute changed too ({tuned} \u2192 {now} a step, "
-            f"{signed_pct(change)}), and the prediction was for {tuned}"
-        )
-        again = prediction.get("predicted_for_compute_ms")
-        if again:
-            error = prediction["measured_ms"] / again - 1
-            sentence += f": for {now} it is {fmt_ms(again)} (measured {signed_pct(error)})"
-    return sentence
-
-
-def _median_load(runs: list[RunEntry], key: str) -> float | None:
-    """The (upper) median of ``load[key]`` over the runs that measured it, else None."""
-    known = sorted(v for v in (r.load.get(key) for r in runs) if v is not None)
-    return known[len(known) // 2] if known else None
-
-
-#: How a baseline title names what changed (:func:`~traceml_nb.analysis.configuration.
-#: changed_parts` codes), e.g. ``3 runs of the earlier code``.
-CHANGED_PART_WORDS = {
-    "code": "code",
-    "loader": "DataLoader settings",
-    "versions": "versions",
-    "hardware": "hardware",
-}
-
-
-def baseline_title(
-    entry: RunEntry, baseline: list[RunEntry], kind: str = "", changed: Sequence[str] = ()
-) -> str:
-    """``baseline: 5 runs of this configuration of 'resnet' (@3–@7)``, ``baseline: 3 runs of
-    the earlier DataLoader settings of 'resnet' (@1–@3)``, ``baseline: run #2 of 'resnet'``
-    (pinned runs: ``the pinned baseline``)."""
-    from .baselines import EARLIER, PINNED, SAME
-
-    labels = [f"@{r.stored_id}" if r.origin == "store" else f"#{r.id}" for r in baseline]
-    earlier = [r for r in baseline if r.session_id is not None and r.session_id != entry.session_id]
-    where = ", from an earlier session" if earlier and len(earlier) == len(baseline) else ""
-    runs = "1 run" if len(baseline) == 1 else f"{len(baseline)} runs"
-    if kind == EARLIER and changed:
-        words = " and ".join(CHANGED_PART_WORDS.get(c, c) for c in changed)
-        what = f"{runs} of the earlier {words}"
-    elif kind == SAME:
-        what = f"{runs} of this configuration"
-    elif kind == PINNED:
-        what = f"the pinned {runs}"
-    else:
-        what = runs
-    span = labels[0] if len(labels) == 1 else f"{labels[0]}\u2013{labels[-1]}"
-    return f"baseline: {what} of {entry.name!r} ({span}){where}"
-
-
-def _rank_analysis(run: Run, warmup: Any, snapshot: Any, analysis: Any) -> tuple[Any, Any, Any]:
-    """The ranks side by side, and the snapshot and analysis the report shows: the straggler's,
-    else the lowest rank's that measured steps (else the kernel's own, as given)."""
-    from ..analysis.stragglers import analyze_ranks
-
-    ranks, analyses = analyze_ranks(run.ranks, warmup)
-    key = ranks.reported
-    if key is None or key not in analyses:
-        return ranks, snapshot, analysis
-    rec = next(r for r in run.ranks if (r.launch, r.rank) == key)
-    whose = "the straggler's" if ranks.straggler else "the lowest rank's with steps"
-    run.capabilities.note(
-        f"the summary and the diagnosis are rank {key[1]}'s ({whose}): the kernel's process "
-        "only launched the ranks"
-    )
-    return ranks, rec.record.snapshot(), analyses[key]
-
-
-def _conclude_job(run: Run, summary: Any, status: str, stored_id: int | None) -> tuple[Any, Any]:
-    """A rank of a ``torchrun`` job, stored: its place in the job (None: not a rank of one)
-    and, on rank 0, the job's ranks gathered (:mod:`.job`; the note says whose the report
-    is, or why it is alone)."""
-    from .job import NOT_GATHERED, gather_job, job_note, job_rank, own_figures
-
-    job = job_rank(run)
-    if job is None:
-        return None, None
-    try:
-        own = own_figures(job, summary, status, run.error)
-        own.stored_id = stored_id
-        ranks, note = gather_job(job, own)
-        if ranks is not None:
-            note = job_note(ranks)
-    except Exception as exc:  # our bug: still never the user's script
-        ranks, note = None, f"{NOT_GATHERED} ({type(exc).__name__}: {exc})"
-        job.why_not = note
-    if note:
-        run.capabilities.note(note)
-    return job, ranks

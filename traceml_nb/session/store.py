@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.findings import Diagnosis, Summary
+from ..settings import store_setting, xdg_data_home
 from .environment import hardware_class
 from .history import RunEntry, run_configuration
 
-STORE_ENV = "TRACEML_NB_STORE"
 #: Values of ``TRACEML_NB_STORE`` that turn the store off (any case).
 OFF_VALUES = frozenset({"off", "no", "none", "false", "0"})
 #: Seconds a writer waits for another writer's transaction before giving up ("locked").
@@ -182,7 +182,7 @@ class StoreError(Exception):
 def default_store_path() -> str:
     """``$XDG_DATA_HOME/traceml_nb/runs.sqlite`` (an absolute XDG_DATA_HOME only, as the XDG
     specification says), else ``~/.local/share/traceml_nb/runs.sqlite``."""
-    base = os.environ.get("XDG_DATA_HOME", "")
+    base = xdg_data_home()
     if not os.path.isabs(base):
         base = os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "traceml_nb", "runs.sqlite")
@@ -198,7 +198,7 @@ def resolve_store_path(option: str | os.PathLike[str] | bool | None = None) -> s
         return None
     if option is not None and option is not True:
         return os.path.abspath(os.path.expanduser(os.fspath(option)))
-    value = os.environ.get(STORE_ENV, "").strip()
+    value = store_setting()
     if value.lower() in OFF_VALUES:
         return None
     if value:

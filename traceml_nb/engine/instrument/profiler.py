@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...settings import profile_dir_setting
 from ..profile_capture import PYTHON_OP, OpTotals, ProfileCapture, SyncTotals
 from .line_ranges import LINE_RANGE, CodeLine, LineRanges
 
@@ -42,7 +43,6 @@ SYNC_RUNTIME_CALLS = (
 #: The ``record_function`` range PyTorch puts around a DataLoader iterator's ``__next__``.
 LOADER_RANGE = "enumerate(DataLoader)#"
 #: Where the trace files go unless ``--profile-dir`` says otherwise.
-PROFILE_DIR_ENV = "TRACEML_NB_PROFILE_DIR"
 DEFAULT_PROFILE_DIR = "traceml_profiles"
 
 Boundary = str  #: "fetch", "optimizer" or "marker"
@@ -229,7 +229,7 @@ class ProfileWindow:
 def trace_path(trace_dir: str | os.PathLike[str] | None, name: str) -> Path:
     """``DIR/NAME-YYYYmmdd-HHMMSS.pt.trace.json.gz`` (``--profile-dir``, else
     ``TRACEML_NB_PROFILE_DIR``, else ``./traceml_profiles``), the directory made if need be."""
-    base = Path(trace_dir or os.environ.get(PROFILE_DIR_ENV, "").strip() or DEFAULT_PROFILE_DIR)
+    base = Path(trace_dir or profile_dir_setting() or DEFAULT_PROFILE_DIR)
     base.mkdir(parents=True, exist_ok=True)
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip("_") or "run"
     stamp = time.strftime("%Y%m%d-%H%M%S")

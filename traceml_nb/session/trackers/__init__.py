@@ -15,13 +15,12 @@ user's own configuration and ended after.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-#: The environment variable that sets the default of ``--log-to``.
-LOG_TO_ENV = "TRACEML_NB_LOG_TO"
+from ...settings import LOG_TO_ENV, log_to_setting
+
 #: tracker name -> (module of this package, the name people read, the extra that installs it)
 TRACKERS: dict[str, tuple[str, str, str]] = {
     "wandb": ("to_wandb", "W&B", "wandb"),
@@ -84,7 +83,7 @@ def resolve_log_to(*choices: Any) -> list[Target]:
     for choice in choices:
         if choice is not None:
             return parse_log_to(choice)
-    env = os.environ.get(LOG_TO_ENV)
+    env = log_to_setting()
     try:
         return parse_log_to(env)
     except ValueError as exc:
