@@ -190,7 +190,7 @@ def test_a_runs_options_are_one_object_its_keywords_over_it():
     base = RunOptions(interval=0.05, compare=False, warmup=3)
     run = Run("x", options=base, interval=0.2, sample=False)
     assert run.options == RunOptions(interval=0.2, sample=False, compare=False, warmup=3)
-    assert (run.interval, run.sample) == (0.2, False)
+    assert (run.options.interval, run.options.sample) == (0.2, False)
     with pytest.raises(TypeError, match="unknown options: intervall"):
         Run("x", intervall=0.2)
     with pytest.raises(ValueError, match="at least 1"):

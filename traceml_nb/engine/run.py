@@ -149,20 +149,14 @@ class Run:
             raise ValueError(
                 f"profile must be a number of steps of at least 1, got {options.profile}"
             )
-        self.options = options
+        #: how it measures and is concluded (the one source: read, never copied)
+        self.options = replace(options, interval=validate_interval(options.interval))
         self.name = name or "run"
         self.named = name is not None
-        self.interval = validate_interval(options.interval)
         self.device_kind, self.cuda_index = resolve_device(options.device)
-        self.sample = options.sample
         self.source = source
         self.cell_id = cell_id
         self.session = session
-        self.log_to = options.log_to
-        self.log_steps = options.log_steps
-        self.profile = options.profile
-        self.profile_after = options.profile_after
-        self.profile_dir = options.profile_dir
         self.code_file = code_file
         self.record = RunRecord()
         self.capabilities = Capabilities()
@@ -230,7 +224,7 @@ class Run:
         self._tracer = StepTracer(rec, gpu=self._make_gpu_timer())
         self.capabilities.set("steps", True)
         self.capabilities.set("data_wait", True)
-        if self.profile is not None:
+        if self.options.profile is not None:
             self._window = self._make_window()
         hooks.install(self._tracer, self._window)
         if self.watch_ranks:
@@ -238,7 +232,7 @@ class Run:
 
             self._ranks_launched = rank_launch.start(self)
             self.ranks = self._ranks_launched.ranks
-        if self.sample:
+        if self.options.sample:
             self._start_sampling()
         else:
             for name in ("nvml", "gpu_utilisation", "host"):
@@ -279,14 +273,15 @@ class Run:
             while frame is not None and frame.f_code.co_filename == __file__:
                 frame = frame.f_back  # type: ignore[assignment]
             code_file = frame.f_code.co_filename if frame is not None else None
-        assert self.profile is not None
+        opts = self.options
+        assert opts.profile is not None
         return ProfileWindow(
-            self.profile,
-            DEFAULT_PROFILE_AFTER_STEPS if self.profile_after is None else self.profile_after,
+            opts.profile,
+            DEFAULT_PROFILE_AFTER_STEPS if opts.profile_after is None else opts.profile_after,
             cuda=self.device_kind == "cuda" and self.capabilities.ok("gpu_events"),
             t0_ns=self.record.t0_ns,
             cell_file=code_file,
-            trace_dir=self.profile_dir,
+            trace_dir=opts.profile_dir,
             name=self.name,
         )
 
@@ -307,7 +302,7 @@ class Run:
             self.capabilities.note(f"samplers failed to start: {type(exc).__name__}: {exc}")
             return
         self._collector = Collector(
-            sources, self.interval, self.capabilities, self.record.t0_ns / 1e9
+            sources, self.options.interval, self.capabilities, self.record.t0_ns / 1e9
         )
         self._collector.start()
 

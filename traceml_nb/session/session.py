@@ -18,6 +18,7 @@ import os
 import uuid
 from typing import Any
 
+from ..engine.options import RunOptions
 from ..engine.run import Run
 from ..settings import store_setting
 from ..tune.prediction import Prediction, prediction_for, prediction_rows, prediction_sentence
@@ -158,12 +159,10 @@ class Session:
         Never raises: a tracker that cannot be used is one line."""
         from . import trackers
 
-        steps = log_steps
-        for choice in (getattr(run, "log_steps", None), self.log_steps):
-            if steps is None:
-                steps = choice
+        own = run.options if run is not None else RunOptions()  # the run's choices come first
+        steps = next((s for s in (log_steps, own.log_steps, self.log_steps) if s is not None), None)
         try:
-            targets = trackers.resolve_log_to(log_to, getattr(run, "log_to", None), self.log_to)
+            targets = trackers.resolve_log_to(log_to, own.log_to, self.log_to)
         except ValueError as exc:
             lines = [f"traceml: not logged to any tracker: {exc}"]
         else:
