@@ -206,6 +206,7 @@ _MEDIAN_STEP = re.compile(r"median step ([\d.]+) ms")
 class Sizes:
     steps: int
     ab_decisions: int
+    ab_identical_decisions: int  #: identical A/B decisions, quiet (the false alarms' count)
     check_jobs: int
     baseline_jobs: int
     busy_decisions: int
@@ -225,6 +226,7 @@ class Sizes:
         return cls(
             steps=pick(args.steps, 30, 150),
             ab_decisions=ab_decisions,
+            ab_identical_decisions=pick(args.ab_identical_decisions, ab_decisions, ab_decisions),
             check_jobs=check_jobs,
             baseline_jobs=pick(args.baseline_jobs, 2, 5),
             busy_decisions=pick(args.busy_decisions, 1, 2),
@@ -261,6 +263,7 @@ class Study:
     cal: Calibration | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
     baseline: Path | None = None
+    progress: Path | None = None  #: each decision appended as a JSON line as it ends
 
     def calibrate(self, target_ms: float, width: int | None, quick: bool) -> Calibration:
         """The width from loops alone (a child process), then the added matmuls' cost from
@@ -282,8 +285,8 @@ class Study:
         plain: list[float] = []
         heavy: list[float] = []
         for _ in range(1 if quick else 3):
-            for extra, into in ((0, plain), (probe, heavy)):
-                m = _MEDIAN_STEP.search(self.job(store, extra).stdout)
+            for matmuls, into in ((0, plain), (probe, heavy)):
+                m = _MEDIAN_STEP.search(self.job(store, matmuls).stdout)
                 if m is None:
                     raise RuntimeError("calibration: a job printed no median step")
                 into.append(float(m[1]))
@@ -394,13 +397,18 @@ class Study:
             "stderr_tail": done.stderr.splitlines()[-8:] if done.code not in EXIT_WORDS else [],
         }
 
-    def part(self, gate: str, load: str, cases: tuple[str, ...], n: int) -> None:
-        """``n`` decisions of each case, interleaved."""
+    def part(self, gate: str, load: str, counts: dict[str, int]) -> None:
+        """``counts[case]`` decisions of each case, interleaved while each case has some left."""
         decide = self.ab_decision if gate == "ab" else self.check_decision
-        for i in range(n):
-            for case in cases:
+        for i in range(max(counts.values(), default=0)):
+            for case, n in counts.items():
+                if i >= n:
+                    continue
                 d = decide(case, load)
                 self.decisions.append(d)
+                if self.progress is not None:
+                    with self.progress.open("a") as f:
+                        f.write(json.dumps(d, default=str) + "\n")
                 rounds = f", {d['rounds']} rounds" if d.get("rounds") else ""
                 change = f", {d['change']:+.1%}" if d["change"] is not None else ""
                 log(
@@ -411,23 +419,24 @@ class Study:
 
 def run_study(study: Study, parts: list[str], busy_env: dict[str, str]) -> dict[str, Any]:
     sizes = study.sizes
-    cases = (IDENTICAL, PLUS10, PLUS20)
     busy_pid = None
     if "ab" in parts:
-        study.part("ab", "quiet", cases, sizes.ab_decisions)
+        n = sizes.ab_decisions
+        study.part("ab", "quiet", {IDENTICAL: sizes.ab_identical_decisions, PLUS10: n, PLUS20: n})
     if "check" in parts or "busy-check" in parts:
         study.build_baseline()
     if "check" in parts:
-        study.part("check", "quiet", cases, sizes.check_jobs)
+        n = sizes.check_jobs
+        study.part("check", "quiet", {IDENTICAL: n, PLUS10: n, PLUS20: n})
     if "busy-ab" in parts or "busy-check" in parts:
         busy = study.children.start([sys.executable, "-c", "while True: pass"], busy_env, study.tmp)
         busy_pid = busy.pid
         log(f"one core kept busy (pid {busy.pid})")
         try:
             if "busy-ab" in parts:
-                study.part("ab", "busy", (IDENTICAL,), sizes.busy_decisions)
+                study.part("ab", "busy", {IDENTICAL: sizes.busy_decisions})
             if "busy-check" in parts:
-                study.part("check", "busy", (IDENTICAL,), sizes.busy_jobs)
+                study.part("check", "busy", {IDENTICAL: sizes.busy_jobs})
         finally:
             study.children.stop(busy, grace=1.0)
             log("the busy process stopped")
@@ -491,6 +500,11 @@ def main(argv: list[str] | None = None) -> int:
         "--ab-decisions", type=int, help="A/B decisions of each case, quiet machine (default 4)"
     )
     parser.add_argument(
+        "--ab-identical-decisions",
+        type=int,
+        help="identical A/B decisions, quiet machine (default: --ab-decisions)",
+    )
+    parser.add_argument(
         "--check-jobs", type=int, help="judged check jobs of each case, quiet (default 15)"
     )
     parser.add_argument(
@@ -528,6 +542,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"which parts, comma-separated from {', '.join(PARTS)} (default: all)",
     )
     parser.add_argument("--json", type=Path, help="also write the raw results as JSON here")
+    parser.add_argument(
+        "--progress",
+        type=Path,
+        help="append each decision to this file as a JSON line as it ends (a stopped study "
+        "keeps what it decided)",
+    )
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
@@ -547,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         log("calibrating the step ...")
-        study = Study(sizes, tmp, children)
+        study = Study(sizes, tmp, children, progress=args.progress)
         cal = study.calibrate(args.target_ms, args.width, args.quick)
         log(
             f"width {cal.width}: step {cal.step_ms:.2f} ms in a job; one added matmul "
