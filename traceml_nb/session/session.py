@@ -173,61 +173,17 @@ class Session:
         return lines
 
     # --- tuning -----------------------------------------------------------------------------
-    def tune(
-        self,
-        ref: int | str | None = None,
-        *,
-        loader: Any = None,
-        namespace: dict[str, Any] | None = None,
-        **options: Any,
-    ) -> Any:
-        """Tune the training DataLoader of run ``ref`` (default: the latest run): measure
-        DataLoader settings over its dataset and recommend one (:func:`traceml_nb.tune.tuner.
-        tune`; ``options`` as it takes them). ``loader``: the DataLoader to tune, else the live
-        one over the run's dataset, looked up in ``namespace`` and then among live objects.
-        ``LookupError`` saying why when there is no run or no loader to tune."""
-        from ..tune.find import candidate_of, find_loader, namer, training_loader_info
-        from ..tune.tuner import tune as run_tune
+    def tune(self, ref: int | str | None = None, **options: Any) -> Any:
+        """Tune the training DataLoader of run ``ref`` (default: the latest run) and keep the
+        tuning (:func:`traceml_nb.tune.of_run.tune_run`; ``options``, ``loader`` and
+        ``namespace`` among them, as it takes them). ``LookupError`` saying why when there is
+        no run or no loader to tune."""
+        from ..tune.of_run import tune_run
 
         if not len(self.history):
             raise LookupError("no run to tune yet: run a training cell under %%traceml first")
         entry = self.get(ref) if ref is not None else self.history.entries[-1]
-        info = training_loader_info(entry.loaders)
-        name: str | None = None
-        if loader is None:
-            if info is None:
-                raise LookupError(f"run {entry.label} iterated no DataLoader: nothing to tune")
-            found = find_loader(info, namespace)
-            if found is None:
-                raise LookupError(
-                    f"the training DataLoader of run {entry.label} ({info.get('dataset_type')}, "
-                    f"batch_size={info.get('batch_size')}) is no longer alive; pass it: "
-                    "%traceml tune --loader NAME"
-                )
-            loader, name = found
-        s = entry.summary
-        unavailable = {}
-        if s.compute_ms_median is None:
-            unavailable["compute_ms"] = s.unavailable.get(
-                "step_ms_median", "the run has no steady steps with a DataLoader"
-            )
-        result = run_tune(
-            loader,
-            compute_ms=s.compute_ms_median,
-            run_step_ms=s.step_ms_median,
-            run_wait_ms=s.data_wait_ms_median,
-            gpu=options.pop("gpu", entry.environment.get("device_kind") == "cuda"),
-            cpus=options.pop("cpus", s.cpus_available),
-            current=candidate_of(info) if info is not None else None,
-            name_of=namer(namespace),
-            driver=(info or {}).get("driver"),
-            run_id=entry.id,
-            run_label=entry.label,
-            unavailable=unavailable,
-            **options,
-        )
-        result.loader_name = name
-        result.cell_entry = entry
+        result = tune_run(entry, **options)
         self.tunings = [*self.tunings, result][-MAX_TUNINGS:]
         return result
 
@@ -250,59 +206,21 @@ class Session:
         return self.history.get(ref)
 
     def pair(self, before: int | str, after: int | str) -> tuple[RunEntry, RunEntry, str]:
-        """The two runs to compare, and a note ('' when there is nothing to say). Where both
-        refer to the same run, a name among them is taken as the latest *other* run of that
-        name (the note says which), and ``KeyError`` where there is none."""
-        first, second = self.get(before), self.get(after)
-        if first is not second:
-            return first, second, ""
-        if not self.history.is_number(before):
-            first = self.history.get(before, other_than=second)
-            which, ref, run = "first", before, first
-        elif not self.history.is_number(after):
-            second = self.history.get(after, other_than=first)
-            which, ref, run = "second", after, second
-        else:
-            raise KeyError(f"{before!r} and {after!r} are the same run, {first.label}")
-        note = (
-            f"the {which} run, {ref!r}, would have been the other run itself: "
-            f"compared with the latest other run of that name, {run.label}"
-        )
-        return first, second, note
+        """The two runs to compare and a note (:func:`~.refs.pair`)."""
+        from .refs import pair
+
+        return pair(self.history, before, after)
 
     def compare_refs(
         self, before: int | str, after: int | str, *, store: Any = None
     ) -> tuple[RunEntry, RunEntry, str]:
         """Like :meth:`pair`, where a ref may also be a stored run, ``@17`` (read from
-        ``store``, default :meth:`store`); the note says when the two runs are on different
-        hardware classes."""
-        from .environment import hardware_class
-        from .store import StoreError
+        ``store``, default :meth:`store`; :func:`~.refs.resolve_pair`)."""
+        from .refs import resolve_pair
 
-        if not (str(before).startswith("@") or str(after).startswith("@")):
-            first, second, note = self.pair(before, after)
-        else:
-            target = store if store is not None else self.store()
-            runs = []
-            for ref in (before, after):
-                text = str(ref).strip()
-                if text.startswith("@"):
-                    if target is None:
-                        raise KeyError(f"{text}: storing is off, so there are no stored runs")
-                    if not text[1:].isdigit():
-                        raise KeyError(f"{text!r} is not a stored run id (@ and a number)")
-                    try:
-                        runs.append(target.get(int(text[1:])))
-                    except StoreError as exc:
-                        raise KeyError(str(exc)) from None
-                else:
-                    runs.append(self.get(text))
-            first, second, note = runs[0], runs[1], ""
-        a, b = hardware_class(first.environment), hardware_class(second.environment)
-        if first.environment and second.environment and a != b:
-            across = f"across hardware classes: {a} \u2192 {b}"
-            note = f"{across}; {note}" if note else across
-        return first, second, note
+        stored = any(str(ref).startswith("@") for ref in (before, after))
+        target = store if store is not None or not stored else self.store()
+        return resolve_pair(self.history, before, after, target)
 
     def compare(self, before: int | str, after: int | str) -> Any:
         """Run ``after`` against run ``before`` (numbers or names, as :meth:`pair` takes
