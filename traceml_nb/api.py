@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import os
 
+from .engine.run import Run
 from .session.history import History
-from .session.result import Renderer
+from .session.result import Renderer, RunResult
 from .session.session import Session as _Session
 from .views.report import ReportRenderer
 
 
 class Session(_Session):
     """A :class:`~traceml_nb.session.session.Session` whose results print as the report and
-    attach it to the trackers (``renderer``: another one; options as that class takes them)."""
+    attach it to the trackers (``renderer``: another one; options as that class takes them),
+    and which prints where each result was logged."""
 
     def __init__(
         self,
@@ -38,6 +40,14 @@ class Session(_Session):
             log_steps=log_steps,
             renderer=renderer if renderer is not None else ReportRenderer(),
         )
+
+    def result(self, run: Run, *, log_to: str | list[str] | bool | None = None) -> RunResult:
+        """The run's result (:meth:`~traceml_nb.session.session.Session.result`), after a line
+        for each tracker it was logged to (or could not be)."""
+        result = super().result(run, log_to=log_to)
+        for line in result.trackers:
+            print(line)
+        return result
 
 
 _default: Session | None = None

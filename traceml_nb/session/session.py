@@ -100,8 +100,8 @@ class Session:
         baseline and the earlier runs of its cell (the previous one and the best one) unless
         ``compare`` is False, keep it in the history, write it to the store (``store`` as
         :meth:`store` takes it), log it to the trackers (:meth:`export`; ``log_to=False``
-        here: not now) and return its :class:`RunResult`. A store that cannot be written is
-        one note in the result."""
+        here: not now) and return its :class:`RunResult`, whose ``trackers`` say what went
+        where. Prints nothing. A store that cannot be written is one note in the result."""
         options = run.options
         concluded = conclude(run, options.warmup)
         entry = self.history.add(concluded.entry)
@@ -138,8 +138,7 @@ class Session:
             renderer=self.renderer,
         )
         if log_to is not False:
-            for line in self.export(result, log_to, run=run):
-                print(line)
+            self.export(result, log_to, run=run)
         return result
 
     # --- experiment trackers ----------------------------------------------------------------
