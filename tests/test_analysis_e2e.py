@@ -27,6 +27,7 @@ import traceml_nb
 from traceml_nb.analysis import analyze, compare
 from traceml_nb.analysis.thresholds import INPUT_BOUND_SHARE, WARMUP_MAX_SHARE
 from traceml_nb.session.history import History, entry_from
+from traceml_nb.views.comparison_words import headline
 
 ITEM_SLEEP_S = 0.004
 BATCH = 8
@@ -151,9 +152,9 @@ def test_the_fix_is_faster_or_a_few_runs_from_it_and_within_the_predicted_bound(
     before, after = history.get("baseline"), history.get("workers2")
     assert history.previous_of(after) is before
     c = compare(before, after)
-    assert c.verdict in ("faster", "inconclusive"), c.headline
+    assert c.verdict in ("faster", "inconclusive"), headline(c)
     if c.verdict == "inconclusive":
-        assert c.judgement.change > -0.2 or c.judgement.more_needed is not None, c.headline
+        assert c.judgement.change > -0.2 or c.judgement.more_needed is not None, headline(c)
     assert c.ci_high < 1
     # The fix removes the baseline's waits but for the hand-over that remains: the steps get
     # faster by about that share of the baseline's step (~25-30 of ~134 ms), whatever the load.
@@ -173,7 +174,7 @@ def test_the_fix_is_faster_or_a_few_runs_from_it_and_within_the_predicted_bound(
 def test_two_identical_reruns_are_never_slower_or_faster(history_of_the_story):
     history, _, _ = history_of_the_story
     c = compare(history.get("workers2"), history.get("workers2-again"))
-    assert c.verdict in ("no significant change", "inconclusive"), c.headline
+    assert c.verdict in ("no significant change", "inconclusive"), headline(c)
 
 
 def test_a_compute_heavy_loop_on_a_cheap_dataset_is_not_input_bound():

@@ -247,11 +247,12 @@ def test_a_busy_run_among_the_k_is_left_out_as_from_a_baseline(store):
         store.add(make_run("smoke", step_ms=m, seed=40 + i, source=source, load=load))
         for i, (m, load) in enumerate([(20.1, 0.0), (27.0, 0.6), (19.9, 0.0)])
     ]
-    result = traceml_nb.check("smoke", store=store.path, runs=3).result
+    report = traceml_nb.check("smoke", store=store.path, runs=3)
+    result = report.result
     assert [r.stored_id for r in result.candidates] == [ids[0], ids[2]]
     assert [r.stored_id for r in result.left_out] == [ids[1]]
     assert result.to_dict()["left_out"] == [ids[1]]
-    assert result.verdict.split(" against ")[0].split(": ", 1)[1] == (
+    assert report.text().split(" against ")[0].split(": ", 1)[1] == (
         f"'smoke' @{ids[0]}\u2013@{ids[2]} (its latest 3 runs; @{ids[1]} left out: it ran on a "
         "busy machine)"
     )

@@ -16,6 +16,7 @@ import traceml_nb
 from traceml_nb.session.check import check
 from traceml_nb.session.store import Store
 from traceml_nb.session.stored_jobs import SLOWEST_RANK_TIE, StoredJob, split_jobs
+from traceml_nb.views.check_words import check_paragraph as said
 
 #: ranks of a baseline job: rank 1 is the slower by 2% (its 1% step jitter cannot swap them)
 BASE_MS = (20.0, 20.4)
@@ -81,13 +82,13 @@ def test_a_job_slower_than_its_baseline_jobs_fails_naming_its_slowest_rank(store
     medians[slow_rank] = 26.0  # +28% on one rank: the job runs at that rank's pace
     ids = add_job(store, tuple(medians), job=job_id(99), seed=9)
     result = check("train", store=store.path)
-    assert result.exit_code == 1 and result.status == "regression", result.verdict
-    assert result.verdict.startswith(
+    assert result.exit_code == 1 and result.status == "regression", said(result)
+    assert said(result).startswith(
         f"REGRESSION: 'train' job 00000063\u2026 (2 ranks, @{ids[0]} @{ids[1]}; slowest rank "
         f"{slow_rank}) is slower than its baseline, 5 jobs @2, @4, @6, @8, @10 "
         "(each job by its slowest rank): step time 20.4 ms \u2192 2"
     )
-    assert "the gate is set to catch a slowdown of 10%" in result.verdict
+    assert "the gate is set to catch a slowdown of 10%" in said(result)
     assert result.slowdown == pytest.approx(26.0 / 20.4 - 1, abs=0.02)
     assert result.candidate is not None and result.candidate.stored_id == ids[slow_rank]
     data = result.to_dict()
@@ -101,20 +102,20 @@ def test_a_job_slower_than_its_baseline_jobs_fails_naming_its_slowest_rank(store
 def test_a_job_as_fast_as_its_baseline_jobs_passes(store):
     add_job(store, (20.1, 20.3), job=job_id(99), seed=9)
     result = check("train", store=store.path)
-    assert result.exit_code == 0, result.verdict
-    assert result.verdict.startswith(
+    assert result.exit_code == 0, said(result)
+    assert said(result).startswith(
         "OK: 'train' job 00000063\u2026 (2 ranks, @11 @12; slowest rank 1) against its baseline, "
         "5 jobs @2, @4, @6, @8, @10 (each job by its slowest rank): step time 20.4 ms \u2192 "
     )
-    assert "not slower: a slowdown of 10% is ruled out" in result.verdict
+    assert "not slower: a slowdown of 10% is ruled out" in said(result)
 
 
 def test_a_job_slower_by_well_under_the_gates_slowdown_passes(store):
     """+15% against a gate set to catch 50%: under half of it, and 50% is ruled out."""
     add_job(store, (20.1, 23.5), job=job_id(99), seed=9)
     result = check("train", store=store.path, max_slowdown=0.5)
-    assert result.exit_code == 0, result.verdict
-    assert "not slower: a slowdown of 50% is ruled out" in result.verdict
+    assert result.exit_code == 0, said(result)
+    assert "not slower: a slowdown of 50% is ruled out" in said(result)
 
 
 @pytest.mark.parametrize("medians", [(20.0, 32.0, 20.4), (20.0, 20.5, 21.0)])
@@ -129,7 +130,7 @@ def test_the_order_the_ranks_were_stored_in_does_not_change_the_verdict(tmp_path
         result = check("train", store=target.path, max_slowdown=LENIENT)
         slowest = max(range(3), key=lambda r: medians[r])
         assert result.candidate is not None and result.candidate.stored_id == ids[slowest]
-        verdicts.add((result.exit_code, normalised(result.verdict), round(result.slowdown, 6)))
+        verdicts.add((result.exit_code, normalised(said(result)), round(result.slowdown, 6)))
     assert len(verdicts) == 1, verdicts
     ((code, verdict, _),) = verdicts
     assert code == (1 if max(medians) > 25 else 0)
@@ -141,7 +142,7 @@ def test_a_job_with_a_failed_rank_has_no_verdict(store):
     ids = add_job(store, (20.1, 20.2), job=job_id(99), seed=9, status={1: "failed"})
     result = check("train", store=store.path)
     assert result.exit_code == 2 and result.status == "error"
-    assert result.verdict == (
+    assert said(result) == (
         f"no verdict on 'train' job 00000063\u2026 (2 ranks, @{ids[0]} @{ids[1]}): the job is "
         f"partial: rank 1 (@{ids[1]}) failed: KeyboardInterrupt. A job is judged "
         "only when every rank completed and stored its run."
@@ -165,7 +166,7 @@ def test_a_job_with_a_rank_without_steady_steps_has_no_verdict(store):
     ids = [store.add(e) for e in ranks]
     result = check("train", store=store.path)
     assert result.exit_code == 2 and result.status == "error"
-    assert result.verdict == (
+    assert said(result) == (
         f"no verdict on 'train' job 00000063\u2026 (2 ranks, @{ids[0]} @{ids[1]}): rank 1 "
         f"(@{ids[1]}) measured no steady steps, so its slowest rank is not known."
     )
@@ -174,8 +175,8 @@ def test_a_job_with_a_rank_without_steady_steps_has_no_verdict(store):
 def test_a_job_with_fewer_ranks_stored_than_its_world_size_has_no_verdict(store):
     ids = add_job(store, (20.1, 20.2, 20.3), job=job_id(99), seed=9, order=(0, 2), world_size=4)
     result = check("train", store=store.path)
-    assert result.exit_code == 2, result.verdict
-    assert result.verdict == (
+    assert result.exit_code == 2, said(result)
+    assert said(result) == (
         f"no verdict on 'train' job 00000063\u2026 (2 of 4 ranks, @{ids[0]} @{ids[2]}): the job "
         "is partial: ranks 1, 3 stored no run. A job is judged only when every rank completed "
         "and stored its run."
@@ -190,9 +191,9 @@ def test_partial_earlier_jobs_are_not_a_baseline(tmp_path):
     add_job(target, job=job_id(3), seed=3)
     add_job(target, (20.1, 20.3), job=job_id(99), seed=9)
     result = check("train", store=target.path, max_slowdown=LENIENT)
-    assert result.exit_code == 0, result.verdict
+    assert result.exit_code == 0, said(result)
     assert [r.stored_id for r in result.baseline] == [2, 7]  # the slowest ranks of jobs 0 and 3
-    assert "against its baseline, 2 jobs @2, @7" in result.verdict
+    assert "against its baseline, 2 jobs @2, @7" in said(result)
 
 
 # --- what the baseline of a job is made of ----------------------------------------------------
@@ -207,13 +208,13 @@ def test_the_baseline_is_the_slowest_ranks_of_the_last_jobs_never_a_mix_of_ranks
     add_job(target, (20.0, 20.4, 20.2), job=job_id(40), seed=40)  # 3 ranks: another config
     ids = add_job(target, (20.2, 20.5), job=job_id(99), seed=9)
     result = check("train", store=target.path, max_slowdown=LENIENT)
-    assert result.exit_code == 0, result.verdict
+    assert result.exit_code == 0, said(result)
     assert [r.stored_id for r in result.baseline] == slowest[-5:]
     assert all(r.rank == 1 and r.job_id is not None for r in result.baseline)
     assert [j.ids if j is not None else None for j in result.baseline_jobs] == jobs[-5:]
     assert all(j is not None and j.complete for j in result.baseline_jobs)
     assert result.to_dict()["baseline"] == slowest[-5:]
-    assert f"(2 ranks, @{ids[0]} @{ids[1]}; slowest rank 1)" in result.verdict
+    assert f"(2 ranks, @{ids[0]} @{ids[1]}; slowest rank 1)" in said(result)
 
 
 def test_a_job_with_only_runs_alone_before_it_has_no_baseline(tmp_path):
@@ -225,13 +226,13 @@ def test_a_job_with_only_runs_alone_before_it_has_no_baseline(tmp_path):
     ids = add_job(target, job=job_id(99), seed=9)
     result = check("train", store=target.path)
     assert result.exit_code == 2 and result.status == "no baseline"
-    assert result.verdict.startswith(
+    assert said(result).startswith(
         f"no baseline yet for 'train' job 00000063\u2026 (2 ranks, @{ids[0]} @{ids[1]}; slowest "
         "rank 1) on CPU: Test CPU \u00d72: no earlier complete job of 'train' with 2 ranks there "
         "(a job is compared with jobs only, never with runs that ran alone). Store 5 or more "
         "jobs of it"
     )
-    assert result.verdict.endswith(
+    assert said(result).endswith(
         "Left out: job 00000000\u2026 (1 of 2 ranks, @5) is partial (rank 1 stored no run); job "
         "00000001\u2026 (3 ranks, @6 @7 @8; slowest rank 2) had 3 ranks."
     )
@@ -244,12 +245,10 @@ def test_a_run_alone_is_compared_with_runs_alone_only(tmp_path):
         add_job(target, (30.0, 30.5), job=job_id(i), seed=i)  # ranks of jobs: not its baseline
     latest = target.add(make_run("train", step_ms=20.1, seed=9))
     result = check("train", store=target.path, max_slowdown=LENIENT)
-    assert result.exit_code == 0, result.verdict
+    assert result.exit_code == 0, said(result)
     assert [r.stored_id for r in result.baseline] == [1, 4, 7]
     assert result.job is None and result.baseline_jobs == [None, None, None]
-    assert result.verdict.startswith(
-        f"OK: 'train' @{latest} against its baseline, 3 runs @1\u2013@7"
-    )
+    assert said(result).startswith(f"OK: 'train' @{latest} against its baseline, 3 runs @1\u2013@7")
     assert result.to_dict()["job"] is None
 
 
@@ -272,8 +271,8 @@ def test_a_reused_job_id_and_an_elastic_restart_are_told_apart(tmp_path):
     add_job(target, (20.1, 20.3), job="none", seed=8, status={0: "failed", 1: "failed"})
     ids = add_job(target, (20.1, SLOW_MS), job="none", seed=9, order=(1, 0))  # the restart
     result = check("train", store=target.path)
-    assert result.exit_code == 1, result.verdict
-    assert result.verdict.startswith(
+    assert result.exit_code == 1, said(result)
+    assert said(result).startswith(
         f"REGRESSION: 'train' job none (2 ranks, @{ids[0]} @{ids[1]}; slowest rank 1) is slower "
         "than its baseline, 3 jobs @2, @3, @6 (each job by its slowest rank)"
     )
@@ -287,9 +286,9 @@ def test_a_pinned_rank_stands_for_its_job(store):
     store.pin("train", [1, 3, 4])  # rank 0 of job 0; ranks 0 and 1 of job 1
     add_job(store, (20.1, SLOW_MS), job=job_id(99), seed=9)
     result = check("train", store=store.path)
-    assert result.exit_code == 1, result.verdict
+    assert result.exit_code == 1, said(result)
     assert [r.stored_id for r in result.baseline] == [2, 4]
-    assert "2 jobs @2, @4 (each job by its slowest rank)" in result.verdict
+    assert "2 jobs @2, @4 (each job by its slowest rank)" in said(result)
 
 
 def test_against_a_rank_of_a_job_means_that_job(store):
@@ -297,16 +296,16 @@ def test_against_a_rank_of_a_job_means_that_job(store):
     # one job to judge against: the noise is the default's, so the slowdown must be large
     ids = add_job(store, (20.1, 36.0), job=job_id(99), seed=9)
     result = check("train", store=store.path, against="@3")  # rank 0 of job 1
-    assert result.exit_code == 1, result.verdict
+    assert result.exit_code == 1, said(result)
     assert [r.stored_id for r in result.baseline] == [4]
-    assert result.verdict.startswith(
+    assert said(result).startswith(
         f"REGRESSION: 'train' job 00000063\u2026 (2 ranks, @{ids[0]} @{ids[1]}; slowest rank 1) "
         "is slower than its baseline, job 00000001\u2026 (2 ranks, @3 @4; slowest rank 1): "
     )
     partial = check("train", store=store.path, against=11)
-    assert partial.exit_code == 2, partial.verdict
-    assert partial.verdict.startswith("--against @11: @11 is a rank of job 00000032\u2026 (2 ranks")
-    assert "which is partial (rank 1 (@12) failed: KeyboardInterrupt)" in partial.verdict
+    assert partial.exit_code == 2, said(partial)
+    assert said(partial).startswith("--against @11: @11 is a rank of job 00000032\u2026 (2 ranks")
+    assert "which is partial (rank 1 (@12) failed: KeyboardInterrupt)" in said(partial)
 
 
 # --- the pieces ---------------------------------------------------------------------------------
@@ -360,7 +359,7 @@ def test_a_ddp_job_is_compared_rank_for_rank_when_its_ranks_are_tied(tmp_path):
     result = check("train", store=target.path, against="baseline", max_slowdown=LENIENT)
     assert result.candidate is not None and result.candidate.rank == 1
     assert [r.rank for r in result.baseline] == [1, 1, 1, 1]
-    assert result.exit_code == 0 and "same code, same settings" in result.verdict.lower()
+    assert result.exit_code == 0 and "same code, same settings" in said(result).lower()
 
 
 def test_the_cli_gates_a_job_with_markdown_and_junit(store, tmp_path):

@@ -12,6 +12,7 @@ from traceml_nb.analysis.findings import Diagnosis, Summary
 from traceml_nb.analysis.noise import Noise
 from traceml_nb.analysis.thresholds import BOOTSTRAP_RESAMPLES, CHANGE_MARGIN
 from traceml_nb.session.history import RunEntry
+from traceml_nb.views.comparison_words import comparison_text, headline
 
 #: a well-known noise: 2% between runs, on 40 degrees of freedom
 KNOWN = Noise(sigma=0.02, df=40.0, own_runs=41, own_df=40.0, own_configs=1, step_ms=100.0)
@@ -100,11 +101,12 @@ def test_the_motivating_comparison():
     assert (c.baseline_id, c.candidate_id) == (1, 2)
     assert c.verdict == "faster"
     assert c.significant
-    headline = (
+    said = (
         "step time 316 ms \u2192 179 ms (\u221243%, faster, beyond the run-to-run noise "
         "(\u00b168%: assumed for 316 ms steps until reruns tell))"
     )
-    assert c.headline == headline
+    assert headline(c) == said
+    assert (c.before_ms, c.after_ms) == (pytest.approx(316), pytest.approx(179))
     assert c.step_ratio == pytest.approx(179 / 316)
     assert c.ci_low < c.step_ratio < c.ci_high < 1
     assert c.rows == [
@@ -115,8 +117,8 @@ def test_the_motivating_comparison():
         ComparisonRow("peak GPU memory", "5.9 GiB", "6.0 GiB", "+2%", "neutral"),
         ComparisonRow("verdict", "input-bound", "compute-bound", "changed", "good"),
     ]
-    text = c.to_text()
-    assert text.splitlines()[0] == f"#2 vs #1: {headline}"
+    text = comparison_text(c)
+    assert text.splitlines()[0] == f"#2 vs #1: {said}"
     assert c.to_dict()["rows"][0] == {
         "label": "median step time",
         "before": "316 ms",
@@ -133,7 +135,7 @@ def test_slower():
         noise=KNOWN,
     )
     assert c.verdict == "slower"
-    assert c.headline == (
+    assert headline(c) == (
         "step time 100 ms \u2192 130 ms (+30%, slower, beyond the run-to-run noise "
         "(\u00b17.9%: 41 runs of this configuration))"
     )
@@ -147,7 +149,7 @@ def test_identical_runs_are_no_significant_change():
     c = compare(entry(1, values), entry(2, list(values)), noise=KNOWN)
     assert c.verdict == "no significant change"
     assert not c.significant
-    assert c.headline == (
+    assert headline(c) == (
         "step time 50 ms \u2192 50 ms (\u00b10%, no significant change: within the run-to-run "
         "noise (\u00b17.9%: 41 runs of this configuration))"
     )
@@ -177,8 +179,8 @@ def test_a_change_the_noise_cannot_tell_is_inconclusive_and_says_what_would_deci
     c = compare(entry(1, values), entry(2, [v * 1.15 for v in values]), noise=wide)
     assert c.verdict == "inconclusive" and not c.significant
     assert c.judgement.more_needed is not None and c.judgement.more_needed >= 1
-    assert f"{c.judgement.more_needed} more run" in c.headline
-    assert "inconclusive: within the run-to-run noise" in c.headline
+    assert f"{c.judgement.more_needed} more run" in headline(c)
+    assert "inconclusive: within the run-to-run noise" in headline(c)
 
 
 def test_steps_that_overlap_keep_a_run_level_change_inconclusive():
@@ -188,8 +190,8 @@ def test_steps_that_overlap_keep_a_run_level_change_inconclusive():
     c = compare(entry(1, noisy_a), entry(2, noisy_b), noise=KNOWN)
     assert c.ci_low <= 1 <= c.ci_high
     assert c.judgement.verdict in ("slower", "faster")
-    assert c.verdict == "inconclusive"
-    assert "the runs' own steps overlap" in c.headline
+    assert c.verdict == "inconclusive" and c.steps_overlap
+    assert "the runs' own steps overlap" in headline(c)
 
 
 def test_bootstrap_is_deterministic_and_uses_enough_resamples():
@@ -230,12 +232,14 @@ def test_runs_without_steady_steps_are_not_comparable():
     c = compare(entry(1, steps_around(20.0)), entry(2, []))
     assert c.verdict == "no significant change"
     assert c.step_ratio is None and c.ci_low is None
-    assert c.headline == "step time not comparable: #2 has no steady steps"
+    assert c.no_steady_ids == [2]
+    assert headline(c) == "step time not comparable: #2 has no steady steps"
     assert c.rows[0] == ComparisonRow(
         "median step time", "20 ms", "unavailable", "\u2014", "neutral"
     )
     c = compare(entry(1, []), entry(2, [1.0]))
-    assert c.headline == "step time not comparable: #1 and #2 have no steady steps"
+    assert c.no_steady_ids == [1, 2]
+    assert headline(c) == "step time not comparable: #1 and #2 have no steady steps"
 
 
 def test_compare_entries_built_from_analyses():

@@ -310,7 +310,7 @@ def test_the_ci_gate_finds_no_baseline_for_the_t4_among_a100_runs(t4_and_a100):
     store, _, _ = t4_and_a100
     result = run_check("smoke", store=store.path)
     assert result.exit_code == 2 and result.status == "no baseline"
-    assert "on GPU: Tesla T4" in result.verdict
+    assert "on GPU: Tesla T4" in result.why
     across = run_check("smoke", store=store.path, any_hardware=True)
     assert across.exit_code == 1  # twice the A100's step time: a regression, when asked
 

@@ -295,7 +295,7 @@ def test_a_torchrun_job_lands_in_the_store_as_one_job(ip, capsys, tmp_path, run_
     assert gate.exit_code == EXIT_NO_VERDICT and gate.job is not None
     assert gate.job.ids == [r.id for r in sorted(rows, key=lambda r: r.rank)]
     assert gate.job.complete and gate.candidate.rank == 1
-    assert "no earlier complete job of 'torchrun-job' with 2 ranks" in gate.verdict
+    assert "no earlier complete job of 'torchrun-job' with 2 ranks" in gate.why
 
 
 def assert_rank_0_reports_the_job(counts, job, out_dir):

@@ -25,6 +25,7 @@ from traceml_nb.tune.candidates import Candidate, worker_counts
 from traceml_nb.tune.constants import COMPUTE_CHANGE_SHARE, PREFETCH_CHOICES
 from traceml_nb.tune.predict import MEASURED
 from traceml_nb.tune.tuner import usable_cpus
+from traceml_nb.views.comparison_words import headline
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.ipynb"
 STARVED_LOADER = "loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=0)"
@@ -139,7 +140,7 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
         assert prediction is not None and prediction.recommended
         if attempt == 0:  # the loop closed: the comparison shows the prediction beside it
             assert prediction.predicted_ms == pytest.approx(tuning.predicted_ms)
-            assert "%traceml tune of #1 quickstart predicted" in fixed.comparison.headline
+            assert "%traceml tune of #1 quickstart predicted" in headline(fixed.comparison)
             assert any(
                 r.label.startswith("step time predicted by %traceml tune")
                 for r in fixed.comparison.rows
@@ -161,12 +162,12 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
         # a rerun whose model ran within COMPUTE_CHANGE_SHARE of the tuned run's compute is
         # held to the original prediction: the must-show itself; one past it says so, and
         # gives the prediction for its own compute
-        changed = "the model's own compute changed too" in fixed.comparison.headline
-        assert changed is (abs(drift) > COMPUTE_CHANGE_SHARE), fixed.comparison.headline
+        changed = "the model's own compute changed too" in headline(fixed.comparison)
+        assert changed is (abs(drift) > COMPUTE_CHANGE_SHARE), headline(fixed.comparison)
         if not changed:
             assert measured == pytest.approx(tuning.predicted_ms, rel=0.15)
             return
-        assert f"it is {fmt_ms(again)} (measured" in fixed.comparison.headline
+        assert f"it is {fmt_ms(again)} (measured" in headline(fixed.comparison)
     # Every rerun's model computed more than COMPUTE_CHANGE_SHARE faster or slower than the
     # tuned run's: on some machines moving the loading off the main process changes the
     # model's own speed (CI once: 35.9 ms a step after in-process loading, 26.7-29.4 ms in all

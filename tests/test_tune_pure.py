@@ -40,8 +40,9 @@ from traceml_nb.tune.predict import (
     recommend,
     update_predictions,
 )
-from traceml_nb.tune.prediction import Prediction, prediction_rows, prediction_sentence
+from traceml_nb.tune.prediction import Prediction
 from traceml_nb.tune.tuner import _idle_extension
+from traceml_nb.views.comparison_words import prediction_rows, prediction_sentence
 from traceml_nb.views.tune import TuneReport, render_html, render_text
 
 MIB = 1 << 20

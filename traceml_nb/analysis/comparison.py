@@ -24,7 +24,6 @@ from .noise import Noise, estimate_noise, judge_change, log_mean_ms
 from .thresholds import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
-    BUSY_NOISE_FACTOR,
     CHANGE_MARGIN,
     CONFIDENCE_LEVEL,
     MAX_STORED_STEPS,
@@ -68,7 +67,17 @@ class Comparison:
     ci_high: float | None = None
     #: "faster", "slower", "no significant change" or "inconclusive"
     verdict: str = NO_CHANGE
-    headline: str = ""
+    #: the step time of each side, ms: the geometric mean of the runs' medians (None: a side
+    #: without steady steps)
+    before_ms: float | None = None
+    after_ms: float | None = None
+    #: the runs without steady steps, when the step time is not comparable
+    no_steady_ids: list[int] = field(default_factory=list)
+    #: the noise model saw a change, but the step-level bootstrap interval includes none
+    steps_overlap: bool = False
+    #: what a tuning predicted for the candidate's loader settings
+    #: (:class:`~traceml_nb.tune.prediction.Prediction`, set by the session)
+    prediction: Any = None
     #: the run-to-run noise the verdict was judged against
     noise: Noise | None = None
     #: the verdict's figures: the change, its bounds, how many more runs would decide
@@ -101,7 +110,11 @@ class Comparison:
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
             "verdict": self.verdict,
-            "headline": self.headline,
+            "before_ms": self.before_ms,
+            "after_ms": self.after_ms,
+            "no_steady_ids": list(self.no_steady_ids),
+            "steps_overlap": self.steps_overlap,
+            "prediction": self.prediction.to_dict() if self.prediction is not None else None,
             "noise": self.noise.to_dict() if self.noise is not None else None,
             "judgement": self.judgement.to_dict() if self.judgement is not None else None,
             "after_busy": self.after_busy,
@@ -111,16 +124,6 @@ class Comparison:
             "candidate_ids": list(self.candidate_ids),
             "note": self.note,
         }
-
-    def to_text(self) -> str:
-        """A plain-text table of the comparison."""
-        lines = [f"#{self.candidate_id} vs #{self.baseline_id}: {self.headline}"]
-        if self.note:
-            lines.insert(0, self.note)
-        width = max((len(r.label) for r in self.rows), default=0)
-        for r in self.rows:
-            lines.append(f"  {r.label:<{width}}  {r.before:>14}  \u2192  {r.after:<14}  {r.delta}")
-        return "\n".join(lines)
 
 
 def _medians_of_resamples(
@@ -218,57 +221,6 @@ def _throughput_row(a: Summary, b: Summary) -> ComparisonRow:
     )
 
 
-def fmt_pct_plain(share: float) -> str:
-    """A fraction as a percentage with one decimal below 10%: 0.031 → '3.1%', 0.12 → '12%'."""
-    pct = share * 100
-    return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
-
-
-def noise_source(noise: Noise, after_busy: bool = False) -> str:
-    """Where the noise comes from: ``5 runs of this configuration``, ``7 runs of 2
-    configurations and 3 other configurations on this machine``, or ``assumed for 10 ms steps
-    until reruns tell``; with ``after_busy``, ``…, 5× for this run on a busy machine``."""
-    busy = f", {BUSY_NOISE_FACTOR:g}\u00d7 for this run on a busy machine" if after_busy else ""
-    parts = []
-    if noise.own_configs == 1:
-        parts.append(f"{noise.own_runs} runs of this configuration")
-    elif noise.own_configs > 1:
-        parts.append(f"{noise.own_runs} runs of {noise.own_configs} configurations")
-    if noise.class_configs:
-        n = noise.class_configs
-        parts.append(f"{n} other configuration{'s' if n != 1 else ''} on this machine")
-    if not parts:
-        return f"assumed for {fmt_ms(noise.step_ms)} steps until reruns tell{busy}"
-    return " and ".join(parts) + busy
-
-
-def verdict_tail(judgement: Judgement, noise: Noise | None, after_busy: bool = False) -> str:
-    """The words after the change in a headline: ``slower, beyond the run-to-run noise
-    (±7.4%: 5 runs of this configuration)``, ``no significant change: within …``,
-    ``inconclusive: within … ; 3 more runs would decide``."""
-    band = f"\u00b1{fmt_pct_plain(judgement.half_width)}"
-    if noise is not None:
-        band += f": {noise_source(noise, after_busy)}"
-    verdict = judgement.verdict
-    if verdict in (FASTER, SLOWER):
-        return f"{verdict}, beyond the run-to-run noise ({band})"
-    if verdict == NO_CHANGE:
-        return f"{NO_CHANGE}: within the run-to-run noise ({band})"
-    more = judgement.more_needed
-    if more is None:
-        decide = "a change this small cannot be told at this noise"
-    else:
-        decide = f"{more} more run{'s' if more != 1 else ''} would decide"
-    return f"{INCONCLUSIVE}: within the run-to-run noise ({band}); {decide}"
-
-
-#: the headline's tail where the noise model saw a change but the runs' own steps overlap
-STEPS_OVERLAP = (
-    f"{INCONCLUSIVE}: the runs' own steps overlap (the step-level bootstrap interval includes no "
-    "change)"
-)
-
-
 def pooled_steps(runs: Sequence[RunLike], limit: int = MAX_STORED_STEPS) -> np.ndarray:
     """The runs' steady step times together, each run evenly thinned to an equal share of
     ``limit`` values (so that a long run does not outweigh the others, and the bootstrap stays
@@ -338,22 +290,16 @@ def compare(
         result.step_ratio, result.ci_low, result.ci_high = ratio, low, high
         result.noise, result.judgement = noise, judgement
         result.verdict, result.after_busy = judgement.verdict, after_busy
-        tail = verdict_tail(judgement, noise, after_busy)
+        result.before_ms, result.after_ms = center, med_b
         if result.verdict in (FASTER, SLOWER) and low <= 1 <= high:
-            result.verdict, tail = INCONCLUSIVE, STEPS_OVERLAP
-        result.headline = (
-            f"step time {fmt_ms(center)} \u2192 {fmt_ms(med_b)} ({signed_pct(ratio - 1)}, {tail})"
-        )
+            result.verdict, result.steps_overlap = INCONCLUSIVE, True
         step_delta = signed_pct(ratio - 1)
         step_direction = {FASTER: GOOD, SLOWER: BAD}.get(result.verdict, NEUTRAL)
     else:
         empty = [(a, values_a)] if not before else [(r, np.asarray(r.step_ms)) for r in runs_a]
         later = [(b, values_b)] if not after else [(r, np.asarray(r.step_ms)) for r in runs_b]
-        missing = [f"#{r.id}" for r, v in [*empty, *later] if len(v) < 2]
-        verb = "has" if len(missing) == 1 else "have"
-        result.headline = (
-            f"step time not comparable: {' and '.join(missing)} {verb} no steady steps"
-        )
+        result.no_steady_ids = [r.id for r, v in [*empty, *later] if len(v) < 2]
+        result.before_ms, result.after_ms = center, med_b
         step_delta = NOT_AVAILABLE
     sa, sb = a.summary, b.summary
     # GPM's SM activity, shown where either run had it (a Hopper or later GPU), after NVML's

@@ -27,18 +27,12 @@ from typing import Any
 
 from ..analysis.attribution import what_changed
 from ..analysis.baseline import compare_with_baseline, is_regression
-from ..analysis.comparison import Comparison, fmt_pct_plain, noise_source
+from ..analysis.comparison import Comparison
 from ..analysis.configuration import changed_parts
-from ..analysis.formatting import fmt_confidence, fmt_ms, signed_pct, signed_pct_fine
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.noise import RunPoint, estimate_noise, is_busy, log_mean_ms
-from ..analysis.thresholds import (
-    BASELINE_RUNS,
-    DEFAULT_MAX_SLOWDOWN,
-    FALSE_ALARM_RATE,
-    MISS_RATE,
-)
-from .baselines import EARLIER, SAME, choose_baseline, machine_points, noise_for
+from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
+from .baselines import SAME, choose_baseline, machine_points, noise_for
 from .environment import hardware_class
 from .history import RunEntry
 from .store import Store, StoreError, resolve_store_path
@@ -59,14 +53,15 @@ MAX_CHECK_RUNS = 20
 @dataclass
 class CheckResult:
     """The gate's outcome. ``status``: "pass", "regression", "inconclusive", "no baseline" or
-    "error";
-    ``verdict``: one paragraph saying it; ``comparison`` the latest run against its baseline
-    (None without one); ``max_slowdown`` the allowed slowdown, a fraction (0.10 = 10%)."""
+    "error"; ``why``: the reason there is no verdict (a usage error, a store that cannot be
+    read, no baseline yet), '' where the runs were judged: ``comparison``, the latest run
+    against its baseline, says how (:mod:`traceml_nb.views.check_words` writes its
+    paragraph); ``max_slowdown`` the allowed slowdown, a fraction (0.10 = 10%)."""
 
     exit_code: int
     status: str
     name: str
-    verdict: str
+    why: str
     max_slowdown: float
     store_path: str | None = None
     candidate: RunEntry | None = None
@@ -97,7 +92,7 @@ class CheckResult:
             "exit_code": self.exit_code,
             "status": self.status,
             "name": self.name,
-            "verdict": self.verdict,
+            "why": self.why,
             "max_slowdown": self.max_slowdown,
             "store_path": self.store_path,
             "candidate": self.candidate.stored_id if self.candidate is not None else None,
@@ -227,13 +222,13 @@ def check(
                 return _fail(name, f"--against @{text}: {why}", max_slowdown, path, NO_BASELINE)
     except StoreError as exc:
         return _fail(name, f"cannot read the store: {exc}", max_slowdown, path)
-    subject = _subject(name, candidate, job, candidates)
+    who = subject(name, candidate, job, candidates)
     if not baseline:
         return CheckResult(
             EXIT_NO_VERDICT,
             NO_BASELINE,
             name,
-            _no_baseline(subject, name, candidate, job, skipped, any_hardware),
+            _no_baseline(who, name, candidate, job, skipped, any_hardware),
             max_slowdown,
             path,
             candidate,
@@ -279,10 +274,8 @@ def check(
     comparison.changes = changes
     if comparison.step_ratio is None:
         return CheckResult(
-            EXIT_NO_VERDICT, ERROR, name,
-            f"no verdict on {subject}: {comparison.headline}.",
-            max_slowdown, path, candidate, baseline, comparison, changes, job, units,
-            candidates=candidates,
+            EXIT_NO_VERDICT, ERROR, name, "", max_slowdown, path, candidate, baseline,
+            comparison, changes, job, units, candidates=candidates,
         )  # fmt: skip
     regression = is_regression(comparison)
     if regression:
@@ -295,18 +288,7 @@ def check(
         exit_code,
         status,
         name,
-        verdict_paragraph(
-            name,
-            candidate,
-            baseline,
-            comparison,
-            max_slowdown,
-            job=job,
-            units=units,
-            kind=kind,
-            candidates=candidates,
-            left_out=left_out,
-        ),
+        "",
         max_slowdown,
         path,
         candidate,
@@ -321,7 +303,7 @@ def check(
     )
 
 
-def _subject(
+def subject(
     name: str,
     candidate: RunEntry,
     job: StoredJob | None,
@@ -498,101 +480,3 @@ def _no_baseline(
         tail = f"; and {more} more" if more > 0 else ""
         text += f" Left out: {'; '.join(skipped[-LEFT_OUT_SHOWN:])}{tail}."
     return text
-
-
-def verdict_paragraph(
-    name: str,
-    candidate: RunEntry,
-    baseline: list[RunEntry],
-    comparison: Comparison,
-    max_slowdown: float,
-    *,
-    job: StoredJob | None = None,
-    units: list[StoredJob | None] | None = None,
-    kind: str = SAME,
-    candidates: list[RunEntry] | None = None,
-    left_out: list[RunEntry] | None = None,
-) -> str:
-    """The gate's verdict in one paragraph. ``job``: the job whose slowest rank ``candidate``
-    is; ``units``: the job each baseline run stands for (None: a run alone); ``kind``: the
-    baseline's (``EARLIER``: the runs of the configuration before the candidate's);
-    ``candidates``: the runs judged together (``check --runs K``), ``candidate`` the latest;
-    ``left_out``: those of the K left out (a busy machine)."""
-    of = _baseline_words(baseline, units or [None] * len(baseline))
-    if kind == EARLIER:
-        of += " of the configuration before it"
-    subject = _subject(name, candidate, job, candidates, left_out)
-    ratio = comparison.step_ratio
-    judgement = comparison.judgement
-    if ratio is None or judgement is None:
-        if job is None:
-            return f"{name!r}: no verdict on @{candidate.stored_id}: {comparison.headline}."
-        return f"no verdict on {subject}: {comparison.headline}."
-    after = candidate.summary.step_ms_median
-    if candidates and len(candidates) > 1:
-        after = log_mean_ms([float(c.summary.step_ms_median or 0.0) for c in candidates])
-    before = baseline[-1].summary.step_ms_median
-    if len(baseline) > 1 and ratio:
-        before = (after or 0.0) / ratio
-    move = f"{fmt_ms(before)} \u2192 {fmt_ms(after)}"
-    change = signed_pct(ratio - 1)
-    low = judgement.bound(FALSE_ALARM_RATE)
-    high = judgement.bound(1 - MISS_RATE)
-    at_least = (
-        f"at least {signed_pct_fine(low)} with {fmt_confidence(1 - FALSE_ALARM_RATE)} confidence"
-    )
-    at_most = f"at most {signed_pct_fine(high)} with {fmt_confidence(1 - MISS_RATE)} confidence"
-    noise = comparison.noise
-    band = "the run-to-run noise"
-    if noise is not None:
-        band += f" ({noise_source(noise, comparison.after_busy)})"
-    allowed = f"a slowdown of {fmt_pct_plain(max_slowdown)}"
-    what = list(comparison.changes[1:])
-    changed = ""
-    if what:
-        changed = f" What changed: {'; '.join(what)}."
-    elif comparison.changes:
-        first = comparison.changes[0]
-        changed = f" {first[:1].upper()}{first[1:]}"
-    if comparison.verdict == "slower":
-        head = (
-            f"REGRESSION: {subject} is slower than its baseline, {of}: step time {move} "
-            f"({change}; {at_least}), beyond {band}; the gate is set to catch {allowed}."
-        )
-    elif comparison.verdict == INCONCLUSIVE_VERDICT:
-        more = judgement.more_needed
-        decide = (
-            f"{more} more run{'s' if more != 1 else ''} of it would decide"
-            if more is not None
-            else "a change this small cannot be told at this noise; an A/B run "
-            "(python -m traceml_nb ab) pairs the runs so the machine's drift cancels"
-        )
-        head = (
-            f"INCONCLUSIVE: {subject} against its baseline, {of}: step time {move} ({change}; "
-            f"{at_least}, {at_most}): neither {allowed} nor no slowdown can be ruled out "
-            f"against {band}; {decide}."
-        )
-    else:
-        head = (
-            f"OK: {subject} against its baseline, {of}: step time {move} ({change}; {at_most}), "
-            f"not slower: {allowed} is ruled out against {band}."
-        )
-    return head + changed
-
-
-def _baseline_words(baseline: list[RunEntry], units: list[StoredJob | None]) -> str:
-    """``run @3``, ``5 runs @1–@5``, ``job 3f2a9c1e… (2 ranks, @5 @6; slowest rank 1)``,
-    ``3 jobs @2, @5, @8 (each job by its slowest rank)``; the step time a paragraph gives for
-    several is the geometric mean of their medians, the centre the noise model judges from."""
-    ids = [f"@{r.stored_id}" for r in baseline]
-    jobs = sum(u is not None for u in units)
-    if len(ids) == 1:
-        unit = units[0]
-        return f"run {ids[0]}" if unit is None else unit.label()
-    if not jobs:
-        return f"{len(ids)} runs {ids[0]}\u2013{ids[-1]}"
-    alone = len(ids) - jobs
-    counted = [f"{jobs} job{'s' if jobs != 1 else ''}"]
-    if alone:
-        counted.append(f"{alone} run{'s' if alone != 1 else ''}")
-    return f"{' and '.join(counted)} {', '.join(ids)} (each job by its slowest rank)"

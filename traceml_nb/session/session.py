@@ -21,7 +21,7 @@ from typing import Any
 from ..engine.options import RunOptions
 from ..engine.run import Run
 from ..settings import store_setting
-from ..tune.prediction import Prediction, prediction_for, prediction_rows, prediction_sentence
+from ..tune.prediction import Prediction, prediction_for
 from .conclusion import (
     Compared,
     compare_with_earlier,
@@ -117,8 +117,7 @@ class Session:
                 )
         prediction = self.prediction_for(entry)
         if prediction is not None and compared.previous is not None:
-            compared.previous.rows.extend(prediction_rows(prediction))
-            compared.previous.headline += f"; {prediction_sentence(prediction)}"
+            compared.previous.prediction = prediction
         stored = persist(entry, target, self.id)
         if stored.note:
             run.capabilities.note(stored.note)

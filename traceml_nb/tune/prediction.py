@@ -4,8 +4,8 @@
 cell runs again with one of those settings, :func:`prediction_for` finds the tuning and makes a
 :class:`Prediction` of the rerun: the step time predicted and measured (ms), and, because the
 prediction assumed the tuned run's compute time per step, that compute and the rerun's, with the
-prediction made again for the rerun's compute. :func:`prediction_rows` and
-:func:`prediction_sentence` put it beside the rerun's comparison with its previous run.
+prediction made again for the rerun's compute. The session puts it on the rerun's comparison
+with its previous run; :mod:`traceml_nb.views.comparison_words` writes it beside that.
 """
 
 from __future__ import annotations
@@ -88,61 +88,3 @@ def prediction_for(entry: Any, tunings: Sequence[Any], earlier: Sequence[Any]) -
                     predicted_for_compute_ms=again,
                 )
     return None
-
-
-def prediction_rows(prediction: Prediction) -> list[Any]:
-    """The comparison rows that put the prediction beside the measured step time, and where
-    the model's own compute changed by more than ``COMPUTE_CHANGE_SHARE``, the prediction made
-    again for the rerun's compute."""
-    from ..analysis.comparison import NEUTRAL, ComparisonRow
-    from ..analysis.formatting import fmt_ms, signed_pct
-
-    measured = prediction.measured_ms
-    rows = [
-        ComparisonRow(
-            f"step time predicted by %traceml tune of {prediction.tuned_run}",
-            fmt_ms(prediction.predicted_ms),
-            fmt_ms(measured),
-            signed_pct(prediction.error_share),
-            NEUTRAL,
-        )
-    ]
-    again = prediction.predicted_for_compute_ms
-    if prediction.compute_changed and again and prediction.compute_ms is not None:
-        rows.append(
-            ComparisonRow(
-                f"step time predicted for this run's compute ({fmt_ms(prediction.compute_ms)})",
-                fmt_ms(again),
-                fmt_ms(measured),
-                signed_pct(measured / again - 1),
-                NEUTRAL,
-            )
-        )
-    return rows
-
-
-def prediction_sentence(prediction: Prediction) -> str:
-    """``%traceml tune of #1 predicted 27.2 ms a step for these settings: measured 28.0 ms
-    (+3%)``, and where the model's own compute changed by more than ``COMPUTE_CHANGE_SHARE``,
-    by how much (the prediction is for the tuned run's compute) and the prediction made again
-    for this run's compute (``: for 26.7 ms it is 29.2 ms (measured −3%)``)."""
-    from ..analysis.formatting import fmt_ms, signed_pct
-
-    sentence = (
-        f"%traceml tune of {prediction.tuned_run} predicted {fmt_ms(prediction.predicted_ms)}"
-        f" a step for these settings ({prediction.candidate}): measured "
-        f"{fmt_ms(prediction.measured_ms)} ({signed_pct(prediction.error_share)})"
-    )
-    change = prediction.compute_change
-    tuned_ms, now_ms = prediction.tuned_compute_ms, prediction.compute_ms
-    if prediction.compute_changed and change is not None and tuned_ms and now_ms is not None:
-        tuned, now = fmt_ms(tuned_ms), fmt_ms(now_ms)
-        sentence += (
-            f"; the model's own compute changed too ({tuned} \u2192 {now} a step, "
-            f"{signed_pct(change)}), and the prediction was for {tuned}"
-        )
-        again = prediction.predicted_for_compute_ms
-        if again:
-            error = prediction.measured_ms / again - 1
-            sentence += f": for {now} it is {fmt_ms(again)} (measured {signed_pct(error)})"
-    return sentence

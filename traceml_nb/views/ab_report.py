@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from xml.sax.saxutils import escape, quoteattr
 
-from ..analysis.comparison import fmt_pct_plain
 from ..analysis.formatting import fmt_confidence, fmt_ms, fmt_s, signed_pct, signed_pct_fine
 from ..analysis.thresholds import AB_FALSE_ALARM_PER_LOOK, AB_MISS_PER_LOOK, MIN_AB_ROUNDS
 from ..session.ab import ERROR, INCONCLUSIVE, NOT_SLOWER, REGRESSION, AbResult
 from .check_report import _ICON, GateReport
+from .comparison_words import fmt_pct_plain
 
 _HEADS = {
     REGRESSION: "REGRESSION",

@@ -9,6 +9,8 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from ..session.check import ERROR, INCONCLUSIVE, NO_BASELINE, REGRESSION, CheckResult
+from .check_words import check_paragraph
+from .comparison_words import to_dict as comparison_dict
 from .text import format_value
 
 _ICON = {
@@ -73,8 +75,16 @@ class CheckReport(GateReport):
     result: CheckResult
 
     def text(self) -> str:
-        """The one-paragraph verdict."""
-        return self.result.verdict
+        """The one-paragraph verdict (:func:`~.check_words.check_paragraph`)."""
+        return check_paragraph(self.result)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result's data, with the verdict paragraph and the comparison's headline."""
+        data = self.result.to_dict()
+        data["verdict"] = self.text()
+        if self.result.comparison is not None:
+            data["comparison"] = comparison_dict(self.result.comparison)
+        return data
 
     def markdown(self) -> str:
         """A heading, the verdict, and the comparison table (for a CI job summary)."""
@@ -83,7 +93,7 @@ class CheckReport(GateReport):
             f"### {_ICON.get(r.status, '')} traceml_nb check: `{r.name}` \u2014 {r.status}",
             "",
         ]
-        lines += [r.verdict, ""]
+        lines += [self.text(), ""]
         if r.job is not None:
             lines += [f"**Job** `{r.job.job_id}`: {r.job.ranks_line()}", ""]
         comparison = r.comparison
@@ -102,14 +112,15 @@ class CheckReport(GateReport):
         no baseline yet and for an inconclusive verdict, an error for an unreadable store or a
         usage error."""
         r = self.result
+        verdict = self.text()
         body = ""
-        message = quoteattr(r.verdict)
+        message = quoteattr(verdict)
         if r.status == REGRESSION:
-            body = f'<failure message={message} type="regression">{escape(r.verdict)}</failure>'
+            body = f'<failure message={message} type="regression">{escape(verdict)}</failure>'
         elif r.status in (NO_BASELINE, INCONCLUSIVE):
             body = f"<skipped message={message}/>"
         elif r.status == ERROR:
-            body = f'<error message={message} type="store">{escape(r.verdict)}</error>'
+            body = f'<error message={message} type="store">{escape(verdict)}</error>'
         counts = {
             "failures": int(r.status == REGRESSION),
             "errors": int(r.status == ERROR),
@@ -131,5 +142,5 @@ class CheckReport(GateReport):
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             f'<testsuites><testsuite name="traceml_nb check" tests="1" {attrs}>'
             f'<testcase classname="traceml_nb.check" name={case}>{body}'
-            f"<system-out>{escape(r.verdict)}</system-out></testcase></testsuite></testsuites>\n"
+            f"<system-out>{escape(verdict)}</system-out></testcase></testsuite></testsuites>\n"
         )

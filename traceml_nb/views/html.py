@@ -13,6 +13,8 @@ from ..analysis.formatting import fmt_s
 from ..analysis.profile_summary import ProfileSummary
 from . import profile_section as profile_view
 from .chart import step_chart_svg
+from .comparison_words import headline
+from .comparison_words import rows as comparison_rows
 from .rank_table import ranks_html
 from .report_content import ReportContent
 from .text import (
@@ -73,7 +75,7 @@ def _direction_style(direction: Any) -> str:
 
 def comparison_html(title: str, comp: Any) -> str:
     rows = []
-    for label, before, after, delta, direction in comp.rows:
+    for label, before, after, delta, direction in comparison_rows(comp):
         rows.append(
             f'<tr><td style="{_TD}">{escape(str(label))}</td>'
             f'<td style="{_TD}">{escape(format_value(before))}</td>'
@@ -98,7 +100,7 @@ def comparison_html(title: str, comp: Any) -> str:
         )
     return (
         f'<div style="margin-top:6px">{head}<b>{escape(title)}</b>: '
-        f'<span style="{_direction_style(comp.verdict)}">{escape(comp.headline)}</span>'
+        f'<span style="{_direction_style(comp.verdict)}">{escape(headline(comp))}</span>'
         f"{changed}{table}</div>"
     )
 

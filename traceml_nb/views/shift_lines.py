@@ -155,7 +155,7 @@ class HistoryCheckReport(GateReport):
                 exit_code=r.exit_code,
                 status=_AS_CHECK.get(r.status, r.status),
                 name=r.name,
-                verdict=self.text(),
+                why=self.text(),
                 max_slowdown=r.max_slowdown,
                 store_path=r.store_path,
             )

@@ -17,6 +17,8 @@ from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_
 from ..analysis.profile_summary import ProfileSummary
 from ..engine.capabilities import Capabilities
 from . import profile_section as profile_view
+from .comparison_words import headline
+from .comparison_words import rows as comparison_rows
 from .rank_table import ranks_text
 from .report_content import ReportContent, RunMeta
 
@@ -301,7 +303,7 @@ def profile_text(profile: ProfileSummary) -> list[str]:
 def comparison_lines(comparison: Any) -> list[str]:
     """A comparison's rows as ``label: before → after (delta)`` lines."""
     out = []
-    for label, before, after, delta, _direction in comparison.rows:
+    for label, before, after, delta, _direction in comparison_rows(comparison):
         change = f"{format_value(before)} \u2192 {format_value(after)} ({format_value(delta)})"
         out.append(f"  {label}: {change}")
     return out
@@ -310,7 +312,7 @@ def comparison_lines(comparison: Any) -> list[str]:
 def comparison_head(title: str, comparison: Any) -> list[str]:
     """The note (e.g. across hardware classes), ``title: headline``, and what changed."""
     out = [comparison.note] if getattr(comparison, "note", "") else []
-    out.append(f"{title}: {comparison.headline}")
+    out.append(f"{title}: {headline(comparison)}")
     changes = list(getattr(comparison, "changes", []) or [])
     if changes:
         out.append(f"  what changed: {changes[0]}")

@@ -1,0 +1,173 @@
+"""The words of a comparison: its headline, the noise it was judged against, a tuning's
+prediction beside it.
+
+:func:`traceml_nb.analysis.comparison.compare` returns what it found as numbers (the step
+times, their ratio, the judgement and the noise it was judged against); these functions write
+them: ``step time 31.8 ms → 12.4 ms (−61%, faster, beyond the run-to-run noise (±7.4%: 5 runs
+of this configuration))``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..analysis.comparison import NEUTRAL, Comparison, ComparisonRow
+from ..analysis.formatting import fmt_ms, signed_pct
+from ..analysis.judge import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, Judgement
+from ..analysis.noise import Noise
+from ..analysis.thresholds import BUSY_NOISE_FACTOR
+from ..tune.prediction import Prediction
+
+
+def fmt_pct_plain(share: float) -> str:
+    """A fraction as a percentage with one decimal below 10%: 0.031 → '3.1%', 0.12 → '12%'."""
+    pct = share * 100
+    return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
+
+
+def noise_source(noise: Noise, after_busy: bool = False) -> str:
+    """Where the noise comes from: ``5 runs of this configuration``, ``7 runs of 2
+    configurations and 3 other configurations on this machine``, or ``assumed for 10 ms steps
+    until reruns tell``; with ``after_busy``, ``…, 5× for this run on a busy machine``."""
+    busy = f", {BUSY_NOISE_FACTOR:g}\u00d7 for this run on a busy machine" if after_busy else ""
+    parts = []
+    if noise.own_configs == 1:
+        parts.append(f"{noise.own_runs} runs of this configuration")
+    elif noise.own_configs > 1:
+        parts.append(f"{noise.own_runs} runs of {noise.own_configs} configurations")
+    if noise.class_configs:
+        n = noise.class_configs
+        parts.append(f"{n} other configuration{'s' if n != 1 else ''} on this machine")
+    if not parts:
+        return f"assumed for {fmt_ms(noise.step_ms)} steps until reruns tell{busy}"
+    return " and ".join(parts) + busy
+
+
+def verdict_tail(judgement: Judgement, noise: Noise | None, after_busy: bool = False) -> str:
+    """The words after the change in a headline: ``slower, beyond the run-to-run noise
+    (±7.4%: 5 runs of this configuration)``, ``no significant change: within …``,
+    ``inconclusive: within … ; 3 more runs would decide``."""
+    band = f"\u00b1{fmt_pct_plain(judgement.half_width)}"
+    if noise is not None:
+        band += f": {noise_source(noise, after_busy)}"
+    verdict = judgement.verdict
+    if verdict in (FASTER, SLOWER):
+        return f"{verdict}, beyond the run-to-run noise ({band})"
+    if verdict == NO_CHANGE:
+        return f"{NO_CHANGE}: within the run-to-run noise ({band})"
+    more = judgement.more_needed
+    if more is None:
+        decide = "a change this small cannot be told at this noise"
+    else:
+        decide = f"{more} more run{'s' if more != 1 else ''} would decide"
+    return f"{INCONCLUSIVE}: within the run-to-run noise ({band}); {decide}"
+
+
+#: the headline's tail where the noise model saw a change but the runs' own steps overlap
+STEPS_OVERLAP = (
+    f"{INCONCLUSIVE}: the runs' own steps overlap (the step-level bootstrap interval includes no "
+    "change)"
+)
+
+
+def headline(comparison: Comparison) -> str:
+    """``step time 31.8 ms → 12.4 ms (−61%, faster, beyond the run-to-run noise (…))``, or why
+    the step time is not comparable; then what a tuning predicted, where one did."""
+    c = comparison
+    if c.judgement is None or c.step_ratio is None:
+        missing = [f"#{i}" for i in c.no_steady_ids]
+        verb = "has" if len(missing) == 1 else "have"
+        text = f"step time not comparable: {' and '.join(missing)} {verb} no steady steps"
+    else:
+        tail = (
+            STEPS_OVERLAP if c.steps_overlap else verdict_tail(c.judgement, c.noise, c.after_busy)
+        )
+        text = (
+            f"step time {fmt_ms(c.before_ms)} \u2192 {fmt_ms(c.after_ms)} "
+            f"({signed_pct(c.step_ratio - 1)}, {tail})"
+        )
+    if c.prediction is not None:
+        text += f"; {prediction_sentence(c.prediction)}"
+    return text
+
+
+def rows(comparison: Comparison) -> list[ComparisonRow]:
+    """The comparison's table, with the rows of a tuning's prediction after its own."""
+    extra = prediction_rows(comparison.prediction) if comparison.prediction is not None else []
+    return [*comparison.rows, *extra]
+
+
+def comparison_text(comparison: Comparison) -> str:
+    """A plain-text table of the comparison: ``#5 vs #4: <headline>`` and a row per figure."""
+    c = comparison
+    lines = [f"#{c.candidate_id} vs #{c.baseline_id}: {headline(c)}"]
+    if c.note:
+        lines.insert(0, c.note)
+    table = rows(c)
+    width = max((len(r.label) for r in table), default=0)
+    for r in table:
+        lines.append(f"  {r.label:<{width}}  {r.before:>14}  \u2192  {r.after:<14}  {r.delta}")
+    return "\n".join(lines)
+
+
+def to_dict(comparison: Comparison) -> dict[str, Any]:
+    """The comparison's data (:meth:`~traceml_nb.analysis.comparison.Comparison.to_dict`) with
+    its headline and its rows as shown."""
+    data = comparison.to_dict()
+    data["headline"] = headline(comparison)
+    data["rows"] = [row._asdict() for row in rows(comparison)]
+    return data
+
+
+# --- a tuning's prediction ------------------------------------------------------------------------
+def prediction_rows(prediction: Prediction) -> list[ComparisonRow]:
+    """The rows that put a tuning's prediction beside the measured
+    step time, and where the model's own compute changed by more than ``COMPUTE_CHANGE_SHARE``,
+    the prediction made again for the rerun's compute."""
+    measured = prediction.measured_ms
+    out = [
+        ComparisonRow(
+            f"step time predicted by %traceml tune of {prediction.tuned_run}",
+            fmt_ms(prediction.predicted_ms),
+            fmt_ms(measured),
+            signed_pct(prediction.error_share),
+            NEUTRAL,
+        )
+    ]
+    again = prediction.predicted_for_compute_ms
+    if prediction.compute_changed and again and prediction.compute_ms is not None:
+        out.append(
+            ComparisonRow(
+                f"step time predicted for this run's compute ({fmt_ms(prediction.compute_ms)})",
+                fmt_ms(again),
+                fmt_ms(measured),
+                signed_pct(measured / again - 1),
+                NEUTRAL,
+            )
+        )
+    return out
+
+
+def prediction_sentence(prediction: Prediction) -> str:
+    """``%traceml tune of #1 predicted 27.2 ms a step for these settings: measured 28.0 ms
+    (+3%)``, and where the model's own compute changed by more than ``COMPUTE_CHANGE_SHARE``,
+    by how much (the prediction is for the tuned run's compute) and the prediction made again
+    for this run's compute (``: for 26.7 ms it is 29.2 ms (measured −3%)``)."""
+    sentence = (
+        f"%traceml tune of {prediction.tuned_run} predicted {fmt_ms(prediction.predicted_ms)}"
+        f" a step for these settings ({prediction.candidate}): measured "
+        f"{fmt_ms(prediction.measured_ms)} ({signed_pct(prediction.error_share)})"
+    )
+    change = prediction.compute_change
+    tuned_ms, now_ms = prediction.tuned_compute_ms, prediction.compute_ms
+    if prediction.compute_changed and change is not None and tuned_ms and now_ms is not None:
+        tuned, now = fmt_ms(tuned_ms), fmt_ms(now_ms)
+        sentence += (
+            f"; the model's own compute changed too ({tuned} \u2192 {now} a step, "
+            f"{signed_pct(change)}), and the prediction was for {tuned}"
+        )
+        again = prediction.predicted_for_compute_ms
+        if again:
+            error = prediction.measured_ms / again - 1
+            sentence += f": for {now} it is {fmt_ms(again)} (measured {signed_pct(error)})"
+    return sentence
