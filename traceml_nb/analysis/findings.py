@@ -7,12 +7,17 @@ Units are in the field names (``_ms``, ``_s``, ``_mb``, ``_share`` = fraction 0.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..engine.contracts import Confidence, StepSource, Verdict
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
+_T = TypeVar("_T", bound="DataclassInstance")
+
+
+def _from_dict(cls: type[_T], data: dict[str, Any]) -> _T:
     """Build dataclass ``cls`` from ``data``, ignoring unknown keys (forward compatible)."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})

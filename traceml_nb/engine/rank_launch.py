@@ -21,11 +21,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Protocol
 
-from .record import LoaderInfo, RankRecord
+from .capabilities import Capabilities
+from .contracts import RunStatus
+from .record import LoaderInfo, RankRecord, RecordSnapshot, RunRecord
 
 #: Seconds between two sends of a rank's new rows: what a rank killed mid-run loses at most.
 SEND_INTERVAL_S = 0.25
@@ -35,6 +38,21 @@ ROWS_PER_MESSAGE = 500
 RECEIVER_JOIN_S = 5.0
 #: Seconds between the receiver's checks whether the run has ended.
 RECEIVER_POLL_S = 0.1
+
+
+class MeasuredRun(Protocol):
+    """What this module reads and drives of a run (:class:`~traceml_nb.engine.run.Run`, which
+    imports this module: named here, not imported)."""
+
+    record: RunRecord
+    capabilities: Capabilities
+    status: RunStatus
+    error: str | None
+    watch_ranks: bool
+
+    def start(self) -> None: ...
+    def stop(self, exc: BaseException | None = None) -> None: ...
+    def snapshot(self, start_row: int = 0, *, samples: bool = True) -> RecordSnapshot: ...
 
 
 # --- the child's side --------------------------------------------------------------------------
@@ -96,7 +114,7 @@ def _start_rank(engine: Any, rank: int, writer: Connection) -> _Sender | None:
 class _Sender:
     """Sends a rank's rows to the kernel: a thread while ``fn`` runs, the rest at its end."""
 
-    def __init__(self, run: Any, writer: Connection, rank: int) -> None:
+    def __init__(self, run: MeasuredRun, writer: Connection, rank: int) -> None:
         self.run = run
         self.writer = writer
         self.rank = rank
@@ -127,7 +145,7 @@ class _Sender:
             except Exception:
                 self.broken = True
 
-    def _send_rows(self, snap: Any) -> None:
+    def _send_rows(self, snap: RecordSnapshot) -> None:
         cols = snap.steps
         rows = list(
             zip(
@@ -198,7 +216,7 @@ class RankEngine:
     """The kernel's side for one run: the patch's handler, the receivers, the ranks' records
     (``Run.ranks``, in the order they started)."""
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: MeasuredRun) -> None:
         self.run = run
         self.ranks: list[RankRecord] = []
         self.launches: list[_Launch] = []
@@ -373,7 +391,7 @@ class RankEngine:
                 rec.notes = list(notes)
 
 
-def start(run: Any) -> RankEngine:
+def start(run: MeasuredRun) -> RankEngine:
     """The run's rank engine, its patch installed (the run removes it: :meth:`uninstall`)."""
     engine = RankEngine(run)
     engine.install()
@@ -384,7 +402,9 @@ def start(run: Any) -> RankEngine:
 RANK_ENV, WORLD_SIZE_ENV, JOB_ENV = "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"
 
 
-def launch_identity(environ: Any = None) -> tuple[int | None, int | None, str | None]:
+def launch_identity(
+    environ: Mapping[str, str] | None = None,
+) -> tuple[int | None, int | None, str | None]:
     """``(rank, world_size, job_id)`` of a process started by ``torchrun`` (from ``RANK``,
     ``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``), each None where unset or not a number."""
     env = os.environ if environ is None else environ

@@ -15,9 +15,12 @@ import time
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .profile_capture import ProfileCapture
+
+if TYPE_CHECKING:
+    import numpy as np
 
 NAN = float("nan")
 
@@ -179,7 +182,7 @@ class StepTable:
         return self.snapshot().flags
 
 
-def _typed(code: str, values: Any) -> array:
+def _typed(code: str, values: np.ndarray) -> array:
     out = array(code)
     out.frombytes(values.tobytes())
     return out

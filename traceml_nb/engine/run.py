@@ -22,12 +22,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .capabilities import Capabilities
 from .contracts import RunStatus
 from .options import Backends, RunOptions
 from .record import RankRecord, RecordSnapshot, RunRecord
+
+if TYPE_CHECKING:
+    from .instrument.gpu_events import GpuStallTimer
+    from .instrument.profiler import ProfileWindow
+    from .instrument.tracer import StepTracer
+    from .rank_launch import RankEngine
+    from .sampling import Collector
 
 MIN_INTERVAL_S = 0.02  #: 50 Hz
 MAX_INTERVAL_S = 1.0  #: 1 Hz
@@ -164,14 +171,14 @@ class Run:
         self.error: str | None = None
         self.started_at: float | None = None
         self._backends = backends if backends is not None else Backends()
-        self._tracer: Any = None
-        self._window: Any = None
-        self._collector: Any = None
+        self._tracer: StepTracer | None = None
+        self._window: ProfileWindow | None = None
+        self._collector: Collector | None = None
         self._result: Any = None
         #: the ranks this run launched (:mod:`.rank_launch`), one record each, in start order
         self.ranks: list[RankRecord] = []
         self.watch_ranks = True  #: route ``torch.multiprocessing.start_processes`` through it
-        self._ranks_launched: Any = None
+        self._ranks_launched: RankEngine | None = None
         from .rank_launch import launch_identity
 
         #: ``RANK``, ``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID`` of a process ``torchrun`` started
@@ -238,7 +245,7 @@ class Run:
             for name in ("nvml", "gpu_utilisation", "host"):
                 self.capabilities.set(name, False, "sampling switched off for this run")
 
-    def _make_gpu_timer(self) -> Any:
+    def _make_gpu_timer(self) -> GpuStallTimer | None:
         from .instrument.gpu_events import GpuStallTimer, cuda_event_factory, cuda_stream_getter
 
         if self._backends.event_factory is not None:
@@ -264,7 +271,7 @@ class Run:
             cuda_stream_getter(self.cuda_index),
         )
 
-    def _make_window(self) -> Any:
+    def _make_window(self) -> ProfileWindow:
         from .instrument.profiler import DEFAULT_PROFILE_AFTER_STEPS, ProfileWindow
 
         code_file = self.code_file
@@ -389,7 +396,7 @@ class Run:
         self.capabilities.set("profile", capture.captured, capture.why)
 
     def _note_tracer_error(self) -> None:
-        error = self._tracer.error
+        error = self._tracer.error if self._tracer is not None else None
         if error is not None:
             self.capabilities.note(
                 f"step tracing stopped during the run (our bug, not yours: {error}); the steps "

@@ -17,15 +17,21 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..analysis.findings import Analysis, IdleCost
+from ..analysis.comparison import Comparison
+from ..analysis.findings import Analysis, IdleCost, Summary
+from ..analysis.stragglers import RanksSummary
 from ..engine.record import RecordSnapshot
 from ..engine.run import Run
 from ..settings import gpu_price_setting
 from ..tune.prediction import Prediction
 from .history import History, RunEntry, entry_from
-from .result import LabelledComparison, Renderer, RunResult
+from .result import JobRank, LabelledComparison, Renderer, RunResult
+
+if TYPE_CHECKING:
+    from .baselines import Baseline
+    from .store import Store
 
 
 @dataclass
@@ -36,7 +42,7 @@ class Concluded:
 
     snapshot: RecordSnapshot
     analysis: Analysis
-    ranks: Any
+    ranks: RanksSummary | None
     entry: RunEntry
     cost: IdleCost | None
 
@@ -46,9 +52,9 @@ class Compared:
     """The run against its baseline, its previous run and its best run (each None where there
     is none), in the order the report shows them."""
 
-    baseline: Any = None
-    previous: Any = None
-    best: Any = None
+    baseline: Comparison | None = None
+    previous: Comparison | None = None
+    best: Comparison | None = None
     comparisons: list[LabelledComparison] = field(default_factory=list)
 
 
@@ -88,7 +94,9 @@ def conclude(run: Run, warmup: str | int) -> Concluded:
     return Concluded(snapshot, analysis, ranks, entry, cost)
 
 
-def compare_with_earlier(entry: RunEntry, history: History, baseline: Any, target: Any) -> Compared:
+def compare_with_earlier(
+    entry: RunEntry, history: History, baseline: Baseline, target: Store | None
+) -> Compared:
     """Step 2: ``entry`` against its ``baseline`` (:func:`~.baselines.choose_baseline`), its
     previous run and its best run in ``history``, each judged with the run-to-run noise of the
     configurations it compares (:mod:`.baselines`; ``target``: the store the machine class's
@@ -154,7 +162,7 @@ def compare_with_earlier(entry: RunEntry, history: History, baseline: Any, targe
     return found
 
 
-def persist(entry: RunEntry, target: Any, session_id: str) -> Stored:
+def persist(entry: RunEntry, target: Store | None, session_id: str) -> Stored:
     """Step 3: write ``entry`` to the store ``target`` (None: storing is off)."""
     from .store import StoreError
 
@@ -177,8 +185,8 @@ def result_of(
     stored: Stored,
     *,
     prediction: Prediction | None,
-    job: Any,
-    ranks: Any,
+    job: JobRank | None,
+    ranks: RanksSummary | None,
     renderer: Renderer | None,
 ) -> RunResult:
     """Step 5: the :class:`~.result.RunResult` of the steps before."""
@@ -258,7 +266,9 @@ def baseline_title(
     return f"baseline: {what} of {entry.name!r} ({span}){where}"
 
 
-def rank_analysis(run: Run, warmup: Any, snapshot: Any, analysis: Any) -> tuple[Any, Any, Any]:
+def rank_analysis(
+    run: Run, warmup: str | int, snapshot: RecordSnapshot, analysis: Analysis
+) -> tuple[RanksSummary, RecordSnapshot, Analysis]:
     """The ranks side by side, and the snapshot and analysis the report shows: the straggler's,
     else the lowest rank's that measured steps (else the kernel's own, as given)."""
     from ..analysis.stragglers import analyze_ranks
@@ -276,7 +286,9 @@ def rank_analysis(run: Run, warmup: Any, snapshot: Any, analysis: Any) -> tuple[
     return ranks, rec.record.snapshot(), analyses[key]
 
 
-def conclude_job(run: Run, summary: Any, status: str, stored_id: int | None) -> tuple[Any, Any]:
+def conclude_job(
+    run: Run, summary: Summary, status: str, stored_id: int | None
+) -> tuple[JobRank | None, RanksSummary | None]:
     """A rank of a ``torchrun`` job, stored: its place in the job (None: not a rank of one)
     and, on rank 0, the job's ranks gathered (:mod:`.job`; the note says whose the report
     is, or why it is alone)."""

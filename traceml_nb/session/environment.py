@@ -51,7 +51,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.attribution import ENVIRONMENT_FIELDS
 from ..engine.sampling import nvml_binding as nb
@@ -62,6 +62,9 @@ from ..engine.sampling.gpu_devices import (
     match_cuda_device,
 )
 from ..engine.sampling.host import cpus_available
+
+if TYPE_CHECKING:
+    from ..engine.run import Run
 
 #: Seconds each git command may take (a huge or network-mounted repository must not stall the
 #: end of the cell); past it the commit is unknown.
@@ -337,7 +340,7 @@ def script_sha() -> str | None:
 
 
 def capture_environment(
-    run: Any,
+    run: Run,
     *,
     cwd: str | None = None,
     cuda: Any = None,

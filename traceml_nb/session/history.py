@@ -17,8 +17,9 @@ import math
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.configuration import Configuration, configuration_of
 from ..analysis.findings import Analysis, Diagnosis, Summary
@@ -26,6 +27,11 @@ from ..analysis.thresholds import MAX_STORED_STEPS
 from ..engine.contracts import END_STATUSES, EndStatus
 from .environment import hardware_class
 from .history_file import FILE_FORMAT, FILE_VERSION, read_history_file, write_history_file
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..engine.run import Run
 
 #: Runs kept per session; adding one more drops the oldest.
 MAX_RUNS = 500
@@ -39,7 +45,7 @@ SIMILARITY_WINDOW = 50
 DEFAULT_RUN_NAME = "run"
 
 
-def downsample(values: Any, limit: int = MAX_STORED_STEPS) -> list[float]:
+def downsample(values: Sequence[float] | np.ndarray, limit: int = MAX_STORED_STEPS) -> list[float]:
     """At most ``limit`` values, picked evenly across ``values`` (first and last kept)."""
     n = len(values)
     if n <= limit:
@@ -236,7 +242,7 @@ def _check_entry(data: Any) -> None:
         raise ValueError("'summary.step_source' must be a string")
 
 
-def entry_from(run_like: Any, analysis: Analysis) -> RunEntry:
+def entry_from(run_like: Run, analysis: Analysis) -> RunEntry:
     """A history entry (id 0 until added) for an ended :class:`traceml_nb.engine.run.Run`: its name,
     ``named``, ``cell_id``, ``source``, status and times, and ``analysis``' figures."""
     name = str(getattr(run_like, "name", None) or DEFAULT_RUN_NAME)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Protocol
 
@@ -146,7 +147,7 @@ def step_arrays(
 def sample_columns(snapshot: RecordSnapshot) -> dict[str, dict[str, list[float | None]]]:
     """Sampler columns by source (``"host"``, ``"gpu:0"``...); ``t`` is seconds from the start,
     ``None`` where a value was unavailable."""
-    tables: dict[str, dict[str, Any]] = {}
+    tables: dict[str, dict[str, array]] = {}
     if snapshot.host is not None:
         tables["host"] = snapshot.host
     for index, columns in sorted(snapshot.gpus.items()):

@@ -18,6 +18,7 @@ figures on rank 0 while they run.)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from ..analysis.formatting import fmt_ms
 from ..analysis.stragglers import RankFigures, slowest_rank
 from .environment import hardware_class
 from .history import RunEntry
+from .store import StoredRow
 
 #: A job id is shown cut to this many characters and "…" (a torchrun id is a 36-character UUID).
 JOB_ID_CHARS = 8
@@ -35,31 +37,34 @@ JOB_ID_CHARS = 8
 #: job by that noise, and the comparison would set one rank's data wait against another's.
 SLOWEST_RANK_TIE = 0.01
 
+#: A rank's stored run: in full (:class:`RunEntry`) or as the store lists it (:class:`StoredRow`).
+StoredRun = RunEntry | StoredRow
 
-def _store_id(run: Any) -> int:
+
+def _store_id(run: StoredRun) -> int:
     """The store id of a :class:`RunEntry` or a :class:`~.store.StoredRow`."""
     if isinstance(run, RunEntry):
         return int(run.stored_id if run.stored_id is not None else run.id)
     return int(run.id)
 
 
-def step_median_ms(run: Any) -> float | None:
+def step_median_ms(run: StoredRun) -> float | None:
     """The median steady step time (ms) of a :class:`RunEntry` or a stored row; None: none."""
     return run.summary.step_ms_median if isinstance(run, RunEntry) else run.step_ms_median
 
 
-def steady_steps(run: Any) -> int:
+def steady_steps(run: StoredRun) -> int:
     """The steady steps of a :class:`RunEntry` or a stored row (0 where not known)."""
     steps = run.summary.steady_steps if isinstance(run, RunEntry) else run.steady_steps
     return int(steps or 0)
 
 
-def data_wait_share(run: Any) -> float | None:
+def data_wait_share(run: StoredRun) -> float | None:
     """The data wait share 0..1 of a :class:`RunEntry` or a stored row; None: not measured."""
     return run.summary.data_wait_share if isinstance(run, RunEntry) else run.data_wait_share
 
 
-def _figures(run: Any) -> RankFigures:
+def _figures(run: StoredRun) -> RankFigures:
     """A rank's run as the straggler rule reads it (a stored row has no median data wait: its
     share of the median step stands in)."""
     step, share = step_median_ms(run), data_wait_share(run)
@@ -76,7 +81,7 @@ def _figures(run: Any) -> RankFigures:
     )
 
 
-def run_hardware(run: Any) -> str:
+def run_hardware(run: StoredRun) -> str:
     """The hardware class of a :class:`RunEntry` or a stored row."""
     return hardware_class(run.environment) if isinstance(run, RunEntry) else str(run.hardware)
 
@@ -87,7 +92,7 @@ class StoredJob:
     :class:`~.store.StoredRow`, in rank order, one run a rank)."""
 
     job_id: str
-    runs: list[Any]
+    runs: list[StoredRun]
 
     @property
     def ids(self) -> list[int]:
@@ -111,7 +116,7 @@ class StoredJob:
         return [k for k in range(self.world_size) if k not in stored]
 
     @property
-    def failed(self) -> list[Any]:
+    def failed(self) -> list[StoredRun]:
         """The ranks' runs that did not complete (failed or interrupted)."""
         return [r for r in self.runs if r.status != "completed"]
 
@@ -139,7 +144,7 @@ class StoredJob:
         text = self.job_id
         return text if len(text) <= JOB_ID_CHARS + 1 else text[:JOB_ID_CHARS] + "\u2026"
 
-    def rank_label(self, run: Any) -> str:
+    def rank_label(self, run: StoredRun) -> str:
         return (
             f"rank {run.rank} (@{_store_id(run)})" if run.rank is not None else f"@{_store_id(run)}"
         )
@@ -157,7 +162,8 @@ class StoredJob:
         """What keeps the job from being whole, one phrase each ([] for a complete job)."""
         reasons = []
         for run in self.failed:
-            why = f": {run.error}" if getattr(run, "error", None) else ""
+            error = getattr(run, "error", None)  # a stored row has none
+            why = f": {error}" if error else ""
             reasons.append(f"{self.rank_label(run)} {run.status}{why}")
         missing = self.missing_ranks
         if missing:
@@ -202,7 +208,7 @@ class StoredJob:
         return ", ".join(parts)
 
 
-def split_jobs(runs: list[Any]) -> list[StoredJob]:
+def split_jobs(runs: Sequence[StoredRun]) -> list[StoredJob]:
     """The runs of one name that belong to jobs (``job_id`` set), as jobs in the order of
     their first stored run: the runs of one job id in store order, a new job where a rank
     already seen stores again (see the module docstring)."""

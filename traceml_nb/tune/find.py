@@ -9,7 +9,7 @@ inside a function and still held by a trainer included.
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .candidates import TORCH_DEFAULT_PREFETCH, Candidate
@@ -76,7 +76,7 @@ def find_loader(
     return max(found, key=lambda pair: _settings_score(pair[0], info))
 
 
-def namer(namespace: Mapping[str, Any] | None) -> Any:
+def namer(namespace: Mapping[str, Any] | None) -> Callable[[Any], str | None]:
     """``name_of(obj)``: the notebook variable that holds ``obj`` (None: none)."""
     names: dict[int, str] = {}
     for name, value in (namespace or {}).items():

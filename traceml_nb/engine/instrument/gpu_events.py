@@ -79,7 +79,7 @@ class EventPool:
             self.free.append(event)
 
 
-Step = tuple[int, Any, Any, Any]  #: (row, enter, exit, next enter)
+Step = tuple[int, EventLike, EventLike, EventLike]  #: (row, enter, exit, next enter)
 
 
 class GpuStallTimer:
