@@ -170,7 +170,8 @@ def _ab_main(args: argparse.Namespace) -> int:
     import shlex
 
     from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
-    from .session.ab import Terminated, ab
+    from .session.ab import ab
+    from .session.ab_tidy import Terminated
     from .views.ab_report import AbReport, progress_line
 
     command = list(args.training_command)

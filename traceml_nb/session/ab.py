@@ -18,22 +18,18 @@ temporary directory (or ``store``); both sides run with their tree's root first 
 ``PYTHONPATH`` and the working directory at the same place inside their tree. Whatever way the
 gate ends (a verdict, an exception, Ctrl-C, SIGTERM) the process groups of its runs are killed,
 the worktree is removed (and ``git worktree prune`` run) and the temporary directory with its
-store deleted; an interruption then propagates (``KeyboardInterrupt``, or :class:`Terminated`
-for SIGTERM).
+store deleted (:mod:`.ab_tidy`); an interruption then propagates (``KeyboardInterrupt``, or
+:class:`~.ab_tidy.Terminated` for SIGTERM).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
-import signal
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,22 +42,22 @@ from ..analysis.thresholds import (
     MIN_AB_ROUNDS,
 )
 from ..settings import STORE_ENV
+from .ab_tidy import (
+    Tidy,
+    git,
+    git_out,
+    git_toplevel,
+    one_line,
+    signals_ignored,
+    sigterm_raises,
+    stop,
+)
 from .store import Store, StoreError
 
 EXIT_NOT_SLOWER, EXIT_SLOWER, EXIT_NO_VERDICT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 NOT_SLOWER, REGRESSION, INCONCLUSIVE = "not slower", "regression", "inconclusive"
 ERROR, RUNNING = "error", "running"
 BASE, HEAD = "A", "B"
-#: Seconds a run's process group gets between SIGTERM and SIGKILL when the gate stops it.
-KILL_GRACE_S = 2.0
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived while the gate ran; raised after its cleanup, like KeyboardInterrupt."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__(f"terminated by signal {signum}")
-        self.signum = signum
 
 
 @dataclass
@@ -226,15 +222,15 @@ def ab(
         base_label=base,
         base_command=list(base_command) if base_command is not None else None,
     )
-    tidy = _Tidy()
-    with _sigterm_raises():
+    tidy = Tidy()
+    with sigterm_raises():
         try:
             _gate(result, tidy, os.path.abspath(os.fspath(cwd or os.getcwd())), store, progress)
         except _NoVerdict as why:
             result.exit_code, result.status = EXIT_NO_VERDICT, ERROR
             result.error, result.output_tail = str(why), why.tail
         finally:
-            with _signals_ignored():
+            with signals_ignored():
                 tidy.close()
             result.wall_s = time.monotonic() - started
     return result
@@ -266,7 +262,7 @@ def _check_usage(result: AbResult, store: str | os.PathLike[str] | None) -> None
 
 def _gate(
     result: AbResult,
-    tidy: _Tidy,
+    tidy: Tidy,
     cwd: str,
     store: str | os.PathLike[str] | None,
     progress: Progress | None,
@@ -274,15 +270,15 @@ def _gate(
     _check_usage(result, store)
     if not os.path.isdir(cwd):
         raise _NoVerdict(f"the working directory {cwd} does not exist")
-    toplevel = _git_toplevel(cwd)
+    toplevel = git_toplevel(cwd)
     if toplevel is None and result.base_label is not None:
         raise _NoVerdict(
             f"{cwd} is not in a git repository (or git is not installed): --base "
             f"{result.base_label} needs one; --base-command CMD runs any base"
         )
     if toplevel is not None:
-        result.head_commit = _git_out(["rev-parse", "--verify", "--quiet", "HEAD"], toplevel)
-        status = _git_out(["status", "--porcelain", "--untracked-files=no"], toplevel)
+        result.head_commit = git_out(["rev-parse", "--verify", "--quiet", "HEAD"], toplevel)
+        status = git_out(["status", "--porcelain", "--untracked-files=no"], toplevel)
         result.head_dirty = bool(status)
     tidy.tmpdir = tempfile.mkdtemp(prefix="traceml-ab-")
     path = (
@@ -345,20 +341,20 @@ def _env(store_path: str, root: str | None) -> dict[str, str]:
     return env
 
 
-def _worktree_side(result: AbResult, tidy: _Tidy, toplevel: str, cwd: str, path: str) -> _Side:
+def _worktree_side(result: AbResult, tidy: Tidy, toplevel: str, cwd: str, path: str) -> _Side:
     """The base side: a detached worktree of the ref, the same relative working directory."""
     ref = result.base_label
     assert ref is not None
-    commit = _git_out(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], toplevel)
+    commit = git_out(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], toplevel)
     if not commit:
         raise _NoVerdict(f"--base {ref}: not a commit in the git repository at {toplevel}")
     result.base_commit = commit
     assert tidy.tmpdir is not None
     worktree = os.path.join(tidy.tmpdir, "base")
     tidy.repo = toplevel
-    done = _git(["worktree", "add", "--detach", worktree, commit], toplevel)
+    done = git(["worktree", "add", "--detach", worktree, commit], toplevel)
     if done.returncode != 0:
-        raise _NoVerdict(f"git worktree add of {ref} failed: {_one_line(done.stderr)}")
+        raise _NoVerdict(f"git worktree add of {ref} failed: {one_line(done.stderr)}")
     tidy.worktree = worktree
     rel = os.path.relpath(os.path.realpath(cwd), os.path.realpath(toplevel))
     base_cwd = os.path.normpath(os.path.join(worktree, rel))
@@ -377,7 +373,7 @@ def _latest_id(path: str, name: str) -> int | None:
     return latest.stored_id if latest is not None else None
 
 
-def _run(side: _Side, index: int, name: str, path: str, tidy: _Tidy) -> AbRun:
+def _run(side: _Side, index: int, name: str, path: str, tidy: Tidy) -> AbRun:
     """One run of ``side`` in round ``index``; its new, completed run of ``name`` read back."""
     before = _latest_id(path, name)
     assert tidy.tmpdir is not None
@@ -401,7 +397,7 @@ def _run(side: _Side, index: int, name: str, path: str, tidy: _Tidy) -> AbRun:
     try:
         code = proc.wait()
     finally:
-        _stop(proc)
+        stop(proc)
         tidy.procs.remove(proc)
     wall = time.monotonic() - started
     tail = _tail(log_path)
@@ -443,112 +439,3 @@ def _tail(log_path: str) -> list[str]:
     except OSError:
         return []
     return text.rstrip("\n").splitlines()[-AB_OUTPUT_TAIL_LINES:]
-
-
-# --- git ------------------------------------------------------------------------------------------
-def _git(args: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            ["git", *args],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except OSError as exc:  # no git at all
-        return subprocess.CompletedProcess(["git", *args], 127, "", str(exc))
-
-
-def _git_out(args: list[str], cwd: str) -> str | None:
-    """git's stripped output, or None when it failed."""
-    done = _git(args, cwd)
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def _git_toplevel(cwd: str) -> str | None:
-    top = _git_out(["rev-parse", "--show-toplevel"], cwd)
-    return os.path.abspath(top) if top else None
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split()) or "no message"
-
-
-# --- cleanup, however it ends ----------------------------------------------------------------------
-@dataclass
-class _Tidy:
-    """What the gate made and must remove: its runs' processes, the worktree, the temp dir."""
-
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    tmpdir: str | None = None
-    repo: str | None = None
-    worktree: str | None = None
-
-    def close(self) -> None:
-        for proc in list(self.procs):
-            _stop(proc)
-            self.procs.remove(proc)
-        if self.worktree is not None and self.repo is not None:
-            _git(["worktree", "remove", "--force", "--force", self.worktree], self.repo)
-            self.worktree = None
-        if self.tmpdir is not None:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-            self.tmpdir = None
-        if self.repo is not None:
-            _git(["worktree", "prune"], self.repo)
-            self.repo = None
-
-
-def _killpg(pgid: int, sig: int) -> bool:
-    """Signal the process group; False when no process of it is left."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
-    return True
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End the run's whole process group (the command and whatever it started): SIGTERM, then
-    SIGKILL after ``KILL_GRACE_S``; the command itself is reaped."""
-    if proc.poll() is None and _killpg(proc.pid, signal.SIGTERM):
-        with suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=KILL_GRACE_S)
-    # Its pid stays reserved while any process of its group lives, so this reaches only them.
-    _killpg(proc.pid, signal.SIGKILL)
-    if proc.poll() is None:
-        proc.wait()
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated(signum)
-
-
-@contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` (so the cleanup runs) while the gate runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """A second Ctrl-C or SIGTERM does not cut the cleanup short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
