@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from traceml_nb.analysis.findings import PhaseSummary, Summary
 from traceml_nb.engine.capabilities import Capabilities
 from traceml_nb.engine.record import (
     FLAG_EPOCH_START,
@@ -195,3 +196,42 @@ def gpu_capabilities(
     caps.set("nvml", nvml, "NVML library not found")
     caps.set("gpu_utilisation", nvml and utilisation, "utilisation is not supported on MIG devices")
     return caps
+
+
+def make_summary(**changes) -> Summary:
+    values: dict[str, Any] = dict(
+        step_source="dataloader",
+        total_steps=200,
+        warmup_steps=5,
+        steady_steps=195,
+        elapsed_s=63.2,
+        warmup_s=2.1,
+        step_ms_median=316.0,
+        step_ms_p10=301.0,
+        step_ms_p90=342.0,
+        step_ms_mean=318.0,
+        data_wait_ms_median=139.0,
+        compute_ms_median=177.0,
+        data_wait_share=0.44,
+        first_fetch_ms=1250.0,
+        batch_size=64,
+        samples_per_s=201.0,
+        steps_per_s=3.14,
+        gpu_stall_share=None,
+        gpu_util_median_pct=None,
+        gpu_mem_peak_mb=None,
+        gpu_mem_total_mb=None,
+        process_cpu_median_pct=98.0,
+        workers_cpu_median_pct=None,
+        system_cpu_median_pct=55.0,
+        cpus_available=8,
+        phases=[PhaseSummary("eval (loader 1)", 20, 3.5, 0.1)],
+        unavailable={
+            "gpu_stall_share": CPU_ONLY,
+            "gpu_util_median_pct": CPU_ONLY,
+            "gpu_mem_peak_mb": CPU_ONLY,
+            "workers_cpu_median_pct": "no DataLoader workers (num_workers=0)",
+        },
+    )
+    values.update(changes)
+    return Summary(**values)

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from builders import RecordBuilder, cpu_capabilities
 
 from traceml_nb.analysis import analyze
@@ -84,5 +85,37 @@ def python(code: str, *, env: dict | None = None, timeout: float = 300, cwd: str
         timeout=timeout,
         env=full,
         cwd=cwd or str(REPO),
+        check=False,
+    )
+
+
+def make_read_only(path) -> None:
+    """A file this process cannot write: chmod for a user, the immutable flag for root."""
+    if os.geteuid() != 0:
+        os.chmod(path, 0o444)
+        os.chmod(os.path.dirname(path), 0o555)
+        return
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot make a file read-only as root here: {done.stderr!r}")
+
+
+def undo_read_only(path) -> None:
+    if os.geteuid() != 0:
+        os.chmod(os.path.dirname(path), 0o755)
+        os.chmod(path, 0o644)
+    else:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m traceml_nb ARGS`` in a subprocess (``env`` added to this one's)."""
+    return subprocess.run(
+        [sys.executable, "-m", "traceml_nb", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+        env={**os.environ, **(env or {})},
         check=False,
     )

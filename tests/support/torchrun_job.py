@@ -1,4 +1,4 @@
-"""A ``torchrun --nproc-per-node 2`` script (tests/test_ranks.py): each rank trains with DDP on
+"""A ``torchrun --nproc-per-node 2`` script (tests/integration/test_ranks.py): each rank trains with DDP on
 gloo inside a ``traceml_nb.Run`` and stores its run; rank 1's dataset sleeps longer, and rank 1
 asks for its result :data:`LATE_S` later than rank 0, which gathers the job's figures. Then a
 second run whose result rank 1 never asks for: rank 0 reports it alone after

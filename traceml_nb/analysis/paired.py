@@ -12,7 +12,7 @@ The gate looks after every round from ``MIN_AB_ROUNDS`` on and stops at the firs
 ("slower" or "no significant change" = not slower); after the rounds allowed it is
 inconclusive, with the rounds that would decide. Since it looks many times, each look uses
 ``AB_FALSE_ALARM_PER_LOOK`` and ``AB_MISS_PER_LOOK``, far below a single comparison's levels:
-the rates of the whole procedure are measured by simulation in tests/test_paired.py.
+the rates of the whole procedure are measured by simulation in tests/unit/test_paired.py.
 
 Everything here is pure: numbers in, a :class:`~.judge.Judgement` out.
 """

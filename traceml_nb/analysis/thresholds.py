@@ -1,6 +1,6 @@
 """Every threshold of the analysis, in one place, each with its unit and the reason for its value.
 
-docs/diagnosis.md and docs/comparisons.md explain them for users; tests/test_diagnosis.py tests
+docs/diagnosis.md and docs/comparisons.md explain them for users; tests/unit/test_diagnosis.py tests
 each one on both sides. Shares are fractions 0..1, percentages 0..100 (CPU: 100 = one core busy).
 """
 
@@ -164,7 +164,7 @@ CLASS_PRIOR_MAX_DF = 12.0
 #: A run made on a busy machine (``BUSY_MACHINE_SHARE``, ``MATERIAL_STEAL_SHARE``) against a quiet
 #: baseline is judged with this many times the noise: such runs measured 20-60% slower than
 #: quiet ones, against 3-9% between quiet runs; with 3 times, busy candidates still made half of
-#: the simulated false alarms (tests/test_noise_statistics.py).
+#: the simulated false alarms (tests/unit/test_noise_statistics.py).
 BUSY_NOISE_FACTOR = 5.0
 
 # --- what changed -----------------------------------------------------------------------------
@@ -211,7 +211,7 @@ STRAGGLER_MIN_WAIT_MS = 1.0
 STRAGGLER_STEP_FACTOR = 1.2
 
 # --- change points (:mod:`.changepoints`, ``%traceml history --name``, ``check --history``) ----
-# Measured at these defaults (tests/test_changepoints.py; 3,000 other simulated histories of
+# Measured at these defaults (tests/unit/test_changepoints.py; 3,000 other simulated histories of
 # 20-30 runs, run-to-run noise lognormal 3-10% per history, one run in 20 on a busy machine and
 # 20-60% slower): identical runs show a shift in 0.3% of histories (0.07% a slowdown beyond 10%
 # that ``check --history`` fails on); a +20% shift in the middle is found within two runs of
@@ -237,7 +237,7 @@ CHANGE_PERMUTATIONS = 399
 CHANGE_MIN_SHIFT = 0.08
 
 # --- the A/B gate (``python -m traceml_nb ab``, :mod:`.paired`) ---------------------------------
-# Chosen by the simulation study in tests/test_paired.py (10,000 simulated A/B decisions per
+# Chosen by the simulation study in tests/unit/test_paired.py (10,000 simulated A/B decisions per
 # case: per-run lognormal noise of 3-8% of a 10 ms step, a slow drift across the job, busy
 # spells of 1-3 runs 20-60% slower). At these defaults and --max-slowdown 0.10: identical code
 # called slower in 0.25% of decisions (1.5% inconclusive), +10% caught in 82%, +20% in 99.9%;

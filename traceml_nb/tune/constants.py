@@ -1,6 +1,6 @@
 """Every threshold and default of the tuner, in one place, each with the reason for its value.
 
-docs/tune.md explains them for users; ``tests/test_tune_pure.py`` tests each one on both sides
+docs/tune.md explains them for users; ``tests/unit/test_tune_pure.py`` tests each one on both sides
 of its value.
 """
 

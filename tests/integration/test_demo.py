@@ -19,7 +19,7 @@ from lab_server import status, stop, wait_for_status
 
 from traceml_nb import demo
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SERVER_START_TIMEOUT_S = 120  # a busy 2-core machine: JupyterLab usually answers in ~5 s
 
 

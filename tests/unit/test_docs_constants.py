@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "traceml_nb"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 

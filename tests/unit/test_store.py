@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from store_helpers import ENV, make_run, python
+from store_helpers import ENV, make_read_only, make_run, python, undo_read_only
 
 from traceml_nb.analysis.configuration import configuration_of
 from traceml_nb.analysis.thresholds import MAX_STORED_STEPS
@@ -552,25 +552,6 @@ def test_a_locked_store(tmp_path):
         holder.close()
     assert "stayed locked by another writer" in one_line(info)
     assert BUSY_TIMEOUT_S >= 1.0
-
-
-def make_read_only(path) -> None:
-    """A file this process cannot write: chmod for a user, the immutable flag for root."""
-    if os.geteuid() != 0:
-        os.chmod(path, 0o444)
-        os.chmod(os.path.dirname(path), 0o555)
-        return
-    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot make a file read-only as root here: {done.stderr!r}")
-
-
-def undo_read_only(path) -> None:
-    if os.geteuid() != 0:
-        os.chmod(os.path.dirname(path), 0o755)
-        os.chmod(path, 0o644)
-    else:
-        subprocess.run(["chattr", "-i", str(path)], check=False)
 
 
 def test_a_read_only_store(tmp_path):

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from builders import make_summary
 
 from traceml_nb.analysis import compare
-from traceml_nb.analysis.findings import Analysis, Diagnosis, Evidence, PhaseSummary, Summary
+from traceml_nb.analysis.findings import Analysis, Diagnosis, Evidence, Summary
 from traceml_nb.engine.capabilities import Capabilities
 from traceml_nb.engine.run import NO_CUDA
 from traceml_nb.views.chart import MAX_BARS, step_chart_svg
@@ -21,45 +22,6 @@ from traceml_nb.views.report_content import LabelledComparison, RunMeta, StepCha
 from traceml_nb.views.text import metric_lines, render_text
 
 CPU_ONLY = NO_CUDA
-
-
-def make_summary(**changes) -> Summary:
-    values: dict[str, Any] = dict(
-        step_source="dataloader",
-        total_steps=200,
-        warmup_steps=5,
-        steady_steps=195,
-        elapsed_s=63.2,
-        warmup_s=2.1,
-        step_ms_median=316.0,
-        step_ms_p10=301.0,
-        step_ms_p90=342.0,
-        step_ms_mean=318.0,
-        data_wait_ms_median=139.0,
-        compute_ms_median=177.0,
-        data_wait_share=0.44,
-        first_fetch_ms=1250.0,
-        batch_size=64,
-        samples_per_s=201.0,
-        steps_per_s=3.14,
-        gpu_stall_share=None,
-        gpu_util_median_pct=None,
-        gpu_mem_peak_mb=None,
-        gpu_mem_total_mb=None,
-        process_cpu_median_pct=98.0,
-        workers_cpu_median_pct=None,
-        system_cpu_median_pct=55.0,
-        cpus_available=8,
-        phases=[PhaseSummary("eval (loader 1)", 20, 3.5, 0.1)],
-        unavailable={
-            "gpu_stall_share": CPU_ONLY,
-            "gpu_util_median_pct": CPU_ONLY,
-            "gpu_mem_peak_mb": CPU_ONLY,
-            "workers_cpu_median_pct": "no DataLoader workers (num_workers=0)",
-        },
-    )
-    values.update(changes)
-    return Summary(**values)
 
 
 def make_diagnosis(**changes) -> Diagnosis:

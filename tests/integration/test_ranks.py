@@ -260,7 +260,7 @@ def test_a_torchrun_job_lands_in_the_store_as_one_job(ip, capsys, tmp_path, run_
     from traceml_nb.session.store import Store
 
     torchrun = Path(sys.executable).with_name("torchrun")
-    script = Path(__file__).parent / "support" / "torchrun_job.py"
+    script = Path(__file__).resolve().parents[1] / "support" / "torchrun_job.py"
     env = dict(os.environ, TRACEML_NB_STORE=str(run_store), OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [str(torchrun), "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)],

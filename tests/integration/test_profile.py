@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from test_report import make_summary
+from builders import make_summary
 
 import traceml_nb
 from traceml_nb.analysis.profile_summary import (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "traceml_nb"
+PACKAGE = Path(__file__).resolve().parents[2] / "traceml_nb"
 
 #: The layers, lowest first, as the package's dotted paths (a module belongs to the longest path
 #: it is under); a module may import its own layer and those below.

@@ -13,7 +13,7 @@ import sys
 import pytest
 from IPython.core.error import UsageError
 from ipython_shell import traceml_shell
-from test_store import make_read_only, undo_read_only
+from store_helpers import make_read_only, undo_read_only
 
 from traceml_nb.api import default_session
 from traceml_nb.session.store import Store

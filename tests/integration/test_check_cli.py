@@ -3,31 +3,15 @@ its markdown and JUnit outputs, and the same as ``traceml_nb.check(...)``."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from store_helpers import REPO, make_run, python
+from store_helpers import REPO, cli, make_run, python
 
 import traceml_nb
 from traceml_nb.analysis.noise import is_busy
 from traceml_nb.session.store import Store
-
-
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m traceml_nb ARGS`` in a subprocess (``env`` added to this one's)."""
-    return subprocess.run(
-        [sys.executable, "-m", "traceml_nb", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(REPO),
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 @pytest.fixture

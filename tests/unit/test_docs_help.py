@@ -11,7 +11,7 @@ from pathlib import Path
 from traceml_nb.notebook.line_commands import _LINE_COMMANDS, _SHELL_COMMANDS, LINE_HELP
 from traceml_nb.notebook.magic import TraceMLMagics
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def _section(heading: str) -> str:

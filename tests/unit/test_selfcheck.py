@@ -36,7 +36,7 @@ from traceml_nb.selfcheck.results import (
 from traceml_nb.selfcheck.sampler import compare_sampler_with_nvml
 from traceml_nb.selfcheck.stall import StallCase, expected_stall_ms, judge_stall_case
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cpu_only_machine_says_so_and_exits_0(tmp_path: Path) -> None:

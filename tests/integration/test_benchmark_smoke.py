@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOOPS = ("bare loop", "tiny MLP", "small conv net")
 EVICTIONS = ("after writing 24 MB", "after writing 64 MB", "after conv step")
 #: One verdict a budget (``benchmarks/report.py``), by its key in the JSON.

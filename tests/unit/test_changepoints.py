@@ -10,8 +10,7 @@ import re
 import numpy as np
 import pytest
 from ipython_shell import traceml_shell
-from store_helpers import make_run
-from test_check_cli import cli
+from store_helpers import cli, make_run
 
 from traceml_nb.analysis.changepoints import best_split, change_points, energy_scores
 from traceml_nb.analysis.thresholds import (

@@ -27,7 +27,7 @@ from traceml_nb.tune.predict import MEASURED
 from traceml_nb.tune.tuner import usable_cpus
 from traceml_nb.views.comparison_words import headline
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "01_quickstart.ipynb"
 STARVED_LOADER = "loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=0)"
 #: The issue's performance target: tuning the quickstart's starved loader on 2 CPUs, s...
 QUICKSTART_TUNE_S = 30.0

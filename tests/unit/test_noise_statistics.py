@@ -41,7 +41,7 @@ A young configuration is judged mostly against the default, which takes the nois
 machine class (identical jobs 8.8% apart over minutes): few false alarms, and little power
 until its own runs say the machine is quieter than that. One run against a baseline cannot be
 both careful and sensitive at this noise: the A/B gate (``python -m traceml_nb ab``,
-tests/test_paired.py) pairs the runs and is the CI path.
+tests/unit/test_paired.py) pairs the runs and is the CI path.
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ def test_two_identical_commits_are_never_called_slower(tmp_path, tmp):
     """Exit 0 (not slower) on a steady machine; on a loaded one the noise of ~6 ms steps in a
     handful of rounds may leave it inconclusive (exit 3), so that is allowed too: what must
     never happen is exit 1 (the whole procedure's false alarm rate, measured in
-    tests/test_paired.py, is 0.25%)."""
+    tests/unit/test_paired.py, is 0.25%)."""
     repo = make_repo(tmp_path / "repo", head_extra=None)
     done = ab(repo, "--name", "smoke", "--base", "main", "--rounds", "6", *train_command(), tmp=tmp)
     assert done.returncode in (0, 3), done.stdout + done.stderr
