@@ -473,7 +473,8 @@ def test_a_bad_profile_option_is_a_usage_error(line, error):
 
 def test_profile_without_a_number_profiles_ten_steps():
     from traceml_nb.engine.instrument.profiler import DEFAULT_PROFILE_STEPS
-    from traceml_nb.notebook.magic import TraceMLMagics, parse_options
+    from traceml_nb.notebook.cell_options import parse_options
+    from traceml_nb.notebook.magic import TraceMLMagics
 
     options = parse_options(TraceMLMagics.traceml_cell, "--profile --name x")
     assert options.run.profile == DEFAULT_PROFILE_STEPS == 10 and options.name == "x"

@@ -16,13 +16,11 @@ import torch
 
 from traceml_nb.engine.capabilities import Capabilities
 from traceml_nb.engine.sampling import Collector
-from traceml_nb.engine.sampling.host import (
-    COLUMNS,
-    HostSource,
+from traceml_nb.engine.sampling.host import COLUMNS, HostSource, open_host_source
+from traceml_nb.engine.sampling.host_readers import (
     ProcfsReader,
     PsutilReader,
     make_reader,
-    open_host_source,
     proc_children_pids,
 )
 

@@ -223,9 +223,6 @@ MAX_SESSION_LINES = 300
 OVER_THE_LIMIT = {
     "traceml_nb/session/store.py": 694,
     "traceml_nb/analysis/diagnosis.py": 587,
-    "traceml_nb/engine/sampling/gpu.py": 551,
-    "traceml_nb/notebook/magic.py": 511,
-    "traceml_nb/engine/sampling/host.py": 506,
 }
 
 

@@ -26,8 +26,8 @@ from traceml_nb.engine.sampling.gpu import (
     SLOW_FIELDS_PERIOD_S,
     GpuSource,
     describe_clock_events,
-    open_gpu_sources,
 )
+from traceml_nb.engine.sampling.gpu_open import open_gpu_sources
 from traceml_nb.engine.sampling.gpu_devices import (
     CudaDeviceIds,
     NvmlDevice,

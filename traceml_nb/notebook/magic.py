@@ -8,14 +8,9 @@ the run has been stopped, reported and recorded. Nothing here runs per training 
 
 from __future__ import annotations
 
-import argparse
-import keyword
-import shlex
 import sys
 import threading
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -28,14 +23,11 @@ from ..engine.instrument.profiler import (
     DEFAULT_PROFILE_DIR,
     DEFAULT_PROFILE_STEPS,
 )
-from ..engine.options import RunOptions
 from ..engine.run import (
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
     Run,
     RunAlreadyActiveError,
-    resolve_device,
-    validate_interval,
 )
 from ..settings import PROFILE_DIR_ENV
 from ..views.frontend import (
@@ -46,107 +38,17 @@ from ..views.frontend import (
     prepare_widgets,
 )
 from .cell import cell_context, compile_cell, default_name, execute
-
-
-# --- arguments ---------------------------------------------------------------------------------
-def _interval(text: str) -> float:
-    try:
-        return validate_interval(text)  # type: ignore[arg-type]  # it parses strings too
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _warmup(text: str) -> str | int:
-    if text == "auto":
-        return "auto"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be 'auto' or a number of steps, got {text!r}"
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _name(text: str) -> str:
-    name = " ".join(text.split())
-    if not name:
-        raise argparse.ArgumentTypeError("the run's name must not be empty")
-    return name
-
-
-def _identifier(text: str) -> str:
-    if not text.isidentifier() or keyword.iskeyword(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid Python variable name")
-    return text
-
-
-def _log_to(text: str) -> str:
-    from ..session.trackers import parse_log_to
-
-    try:  # caught here: a misspelt tracker is said before the training runs, not after
-        parse_log_to(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _profile_steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of steps, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 step, got {value}")
-    return value
-
-
-def _device(text: str) -> str:
-    try:  # caught here: a bad index would otherwise fail inside the user's training loop
-        resolve_device(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-@dataclass(frozen=True)
-class CellOptions:
-    """The parsed ``%%traceml`` line."""
-
-    name: str | None
-    #: how the run is measured and concluded: ``--interval``, ``--device``, ``--profile [N]``
-    #: (after ``--warmup N`` steps), ``--profile-dir``, ``--warmup``, ``--no-compare``,
-    #: ``--store``/``--no-store``, ``--log-to``, ``--log-steps``
-    run: RunOptions
-    view: str
-    out: str | None
-    #: tune the DataLoader right after an input-bound run (``--tune``)
-    tune: bool = False
-
-
-def parse_options(magic: Callable[..., Any], line: str) -> CellOptions:
-    """Parse ``line`` with ``magic``'s parser; any problem is a UsageError showing the usage."""
-    parser = magic.parser  # type: ignore[attr-defined]
-    try:  # as a shell splits it: --name "4 workers, pinned" is one name, without its quotes
-        args = parser.parse_args(shlex.split(line))
-    except (UsageError, ValueError) as exc:
-        usage = " ".join(parser.format_usage().replace("::", "").split())
-        raise UsageError(f"usage: {usage}\n%%traceml: {exc}") from None
-    run = RunOptions(
-        interval=args.interval,
-        device=args.device,
-        profile=args.profile,
-        profile_after=args.warmup if isinstance(args.warmup, int) else None,
-        profile_dir=args.profile_dir,
-        warmup=args.warmup,
-        compare=not args.no_compare,
-        store=False if args.no_store else args.store,
-        log_to=args.log_to,
-        log_steps=args.log_steps or None,  # None: the session's
-    )
-    return CellOptions(name=args.name, run=run, view=args.view, out=args.out, tune=args.tune)
+from .cell_options import (
+    CellOptions,
+    device_arg,
+    identifier_arg,
+    interval_arg,
+    log_to_arg,
+    name_arg,
+    parse_options,
+    profile_steps_arg,
+    warmup_arg,
+)
 
 
 # --- the magics --------------------------------------------------------------------------------
@@ -168,7 +70,7 @@ class TraceMLMagics(Magics):
     @argument(
         "--name",
         metavar="LABEL",
-        type=_name,
+        type=name_arg,
         default=None,
         help="label of the run in the report and the history "
         "(default: the cell's leading comment, else 'cell [n]')",
@@ -176,7 +78,7 @@ class TraceMLMagics(Magics):
     @argument(
         "--interval",
         metavar="SEC",
-        type=_interval,
+        type=interval_arg,
         default=0.1,
         help=f"sampler period in seconds, {MIN_INTERVAL_S} to {MAX_INTERVAL_S} "
         "(default 0.1 = 10 Hz)",
@@ -193,7 +95,7 @@ class TraceMLMagics(Magics):
     @argument(
         "--warmup",
         metavar="N",
-        type=_warmup,
+        type=warmup_arg,
         default="auto",
         help="leading steps excluded from the statistics as warm-up: a number, or auto "
         "(default: detected from the step times)",
@@ -202,14 +104,14 @@ class TraceMLMagics(Magics):
         "-o",
         "--out",
         metavar="VAR",
-        type=_identifier,
+        type=identifier_arg,
         default=None,
         help="store the RunResult in the variable VAR of the user namespace",
     )
     @argument(
         "--device",
         metavar="DEVICE",
-        type=_device,
+        type=device_arg,
         default="auto",
         help="device to watch: auto, cpu, cuda or cuda:N (default: auto = the current CUDA "
         "device when there is one)",
@@ -240,7 +142,7 @@ class TraceMLMagics(Magics):
     @argument(
         "--log-to",
         metavar="TRACKERS",
-        type=_log_to,
+        type=log_to_arg,
         default=None,
         help="log the run's figures, verdict and report to experiment trackers: wandb, mlflow, "
         "tensorboard or tensorboard:DIR, several separated by commas, or off (default: "
@@ -256,7 +158,7 @@ class TraceMLMagics(Magics):
     @argument(
         "--profile",
         metavar="N",
-        type=_profile_steps,
+        type=profile_steps_arg,
         nargs="?",
         const=DEFAULT_PROFILE_STEPS,
         default=None,

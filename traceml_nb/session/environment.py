@@ -61,7 +61,7 @@ from ..engine.sampling.gpu_devices import (
     list_nvml_devices,
     match_cuda_device,
 )
-from ..engine.sampling.host import cpus_available
+from ..engine.sampling.host_readers import cpus_available
 
 if TYPE_CHECKING:
     from ..engine.run import Run

@@ -36,7 +36,7 @@ def open_sources(
     else:
         capabilities.set("host", False, "host sampling switched off")
     if gpu:
-        from .gpu import open_gpu_sources
+        from .gpu_open import open_gpu_sources
 
         for index, gpu_source in open_gpu_sources(cuda_devices, capabilities, nvml=nvml).items():
             record.gpus[index] = gpu_source.table
