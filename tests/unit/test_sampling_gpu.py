@@ -27,7 +27,6 @@ from traceml_nb.engine.sampling.gpu import (
     GpuSource,
     describe_clock_events,
 )
-from traceml_nb.engine.sampling.gpu_open import open_gpu_sources
 from traceml_nb.engine.sampling.gpu_devices import (
     CudaDeviceIds,
     NvmlDevice,
@@ -36,6 +35,7 @@ from traceml_nb.engine.sampling.gpu_devices import (
     parse_pci_bus_id,
     torch_allocator_reader,
 )
+from traceml_nb.engine.sampling.gpu_open import open_gpu_sources
 
 NO_IDS = CudaDeviceIds()
 NVML_COLUMNS = [c for c in COLUMNS if not c.startswith("torch_") and c not in GPM_COLUMNS]

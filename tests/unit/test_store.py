@@ -105,10 +105,10 @@ def _write_version_1_store(path, monkeypatch, entries) -> None:
         m.setattr(store_mod, "SCHEMA_VERSION", 1)
         m.setattr(
             store_mod,
-            "_RUN_COLUMNS",
-            tuple(c for c in store_mod._RUN_COLUMNS if c not in LATER_COLUMNS),
+            "RUN_COLUMNS",
+            tuple(c for c in store_mod.RUN_COLUMNS if c not in LATER_COLUMNS),
         )
-        assert "steal_share" not in store_mod._RUN_COLUMNS
+        assert "steal_share" not in store_mod.RUN_COLUMNS
         old = Store(path)
         old.add_many(entries, session="old")
         old.pin("smoke", [1, 2])
@@ -169,8 +169,8 @@ def _write_version_3_store(path, monkeypatch, entries) -> None:
         m.setattr(store_mod, "SCHEMA_VERSION", 3)
         m.setattr(
             store_mod,
-            "_RUN_COLUMNS",
-            tuple(c for c in store_mod._RUN_COLUMNS if c not in ("config", "other_cpu_share")),
+            "RUN_COLUMNS",
+            tuple(c for c in store_mod.RUN_COLUMNS if c not in ("config", "other_cpu_share")),
         )
         Store(path).add_many(entries, session="v3")
     conn = sqlite3.connect(path)

@@ -22,7 +22,8 @@ from ..analysis.attribution import what_changed
 from ..analysis.changepoints import ChangePoint, Shifts, change_points
 from ..analysis.findings import Changes
 from ..analysis.thresholds import CHANGE_MIN_RUNS, DEFAULT_MAX_SLOWDOWN
-from .store import Store, StoredRow, StoreError, resolve_store_path
+from .store import Store, StoreError, resolve_store_path
+from .store_rows import StoredRow
 from .stored_jobs import split_jobs
 
 EXIT_OK, EXIT_SLOWDOWN, EXIT_NO_VERDICT = 0, 1, 2

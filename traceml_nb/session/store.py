@@ -27,21 +27,17 @@ computed for earlier runs from what they stored).
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sqlite3
 import time
-from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.findings import Diagnosis, Summary
 from ..settings import store_setting, xdg_data_home
-from .environment import hardware_class
-from .history import RunEntry, run_configuration
+from .history import RunEntry
+from .store_rows import LIST_COLUMNS, NameTotals, StoredRow, entry_of, row_of
+from .store_schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION
 
 #: Values of ``TRACEML_NB_STORE`` that turn the store off (any case).
 OFF_VALUES = frozenset({"off", "no", "none", "false", "0"})
@@ -49,130 +45,6 @@ OFF_VALUES = frozenset({"off", "no", "none", "false", "0"})
 BUSY_TIMEOUT_S = 3.0
 #: Seconds between attempts to switch a new store to the WAL journal (``Store._use_wal``).
 WAL_RETRY_S = 0.01
-#: The schema this traceml_nb reads and writes.
-SCHEMA_VERSION = 4
-
-_RUN_COLUMNS = (
-    "name",
-    "named",
-    "cell_id",
-    "status",
-    "error",
-    "started_at",
-    "elapsed_s",
-    "hardware",
-    "session",
-    "session_run",
-    "total_steps",
-    "steady_steps",
-    "step_ms_median",
-    "samples_per_s",
-    "data_wait_share",
-    "gpu_util_median_pct",
-    "verdict",
-    "cause",
-    "idle_gpu_s",
-    "idle_cost_usd",
-    "source",
-    "summary",
-    "diagnosis",
-    "loaders",
-    "environment",
-    "load",
-    "step_ms",
-    "steal_share",
-    "rank",
-    "world_size",
-    "job_id",
-    "config",
-    "other_cpu_share",
-)
-
-
-def _backfill_configurations(conn: sqlite3.Connection) -> None:
-    """Schema 4: the configuration key and the other processes' CPU share of every run stored
-    before, computed from what it stored (name, source, loaders, environment, hardware class):
-    the same key a new run of that configuration gets."""
-    rows = conn.execute(
-        "SELECT id, name, named, source, loaders, environment, hardware, load FROM runs"
-    ).fetchall()
-    updates = []
-    for run_id, name, named, source, loaders, environment, hardware, load in rows:
-        try:
-            config: str | None = run_configuration(
-                name, bool(named), source, json.loads(loaders), json.loads(environment), hardware
-            ).key
-        except (ValueError, TypeError, AttributeError):  # JSON that is not what was written
-            config = None  # its configuration is unknown: it joins no other run's
-        try:
-            share = _share((json.loads(load).get("load") or {}).get("other_cpu_share"))
-        except (ValueError, TypeError, AttributeError):
-            share = None
-        updates.append((config, share, run_id))
-    conn.executemany("UPDATE runs SET config = ?, other_cpu_share = ? WHERE id = ?", updates)
-
-
-def _share(value: Any) -> float | None:
-    """A stored share as a column: a finite number, else NULL."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-#: (version, what it does, steps): applied in order to a file of an older version; a step is an
-#: SQL statement or a function of the connection, run inside the same transaction.
-MIGRATIONS: list[tuple[int, str, tuple[str | Callable[[sqlite3.Connection], None], ...]]] = [
-    (
-        1,
-        "runs and pinned baselines",
-        (
-            """CREATE TABLE runs (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                name TEXT NOT NULL, named INTEGER NOT NULL, cell_id TEXT,
-                status TEXT NOT NULL, error TEXT,
-                started_at REAL NOT NULL, elapsed_s REAL NOT NULL,
-                hardware TEXT NOT NULL, session TEXT, session_run INTEGER,
-                total_steps INTEGER, steady_steps INTEGER, step_ms_median REAL,
-                samples_per_s REAL, data_wait_share REAL, gpu_util_median_pct REAL,
-                verdict TEXT, cause TEXT, idle_gpu_s REAL, idle_cost_usd REAL,
-                source TEXT, summary TEXT NOT NULL, diagnosis TEXT NOT NULL,
-                loaders TEXT NOT NULL, environment TEXT NOT NULL, load TEXT NOT NULL,
-                step_ms BLOB NOT NULL)""",
-            "CREATE INDEX runs_by_name ON runs (name, hardware, id)",
-            "CREATE INDEX runs_by_time ON runs (started_at)",
-            """CREATE TABLE pins (
-                name TEXT NOT NULL, run_id INTEGER NOT NULL, pinned_at REAL NOT NULL,
-                PRIMARY KEY (name, run_id))""",
-        ),
-    ),
-    (
-        2,
-        "steal time of each run",
-        # earlier runs keep NULL: they did not measure it (their load JSON has no steal_share)
-        ("ALTER TABLE runs ADD COLUMN steal_share REAL",),
-    ),
-    (
-        3,
-        "ranks of a job",
-        # earlier runs keep NULL: they ran alone (no torchrun job)
-        (
-            "ALTER TABLE runs ADD COLUMN rank INTEGER",
-            "ALTER TABLE runs ADD COLUMN world_size INTEGER",
-            "ALTER TABLE runs ADD COLUMN job_id TEXT",
-            "CREATE INDEX runs_by_job ON runs (job_id, rank)",
-        ),
-    ),
-    (
-        4,
-        "configuration of each run",
-        (
-            "ALTER TABLE runs ADD COLUMN config TEXT",
-            "ALTER TABLE runs ADD COLUMN other_cpu_share REAL",
-            "CREATE INDEX runs_by_config ON runs (name, hardware, config, id)",
-            _backfill_configurations,
-        ),
-    ),
-]
 
 
 class StoreError(Exception):
@@ -204,77 +76,6 @@ def resolve_store_path(option: str | os.PathLike[str] | bool | None = None) -> s
     if value:
         return os.path.abspath(os.path.expanduser(value))
     return default_store_path()
-
-
-@dataclass
-class StoredRow:
-    """One stored run as ``%traceml history --all`` lists it (no steps, no source)."""
-
-    id: int  #: the store's run id (shown as ``@id``)
-    name: str
-    status: str
-    started_at: float  #: epoch seconds
-    elapsed_s: float
-    hardware: str  #: :func:`~.environment.hardware_class`
-    total_steps: int | None
-    steady_steps: int | None
-    step_ms_median: float | None
-    samples_per_s: float | None
-    data_wait_share: float | None
-    gpu_util_median_pct: float | None
-    verdict: str | None
-    idle_gpu_s: float | None  #: idle accelerator seconds (None: CPU run or not measured)
-    idle_cost_usd: float | None  #: their price (None: no price for this GPU)
-    session: str | None
-    session_run: int | None  #: the run's number in its session
-    #: share 0..1 of the machine's CPU time the hypervisor took (steal time; None: not measured)
-    steal_share: float | None = None
-    #: the rank, world size and job id of a run in a ``torchrun`` job (schema 3; None: alone)
-    rank: int | None = None
-    world_size: int | None = None
-    job_id: str | None = None
-    #: the run's configuration key and the share 0..1 of the CPUs other processes used (schema 4)
-    config: str | None = None
-    other_cpu_share: float | None = None
-
-    @property
-    def load(self) -> dict[str, float | None]:
-        """The machine's load during the run as a run's ``load`` holds it (for
-        :func:`~traceml_nb.analysis.noise.is_busy`)."""
-        return {"other_cpu_share": self.other_cpu_share, "steal_share": self.steal_share}
-
-
-@dataclass
-class NameTotals:
-    """A name's stored runs since a time: how many, and the idle GPU time they left."""
-
-    name: str
-    runs: int
-    idle_gpu_s: float  #: sum over the runs that measured it
-    idle_cost_usd: float  #: sum over the runs that had a price
-    priced_runs: int
-
-
-_LIST_COLUMNS = (
-    "id, name, status, started_at, elapsed_s, hardware, total_steps, steady_steps, "
-    "step_ms_median, samples_per_s, data_wait_share, gpu_util_median_pct, verdict, "
-    "idle_gpu_s, idle_cost_usd, session, session_run, steal_share, rank, world_size, job_id, "
-    "config, other_cpu_share"
-)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(_finite(value), allow_nan=False, separators=(",", ":"), default=str)
 
 
 def _why(exc: BaseException) -> str:
@@ -427,8 +228,8 @@ class Store:
 
     def add_many(self, entries: Sequence[RunEntry], *, session: str | None = None) -> list[int]:
         """Write ``entries`` in one transaction (``%traceml load`` of a history file)."""
-        columns = _RUN_COLUMNS
-        rows = [self._row(e, session, columns) for e in entries]
+        columns = RUN_COLUMNS
+        rows = [row_of(e, session, columns) for e in entries]
         marks = ", ".join("?" * len(columns))
         sql = f"INSERT INTO runs ({', '.join(columns)}) VALUES ({marks})"
         ids = []
@@ -444,47 +245,6 @@ class Store:
                 conn.execute("ROLLBACK")
                 raise
         return ids
-
-    @staticmethod
-    def _row(e: RunEntry, session: str | None, columns: Sequence[str]) -> tuple[Any, ...]:
-        s, d = e.summary, e.diagnosis
-        cost = e.cost or {}
-        values = {
-            "name": e.name,
-            "named": int(e.named),
-            "cell_id": e.cell_id,
-            "status": e.status,
-            "error": e.error,
-            "started_at": float(e.started_at),
-            "elapsed_s": float(e.elapsed_s),
-            "hardware": hardware_class(e.environment),
-            "session": session,
-            "session_run": e.id or None,
-            "total_steps": s.total_steps,
-            "steady_steps": s.steady_steps,
-            "step_ms_median": _finite(s.step_ms_median),
-            "samples_per_s": _finite(s.samples_per_s),
-            "data_wait_share": _finite(s.data_wait_share),
-            "gpu_util_median_pct": _finite(s.gpu_util_median_pct),
-            "verdict": d.verdict,
-            "cause": d.cause,
-            "idle_gpu_s": _finite(cost.get("idle_gpu_s")),
-            "idle_cost_usd": _finite(cost.get("cost_usd")),
-            "source": e.source,
-            "summary": _dumps(s.to_dict()),
-            "diagnosis": _dumps(d.to_dict()),
-            "loaders": _dumps(e.loaders),
-            "environment": _dumps(e.environment),
-            "load": _dumps({"load": e.load, "cost": e.cost}),
-            "step_ms": array("f", e.step_ms).tobytes(),
-            "steal_share": _finite(e.load.get("steal_share")),
-            "rank": e.rank,
-            "world_size": e.world_size,
-            "job_id": e.job_id,
-            "config": e.configuration.key,
-            "other_cpu_share": _share(e.load.get("other_cpu_share")),
-        }
-        return tuple(values[c] for c in columns)
 
     # --- pinned baselines --------------------------------------------------------------------
     def pin(self, name: str, run_ids: Sequence[int]) -> None:
@@ -540,7 +300,7 @@ class Store:
     def rows(self, *, name: str | None = None, limit: int | None = None) -> list[StoredRow]:
         """Stored runs, oldest first (the latest ``limit`` when given), of ``name`` or all."""
         where, args = ("WHERE name = ?", [name]) if name is not None else ("", [])
-        sql = f"SELECT {_LIST_COLUMNS} FROM runs {where} ORDER BY id DESC"
+        sql = f"SELECT {LIST_COLUMNS} FROM runs {where} ORDER BY id DESC"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         with self._connect() as conn:
@@ -584,7 +344,7 @@ class Store:
         """The stored runs of ``name`` that are ranks of a ``torchrun`` job, oldest first."""
         with self._connect() as conn:
             found = conn.execute(
-                f"SELECT {_LIST_COLUMNS} FROM runs WHERE name = ? AND job_id IS NOT NULL "
+                f"SELECT {LIST_COLUMNS} FROM runs WHERE name = ? AND job_id IS NOT NULL "
                 "ORDER BY id",
                 [name],
             ).fetchall()
@@ -649,46 +409,12 @@ class Store:
             args.append(int(before))
         with self._connect() as conn:
             found = conn.execute(
-                f"SELECT {_LIST_COLUMNS} FROM runs {where} ORDER BY id", args
+                f"SELECT {LIST_COLUMNS} FROM runs {where} ORDER BY id", args
             ).fetchall()
         return [StoredRow(*row) for row in found]
 
     def _entries(self, where: str, args: Sequence[Any]) -> list[RunEntry]:
-        columns = "id, " + ", ".join(_RUN_COLUMNS)
+        columns = "id, " + ", ".join(RUN_COLUMNS)
         with self._connect() as conn:
             found = conn.execute(f"SELECT {columns} FROM runs {where}", list(args)).fetchall()
-        return [_entry(row) for row in found]
-
-
-def _entry(row: Sequence[Any]) -> RunEntry:
-    data = dict(zip(("id", *_RUN_COLUMNS), row, strict=True))
-    extra = json.loads(data["load"])
-    load = extra.get("load") or {}
-    if data.get("steal_share") is not None:  # the column is the store's own record of it
-        load["steal_share"] = float(data["steal_share"])
-    steps = array("f")
-    steps.frombytes(data["step_ms"])
-    return RunEntry(
-        id=int(data["id"]),
-        name=data["name"],
-        cell_id=data["cell_id"],
-        source=data["source"],
-        status=data["status"],
-        error=data["error"],
-        started_at=float(data["started_at"]),
-        elapsed_s=float(data["elapsed_s"]),
-        summary=Summary.from_dict(json.loads(data["summary"])),
-        diagnosis=Diagnosis.from_dict(json.loads(data["diagnosis"])),
-        step_ms=[float(v) for v in steps],
-        loaders=json.loads(data["loaders"]),
-        named=bool(data["named"]),
-        environment=json.loads(data["environment"]),
-        load=load,
-        cost=extra.get("cost"),
-        stored_id=int(data["id"]),
-        origin="store",
-        session_id=data["session"],
-        rank=data["rank"],
-        world_size=data["world_size"],
-        job_id=data["job_id"],
-    )
+        return [entry_of(row, RUN_COLUMNS) for row in found]

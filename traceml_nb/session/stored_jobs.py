@@ -26,7 +26,7 @@ from ..analysis.formatting import fmt_ms
 from ..analysis.stragglers import RankFigures, slowest_rank
 from .environment import hardware_class
 from .history import RunEntry
-from .store import StoredRow
+from .store_rows import StoredRow
 
 #: A job id is shown cut to this many characters and "…" (a torchrun id is a 36-character UUID).
 JOB_ID_CHARS = 8
@@ -42,7 +42,7 @@ StoredRun = RunEntry | StoredRow
 
 
 def _store_id(run: StoredRun) -> int:
-    """The store id of a :class:`RunEntry` or a :class:`~.store.StoredRow`."""
+    """The store id of a :class:`RunEntry` or a :class:`~.store_rows.StoredRow`."""
     if isinstance(run, RunEntry):
         return int(run.stored_id if run.stored_id is not None else run.id)
     return int(run.id)
@@ -89,7 +89,7 @@ def run_hardware(run: StoredRun) -> str:
 @dataclass
 class StoredJob:
     """The stored runs of one ``torchrun`` job of one name (``runs``: :class:`RunEntry` or
-    :class:`~.store.StoredRow`, in rank order, one run a rank)."""
+    :class:`~.store_rows.StoredRow`, in rank order, one run a rank)."""
 
     job_id: str
     runs: list[StoredRun]

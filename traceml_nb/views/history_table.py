@@ -107,7 +107,7 @@ TOTALS_DAYS = 7
 
 
 def stored_cells(row: Any) -> dict[str, str]:
-    """One :class:`~traceml_nb.session.store.StoredRow` as the cells shown, by column title."""
+    """One :class:`~traceml_nb.session.store_rows.StoredRow` as the cells shown, by column title."""
 
     def maybe(value: Any, fmt: Callable[[Any], str]) -> str:
         return "\u2014" if value is None else fmt(value)
