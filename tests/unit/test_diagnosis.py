@@ -12,8 +12,10 @@ from builders import (
 
 from traceml_nb.analysis import analyze
 from traceml_nb.analysis.advice import Change, loader_changes, more_workers, worker_target
-from traceml_nb.analysis.diagnosis import (
-    BATCHED_INDEXING,
+from traceml_nb.analysis.diagnosis import BATCHED_INDEXING
+from traceml_nb.analysis.diagnosis_facts import confidence
+from traceml_nb.analysis.findings import Analysis, Diagnosis
+from traceml_nb.analysis.input_bound import (
     CAUSE_CPU_SATURATED,
     CAUSE_FIRST_EPOCH,
     CAUSE_PAGEABLE,
@@ -21,9 +23,7 @@ from traceml_nb.analysis.diagnosis import (
     CAUSE_TOO_FEW_WORKERS,
     CAUSE_UNKNOWN,
     TUNE_HINT,
-    confidence,
 )
-from traceml_nb.analysis.findings import Analysis, Diagnosis
 from traceml_nb.analysis.profile_summary import PROFILE_SUGGESTION
 from traceml_nb.analysis.thresholds import (
     CONFIDENT_STEPS,

@@ -3,7 +3,7 @@
 1. ``insufficient-data``: fewer than ``MIN_STEADY_STEPS`` steady steps, or nothing that tells
    input waits from compute.
 2. ``input-bound``: input stall share ≥ ``INPUT_BOUND_SHARE`` and ≥ ``MIN_INPUT_WAIT_MS`` per
-   step, with a sub-cause and the loader changes that address it.
+   step, with a sub-cause and the loader changes that address it (:mod:`.input_bound`).
 3. ``throttled``: steps during reduced-clock samples clearly slower than the others.
 4. ``host-bound``: a GPU run whose GPU is not busy: GPM SM activity below
    ``SM_ACTIVE_BUSY_PCT`` where the GPU has it, else NVML utilisation below ``GPU_BUSY_PCT``
@@ -16,130 +16,30 @@ Findings of a later rule that also hold are listed in ``Diagnosis.secondary``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..engine.capabilities import Capabilities
-from ..engine.contracts import CONFIDENCE_LEVELS, Confidence
-from ..engine.record import LoaderInfo
-from .advice import Change, change_line, explain_changes, loader_changes, more_workers
-from .evidence import InputSignal, collect, input_signal, memory_share
+from .diagnosis_facts import Facts, confidence
+from .evidence import collect, input_signal, memory_share
 from .findings import Diagnosis, Summary
-from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share, fmt_share_below
-from .gpu_busy import GPM, BusySignal, busy_signal, nvml_overstates
+from .formatting import fmt_mb, fmt_ms, fmt_share, fmt_share_below
+from .gpu_busy import GPM, nvml_overstates
+from .input_bound import input_bound
 from .summary import Measurements
 from .thresholds import (
-    CONFIDENT_STEPS,
-    FIRST_EPOCH_FACTOR,
     INPUT_BOUND_SHARE,
     INPUT_MINOR_SHARE,
-    MAX_SUGGESTED_WORKERS,
-    MEMORY_PRESSURE_SHARE,
     MIN_INPUT_WAIT_MS,
     MIN_STEADY_STEPS,
     SMALL_BATCH,
-    STRONG_FACTOR,
-    SYSTEM_SATURATED_PCT,
     THROTTLE_CLOCK_RATIO,
-    WORKER_BUSY_PCT,
-    WORKER_SATURATED_PCT,
 )
-from .throttle import ThrottleFinding, find_throttling
-
-CAUSE_TOO_FEW_WORKERS = "too few DataLoader workers"
-CAUSE_CPU_SATURATED = "DataLoader workers CPU-saturated (decode/augmentation bound)"
-CAUSE_PAGEABLE = "host-to-device copies from pageable memory"
-CAUSE_FIRST_EPOCH = "slow storage on the first epoch (later epochs read from the cache)"
-CAUSE_STORAGE = "slow storage (the workers are idle, yet cannot keep up)"
-CAUSE_UNKNOWN = "input pipeline too slow (worker CPU unavailable)"
-#: The last line of the advice of an input-bound run whose DataLoader settings are the cause
-#: (or may be): the tuner measures the settings instead of reading them from rules.
-TUNE_HINT = (
-    "To measure the DataLoader settings instead of following these rules: run %traceml tune "
-    "(it iterates fresh loaders over your dataset, never your model; about a minute)."
-)
-#: The causes whose advice ends with ``TUNE_HINT``.
-TUNABLE_CAUSES = (CAUSE_TOO_FEW_WORKERS, CAUSE_PAGEABLE, CAUSE_STORAGE, CAUSE_UNKNOWN)
-
-
-def confidence(strong: bool, steady_steps: int, *, weaker: int = 0) -> Confidence:
-    """ "high" for strong evidence, "medium" otherwise; one level lower below
-    ``CONFIDENT_STEPS`` steady steps and one per ``weaker`` (indirect evidence)."""
-    level = (2 if strong else 1) - (steady_steps < CONFIDENT_STEPS) - weaker
-    return CONFIDENCE_LEVELS[max(0, min(2, level))]
-
-
-@dataclass
-class _Facts:
-    """What the rules look at, gathered once."""
-
-    summary: Summary
-    m: Measurements
-    signal: InputSignal
-    throttle: ThrottleFinding | None
-    memory_share: float | None
-
-    @property
-    def gpu(self) -> bool:
-        return self.m.gpu_in_use
-
-    @property
-    def util(self) -> float | None:
-        return self.summary.gpu_util_median_pct
-
-    @property
-    def busy(self) -> BusySignal | None:
-        return busy_signal(self.summary)
-
-    @property
-    def input_bound(self) -> bool:
-        s = self.signal
-        return (
-            s.share is not None
-            and s.per_step_ms is not None
-            and s.share >= INPUT_BOUND_SHARE
-            and s.per_step_ms >= MIN_INPUT_WAIT_MS
-        )
-
-    @property
-    def tiny_steps(self) -> bool:
-        """The input wait is a large share of steps so short that it is the cost of making each
-        batch, not a wait for a slow pipeline (below ``MIN_INPUT_WAIT_MS`` a step)."""
-        s = self.signal
-        return (
-            s.share is not None
-            and s.per_step_ms is not None
-            and s.share >= INPUT_BOUND_SHARE
-            and s.per_step_ms < MIN_INPUT_WAIT_MS
-        )
-
-    @property
-    def memory_pressure(self) -> bool:
-        return self.memory_share is not None and self.memory_share >= MEMORY_PRESSURE_SHARE
-
-    @property
-    def throttled(self) -> bool:
-        return self.throttle is not None and self.throttle.aligned
-
-    def saving_of_input(self) -> tuple[float | None, str | None]:
-        """Upper bound of the saving of removing every input stall, as a share of the run."""
-        s = self.signal
-        elapsed = self.m.elapsed_s
-        if s.run_s is None or elapsed <= 0:
-            return None, None
-        share = min(1.0, s.run_s / elapsed)
-        what = "GPU input stalls" if s.kind == "gpu" else "Data waits"
-        text = (
-            f"{what} took {fmt_share(share)} of this run ({fmt_s(s.run_s)} of {fmt_s(elapsed)}): "
-            f"without them it would take at most {fmt_share(share)} less time."
-        )
-        return share, text
+from .throttle import find_throttling
 
 
 def diagnose(summary: Summary, m: Measurements, capabilities: Capabilities) -> Diagnosis:
     """The verdict on a run from its summary and measurements."""
     signal = input_signal(summary, m)
     throttle = find_throttling(m.gpu, m.start_s, m.wall_ms) if m.gpu_in_use else None
-    facts = _Facts(summary, m, signal, throttle, memory_share(summary))
+    facts = Facts(summary, m, signal, throttle, memory_share(summary))
     evidence = collect(summary, m, signal, throttle)
     diagnosis = _verdict(facts)
     diagnosis.evidence = evidence
@@ -162,11 +62,11 @@ def diagnose(summary: Summary, m: Measurements, capabilities: Capabilities) -> D
     return diagnosis
 
 
-def _verdict(f: _Facts) -> Diagnosis:
+def _verdict(f: Facts) -> Diagnosis:
     if f.m.steady < MIN_STEADY_STEPS:
         return _insufficient(f)
     if f.input_bound:
-        return _input_bound(f)
+        return input_bound(f)
     if f.signal.kind is None and (not f.gpu or f.busy is None):
         return Diagnosis(
             verdict="insufficient-data",
@@ -184,7 +84,7 @@ def _verdict(f: _Facts) -> Diagnosis:
     return _compute_bound(f)
 
 
-def _insufficient(f: _Facts) -> Diagnosis:
+def _insufficient(f: Facts) -> Diagnosis:
     s = f.summary
     if s.total_steps == 0:
         title = "No training steps seen: no DataLoader batches, optimizer steps or traceml_nb.step() markers"
@@ -196,180 +96,8 @@ def _insufficient(f: _Facts) -> Diagnosis:
     return Diagnosis(verdict="insufficient-data", title=title, confidence="low")
 
 
-# --- input-bound --------------------------------------------------------------------------------
-def _epoch_pattern(m: Measurements) -> tuple[float, float] | None:
-    """(first-epoch wait share, later epochs' wait share) when the first epoch waited far more."""
-    if m.selection.source != "dataloader":
-        return None
-    epochs = m.epoch_ids()
-    if not len(epochs) or epochs.max() < 1:
-        return None
-    first = epochs == 0
-    first_wall, later_wall = m.wall_ms[first].sum(), m.wall_ms[~first].sum()
-    if first_wall <= 0 or later_wall <= 0:
-        return None
-    first_share = float(m.wait_ms[first].sum() / first_wall)
-    later_share = float(m.wait_ms[~first].sum() / later_wall)
-    if later_share < INPUT_BOUND_SHARE and first_share >= FIRST_EPOCH_FACTOR * later_share:
-        return first_share, later_share
-    return None
-
-
-@dataclass
-class _Saturation:
-    known: bool  #: at least one CPU reading was available
-    saturated: bool
-    text: str  #: what the readings say, for the advice
-
-
-def _saturation(m: Measurements, loader: LoaderInfo) -> _Saturation:
-    r = m.host_readings
-    workers_cpu = r["workers_cpu_pct"].value
-    workers = r["workers"].value or loader.num_workers
-    system = r["sys_cpu_pct"].value
-    cores = r["cores_saturated"].value
-    parts, saturated, machine_busy = [], False, False
-    per_worker: float | None = None
-    if workers_cpu is not None and loader.num_workers > 0:
-        per_worker = workers_cpu / max(1.0, workers)
-        saturated |= per_worker >= WORKER_SATURATED_PCT
-        parts.append(
-            f"the {workers:.0f} workers use {fmt_pct(workers_cpu)} CPU ({fmt_pct(per_worker)} each)"
-        )
-    if system is not None:
-        machine_busy |= system >= SYSTEM_SATURATED_PCT
-        parts.append(f"the system CPU is at {fmt_pct(system)}")
-    if cores is not None and m.cpus:
-        machine_busy |= cores >= m.cpus
-    # a busy machine starves the workers only if they are the ones using it
-    saturated |= machine_busy and (per_worker is None or per_worker >= WORKER_BUSY_PCT)
-    known = workers_cpu is not None or system is not None or cores is not None
-    return _Saturation(known, saturated, " and ".join(parts))
-
-
-def _input_bound(f: _Facts) -> Diagnosis:
-    s, m, sig = f.summary, f.m, f.signal
-    assert sig.share is not None
-    loader = m.loader
-    waiter = "the GPU waits" if sig.kind == "gpu" else "the training loop waits"
-    title = f"Input-bound: {waiter} for data {fmt_share(sig.share)} of the time"
-    saving, saving_text = f.saving_of_input()
-    strong = sig.share >= STRONG_FACTOR * INPUT_BOUND_SHARE
-    d = Diagnosis(
-        verdict="input-bound",
-        title=title,
-        confidence=confidence(strong, m.steady, weaker=int(sig.fallback)),
-        saving_bound_share=saving,
-        saving_text=saving_text,
-    )
-    if sig.fallback:
-        d.secondary.append(
-            "GPU input stalls were not measured "
-            f"({s.unavailable.get('gpu_stall_share', 'unavailable')}): judged on host data wait, "
-            "which can overstate what the GPU lost."
-        )
-    if loader is None:
-        d.cause = CAUSE_UNKNOWN
-        return d
-    _input_cause(f, d, loader)
-    if d.cause in TUNABLE_CAUSES:
-        d.advice.append(TUNE_HINT)
-    return d
-
-
-def _lead_with_changes(
-    d: Diagnosis, loader: LoaderInfo, changes: list[Change], cpus: int | None, gpu: bool
-) -> None:
-    """Put the loader changes (if any) first in the advice, and their explanations last."""
-    if changes:
-        d.advice.insert(0, change_line(changes, loader.driver))
-        d.advice.extend(explain_changes(loader, changes, cpus, gpu))
-
-
-def _input_cause(f: _Facts, d: Diagnosis, loader: LoaderInfo) -> None:
-    m, gpu = f.m, f.gpu
-    cpus = m.cpus
-    epochs = _epoch_pattern(m)
-    workers = more_workers(loader, cpus, gpu)
-    sat = _saturation(m, loader)
-    cpu_text = f"the {cpus} CPUs available" if cpus is not None else "the CPUs"
-    if epochs is not None:
-        first, later = epochs
-        d.cause = CAUSE_FIRST_EPOCH
-        d.advice.append(
-            f"The first epoch waited {fmt_share(first)} of its step time, later epochs only "
-            f"{fmt_share(later)}: the first pass reads from slow storage and later ones from the "
-            "page cache. Copy the dataset to local disk or memory before training, or cache "
-            "decoded samples."
-        )
-        changes = loader_changes(loader, workers=None, gpu=gpu, prefetch=False)
-        _lead_with_changes(d, loader, changes, cpus, gpu)
-        d.wont_help.append(
-            "More DataLoader workers: the later epochs already keep up with the current ones."
-        )
-        return
-    if workers is not None:
-        d.cause = CAUSE_TOO_FEW_WORKERS
-        changes = loader_changes(loader, workers=workers, gpu=gpu)
-        d.advice.append(change_line(changes, loader.driver))
-        d.advice.extend(explain_changes(loader, changes, cpus, gpu))
-        if cpus is not None:
-            d.wont_help.append(
-                f"More than {workers} workers: only {cpus} CPU{'s are' if cpus != 1 else ' is'} "
-                "available to this process."
-            )
-        return
-    if sat.known and sat.saturated:
-        d.cause = CAUSE_CPU_SATURATED
-        d.advice.append(
-            f"The input pipeline is CPU-bound: {sat.text}. Make each sample cheaper: store images "
-            "pre-resized, cache decoded tensors, or run the augmentations on the GPU "
-            "(e.g. torchvision.transforms.v2 on CUDA tensors)."
-        )
-        changes = loader_changes(loader, workers=None, gpu=gpu, prefetch=False)
-        _lead_with_changes(d, loader, changes, cpus, gpu)
-        d.wont_help.append(
-            f"More workers than {cpu_text}: the workers already saturate them "
-            f"(num_workers={loader.num_workers})."
-        )
-        d.wont_help.append(
-            "A larger prefetch_factor: a deeper queue does not make saturated workers faster."
-        )
-        return
-    if gpu and not loader.pin_memory:
-        d.cause = CAUSE_PAGEABLE
-        changes = loader_changes(loader, workers=None, gpu=gpu)
-        d.advice.append(change_line(changes, loader.driver))
-        d.advice.extend(explain_changes(loader, changes, cpus, gpu))
-        if sat.known:
-            d.wont_help.append(f"More CPU: {sat.text}, not saturated.")
-        return
-    if sat.known:
-        d.cause = CAUSE_STORAGE
-        # waiting workers use little CPU: more of them than CPUs overlap more reads
-        extra = min(MAX_SUGGESTED_WORKERS, 2 * loader.num_workers)
-        changes = loader_changes(
-            loader, workers=extra if extra > loader.num_workers else None, gpu=gpu
-        )
-        d.advice.append(
-            f"The workers are mostly idle ({sat.text}) yet cannot keep up: they wait on storage. "
-            "Waiting workers need little CPU, so more workers than CPUs overlap more reads; "
-            "better still, copy the dataset to local disk or memory, or use fewer, larger files."
-        )
-        d.wont_help.append("A faster CPU: the workers are not CPU-bound.")
-    else:
-        changes = loader_changes(loader, workers=None, gpu=gpu)
-        d.cause = CAUSE_UNKNOWN
-        why = f.summary.unavailable.get("workers_cpu_median_pct", "host sampling unavailable")
-        d.advice.append(
-            f"The loader already has a worker per CPU; whether its workers are CPU- or "
-            f"storage-bound is unknown (worker CPU unavailable: {why})."
-        )
-    _lead_with_changes(d, loader, changes, cpus, gpu)
-
-
 # --- the other verdicts -------------------------------------------------------------------------
-def _not_input_text(f: _Facts) -> str:
+def _not_input_text(f: Facts) -> str:
     sig = f.signal
     if sig.share is None:
         return f"input waits unavailable: {sig.why}"
@@ -378,7 +106,7 @@ def _not_input_text(f: _Facts) -> str:
     return f"input stalls {fmt_share(sig.share)} of step time"
 
 
-def _wont_help_input(f: _Facts) -> list[str]:
+def _wont_help_input(f: Facts) -> list[str]:
     sig = f.signal
     if sig.share is None:
         return []
@@ -394,7 +122,7 @@ def _wont_help_input(f: _Facts) -> list[str]:
     ]
 
 
-#: The advice for steps that spend a large share making tiny batches (``_Facts.tiny_steps``).
+#: The advice for steps that spend a large share making tiny batches (``Facts.tiny_steps``).
 BATCHED_INDEXING = (
     "Make each batch in one call instead of item by item: give the dataset a __getitems__ "
     "(the DataLoader then fetches a whole batch at once), or slice the tensors directly "
@@ -402,7 +130,7 @@ BATCHED_INDEXING = (
 )
 
 
-def _throttled(f: _Facts) -> Diagnosis:
+def _throttled(f: Facts) -> Diagnosis:
     t = f.throttle
     assert t is not None and t.slowdown is not None
     reasons = ", ".join(t.reasons) or "reduced clock"
@@ -424,7 +152,7 @@ def _throttled(f: _Facts) -> Diagnosis:
     )
 
 
-def _host_bound(f: _Facts) -> Diagnosis:
+def _host_bound(f: Facts) -> Diagnosis:
     s, m = f.summary, f.m
     sig = f.busy
     assert sig is not None
@@ -463,7 +191,7 @@ def _host_bound(f: _Facts) -> Diagnosis:
     )
 
 
-def _memory_pressure(f: _Facts) -> Diagnosis:
+def _memory_pressure(f: Facts) -> Diagnosis:
     s = f.summary
     share = f.memory_share
     assert share is not None
@@ -480,7 +208,7 @@ def _memory_pressure(f: _Facts) -> Diagnosis:
     )
 
 
-def _compute_bound(f: _Facts) -> Diagnosis:
+def _compute_bound(f: Facts) -> Diagnosis:
     m, sig = f.m, f.signal
     share = sig.share
     quiet = share is not None and share < INPUT_MINOR_SHARE
@@ -527,7 +255,7 @@ def _compute_bound(f: _Facts) -> Diagnosis:
 
 
 # --- secondary findings -----------------------------------------------------------------------
-def _stalls_sentence(f: _Facts) -> str:
+def _stalls_sentence(f: Facts) -> str:
     """``One fetch, at step 37, took 1.0 s: a stall, not a slow pipeline; ...``"""
     stalls = f.signal.stalls
     waits = [fmt_ms(s.wait_ms) for s in stalls]
@@ -545,7 +273,7 @@ def _stalls_sentence(f: _Facts) -> str:
     return text + "."
 
 
-def _secondary(f: _Facts, verdict: str) -> list[str]:
+def _secondary(f: Facts, verdict: str) -> list[str]:
     out: list[str] = []
     if verdict == "insufficient-data":
         return out

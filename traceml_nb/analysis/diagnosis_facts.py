@@ -1,0 +1,89 @@
+"""What the diagnosis rules look at, gathered once for a run (:class:`Facts`), and how sure a
+verdict is (:func:`confidence`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.contracts import CONFIDENCE_LEVELS, Confidence
+from .evidence import InputSignal
+from .findings import Summary
+from .formatting import fmt_s, fmt_share
+from .gpu_busy import BusySignal, busy_signal
+from .summary import Measurements
+from .thresholds import CONFIDENT_STEPS, INPUT_BOUND_SHARE, MEMORY_PRESSURE_SHARE, MIN_INPUT_WAIT_MS
+from .throttle import ThrottleFinding
+
+
+def confidence(strong: bool, steady_steps: int, *, weaker: int = 0) -> Confidence:
+    """ "high" for strong evidence, "medium" otherwise; one level lower below
+    ``CONFIDENT_STEPS`` steady steps and one per ``weaker`` (indirect evidence)."""
+    level = (2 if strong else 1) - (steady_steps < CONFIDENT_STEPS) - weaker
+    return CONFIDENCE_LEVELS[max(0, min(2, level))]
+
+
+@dataclass
+class Facts:
+    """What the rules look at, gathered once."""
+
+    summary: Summary
+    m: Measurements
+    signal: InputSignal
+    throttle: ThrottleFinding | None
+    memory_share: float | None
+
+    @property
+    def gpu(self) -> bool:
+        return self.m.gpu_in_use
+
+    @property
+    def util(self) -> float | None:
+        return self.summary.gpu_util_median_pct
+
+    @property
+    def busy(self) -> BusySignal | None:
+        return busy_signal(self.summary)
+
+    @property
+    def input_bound(self) -> bool:
+        s = self.signal
+        return (
+            s.share is not None
+            and s.per_step_ms is not None
+            and s.share >= INPUT_BOUND_SHARE
+            and s.per_step_ms >= MIN_INPUT_WAIT_MS
+        )
+
+    @property
+    def tiny_steps(self) -> bool:
+        """The input wait is a large share of steps so short that it is the cost of making each
+        batch, not a wait for a slow pipeline (below ``MIN_INPUT_WAIT_MS`` a step)."""
+        s = self.signal
+        return (
+            s.share is not None
+            and s.per_step_ms is not None
+            and s.share >= INPUT_BOUND_SHARE
+            and s.per_step_ms < MIN_INPUT_WAIT_MS
+        )
+
+    @property
+    def memory_pressure(self) -> bool:
+        return self.memory_share is not None and self.memory_share >= MEMORY_PRESSURE_SHARE
+
+    @property
+    def throttled(self) -> bool:
+        return self.throttle is not None and self.throttle.aligned
+
+    def saving_of_input(self) -> tuple[float | None, str | None]:
+        """Upper bound of the saving of removing every input stall, as a share of the run."""
+        s = self.signal
+        elapsed = self.m.elapsed_s
+        if s.run_s is None or elapsed <= 0:
+            return None, None
+        share = min(1.0, s.run_s / elapsed)
+        what = "GPU input stalls" if s.kind == "gpu" else "Data waits"
+        text = (
+            f"{what} took {fmt_share(share)} of this run ({fmt_s(s.run_s)} of {fmt_s(elapsed)}): "
+            f"without them it would take at most {fmt_share(share)} less time."
+        )
+        return share, text
