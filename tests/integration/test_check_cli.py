@@ -199,6 +199,24 @@ def test_three_identical_runs_pass_where_one_is_inconclusive(store):
     assert "not slower: a slowdown of 10% is ruled out" in three.stdout
 
 
+def test_against_one_stored_run_with_runs_k(store):
+    """``--against @N --runs K``: the K latest runs judged together against run @N; @N among
+    the K is a usage error (a run cannot be its own baseline), @N before them a verdict."""
+    ids = add_changed(store, [23.3, 23.5, 23.7])
+    among = traceml_nb.check("smoke", store=store.path, runs=3, against=f"@{ids[1]}")
+    assert among.exit_code == 2 and among.result.status == "error"
+    assert among.text() == f"--against @{ids[1]} is one of the runs checked"
+    before = traceml_nb.check("smoke", store=store.path, runs=3, against="@5")
+    assert before.exit_code in (1, 3), before.text()
+    assert [r.stored_id for r in before.result.baseline] == [5]
+    assert [r.stored_id for r in before.result.candidates] == ids
+    assert before.text().startswith(
+        f"{'REGRESSION' if before.exit_code == 1 else 'INCONCLUSIVE'}: 'smoke' "
+        f"@{ids[0]}\u2013@{ids[-1]} (its latest 3 runs)"
+    )
+    assert "run @5" in before.text()
+
+
 def test_runs_must_be_the_latest_runs_of_one_configuration(store):
     store.add(make_run("smoke", step_ms=20.0, seed=30, source="train(loader)\nother()\n"))
     add_changed(store, [20.0, 20.1])
