@@ -25,7 +25,7 @@ from traceml_nb.tune.candidates import Candidate, worker_counts
 from traceml_nb.tune.constants import COMPUTE_CHANGE_SHARE, PREFETCH_CHOICES
 from traceml_nb.tune.predict import MEASURED
 from traceml_nb.tune.tuner import usable_cpus
-from traceml_nb.views.comparison_words import headline
+from traceml_nb.views.comparison_words import headline, rows
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "01_quickstart.ipynb"
 STARVED_LOADER = "loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=0)"
@@ -143,7 +143,7 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
             assert "%traceml tune of #1 quickstart predicted" in headline(fixed.comparison)
             assert any(
                 r.label.startswith("step time predicted by %traceml tune")
-                for r in fixed.comparison.rows
+                for r in rows(fixed.comparison)
             )
             assert "%traceml tune of #1 quickstart predicted" in out
         # the prediction is for the compute the tuned run had; made again for the compute this
