@@ -25,9 +25,11 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import traceml_nb
 from traceml_nb.analysis import analyze, compare
+from traceml_nb.analysis.input_bound import CAUSE_TOO_FEW_WORKERS
 from traceml_nb.analysis.thresholds import INPUT_BOUND_SHARE, WARMUP_MAX_SHARE
 from traceml_nb.session.history import History, entry_from
 from traceml_nb.views.comparison_words import headline
+from traceml_nb.views.diagnosis_words import sentence
 
 ITEM_SLEEP_S = 0.004
 BATCH = 8
@@ -121,15 +123,21 @@ def test_num_workers_0_with_an_expensive_getitem_is_input_bound(history_of_the_s
     assert 0.9 * truth_ms <= a.summary.data_wait_ms_median <= 1.25 * truth_ms + 1.0
     d = a.diagnosis
     assert d.verdict == "input-bound"
-    assert d.cause == "too few DataLoader workers"
-    assert d.advice[0] == (
+    assert d.cause == CAUSE_TOO_FEW_WORKERS
+    assert d.advice[0].code == "change-loader"
+    changes = d.advice[0].facts["changes"]
+    assert [c["setting"] for c in changes] == [
+        "num_workers",
+        "persistent_workers",
+        "prefetch_factor",
+    ]  # no pin_memory: no GPU here
+    assert sentence(d.advice[0]) == (
         "Change the training DataLoader: num_workers=0 \u2192 num_workers=2, "
         "persistent_workers=True, prefetch_factor=4"
     )
-    assert "pin_memory" not in d.advice[0]  # no GPU here
     # the bound covers the whole run: about the steady share of waiting, never more than all
     assert d.saving_bound_share == pytest.approx(a.summary.data_wait_share, abs=0.1)
-    gpu = {e.label: e.text for e in d.evidence}["GPU utilisation"]
+    gpu = {e.label: sentence(e.detail) for e in d.evidence}["GPU utilisation"]
     assert gpu.startswith("unavailable (")
 
 

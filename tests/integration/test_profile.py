@@ -33,6 +33,7 @@ from traceml_nb.analysis.thresholds import (
 )
 from traceml_nb.engine.instrument.profiler import ProfileWindow
 from traceml_nb.engine.profile_capture import OpTotals, ProfileCapture, SyncTotals
+from traceml_nb.views.diagnosis_words import diagnosis_words, sentence
 from traceml_nb.views.report import Report
 
 
@@ -81,25 +82,32 @@ def test_gpu_idle_share_merges_overlapping_kernels():
 def test_a_sync_at_the_threshold_is_named_with_its_line_and_below_it_is_not():
     at = summarize_profile(gpu_capture(sync_share=SYNC_CAUSE_SHARE))
     assert at is not None
-    cause = profile_cause(at, "host-bound")
-    assert cause is not None
+    found = profile_cause(at, "host-bound")
+    assert found is not None and found.code == "profile-sync"
+    assert found.facts["sync"]["line"] == 7
+    cause = sentence(found)
     assert cause.startswith("line 7 (`total += loss.item()`) waits for the GPU every step")
     assert "1 ms of 10 ms a step" in cause
     below = summarize_profile(gpu_capture(sync_share=SYNC_CAUSE_SHARE * 0.9))
-    cause_below = profile_cause(below, "host-bound")
-    assert cause_below is not None and "waits for the GPU" not in cause_below
+    found = profile_cause(below, "host-bound")
+    assert found is not None and found.code == "profile-top-op"
+    cause_below = sentence(found)
+    assert "waits for the GPU" not in cause_below
     assert cause_below.startswith("`aten::addmm` takes 40%")
     assert "called from line 5 (`out = model(x)`), in line 5 in forward" not in cause_below
 
 
 def test_an_idle_gpu_names_a_launch_bound_host_on_both_sides_of_the_threshold():
     idle = summarize_profile(gpu_capture(idle_share=LAUNCH_BOUND_IDLE_SHARE + 0.01))
-    cause = profile_cause(idle, "host-bound")
-    assert cause is not None and "does not launch work fast enough" in cause
+    found = profile_cause(idle, "host-bound")
+    assert found is not None and found.code == "profile-launch-bound"
+    cause = sentence(found)
+    assert "does not launch work fast enough" in cause
     assert "`aten::addmm`" in cause
     busy = summarize_profile(gpu_capture(idle_share=LAUNCH_BOUND_IDLE_SHARE - 0.01))
-    cause_busy = profile_cause(busy, "host-bound")
-    assert cause_busy is not None and "launch" not in cause_busy
+    found_busy = profile_cause(busy, "host-bound")
+    assert found_busy is not None and found_busy.code != "profile-launch-bound"
+    assert "launch" not in sentence(found_busy)
 
 
 def test_only_host_and_compute_bound_verdicts_name_a_cause():
@@ -158,14 +166,14 @@ def test_the_rerun_suggestion_on_both_sides_of_its_rules():
 
 
 def test_the_report_shows_the_gpu_profile():
-    from traceml_nb.analysis.findings import Analysis, Diagnosis
+    from traceml_nb.analysis.findings import Analysis, Diagnosis, Finding
     from traceml_nb.engine.capabilities import Capabilities
     from traceml_nb.views.html import render_html
     from traceml_nb.views.report_content import ReportContent, RunMeta
     from traceml_nb.views.text import render_text
 
     profile = summarize_profile(gpu_capture(sync_share=0.2, idle_share=0.4))
-    diagnosis = Diagnosis("host-bound", "Host-bound", "high")
+    diagnosis = Diagnosis("host-bound", Finding("text", {"text": "Host-bound"}), "high")
     diagnosis.profiled_cause = profile_cause(profile, "host-bound")
     report = ReportContent(
         RunMeta("run", "completed"),
@@ -278,7 +286,7 @@ def test_a_run_names_the_slow_python_line_and_writes_the_profiled_steps_only(tmp
     assert top.python and "forward" in (top.frame or ""), top  # the per-sample loop's line
     assert any(op.name == "aten::addmm" and op.line == LOSS_LINE for op in profile.top_cpu)
     assert result.diagnosis.profiled_cause is not None
-    assert f"line {LOSS_LINE}" in result.diagnosis.profiled_cause
+    assert f"line {LOSS_LINE}" in sentence(result.diagnosis.profiled_cause)
     text = repr(Report.of(result))
     assert f"line {LOSS_LINE}: loss = torch.nn.functional.mse_loss(model(x), y)" in text
     # the trace: valid gzipped JSON holding the 5 profiled fetches and no other
@@ -317,7 +325,7 @@ def test_profiled_steps_are_left_out_of_the_statistics(tmp_path):
     assert len(train_ms) == s.steady_steps
     assert s.step_ms_median == pytest.approx(float(np.median(train_ms)))
     assert "9 steps that ran under the profiler are left out of the statistics." in (
-        profiled.diagnosis.secondary
+        diagnosis_words(profiled.diagnosis).also
     )
 
 
@@ -380,11 +388,11 @@ def test_a_debuggers_trace_function_is_kept_and_the_lines_go_unnamed(tmp_path):
 
 def test_an_unprofiled_run_with_little_data_suggests_a_profile():
     run = train({}, batches=20)
-    advice = run.result().diagnosis.advice
+    advice = run.result().diagnosis.codes()
     assert run.result().diagnosis.confidence == "low"
     assert PROFILE_SUGGESTION in advice
     profiled = train({"profile": 2, "profile_after": 2}, batches=20).result()
-    assert PROFILE_SUGGESTION not in profiled.diagnosis.advice
+    assert PROFILE_SUGGESTION not in profiled.diagnosis.codes()
 
 
 # --- the magic, in a real IPython shell --------------------------------------------------------

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
 from traceml_nb.session import Session
+from traceml_nb.views.diagnosis_words import diagnosis_words, sentence
 
 ITEM_SLEEP_S = 0.002  #: each item costs this much (a decode): the loops wait for data
 
@@ -93,12 +94,14 @@ def test_transformers_trainer_counts_its_own_steps_and_one_evaluation_phase(tmp_
     assert phase.total_s == pytest.approx(sum(evaluations), rel=0.25)
     d = res.diagnosis
     assert d.verdict == "input-bound", d.title
-    assert d.advice[0].startswith(
+    assert d.advice[0].code == "change-loader" and d.advice[0].facts["driver"] == "transformers"
+    advice = diagnosis_words(d).advice
+    assert advice[0].startswith(
         "Change the Trainer's TrainingArguments: dataloader_num_workers=0 \u2192 "
         "dataloader_num_workers="
     )
-    assert "DataLoader(" not in " ".join(d.advice)
-    loader = {e.label: e.text for e in d.evidence}["DataLoader"]
+    assert "DataLoader(" not in " ".join(advice)
+    loader = {e.label: sentence(e.detail) for e in d.evidence}["DataLoader"]
     assert loader.startswith("dataloader_num_workers=0, dataloader_pin_memory=")
 
 
@@ -156,7 +159,8 @@ def test_lightning_counts_its_steps_times_validation_and_shows_the_sanity_check_
     assert validation < 0.5 * res.elapsed_s  # not the whole run
     d = res.diagnosis
     assert d.verdict == "input-bound", d.title
-    assert d.advice[0].startswith(
+    assert d.advice[0].facts["driver"] == "lightning"
+    assert sentence(d.advice[0]).startswith(
         "Change the DataLoader that your LightningModule's (or DataModule's) train_dataloader() "
         "returns: num_workers=0 \u2192 num_workers="
     )
@@ -183,6 +187,7 @@ def test_accelerate_prepared_loader_counts_the_loops_steps():
     assert res.summary.data_wait_ms_median >= 4 * ITEM_SLEEP_S * 1e3
     d = res.diagnosis
     assert d.verdict == "input-bound", d.title
-    assert d.advice[0].startswith(
+    assert d.advice[0].facts["driver"] == "accelerate"
+    assert sentence(d.advice[0]).startswith(
         "Change the DataLoader you pass to Accelerator.prepare(): num_workers=0 \u2192 "
     )

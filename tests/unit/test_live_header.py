@@ -96,11 +96,10 @@ def test_header_chart_and_verdict_agree_at_every_tick(monkeypatch):
 def _analysis(verdict: str, steady: int):
     from types import SimpleNamespace
 
-    from traceml_nb.analysis.findings import Diagnosis
+    from traceml_nb.analysis.findings import TEXT, Diagnosis, Finding
 
-    return Analysis(
-        SimpleNamespace(steady_steps=steady), Diagnosis(verdict, verdict.title(), "high")
-    )  # type: ignore[arg-type]
+    title = Finding(TEXT, {"text": verdict.title()})
+    return Analysis(SimpleNamespace(steady_steps=steady), Diagnosis(verdict, title, "high"))  # type: ignore[arg-type]
 
 
 def test_running_verdict_waits_for_enough_steady_steps_and_a_confirmed_change():

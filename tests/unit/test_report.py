@@ -11,7 +11,8 @@ import pytest
 from builders import make_summary
 
 from traceml_nb.analysis import compare
-from traceml_nb.analysis.findings import Analysis, Diagnosis, Evidence, Summary
+from traceml_nb.analysis.findings import Analysis, Diagnosis, Evidence, Finding, Summary
+from traceml_nb.analysis.input_bound import CAUSE_TOO_FEW_WORKERS
 from traceml_nb.engine.capabilities import Capabilities
 from traceml_nb.engine.run import NO_CUDA
 from traceml_nb.views.chart import MAX_BARS, step_chart_svg
@@ -27,14 +28,31 @@ CPU_ONLY = NO_CUDA
 def make_diagnosis(**changes) -> Diagnosis:
     values: dict[str, Any] = dict(
         verdict="input-bound",
-        title="The training waits for data 44% of the time",
+        title=Finding("input-bound", {"input_kind": "host", "input_share": 0.44}),
         confidence="high",
-        cause="too few DataLoader workers",
-        evidence=[Evidence("data wait", 0.44, "44% of step time")],
-        advice=["DataLoader(num_workers=0 → 4, pin_memory=False → True)"],
-        wont_help=["a bigger GPU: it already waits"],
+        cause=CAUSE_TOO_FEW_WORKERS,
+        evidence=[
+            Evidence(
+                "data wait", 0.44, Finding("input-share", {"share": 0.44, "per_step_ms": 139.0})
+            )
+        ],
+        advice=[
+            Finding(
+                "change-loader",
+                {
+                    "changes": [
+                        {"setting": "num_workers", "new": 4, "old": 0},
+                        {"setting": "pin_memory", "new": True, "old": None},
+                    ],
+                    "driver": None,
+                },
+            )
+        ],
+        wont_help=[Finding("faster-cpu-not-cpu-bound")],
         saving_bound_share=0.44,
-        saving_text="Fixing the input pipeline saves at most 44% of the wall time.",
+        saving=Finding(
+            "input-saving", {"input_kind": "host", "share": 0.44, "wait_s": 27.8, "elapsed_s": 63.2}
+        ),
     )
     values.update(changes)
     return Diagnosis(**values)
@@ -64,15 +82,15 @@ def make_report(meta: RunMeta | None = None, summary: Summary | None = None, **c
 
 EXPECTED_TEXT = """\
 traceml report: "baseline" completed in 63.2 s, 200 steps (5 warm-up, 195 measured)
-Verdict: input-bound (high confidence): The training waits for data 44% of the time
+Verdict: input-bound (high confidence): Input-bound: the training loop waits for data 44% of the time
   cause: too few DataLoader workers
 Evidence:
-  - data wait: 44% of step time
+  - data wait: 44% of step time (139 ms per step)
 Advice:
-  - DataLoader(num_workers=0 → 4, pin_memory=False → True)
+  - Change the training DataLoader: num_workers=0 → num_workers=4, pin_memory=True
 Will not help:
-  - a bigger GPU: it already waits
-Saving bound: Fixing the input pipeline saves at most 44% of the wall time.
+  - A faster CPU: the workers are not CPU-bound.
+Saving bound: Data waits took 44% of this run (27.8 s of 63.2 s): without them it would take at most 44% less time.
 Metrics:
   step time (median)             316 ms (p10 301 ms, p90 342 ms)
   data wait (median)             139 ms
@@ -173,10 +191,10 @@ def test_html_is_well_formed_and_has_the_chart_and_no_script():
     assert "script" not in checker.seen
     text = " ".join(checker.text)
     assert "input-bound" in text
-    assert "The training waits for data 44% of the time" in text
+    assert "Input-bound: the training loop waits for data 44% of the time" in text
     assert f"unavailable ({CPU_ONLY})" in text
-    assert "Fixing the input pipeline saves at most 44% of the wall time." in text
-    assert "DataLoader(num_workers=0 → 4, pin_memory=False → True)" in text
+    assert "Data waits took 44% of this run (27.8 s of 63.2 s)" in text
+    assert "Change the training DataLoader: num_workers=0 → num_workers=4, pin_memory=True" in text
 
 
 def test_html_escapes_user_text():
@@ -231,7 +249,7 @@ def test_insufficient_data_without_steps():
     )
     report = Report(
         RunMeta("empty", "completed", None, 0.5, "cpu"),
-        Analysis(summary, Diagnosis("insufficient-data", "No training steps were seen", "low")),
+        Analysis(summary, Diagnosis("insufficient-data", Finding("no-steps"), "low")),
         make_capabilities(),
         chart=StepChart([], []),
     )

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
 from traceml_nb.session import Session
+from traceml_nb.views.diagnosis_words import diagnosis_words
 
 
 class Counted(Dataset):
@@ -161,6 +162,8 @@ def test_one_long_pause_in_a_real_loop_is_named_not_called_a_slow_pipeline():
     assert res.summary.data_wait_share > 0.3  # the pause dominates the plain share
     d = res.diagnosis
     assert d.verdict != "input-bound", d.title
-    stall = [line for line in d.secondary if line.startswith("One fetch, at step 37, took ")]
+    [found] = [f for f in d.secondary if f.code == "stalls"]
+    assert [s["step"] for s in found.facts["stalls"]] == [37]
+    stall = [line for line in diagnosis_words(d).also if line.startswith("One fetch, at step 37")]
     assert stall and "a stall, not a slow pipeline" in stall[0], d.secondary
     assert "less time" in stall[0]  # what removing it would save, still counted

@@ -14,7 +14,7 @@ from builders import (
 )
 
 from traceml_nb.analysis import analyze, detect_warmup, select_steps
-from traceml_nb.analysis.findings import Summary
+from traceml_nb.analysis.findings import Finding, Summary
 from traceml_nb.analysis.summary import NO_LOADER
 from traceml_nb.analysis.thresholds import WARMUP_MAX_SHARE, WARMUP_SLOW_FACTOR
 from traceml_nb.engine.capabilities import Capabilities
@@ -26,6 +26,7 @@ from traceml_nb.engine.record import (
     RunRecord,
     StepTable,
 )
+from traceml_nb.views.diagnosis_words import diagnosis_words
 
 
 # --- step selection -------------------------------------------------------------------------------
@@ -67,8 +68,9 @@ def test_training_loader_rows_count_the_interleaved_step_and_not_the_truncated_o
     assert (summary.total_steps, summary.interleaved_steps, summary.steady_steps) == (9, 1, 8)
     assert summary.data_wait_share == pytest.approx(0.1)  # the eval loader's waits stay out
     assert summary.step_ms_median == 10.0  # the statistics leave the interleaved step out
+    assert Finding("evaluation-steps-left-out", {"steps": 1}) in analysis.diagnosis.secondary
     assert "1 step that contained an evaluation is left out of the statistics." in (
-        analysis.diagnosis.secondary
+        diagnosis_words(analysis.diagnosis).also
     )
     [phase] = summary.phases
     assert phase.name == "eval (loader 1)"

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from traceml_nb.analysis.findings import Diagnosis, Summary
+from traceml_nb.analysis.findings import Diagnosis, Finding, Summary
+from traceml_nb.analysis.input_bound import CAUSE_TOO_FEW_WORKERS
 from traceml_nb.session.result import StepArrays
 from traceml_nb.session.trackers import (
     Target,
@@ -20,6 +21,7 @@ from traceml_nb.session.trackers import (
 )
 from traceml_nb.session.trackers.net import unreachable
 from traceml_nb.session.trackers.payload import MAX_LOGGED_STEPS, build_payload, downsample, slug
+from traceml_nb.views.diagnosis_words import diagnosis_words
 
 
 @pytest.mark.parametrize(
@@ -120,12 +122,20 @@ class FakeResult:
         )
         self.diagnosis = Diagnosis(
             verdict="input-bound",
-            title="the steps wait for data",
+            title=Finding("input-bound", {"input_kind": "host", "input_share": 0.4}),
             confidence="high",
-            cause="too few DataLoader workers",
-            advice=["num_workers=0 → num_workers=2"],
+            cause=CAUSE_TOO_FEW_WORKERS,
+            advice=[
+                Finding(
+                    "change-loader",
+                    {"changes": [{"setting": "num_workers", "new": 2, "old": 0}], "driver": None},
+                )
+            ],
             saving_bound_share=0.4,
-            saving_text="without the waits at most 40% less time",
+            saving=Finding(
+                "input-saving",
+                {"input_kind": "host", "share": 0.4, "wait_s": 0.6, "elapsed_s": 1.5},
+            ),
         )
         self.steps = StepArrays(
             start_s=[0.0, 0.3, 0.6, 0.9],
@@ -139,7 +149,9 @@ class FakeResult:
 
 
 def test_the_payload_has_the_measured_figures_and_says_why_the_others_are_missing():
-    p = build_payload(FakeResult(), log_steps=True, html="<div>report</div>")
+    result = FakeResult()
+    words = diagnosis_words(result.diagnosis)
+    p = build_payload(result, log_steps=True, html="<div>report</div>", words=words)
     assert p.metrics["traceml/step_ms_median"] == 300.0
     assert p.metrics["traceml/data_wait_share"] == 0.4
     assert p.metrics["traceml/saving_bound_share"] == 0.4
@@ -157,9 +169,17 @@ def test_the_payload_has_the_measured_figures_and_says_why_the_others_are_missin
     assert p.skipped["traceml/gpu_mem_peak_mb"] == "not measured in this run"
     assert p.tags["traceml/verdict"] == "input-bound"
     assert p.tags["traceml/confidence"] == "high"
-    assert p.tags["traceml/advice"] == "- num_workers=0 → num_workers=2"
+    assert p.tags["traceml/advice"] == (
+        "- Change the training DataLoader: num_workers=0 → num_workers=2"
+    )
+    assert p.tags["traceml/cause"] == "too few DataLoader workers"
+    assert p.tags["traceml/cause_code"] == CAUSE_TOO_FEW_WORKERS
     assert "- traceml/gpu_util_median_pct: no CUDA device in this run, CPU only" in p.text
-    assert "**Verdict: input-bound** (high confidence): the steps wait for data" in p.text
+    assert (
+        "**Verdict: input-bound** (high confidence): Input-bound: the training loop waits for "
+        "data 40% of the time"
+    ) in p.text
+    assert "Saving: Data waits took 40% of this run (0.6 s of 1.5 s)" in p.text
     # the run's own 3 steps, not the evaluation batch; the GPU stall series has no value
     assert p.steps == {
         "traceml/steps/step_ms": [(0, 400.0), (1, 300.0), (2, 310.0)],
@@ -171,6 +191,13 @@ def test_the_payload_has_the_measured_figures_and_says_why_the_others_are_missin
     assert columns == ["step", "step_ms", "data_wait_ms", "compute_ms"]
     assert rows[0] == [0, 400.0, 200.0, 200.0]
     assert p.what == "17 metrics, the verdict, the HTML report and 3 steps of 3 series"
+
+
+def test_without_words_the_findings_codes_are_logged():
+    p = build_payload(FakeResult())
+    assert p.tags["traceml/title"] == "input-bound"
+    assert p.tags["traceml/advice"] == "- change-loader"
+    assert p.tags["traceml/cause"] == p.tags["traceml/cause_code"] == CAUSE_TOO_FEW_WORKERS
 
 
 def test_the_gpm_figures_are_logged_where_measured():

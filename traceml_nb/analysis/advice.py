@@ -1,13 +1,15 @@
 """Concrete DataLoader changes, read from the user's own loader and the CPUs really available,
-written in the terms of whatever built the loader: the user's own ``DataLoader(...)``, the
-transformers ``TrainingArguments``, a Lightning module's ``train_dataloader()``, or the loader
-passed to accelerate's ``Accelerator.prepare``."""
+as findings the views write in the terms of whatever built the loader (``driver``): the user's
+own ``DataLoader(...)``, the transformers ``TrainingArguments``, a Lightning module's
+``train_dataloader()``, or the loader passed to accelerate's ``Accelerator.prepare``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..engine.record import LoaderInfo
+from .findings import Finding
 from .thresholds import MAX_SUGGESTED_WORKERS, SUGGESTED_PREFETCH
 
 TORCH_DEFAULT_PREFETCH = 2
@@ -22,14 +24,6 @@ TRAINING_ARGUMENTS = {
     "prefetch_factor": "dataloader_prefetch_factor",
     "batch_size": "per_device_train_batch_size",
 }
-#: Where the change goes, by what iterated the loader (``LoaderInfo.driver``).
-WHERE = {
-    None: "Change the training DataLoader",
-    "transformers": "Change the Trainer's TrainingArguments",
-    "lightning": "Change the DataLoader that your LightningModule's (or DataModule's) "
-    "train_dataloader() returns",
-    "accelerate": "Change the DataLoader you pass to Accelerator.prepare()",
-}
 
 
 def setting_name(setting: str, driver: str | None) -> str:
@@ -37,16 +31,15 @@ def setting_name(setting: str, driver: str | None) -> str:
     return TRAINING_ARGUMENTS.get(setting, setting) if driver == "transformers" else setting
 
 
-def describe_loader(loader: LoaderInfo) -> str:
-    """The loader's settings as the user would write them."""
-    values = {
+def loader_settings(loader: LoaderInfo) -> dict[str, Any]:
+    """The loader's settings the advice is about, by their DataLoader names."""
+    return {
         "num_workers": loader.num_workers,
         "pin_memory": loader.pin_memory,
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": loader.persistent_workers,
         "batch_size": loader.batch_size,
     }
-    return ", ".join(f"{setting_name(k, loader.driver)}={v}" for k, v in values.items())
 
 
 def worker_target(cpus: int | None, gpu: bool) -> int:
@@ -68,21 +61,14 @@ def more_workers(loader: LoaderInfo, cpus: int | None, gpu: bool) -> int | None:
 
 @dataclass(frozen=True)
 class Change:
-    """One DataLoader argument to change: ``num_workers=0 → num_workers=2`` or ``pin_memory=True``."""
+    """One DataLoader argument to change: ``num_workers`` 0 → 2, or ``pin_memory`` to True."""
 
     setting: str
     new: object
     old: object = None  #: shown as ``old → new`` when set
 
-    def __str__(self) -> str:
-        return self.text(None)
-
-    def text(self, driver: str | None) -> str:
-        """The change in the terms of ``driver`` (``LoaderInfo.driver``)."""
-        name = setting_name(self.setting, driver)
-        if self.old is None:
-            return f"{name}={self.new}"
-        return f"{name}={self.old} \u2192 {name}={self.new}"
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def loader_changes(
@@ -117,52 +103,27 @@ def loader_changes(
     return changes
 
 
-def change_line(changes: list[Change], driver: str | None = None) -> str:
-    """The one-line instruction shown first in the advice, where the user makes it."""
-    where = WHERE.get(driver, WHERE[None])
-    return f"{where}: " + ", ".join(c.text(driver) for c in changes)
+def change_loader(changes: list[Change], driver: str | None = None) -> Finding:
+    """The one-line instruction shown first in the advice: these changes, made where ``driver``
+    (``LoaderInfo.driver``) builds the loader."""
+    return Finding("change-loader", {"changes": [c.to_dict() for c in changes], "driver": driver})
 
 
 def explain_changes(
     loader: LoaderInfo, changes: list[Change], cpus: int | None, gpu: bool
-) -> list[str]:
-    """One sentence per change saying why it helps (in the terms of ``loader.driver``)."""
-
-    def name(setting: str) -> str:
-        return setting_name(setting, loader.driver)
-
-    lines = []
-    for change in changes:
-        if change.setting == "num_workers":
-            nw = loader.num_workers
-            if nw == 0:
-                who = "the main process loads every batch"
-            else:
-                who = f"{nw} worker{'s' if nw != 1 else ''} cannot keep up"
-            waiter = "the GPU" if gpu else "the training loop"
-            if cpus is None:
-                cpu_text = ""
-            elif int(str(change.new)) <= cpus:
-                cpu_text = f" (one per CPU available: {cpus})"
-            else:
-                cpu_text = f" (more than the {cpus} CPUs: workers that wait need little CPU)"
-            lines.append(
-                f"With {name('num_workers')}={nw}, {who} while {waiter} waits; {change.new} workers"
-                f"{cpu_text} load batches in parallel with the compute."
-            )
-        elif change.setting == "pin_memory":
-            lines.append(
-                f"{name('pin_memory')}=True puts batches in page-locked memory, so copying them to the GPU "
-                "with .to(device, non_blocking=True) overlaps the compute."
-            )
-        elif change.setting == "persistent_workers":
-            lines.append(
-                f"{name('persistent_workers')}=True keeps the workers alive between epochs instead of "
-                "starting them again (each start costs the first-batch wait again)."
-            )
-        elif change.setting == "prefetch_factor":
-            lines.append(
-                f"{name('prefetch_factor')}={change.new} keeps {change.new} batches per worker in flight, "
-                "which absorbs slow samples."
-            )
-    return lines
+) -> list[Finding]:
+    """Why each change helps, one finding each (``why-num_workers``, ``why-pin_memory``, …),
+    with the loader's current workers, its driver, the CPUs and whether a GPU waits."""
+    return [
+        Finding(
+            f"why-{change.setting}",
+            {
+                **change.to_dict(),
+                "driver": loader.driver,
+                "num_workers": loader.num_workers,
+                "cpus": cpus,
+                "gpu": gpu,
+            },
+        )
+        for change in changes
+    ]

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from ..engine.contracts import CONFIDENCE_LEVELS, Confidence
 from .evidence import InputSignal
-from .findings import Summary
-from .formatting import fmt_s, fmt_share
+from .findings import Finding, Summary
 from .gpu_busy import BusySignal, busy_signal
 from .summary import Measurements
 from .thresholds import CONFIDENT_STEPS, INPUT_BOUND_SHARE, MEMORY_PRESSURE_SHARE, MIN_INPUT_WAIT_MS
@@ -74,16 +73,13 @@ class Facts:
     def throttled(self) -> bool:
         return self.throttle is not None and self.throttle.aligned
 
-    def saving_of_input(self) -> tuple[float | None, str | None]:
-        """Upper bound of the saving of removing every input stall, as a share of the run."""
+    def saving_of_input(self) -> tuple[float | None, Finding | None]:
+        """Upper bound of the saving of removing every input stall, as a share of the run, and
+        the finding that says so (``input_kind``, ``wait_s`` of ``elapsed_s``)."""
         s = self.signal
         elapsed = self.m.elapsed_s
         if s.run_s is None or elapsed <= 0:
             return None, None
         share = min(1.0, s.run_s / elapsed)
-        what = "GPU input stalls" if s.kind == "gpu" else "Data waits"
-        text = (
-            f"{what} took {fmt_share(share)} of this run ({fmt_s(s.run_s)} of {fmt_s(elapsed)}): "
-            f"without them it would take at most {fmt_share(share)} less time."
-        )
-        return share, text
+        facts = {"input_kind": s.kind, "share": share, "wait_s": s.run_s, "elapsed_s": elapsed}
+        return share, Finding("input-saving", facts)

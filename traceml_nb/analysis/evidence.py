@@ -1,14 +1,15 @@
-"""The numbers behind a verdict, each measured or "unavailable (why)", in a fixed order."""
+"""The numbers behind a verdict, each measured or unavailable (with why), in a fixed order; the
+views write them (:mod:`traceml_nb.views.diagnosis_words`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from .advice import describe_loader
-from .findings import Evidence, Summary
-from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_share
+from .advice import loader_settings
+from .findings import UNAVAILABLE, Evidence, Finding, Summary
 from .summary import Measurements
 from .thresholds import STALL_FACTOR, STALL_MAX_SHARE
 from .throttle import ThrottleFinding
@@ -95,31 +96,25 @@ def input_signal(summary: Summary, m: Measurements) -> InputSignal:
 
 
 def _unavailable(label: str, why: str) -> Evidence:
-    return Evidence(label, None, f"unavailable ({why})")
-
-
-def stalls_phrase(stalls: list[Stall]) -> str:
-    """``the stall at step 37``, ``the 3 stalls at steps 37, 80 and 120``."""
-    steps = [str(s.step) for s in stalls]
-    if len(steps) == 1:
-        return f"the stall at step {steps[0]}"
-    return f"the {len(steps)} stalls at steps {', '.join(steps[:-1])} and {steps[-1]}"
+    return Evidence(label, None, Finding(UNAVAILABLE, {"why": why}))
 
 
 def _share_evidence(
     label: str, share: float | None, per_step: float | None, why: str, signal: InputSignal
 ) -> Evidence:
+    """``input-share``: ``share`` of the step time, ``per_step_ms``; where the signal judged
+    on this measure left stalls out, the share without them and the ``stalls``' steps."""
     if share is None:
         return _unavailable(label, why)
     if signal.label == label and signal.stalls and signal.share is not None:
-        pronoun = "it" if len(signal.stalls) == 1 else "them"
-        return Evidence(
-            label,
-            signal.share,
-            f"{fmt_share(signal.share)} of step time ({fmt_ms(signal.per_step_ms)} per step) "
-            f"without {stalls_phrase(signal.stalls)}, {fmt_share(share)} with {pronoun}",
-        )
-    return Evidence(label, share, f"{fmt_share(share)} of step time ({fmt_ms(per_step)} per step)")
+        facts = {
+            "share": signal.share,
+            "per_step_ms": signal.per_step_ms,
+            "share_with_stalls": share,
+            "stall_steps": [st.step for st in signal.stalls],
+        }
+        return Evidence(label, signal.share, Finding("input-share", facts))
+    return Evidence(label, share, Finding("input-share", {"share": share, "per_step_ms": per_step}))
 
 
 def collect(
@@ -132,19 +127,18 @@ def collect(
         Evidence(
             "steady steps",
             float(s.steady_steps),
-            f"{s.steady_steps} ({s.warmup_steps} warm-up step{'s' if s.warmup_steps != 1 else ''} excluded)",
+            Finding("steady-steps", {"steps": s.steady_steps, "warmup_steps": s.warmup_steps}),
         )
     ]
     if s.step_ms_median is None:
         ev.append(_unavailable("step time", why.get("step_ms_median", "no steady steps")))
     else:
-        ev.append(
-            Evidence(
-                "step time",
-                s.step_ms_median,
-                f"median {fmt_ms(s.step_ms_median)} (p10 {fmt_ms(s.step_ms_p10)}, p90 {fmt_ms(s.step_ms_p90)})",
-            )
-        )
+        facts: dict[str, Any] = {
+            "median_ms": s.step_ms_median,
+            "p10_ms": s.step_ms_p10,
+            "p90_ms": s.step_ms_p90,
+        }
+        ev.append(Evidence("step time", s.step_ms_median, Finding("step-time", facts)))
     wait_per_step = float(m.wait_ms.mean()) if m.steady else None
     ev.append(
         _share_evidence(
@@ -164,34 +158,25 @@ def collect(
     if s.gpu_util_median_pct is None:
         ev.append(_unavailable("GPU utilisation", why.get("gpu_util_median_pct", "")))
     else:
-        ev.append(
-            Evidence(
-                "GPU utilisation",
-                s.gpu_util_median_pct,
-                f"median {fmt_pct(s.gpu_util_median_pct)} during the steady steps",
-            )
-        )
+        pct = s.gpu_util_median_pct
+        ev.append(Evidence("GPU utilisation", pct, Finding("gpu-utilisation", {"pct": pct})))
     ev.append(_gpm_evidence(s))
     loader = m.loader
     if loader is None:
-        ev.append(Evidence("DataLoader", None, "no DataLoader seen"))
+        ev.append(Evidence("DataLoader", None, Finding("no-loader")))
     else:
-        ev.append(Evidence("DataLoader", float(loader.num_workers), describe_loader(loader)))
+        facts = {"settings": loader_settings(loader), "driver": loader.driver}
+        ev.append(Evidence("DataLoader", float(loader.num_workers), Finding("loader", facts)))
     if m.cpus is None:
         ev.append(_unavailable("CPUs available", "the CPU count could not be read"))
     else:
-        ev.append(Evidence("CPUs available", float(m.cpus), str(m.cpus)))
+        ev.append(Evidence("CPUs available", float(m.cpus), Finding("count", {"count": m.cpus})))
     ev.append(_worker_cpu(s, m))
     if s.process_cpu_median_pct is None:
         ev.append(_unavailable("main process CPU", why.get("process_cpu_median_pct", "")))
     else:
-        ev.append(
-            Evidence(
-                "main process CPU",
-                s.process_cpu_median_pct,
-                f"median {fmt_pct(s.process_cpu_median_pct)} (100% = one core)",
-            )
-        )
+        pct = s.process_cpu_median_pct
+        ev.append(Evidence("main process CPU", pct, Finding("process-cpu", {"pct": pct})))
     ev.append(_system_cpu(s, m))
     ev.extend(_clock_evidence(throttle, m))
     ev.append(_memory_evidence(s))
@@ -202,61 +187,46 @@ def collect(
             )
         )
     else:
-        ev.append(Evidence("batch size", float(s.batch_size), str(s.batch_size)))
+        count = Finding("count", {"count": s.batch_size})
+        ev.append(Evidence("batch size", float(s.batch_size), count))
     return ev
 
 
 def _gpm_evidence(s: Summary) -> Evidence:
-    """SM activity (GPM), with the other GPM medians that were measured."""
+    """SM activity (GPM), with the other GPM medians that were measured (percent; None: not
+    measured)."""
     label = "SM activity"
     if s.sm_active_median_pct is None:
         return _unavailable(label, s.unavailable.get("sm_active_median_pct", ""))
-    others = [
-        f"{name} {fmt_pct(value)}"
-        for name, value in (
-            ("SM occupancy", s.sm_occupancy_median_pct),
-            ("tensor cores", s.tensor_active_median_pct),
-            ("DRAM bandwidth", s.dram_bw_median_pct),
-        )
-        if value is not None
-    ]
-    extra = f"; {', '.join(others)}" if others else ""
-    return Evidence(
-        label,
-        s.sm_active_median_pct,
-        f"median {fmt_pct(s.sm_active_median_pct)} of the SMs busy during the steady steps "
-        f"(GPM{extra})",
-    )
+    facts = {
+        "pct": s.sm_active_median_pct,
+        "occupancy_pct": s.sm_occupancy_median_pct,
+        "tensor_pct": s.tensor_active_median_pct,
+        "dram_bw_pct": s.dram_bw_median_pct,
+    }
+    return Evidence(label, s.sm_active_median_pct, Finding("sm-activity", facts))
 
 
 def _system_cpu(s: Summary, m: Measurements) -> Evidence:
     label = "system CPU"
     if s.system_cpu_median_pct is None:
         return _unavailable(label, s.unavailable.get("system_cpu_median_pct", ""))
-    text = f"median {fmt_pct(s.system_cpu_median_pct)} of all CPUs"
     busiest = m.host_readings["max_core_pct"].value
-    if busiest is not None:
-        text += f" (busiest core {fmt_pct(busiest)})"
-    return Evidence(label, s.system_cpu_median_pct, text)
+    facts = {"pct": s.system_cpu_median_pct, "busiest_core_pct": busiest}
+    return Evidence(label, s.system_cpu_median_pct, Finding("system-cpu", facts))
 
 
 def _worker_cpu(s: Summary, m: Measurements) -> Evidence:
     label = "worker CPU"
     if m.loader is not None and m.loader.num_workers == 0:
-        return Evidence(
-            label, None, "no worker processes (num_workers=0): the main process loads the data"
-        )
+        return Evidence(label, None, Finding("no-workers"))
     if s.workers_cpu_median_pct is None:
         return _unavailable(label, s.unavailable.get("workers_cpu_median_pct", ""))
     workers = m.host_readings["workers"].value
     if workers is None and m.loader is not None:
         workers = m.loader.num_workers
-    count = f" across {workers:.0f} workers" if workers is not None else ""
-    return Evidence(
-        label,
-        s.workers_cpu_median_pct,
-        f"median {fmt_pct(s.workers_cpu_median_pct)}{count} (100% = one core)",
-    )
+    facts = {"pct": s.workers_cpu_median_pct, "workers": workers}
+    return Evidence(label, s.workers_cpu_median_pct, Finding("worker-cpu", facts))
 
 
 def _clock_evidence(throttle: ThrottleFinding | None, m: Measurements) -> list[Evidence]:
@@ -269,28 +239,21 @@ def _clock_evidence(throttle: ThrottleFinding | None, m: Measurements) -> list[E
             _unavailable("SM clock", m.gpu.median("sm_clock_mhz").why or "clock not reported")
         )
     else:
-        out.append(
-            Evidence(
-                "SM clock",
-                throttle.clock_ratio_median,
-                f"median {throttle.clock_mhz_median:.0f} of {throttle.clock_max_mhz:.0f} MHz "
-                f"({fmt_share(throttle.clock_ratio_median)})",
-            )
-        )
+        facts: dict[str, Any] = {
+            "mhz": throttle.clock_mhz_median,
+            "max_mhz": throttle.clock_max_mhz,
+            "ratio": throttle.clock_ratio_median,
+        }
+        out.append(Evidence("SM clock", throttle.clock_ratio_median, Finding("sm-clock", facts)))
     if not throttle.throttled_steps:
-        out.append(Evidence("throttling", 0.0, "none during the steady steps"))
+        out.append(Evidence("throttling", 0.0, Finding("no-throttling")))
     else:
-        reasons = ", ".join(throttle.reasons) or "clock below its maximum"
-        slower = (
-            f", {throttle.slowdown:.2f}\u00d7 as long as the others" if throttle.slowdown else ""
-        )
-        out.append(
-            Evidence(
-                "throttling",
-                throttle.share,
-                f"{fmt_share(throttle.share)} of the steps ({reasons}){slower}",
-            )
-        )
+        facts = {
+            "share": throttle.share,
+            "reasons": list(throttle.reasons),
+            "slowdown": throttle.slowdown,
+        }
+        out.append(Evidence("throttling", throttle.share, Finding("throttled-steps", facts)))
     return out
 
 
@@ -306,8 +269,5 @@ def _memory_evidence(s: Summary) -> Evidence:
     if share is None:
         key = "gpu_mem_peak_mb" if s.gpu_mem_peak_mb is None else "gpu_mem_total_mb"
         return _unavailable("GPU memory", s.unavailable.get(key, "not measured"))
-    return Evidence(
-        "GPU memory",
-        share,
-        f"peak {fmt_mb(s.gpu_mem_peak_mb)} of {fmt_mb(s.gpu_mem_total_mb)} ({fmt_share(share)})",
-    )
+    facts = {"peak_mb": s.gpu_mem_peak_mb, "total_mb": s.gpu_mem_total_mb, "share": share}
+    return Evidence("GPU memory", share, Finding("gpu-memory", facts))

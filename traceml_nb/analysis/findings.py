@@ -98,44 +98,122 @@ class Summary:
         return obj
 
 
+#: The code of a finding stored before findings were data: ``facts["text"]`` is its sentence.
+TEXT = "text"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One statement of a diagnosis, as data: ``code`` says what it states (the views write its
+    sentence: :mod:`traceml_nb.views.diagnosis_words`), ``facts`` the numbers and names it rests
+    on (JSON-able; units in the keys as elsewhere: ``_ms``, ``_share`` 0..1, ``_pct`` 0..100)."""
+
+    code: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, data: Finding | dict[str, Any] | str) -> Finding:
+        """A finding from its dict, or from a sentence stored before findings were data."""
+        if isinstance(data, Finding):
+            return data
+        if isinstance(data, str):
+            return cls(TEXT, {"text": data})
+        return cls(str(data.get("code", TEXT)), dict(data.get("facts") or {}))
+
+
+#: The code of evidence that was not measured: ``facts["why"]`` says why.
+UNAVAILABLE = "unavailable"
+
+
 @dataclass
 class Evidence:
-    """One number behind a verdict, e.g. ``Evidence("data wait", 0.44, "44% of step time")``."""
+    """One number behind a verdict: ``label`` names it (``"data wait"``), ``value`` is the
+    number the rules read (a share 0..1, a percent, ms or a count, by label; None: unavailable)
+    and ``detail`` what the report shows with it, a :class:`Finding` (code :data:`UNAVAILABLE`
+    with ``why`` where it was not measured)."""
 
     label: str
     value: float | None
-    text: str  #: the value as shown, or "unavailable (why)"
+    detail: Finding
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Evidence:
+        """Stored evidence; evidence stored as a sentence (``text``) keeps it."""
+        detail = data.get("detail")
+        finding = (
+            Finding.of(detail) if detail is not None else Finding.of(str(data.get("text", "")))
+        )
+        return cls(str(data.get("label", "")), data.get("value"), finding)
+
+
+#: The causes an input-bound run names (``Diagnosis.cause``), by the sentence runs stored before
+#: causes were codes (their ``cause`` column and diagnosis still hold it).
+OLD_CAUSE_TEXTS = {
+    "too few DataLoader workers": "too-few-workers",
+    "DataLoader workers CPU-saturated (decode/augmentation bound)": "workers-cpu-saturated",
+    "host-to-device copies from pageable memory": "pageable-copies",
+    "slow storage on the first epoch (later epochs read from the cache)": "first-epoch-storage",
+    "slow storage (the workers are idle, yet cannot keep up)": "slow-storage",
+    "input pipeline too slow (worker CPU unavailable)": "input-unknown",
+}
+
+
+def cause_code(cause: str | None) -> str | None:
+    """The cause's code, an old stored cause sentence mapped to it."""
+    return OLD_CAUSE_TEXTS.get(cause, cause) if cause else None
 
 
 @dataclass
 class Diagnosis:
-    """The verdict on a run, with its evidence and the concrete fix."""
+    """The verdict on a run, with its evidence and the concrete fix, as findings (the views
+    write their sentences).
+
+    ``title``: what the verdict rests on, one line; ``cause``: an input-bound run's sub-cause, a
+    code (``"too-few-workers"``, :mod:`.input_bound`); ``profiled_cause``: what the profile
+    (``--profile``) names as the cause; ``advice``: concrete changes, from the user's loader;
+    ``wont_help``: what will not help, and why; ``saving_bound_share``: fixing the cause saves
+    at most this share of the wall time, ``saving`` says of what; ``secondary``: other findings
+    (memory pressure, throttling, stalls).
+    """
 
     verdict: Verdict
-    title: str  #: one line for humans
+    title: Finding
     confidence: Confidence
-    cause: str | None = None  #: sub-cause, e.g. "too few DataLoader workers"
-    #: what the profile (``--profile``) names as the cause, in words
-    profiled_cause: str | None = None
+    cause: str | None = None
+    profiled_cause: Finding | None = None
     evidence: list[Evidence] = field(default_factory=list)
-    advice: list[str] = field(default_factory=list)  #: concrete changes, from the user's loader
-    wont_help: list[str] = field(default_factory=list)  #: what will not help, and why
-    saving_bound_share: float | None = (
-        None  #: fixing the cause saves at most this share of wall time
-    )
-    saving_text: str | None = None
-    secondary: list[str] = field(
-        default_factory=list
-    )  #: other findings (memory pressure, throttling)
+    advice: list[Finding] = field(default_factory=list)
+    wont_help: list[Finding] = field(default_factory=list)
+    saving_bound_share: float | None = None
+    saving: Finding | None = None
+    secondary: list[Finding] = field(default_factory=list)
+
+    def codes(self) -> list[str]:
+        """Every finding's code, title first: what a test or a tracker can match on."""
+        found = [self.title, *self.advice, *self.wont_help, *self.secondary]
+        found += [f for f in (self.profiled_cause, self.saving) if f is not None]
+        return [f.code for f in found]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
+        """A stored diagnosis, those stored with sentences included (each becomes a
+        :data:`TEXT` finding; ``saving_text`` the ``saving``)."""
+        data = dict(data)
+        if "saving_text" in data and "saving" not in data:
+            data["saving"] = data.pop("saving_text")
         obj = _from_dict(cls, data)
+        obj.title = Finding.of(obj.title if obj.title is not None else "")
+        obj.cause = cause_code(obj.cause)
+        for name in ("profiled_cause", "saving"):
+            value = getattr(obj, name)
+            setattr(obj, name, Finding.of(value) if value else None)
+        for name in ("advice", "wont_help", "secondary"):
+            setattr(obj, name, [Finding.of(f) for f in getattr(obj, name) or []])
         obj.evidence = [
-            e if isinstance(e, Evidence) else _from_dict(Evidence, e) for e in obj.evidence
+            e if isinstance(e, Evidence) else Evidence.from_dict(e) for e in obj.evidence
         ]
         return obj
 

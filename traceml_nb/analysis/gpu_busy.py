@@ -1,13 +1,12 @@
 """How busy the GPU was, by the best signal the run has: GPM SM activity where the GPU has it
 (Hopper and later), else NVML's utilisation. The host-bound and compute-bound rules read it,
-and their titles say which signal decided."""
+and their titles say which signal decided (``busy_source`` in their facts)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .findings import Summary
-from .formatting import fmt_pct
+from .findings import Finding, Summary
 from .thresholds import GPU_BUSY_PCT, SM_ACTIVE_BUSY_PCT
 
 GPM = "gpm"
@@ -38,18 +37,6 @@ class BusySignal:
         """The share of the time (NVML) or of the SMs' time (GPM) nothing ran, 0..1."""
         return min(1.0, max(0.0, 1 - self.value_pct / 100))
 
-    @property
-    def text(self) -> str:
-        """``SM activity 23% (GPM)`` or ``GPU utilisation 97% (NVML: a kernel was running)``."""
-        if self.source == GPM:
-            return f"SM activity {fmt_pct(self.value_pct)} (GPM)"
-        return f"GPU utilisation {fmt_pct(self.value_pct)} (NVML: a kernel was running)"
-
-    @property
-    def subject(self) -> str:
-        """What the signal says is busy or idle."""
-        return "the GPU's SMs are" if self.source == GPM else "the GPU is"
-
 
 def busy_signal(summary: Summary) -> BusySignal | None:
     """SM activity where it was measured, else NVML utilisation, else None."""
@@ -60,16 +47,12 @@ def busy_signal(summary: Summary) -> BusySignal | None:
     return None
 
 
-def nvml_overstates(summary: Summary, signal: BusySignal | None) -> str | None:
-    """A sentence when SM activity calls the GPU idle while NVML's utilisation calls it busy
-    (None otherwise)."""
+def nvml_overstates(summary: Summary, signal: BusySignal | None) -> Finding | None:
+    """When SM activity calls the GPU idle while NVML's utilisation calls it busy (small kernels
+    keep NVML's reading high while most SMs are idle), that finding (None otherwise)."""
     util = summary.gpu_util_median_pct
     if signal is None or signal.source != GPM or signal.busy or util is None:
         return None
     if util < GPU_BUSY_PCT:
         return None
-    return (
-        f"NVML's GPU utilisation reads {fmt_pct(util)}: it counts the time any kernel ran, and "
-        f"small kernels keep it high while most SMs are idle (SM activity "
-        f"{fmt_pct(signal.value_pct)})."
-    )
+    return Finding("nvml-overstates", {"util_pct": util, "sm_active_pct": signal.value_pct})

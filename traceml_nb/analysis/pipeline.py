@@ -5,8 +5,14 @@ from __future__ import annotations
 from ..engine.capabilities import Capabilities
 from ..engine.record import RecordSnapshot, RunRecord
 from .diagnosis import diagnose
-from .findings import Analysis
-from .profile_summary import PROFILE_SUGGESTION, profile_cause, suggests_profile, summarize_profile
+from .findings import Analysis, Finding
+from .profile_summary import (
+    PROFILE_SUGGESTION,
+    SUGGESTED_PROFILE_STEPS,
+    profile_cause,
+    suggests_profile,
+    summarize_profile,
+)
 from .summary import measure, summarize
 from .warmup import WarmupSpec
 
@@ -32,5 +38,5 @@ def analyze(
     if profile is not None and profile.captured:
         diagnosis.profiled_cause = profile_cause(profile, diagnosis.verdict)
     elif profile is None and suggests_profile(summary, diagnosis.verdict, diagnosis.confidence):
-        diagnosis.advice.append(PROFILE_SUGGESTION)
+        diagnosis.advice.append(Finding(PROFILE_SUGGESTION, {"steps": SUGGESTED_PROFILE_STEPS}))
     return Analysis(summary, diagnosis, m.selection, m.wall_ms, profile)

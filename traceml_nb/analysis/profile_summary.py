@@ -15,8 +15,7 @@ import numpy as np
 
 from ..engine.profile_capture import PYTHON_OP, OpTotals, ProfileCapture
 from ..engine.record import FLAG_INTERLEAVED, FLAG_PROFILED
-from .findings import Summary
-from .formatting import fmt_ms
+from .findings import Finding, Summary
 from .thresholds import (
     GPU_BUSY_PCT,
     LAUNCH_BOUND_IDLE_SHARE,
@@ -26,11 +25,11 @@ from .thresholds import (
 
 #: How the profiler names a DataLoader iterator's ``__next__`` in the report.
 LOADER_OP = "DataLoader __next__ (data loading)"
-#: The rerun line the report suggests (``%%traceml --profile N``).
-PROFILE_SUGGESTION = (
-    "To see which operations and lines take the time: rerun this cell with "
-    "%%traceml --profile 10 (torch.profiler over 10 steady steps, left out of the statistics)."
-)
+#: The advice to rerun the cell with ``%%traceml --profile N`` (to see which operations and
+#: lines take the time).
+PROFILE_SUGGESTION = "profile-suggestion"
+#: The steps the suggested rerun profiles (``--profile N``).
+SUGGESTED_PROFILE_STEPS = 10
 
 
 @dataclass
@@ -191,59 +190,30 @@ def summarize_profile(
     return out
 
 
-def _where(line: int | None, code: str | None) -> str:
-    if line is None:
-        return ""
-    return f"line {line} (`{code}`)" if code else f"line {line}"
-
-
-def profile_cause(profile: ProfileSummary | None, verdict: str) -> str | None:
-    """The cause a host-bound or compute-bound verdict names from the profile, in words
-    (None: no profile, another verdict, or nothing stands out)."""
+def profile_cause(profile: ProfileSummary | None, verdict: str) -> Finding | None:
+    """The cause a host-bound or compute-bound verdict names from the profile (None: no
+    profile, another verdict, or nothing stands out): ``profile-sync`` (a call that waits for
+    the GPU, ``sync`` a :class:`SyncLine`), ``profile-launch-bound`` (the GPU idle
+    ``idle_share`` of the profiled time, ``top`` the host's top :class:`OpLine` or None) or
+    ``profile-top-op`` (``op``); ``step_ms``: the profiled step."""
     if profile is None or not profile.captured or verdict not in ("host-bound", "compute-bound"):
         return None
     step = profile.step_ms or 0.0
     top_sync = profile.syncs[0] if profile.syncs else None
     if top_sync is not None and top_sync.share >= SYNC_CAUSE_SHARE:
-        every = "every step" if top_sync.calls_per_step >= 1 else "in some steps"
-        who = _where(top_sync.line, top_sync.code) or f"`{top_sync.op}`"
-        return (
-            f"{who} waits for the GPU {every}: {fmt_ms(top_sync.ms_per_step)} of "
-            f"{fmt_ms(step)} a step ({top_sync.op})"
-        )
+        return Finding("profile-sync", {"sync": asdict(top_sync), "step_ms": step})
     ops = [op for op in profile.top_cpu if op.name != LOADER_OP]
     if (
         profile.gpu_idle_share is not None
         and profile.gpu_idle_share >= LAUNCH_BOUND_IDLE_SHARE
         and verdict == "host-bound"
     ):
-        lead = (
-            f"; the host's top operator is `{ops[0].name}` "
-            f"({ops[0].share:.0%}{', ' + _where(ops[0].line, ops[0].code) if ops[0].line else ''})"
-            if ops
-            else ""
-        )
-        return (
-            f"the GPU ran no kernel {profile.gpu_idle_share:.0%} of the profiled time: the host "
-            f"does not launch work fast enough{lead}"
-        )
+        top = asdict(ops[0]) if ops else None
+        facts = {"idle_share": profile.gpu_idle_share, "top": top, "step_ms": step}
+        return Finding("profile-launch-bound", facts)
     if not ops:
         return None
-    op = ops[0]
-    where = _where(op.line, op.code)
-    per_step = f"{fmt_ms(op.ms_per_step)} of {fmt_ms(step)} a step"
-    inner = f" ({op.frame})" if op.frame and op.frame != f"line {op.line}" else ""
-    if op.python:
-        return (
-            f"the Python code of {where or op.name}{inner} takes {op.share:.0%} of the profiled steps' "
-            f"host time outside PyTorch's operators ({per_step}), the Python functions it "
-            "calls included"
-        )
-    called = f", called from {where}{inner}" if where else ""
-    return (
-        f"`{op.name}` takes {op.share:.0%} of the profiled steps' host time "
-        f"({per_step}, {op.calls_per_step:,.0f} calls){called}"
-    )
+    return Finding("profile-top-op", {"op": asdict(ops[0]), "step_ms": step})
 
 
 def suggests_profile(summary: Summary, verdict: str, confidence: str) -> bool:

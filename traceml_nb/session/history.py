@@ -235,9 +235,16 @@ def _check_entry(data: Any) -> None:
     for key in ("cell_id", "cell_key", "source", "error"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ValueError(f"'{key}' must be a string or null")
-    for key in ("verdict", "title", "confidence"):
+    for key in ("verdict", "confidence"):
         if not isinstance(data["diagnosis"].get(key), str):
             raise ValueError(f"'diagnosis.{key}' must be a string")
+    title = data["diagnosis"].get("title")
+    if not isinstance(title, str) and not (
+        isinstance(title, dict) and isinstance(title.get("code"), str)
+    ):
+        raise ValueError(
+            "'diagnosis.title' must be a finding (an object with a 'code') or a string"
+        )
     if not isinstance(data["summary"].get("step_source"), str):
         raise ValueError("'summary.step_source' must be a string")
 

@@ -25,6 +25,17 @@ from ..engine.record import FLAG_INTERLEAVED, FLAG_PROFILED, RecordSnapshot
 from ..tune.prediction import Prediction
 
 
+class DiagnosisText(Protocol):
+    """A diagnosis in words (:class:`~traceml_nb.views.diagnosis_words.DiagnosisWords` is one):
+    what the trackers log beside the numbers."""
+
+    title: str
+    cause: str | None
+    advice: list[str]
+    wont_help: list[str]
+    saving: str | None
+
+
 class Renderer(Protocol):
     """Writes a result's report: what a :class:`~traceml_nb.session.session.Session` is given
     to print a result (``str(result)``) and to attach it to the trackers; the views layer's
@@ -37,6 +48,10 @@ class Renderer(Protocol):
 
     def html(self, result: RunResult) -> str:
         """The static HTML report."""
+        ...
+
+    def diagnosis_words(self, diagnosis: Diagnosis) -> DiagnosisText:
+        """The diagnosis in words."""
         ...
 
 
@@ -330,6 +345,12 @@ class RunResult:
             known = ", ".join(["steps", *self.samples]) or "steps"
             raise KeyError(f"no table {table!r} in this run; choose one of: {known}")
         return pd.DataFrame(self.samples[table])
+
+    def diagnosis_words(self) -> DiagnosisText | None:
+        """The diagnosis in words, as the report writes it (``.title``, ``.advice``, …; its
+        :attr:`renderer`'s): :attr:`diagnosis` holds the same as codes and facts. None without
+        a renderer."""
+        return self.renderer.diagnosis_words(self.diagnosis) if self.renderer is not None else None
 
     def __str__(self) -> str:
         """The plain-text report (its :attr:`renderer`'s); the one-line summary without one."""

@@ -164,9 +164,13 @@ class Session:
         except ValueError as exc:
             lines = [f"traceml: not logged to any tracker: {exc}"]
         else:
-            if render is None and self.renderer is not None:
-                render = self.renderer.html
-            lines = trackers.export(result, targets, log_steps=bool(steps), render=render)
+            words = None
+            if self.renderer is not None:
+                render = render if render is not None else self.renderer.html
+                words = self.renderer.diagnosis_words
+            lines = trackers.export(
+                result, targets, log_steps=bool(steps), render=render, words=words
+            )
         result.trackers = [*result.trackers, *lines]
         return lines
 

@@ -10,6 +10,7 @@ from typing import Any
 from ..analysis.formatting import fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
 from ..session.history import History
 from ..session.stored_jobs import split_jobs
+from .diagnosis_words import cause_words
 
 NO_RUNS = "No traceml_nb runs in this session yet."
 
@@ -48,7 +49,7 @@ def history_table(history: History) -> list[dict[str, Any]]:
                 "gpu_util_median_pct": s.gpu_util_median_pct,
                 "gpu_mem_peak_mb": s.gpu_mem_peak_mb,
                 "verdict": e.diagnosis.verdict,
-                "cause": e.diagnosis.cause,
+                "cause": cause_words(e.diagnosis.cause),
                 "previous_id": prev.id if prev is not None else None,
                 "step_change": change,
             }

@@ -15,6 +15,7 @@ from . import profile_section as profile_view
 from .chart import step_chart_svg
 from .comparison_words import headline
 from .comparison_words import rows as comparison_rows
+from .diagnosis_words import diagnosis_words
 from .rank_table import ranks_html
 from .report_content import ReportContent
 from .text import (
@@ -22,7 +23,6 @@ from .text import (
     metric_lines,
     phase_text,
     run_label,
-    saving_sentence,
     status_sentence,
     steps_phrase,
 )
@@ -122,23 +122,23 @@ def render_html(report: ReportContent) -> str:
             '<div style="background:#fff3cd;color:#664d03;border-radius:4px;padding:3px 8px;'
             f'margin:4px 0">{escape(warning)}</div>'
         )
+    words = diagnosis_words(diagnosis)
     out.append(
         f'<div style="margin:6px 0 2px 0;font-size:15px">{_badge(diagnosis.verdict)} '
-        f"<b>{escape(diagnosis.title)}</b> "
+        f"<b>{escape(words.title)}</b> "
         f'<span style="{_MUTED}font-size:12px">'
-        f"({escape(diagnosis.confidence)} confidence)</span></div>"
+        f"({escape(words.confidence)} confidence)</span></div>"
     )
-    if diagnosis.cause:
-        out.append(f"<div>Cause: {escape(diagnosis.cause)}</div>")
-    if diagnosis.profiled_cause:
-        out.append(f"<div><b>Profile:</b> {escape(diagnosis.profiled_cause)}</div>")
-    out.append(_list("Evidence", [f"{e.label}: {e.text}" for e in diagnosis.evidence]))
-    out.append(_list("Advice", diagnosis.advice))
-    out.append(_list("Will not help", diagnosis.wont_help))
-    saving = saving_sentence(diagnosis.saving_text, diagnosis.saving_bound_share)
-    if saving:
-        out.append(f"<div><b>Saving bound:</b> {escape(saving)}</div>")
-    out.append(_list("Also", diagnosis.secondary))
+    if words.cause:
+        out.append(f"<div>Cause: {escape(words.cause)}</div>")
+    if words.profiled_cause:
+        out.append(f"<div><b>Profile:</b> {escape(words.profiled_cause)}</div>")
+    out.append(_list("Evidence", words.evidence))
+    out.append(_list("Advice", words.advice))
+    out.append(_list("Will not help", words.wont_help))
+    if words.saving:
+        out.append(f"<div><b>Saving bound:</b> {escape(words.saving)}</div>")
+    out.append(_list("Also", words.also))
     if report.cost_text:
         out.append(f"<div>{escape(report.cost_text)}</div>")
     if report.ranks is not None:

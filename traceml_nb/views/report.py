@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.findings import Diagnosis
 from ..session.history import History
 from ..session.result import OWN_PHASES, RunResult
+from .diagnosis_words import DiagnosisWords, diagnosis_words
 from .history_table import NO_RUNS, history_cells, history_table, history_text
 from .html import compare_html, history_html, render_html
 from .report_content import ReportContent, RunMeta, StepChart
@@ -68,6 +70,9 @@ class ReportRenderer:
 
     def html(self, result: RunResult) -> str:
         return render_html(Report.of(result))
+
+    def diagnosis_words(self, diagnosis: Diagnosis) -> DiagnosisWords:
+        return diagnosis_words(diagnosis)
 
 
 @dataclass

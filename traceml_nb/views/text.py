@@ -19,6 +19,7 @@ from ..engine.capabilities import Capabilities
 from . import profile_section as profile_view
 from .comparison_words import headline
 from .comparison_words import rows as comparison_rows
+from .diagnosis_words import diagnosis_words
 from .rank_table import ranks_text
 from .report_content import ReportContent, RunMeta
 
@@ -195,16 +196,6 @@ def status_sentence(status: str, error: str | None, summary: Summary) -> str | N
     return None
 
 
-def saving_sentence(saving_text: str | None, saving_bound_share: float | None) -> str | None:
-    """The upper bound of what the fix saves, as one sentence."""
-    if saving_text:
-        return saving_text
-    if _finite(saving_bound_share):
-        assert saving_bound_share is not None
-        return f"Fixing the cause saves at most {fmt_share(saving_bound_share)} of the wall time."
-    return None
-
-
 def phase_text(phase: PhaseSummary) -> str:
     """``40 batches, 0.66 s; 2 of them, 0.05 s, before training`` (a sanity check apart)."""
     text = f"{phase.batches:,} batches, {fmt_s(phase.total_s)}"
@@ -256,20 +247,18 @@ def render_text(report: ReportContent) -> str:
     warning = status_sentence(meta.status, meta.error, summary)
     if warning:
         lines.append(warning)
-    lines.append(
-        f"Verdict: {diagnosis.verdict} ({diagnosis.confidence} confidence): {diagnosis.title}"
-    )
-    if diagnosis.cause:
-        lines.append(f"  cause: {diagnosis.cause}")
-    if diagnosis.profiled_cause:
-        lines.append(f"  profile: {diagnosis.profiled_cause}")
-    lines += _bullets("Evidence", [f"{e.label}: {e.text}" for e in diagnosis.evidence])
-    lines += _bullets("Advice", diagnosis.advice)
-    lines += _bullets("Will not help", diagnosis.wont_help)
-    saving = saving_sentence(diagnosis.saving_text, diagnosis.saving_bound_share)
-    if saving:
-        lines.append(f"Saving bound: {saving}")
-    lines += _bullets("Also", diagnosis.secondary)
+    words = diagnosis_words(diagnosis)
+    lines.append(f"Verdict: {words.verdict} ({words.confidence} confidence): {words.title}")
+    if words.cause:
+        lines.append(f"  cause: {words.cause}")
+    if words.profiled_cause:
+        lines.append(f"  profile: {words.profiled_cause}")
+    lines += _bullets("Evidence", words.evidence)
+    lines += _bullets("Advice", words.advice)
+    lines += _bullets("Will not help", words.wont_help)
+    if words.saving:
+        lines.append(f"Saving bound: {words.saving}")
+    lines += _bullets("Also", words.also)
     if report.cost_text:
         lines.append(report.cost_text)
     if report.ranks is not None:

@@ -96,10 +96,12 @@ def export(
     *,
     log_steps: bool = False,
     render: Callable[[Any], str] | None = None,
+    words: Callable[[Any], Any] | None = None,
 ) -> list[str]:
     """Log ``result`` to each of ``targets``; one line per tracker saying what was logged where,
     or why nothing was. ``render`` gives the HTML report (None: the report is left out, saying
-    why);
+    why); ``words`` the diagnosis in words (a
+    :class:`~traceml_nb.session.result.DiagnosisText`; None: its findings' codes are logged);
     ``log_steps`` adds the per-step series. Never raises (but for KeyboardInterrupt)."""
     if not targets:
         return []
@@ -114,7 +116,10 @@ def export(
         except Exception as exc:
             html_note = f"the HTML report could not be made ({type(exc).__name__}: {exc})"
     try:
-        payload = build_payload(result, log_steps=log_steps, html=html, html_note=html_note)
+        text = words(result.diagnosis) if words is not None else None
+        payload = build_payload(
+            result, log_steps=log_steps, html=html, html_note=html_note, words=text
+        )
     except Exception as exc:  # our bug: still a line, never the user's cell
         return [f"traceml: not logged to {', '.join(map(str, targets))}: {error_text(exc)}"]
     return [f"traceml: {_export_one(payload, target)}" for target in targets]

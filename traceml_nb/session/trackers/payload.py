@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..result import OWN_PHASES
+from ...analysis.findings import Diagnosis
+from ..result import OWN_PHASES, DiagnosisText
 
 PREFIX = "traceml/"
 #: The summary figures logged, in this order (``Summary`` field names: the unit is in the name;
@@ -133,11 +134,39 @@ def _number(value: Any) -> float | None:
     return number if number == number and abs(number) != float("inf") else None
 
 
+@dataclass
+class _Codes:
+    """A diagnosis where no renderer wrote its words: its findings' codes."""
+
+    title: str
+    cause: str | None
+    advice: list[str]
+    wont_help: list[str]
+    saving: str | None
+
+
+def _codes(d: Diagnosis) -> _Codes:
+    return _Codes(
+        title=d.title.code,
+        cause=d.cause,
+        advice=[f.code for f in d.advice],
+        wont_help=[f.code for f in d.wont_help],
+        saving=d.saving.code if d.saving is not None else None,
+    )
+
+
 def build_payload(
-    result: Any, *, log_steps: bool = False, html: str | None = None, html_note: str | None = None
+    result: Any,
+    *,
+    log_steps: bool = False,
+    html: str | None = None,
+    html_note: str | None = None,
+    words: DiagnosisText | None = None,
 ) -> Payload:
-    """The :class:`Payload` of a :class:`~traceml_nb.session.result.RunResult`."""
+    """The :class:`Payload` of a :class:`~traceml_nb.session.result.RunResult`; ``words``: its
+    diagnosis in words (None: the findings' codes)."""
     s, d = result.summary, result.diagnosis
+    w = words if words is not None else _codes(d)
     metrics: dict[str, float] = {}
     skipped: dict[str, str] = {}
     for name in SUMMARY_METRICS:
@@ -154,14 +183,16 @@ def build_payload(
     tags = {
         PREFIX + "verdict": str(d.verdict),
         PREFIX + "confidence": str(d.confidence),
-        PREFIX + "title": str(d.title),
+        PREFIX + "title": str(w.title),
         PREFIX + "status": str(result.status),
         PREFIX + "name": str(result.name),
     }
     if d.cause:
-        tags[PREFIX + "cause"] = str(d.cause)
-    if d.advice:
-        tags[PREFIX + "advice"] = "\n".join(f"- {a}" for a in d.advice)
+        tags[PREFIX + "cause_code"] = str(d.cause)
+    if w.cause:
+        tags[PREFIX + "cause"] = str(w.cause)
+    if w.advice:
+        tags[PREFIX + "advice"] = "\n".join(f"- {a}" for a in w.advice)
     payload = Payload(
         name=str(result.name),
         slug=slug(str(result.name)),
@@ -176,7 +207,7 @@ def build_payload(
     )
     if log_steps:
         _add_steps(payload, result.steps)
-    payload.text = summary_text(result, payload)
+    payload.text = summary_text(result, payload, w)
     return payload
 
 
@@ -200,8 +231,8 @@ def _add_steps(payload: Payload, steps: Any) -> None:
     payload.steps_note = "; ".join(notes)
 
 
-def summary_text(result: Any, payload: Payload) -> str:
-    """The text summary (Markdown: it reads as plain text too)."""
+def summary_text(result: Any, payload: Payload, words: DiagnosisText) -> str:
+    """The text summary (Markdown: it reads as plain text too), the diagnosis in ``words``."""
     from ...analysis.formatting import fmt_ms, fmt_s
 
     s, d = result.summary, result.diagnosis
@@ -210,18 +241,18 @@ def summary_text(result: Any, payload: Payload) -> str:
         f"**traceml_nb: {result.name!r} {result.status}**, {s.total_steps} steps in "
         f"{fmt_s(float(s.elapsed_s))}{step}",
         "",
-        f"**Verdict: {d.verdict}** ({d.confidence} confidence): {d.title}",
+        f"**Verdict: {d.verdict}** ({d.confidence} confidence): {words.title}",
     ]
-    if d.cause:
-        lines += ["", f"Cause: {d.cause}"]
+    if words.cause:
+        lines += ["", f"Cause: {words.cause}"]
     if result.error:
         lines += ["", f"The run ended with: {result.error}"]
-    if d.advice:
-        lines += ["", "Advice:", *(f"- {a}" for a in d.advice)]
-    if d.wont_help:
-        lines += ["", "Won't help:", *(f"- {a}" for a in d.wont_help)]
-    if d.saving_text:
-        lines += ["", f"Saving: {d.saving_text}"]
+    if words.advice:
+        lines += ["", "Advice:", *(f"- {a}" for a in words.advice)]
+    if words.wont_help:
+        lines += ["", "Won't help:", *(f"- {a}" for a in words.wont_help)]
+    if words.saving:
+        lines += ["", f"Saving: {words.saving}"]
     if payload.skipped:
         lines += ["", "Not logged (unavailable in this run, never logged as 0):"]
         lines += [f"- {name}: {why}" for name, why in payload.skipped.items()]

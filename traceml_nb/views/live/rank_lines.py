@@ -137,3 +137,13 @@ class RankLines:
         charts.rate_fig.line(
             "t_s", self.rate_field, source=source, color=line.color, legend_label=label
         )
+        self._order_legends()
+
+    def _order_legends(self) -> None:
+        """The legends list the ranks in rank order, whichever rank's first steps came first."""
+        order = {line.label: (line.rec.launch, line.rec.rank) for line in self.lines.values()}
+        for fig in (self.charts.step_fig, self.charts.rate_fig):
+            legend = fig.legend[0]
+            legend.items = sorted(
+                legend.items, key=lambda item: order.get(item.label.value, (-1, -1))
+            )

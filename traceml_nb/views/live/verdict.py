@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ...analysis.findings import Analysis
 from ...analysis.thresholds import MIN_STEADY_STEPS
+from ..diagnosis_words import sentence
 
 #: Consecutive analyses that must agree on a new verdict before the header shows it.
 CONFIRMATIONS = 2
@@ -37,7 +38,7 @@ class RunningVerdict:
     def __init__(self, confirmations: int = CONFIRMATIONS) -> None:
         self.confirmations = confirmations
         self.shown: str | None = None  #: the verdict shown (``Diagnosis.verdict``)
-        self.title: str | None = None  #: its sentence (``Diagnosis.title``)
+        self.title: str | None = None  #: its title, in words
         self._candidate: tuple[str, str] | None = None
         self._seen = 0
 
@@ -47,9 +48,9 @@ class RunningVerdict:
         if analysis.summary.steady_steps < MIN_STEADY_STEPS and not final:
             return  # not a verdict yet: the header keeps collecting (or its verdict so far)
         if final or self.shown is None or d.verdict == self.shown:
-            self._show(d.verdict, d.title)
+            self._show(d.verdict, sentence(d.title))
             return
-        candidate = (d.verdict, d.title)
+        candidate = (d.verdict, sentence(d.title))
         if self._candidate is not None and self._candidate[0] == d.verdict:
             self._seen += 1
         else:

@@ -1,0 +1,487 @@
+"""The diagnosis in words: one sentence for each :class:`~traceml_nb.analysis.findings.Finding`
+code, written from its facts, and :func:`diagnosis_words`, the whole diagnosis as the text, HTML
+and Markdown reports and the trackers show it.
+
+A code without a sentence here (a newer version's, read from a shared store) is shown as the
+code and its facts, never dropped; a finding stored before findings were data (code
+:data:`~traceml_nb.analysis.findings.TEXT`) is its stored sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis.advice import setting_name
+from ..analysis.findings import TEXT, Diagnosis, Finding
+from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share, fmt_share_below
+from ..analysis.gpu_busy import GPM
+from ..analysis.input_bound import (
+    CAUSE_CPU_SATURATED,
+    CAUSE_FIRST_EPOCH,
+    CAUSE_PAGEABLE,
+    CAUSE_STORAGE,
+    CAUSE_TOO_FEW_WORKERS,
+    CAUSE_UNKNOWN,
+)
+from .evidence_words import EVIDENCE_SENTENCES
+
+Facts = dict[str, Any]
+
+#: Each cause of an input-bound run (``Diagnosis.cause``), in words.
+CAUSES = {
+    CAUSE_TOO_FEW_WORKERS: "too few DataLoader workers",
+    CAUSE_CPU_SATURATED: "DataLoader workers CPU-saturated (decode/augmentation bound)",
+    CAUSE_PAGEABLE: "host-to-device copies from pageable memory",
+    CAUSE_FIRST_EPOCH: "slow storage on the first epoch (later epochs read from the cache)",
+    CAUSE_STORAGE: "slow storage (the workers are idle, yet cannot keep up)",
+    CAUSE_UNKNOWN: "input pipeline too slow (worker CPU unavailable)",
+}
+
+#: Where a DataLoader change goes, by what iterated the loader (``LoaderInfo.driver``).
+WHERE = {
+    None: "Change the training DataLoader",
+    "transformers": "Change the Trainer's TrainingArguments",
+    "lightning": "Change the DataLoader that your LightningModule's (or DataModule's) "
+    "train_dataloader() returns",
+    "accelerate": "Change the DataLoader you pass to Accelerator.prepare()",
+}
+
+#: The advice for steps that spend a large share making tiny batches.
+BATCHED_INDEXING_TEXT = (
+    "Make each batch in one call instead of item by item: give the dataset a __getitems__ "
+    "(the DataLoader then fetches a whole batch at once), or slice the tensors directly "
+    "instead of iterating a DataLoader over a TensorDataset."
+)
+#: The last line of the advice where the DataLoader's settings are (or may be) the cause.
+TUNE_HINT_TEXT = (
+    "To measure the DataLoader settings instead of following these rules: run %traceml tune "
+    "(it iterates fresh loaders over your dataset, never your model; about a minute)."
+)
+
+
+def _s(n: int) -> str:
+    return "s" if n != 1 else ""
+
+
+def _input_label(kind: str | None) -> str:
+    return "GPU input stall" if kind == "gpu" else "data wait"
+
+
+def _not_input(f: Facts) -> str:
+    """What a verdict other than input-bound says of the input."""
+    share = f.get("input_share")
+    if share is None:
+        return f"input waits unavailable: {f.get('input_why', '')}"
+    if f.get("tiny_steps"):
+        return f"data loading is {fmt_share(share)} of very short steps"
+    return f"input stalls {fmt_share(share)} of step time"
+
+
+def _busy_text(f: Facts) -> str:
+    """``SM activity 23% (GPM)`` or ``GPU utilisation 97% (NVML: a kernel was running)``."""
+    if f.get("busy_source") == GPM:
+        return f"SM activity {fmt_pct(f['busy_pct'])} (GPM)"
+    return f"GPU utilisation {fmt_pct(f['busy_pct'])} (NVML: a kernel was running)"
+
+
+def _busy_subject(f: Facts) -> str:
+    return "the GPU's SMs are" if f.get("busy_source") == GPM else "the GPU is"
+
+
+def _reasons(reasons: list[str], none: str) -> str:
+    return ", ".join(reasons) or none
+
+
+def change_text(change: Facts, driver: str | None) -> str:
+    """``num_workers=0 → num_workers=2`` or ``pin_memory=True``, named where ``driver`` sets it."""
+    name = setting_name(change["setting"], driver)
+    if change.get("old") is None:
+        return f"{name}={change['new']}"
+    return f"{name}={change['old']} \u2192 {name}={change['new']}"
+
+
+def _saturation(f: Facts) -> str:
+    """``the 2 workers use 180% CPU (90% each) and the system CPU is at 95%``."""
+    parts = []
+    if f.get("workers_cpu_pct") is not None:
+        parts.append(
+            f"the {f['workers']:.0f} workers use {fmt_pct(f['workers_cpu_pct'])} CPU "
+            f"({fmt_pct(f['per_worker_pct'])} each)"
+        )
+    if f.get("system_cpu_pct") is not None:
+        parts.append(f"the system CPU is at {fmt_pct(f['system_cpu_pct'])}")
+    return " and ".join(parts)
+
+
+def _why_num_workers(f: Facts) -> str:
+    nw, cpus, new = f["num_workers"], f.get("cpus"), f["new"]
+    if nw == 0:
+        who = "the main process loads every batch"
+    else:
+        who = f"{nw} worker{_s(nw)} cannot keep up"
+    waiter = "the GPU" if f.get("gpu") else "the training loop"
+    if cpus is None:
+        cpu_text = ""
+    elif int(str(new)) <= cpus:
+        cpu_text = f" (one per CPU available: {cpus})"
+    else:
+        cpu_text = f" (more than the {cpus} CPUs: workers that wait need little CPU)"
+    name = setting_name("num_workers", f.get("driver"))
+    return (
+        f"With {name}={nw}, {who} while {waiter} waits; {new} workers"
+        f"{cpu_text} load batches in parallel with the compute."
+    )
+
+
+def _stalls(f: Facts) -> str:
+    """``One fetch, at step 37, took 1.0 s: a stall, not a slow pipeline; ...``"""
+    stalls = f["stalls"]
+    waits = [fmt_ms(s["wait_ms"]) for s in stalls]
+    steps = [str(s["step"]) for s in stalls]
+    if len(stalls) == 1:
+        text = f"One fetch, at step {steps[0]}, took {waits[0]}: a stall, not a slow pipeline"
+    else:
+        listed = f"{', '.join(steps[:-1])} and {steps[-1]}"
+        took = f"{', '.join(waits[:-1])} and {waits[-1]}"
+        text = f"{len(stalls)} fetches, at steps {listed}, took {took}: stalls, not a slow pipeline"
+    share = f.get("run_share")
+    if share is not None:
+        them = "it" if len(stalls) == 1 else "them"
+        text += f"; without {them} the run would take at most {fmt_share(share)} less time"
+    return text + "."
+
+
+def _left_out(what: str) -> Callable[[Facts], str]:
+    def sentence(f: Facts) -> str:
+        n = f["steps"]
+        verb = "are" if n != 1 else "is"
+        return f"{n:,} step{_s(n)} that {what} {verb} left out of the statistics."
+
+    return sentence
+
+
+def _op_where(op: Facts) -> str:
+    """``line 17 (`loss = ...`)``, or '' where the profile found no cell line."""
+    if op.get("line") is None:
+        return ""
+    return f"line {op['line']} (`{op['code']}`)" if op.get("code") else f"line {op['line']}"
+
+
+def _profile_sync(f: Facts) -> str:
+    sync = f["sync"]
+    every = "every step" if sync["calls_per_step"] >= 1 else "in some steps"
+    who = _op_where(sync) or f"`{sync['op']}`"
+    return (
+        f"{who} waits for the GPU {every}: {fmt_ms(sync['ms_per_step'])} of "
+        f"{fmt_ms(f['step_ms'])} a step ({sync['op']})"
+    )
+
+
+def _profile_launch_bound(f: Facts) -> str:
+    top = f.get("top")
+    lead = ""
+    if top:
+        where = f", {_op_where(top)}" if top.get("line") else ""
+        lead = f"; the host's top operator is `{top['name']}` ({top['share']:.0%}{where})"
+    return (
+        f"the GPU ran no kernel {f['idle_share']:.0%} of the profiled time: the host "
+        f"does not launch work fast enough{lead}"
+    )
+
+
+def _profile_top_op(f: Facts) -> str:
+    op = f["op"]
+    where = _op_where(op)
+    per_step = f"{fmt_ms(op['ms_per_step'])} of {fmt_ms(f['step_ms'])} a step"
+    frame = op.get("frame")
+    inner = f" ({frame})" if frame and frame != f"line {op.get('line')}" else ""
+    if op.get("python"):
+        return (
+            f"the Python code of {where or op['name']}{inner} takes {op['share']:.0%} of the "
+            f"profiled steps' host time outside PyTorch's operators ({per_step}), the Python "
+            "functions it calls included"
+        )
+    called = f", called from {where}{inner}" if where else ""
+    return (
+        f"`{op['name']}` takes {op['share']:.0%} of the profiled steps' host time "
+        f"({per_step}, {op['calls_per_step']:,.0f} calls){called}"
+    )
+
+
+#: The sentence of each finding code, from its facts.
+SENTENCES: dict[str, Callable[[Facts], str]] = {
+    TEXT: lambda f: str(f.get("text", "")),
+    # titles
+    "no-steps": lambda f: (
+        "No training steps seen: no DataLoader batches, optimizer steps or traceml_nb.step() markers"
+    ),
+    "too-few-steady-steps": lambda f: (
+        f"Not enough steady steps to judge: {f['steady_steps']} (at least "
+        f"{f['needed_steps']} needed after {f['warmup_steps']} warm-up)"
+    ),
+    "no-input-or-gpu-signal": lambda f: (
+        "Cannot judge: no DataLoader was iterated and no GPU utilisation was measured"
+    ),
+    "input-bound": lambda f: (
+        f"Input-bound: {'the GPU waits' if f['input_kind'] == 'gpu' else 'the training loop waits'}"
+        f" for data {fmt_share(f['input_share'])} of the time"
+    ),
+    "throttled": lambda f: (
+        f"Throttled: steps take {f['slowdown']:.2f}\u00d7 as long while the GPU clock is reduced "
+        f"({_reasons(f['reasons'], 'reduced clock')})"
+    ),
+    "host-bound": lambda f: (
+        f"Host-bound: {_not_input(f)}, but {_busy_subject(f)} idle much of the time: "
+        f"median {_busy_text(f)}"
+    ),
+    "memory-pressure": lambda f: (
+        f"Memory pressure: GPU memory peaked at {fmt_share(f['peak_share'])} of "
+        f"{fmt_mb(f['total_mb'])}"
+    ),
+    "compute-bound-gpu": lambda f: (
+        f"Compute-bound (healthy): {_busy_subject(f)} busy, median {_busy_text(f)}; {_not_input(f)}"
+    ),
+    "gpu-busy-unknown": lambda f: (
+        f"Not input-bound ({_not_input(f)}); GPU utilisation unavailable ({f['busy_why']}), "
+        "so host- and compute-bound cannot be told apart"
+    ),
+    "compute-bound-tiny-steps": lambda f: (
+        f"Compute-bound: the steps are very short ({fmt_ms(f['step_ms'])}): "
+        f"{fmt_share(f['input_share'])} of each is making its batch in the training process "
+        "(indexing and collating, no input pipeline to wait for), the rest is the model's work"
+    ),
+    "compute-bound-cpu": lambda f: (
+        "Compute-bound: the steps spend their time computing, not waiting for data "
+        f"({_not_input(f)})"
+    ),
+    # advice
+    "iterate-a-loader": lambda f: (
+        "Iterate a torch DataLoader in the cell, or run on a GPU, to get a verdict."
+    ),
+    "check-cooling-and-power": lambda f: (
+        "The GPU lowers its clock for power or heat: check cooling and the power limit "
+        "(nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE). On a shared cloud GPU this is "
+        "outside your code."
+    ),
+    "remove-host-syncs": lambda f: (
+        "Remove per-step host syncs: .item(), .cpu(), float(loss), printing tensors; "
+        "accumulate metrics on the GPU and read them every N steps."
+    ),
+    "larger-batch": lambda f: (
+        f"Batch size {f['batch_size']} is small: a larger batch (e.g. {f['suggested']}) gives "
+        "the GPU more work per kernel launch."
+    ),
+    "cut-launch-overhead": lambda f: (
+        "Cut launch overhead: torch.compile(model), or CUDA graphs via "
+        'torch.compile(mode="reduce-overhead").'
+    ),
+    "free-gpu-memory": lambda f: (
+        "No headroom: a larger batch will not fit and the allocator may free and retry. "
+        "Free memory with mixed precision (torch.autocast), gradient checkpointing or a "
+        "smaller batch; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation."
+    ),
+    "gpu-is-the-limit": lambda f: (
+        "The GPU is the limit: speed-ups come from the model side (mixed precision with "
+        "torch.autocast, channels_last, torch.compile)."
+    ),
+    "batched-indexing": lambda f: BATCHED_INDEXING_TEXT,
+    "cpu-is-the-limit": lambda f: (
+        "The CPU computing the model is the limit: a GPU, or a smaller model or inputs, is what "
+        "makes it faster."
+    ),
+    "tune-hint": lambda f: TUNE_HINT_TEXT,
+    "profile-suggestion": lambda f: (
+        "To see which operations and lines take the time: rerun this cell with "
+        f"%%traceml --profile {f.get('steps', 10)} (torch.profiler over {f.get('steps', 10)} "
+        "steady steps, left out of the statistics)."
+    ),
+    "change-loader": lambda f: (
+        f"{WHERE.get(f.get('driver'), WHERE[None])}: "
+        + ", ".join(change_text(c, f.get("driver")) for c in f["changes"])
+    ),
+    "why-num_workers": _why_num_workers,
+    "why-pin_memory": lambda f: (
+        f"{setting_name('pin_memory', f.get('driver'))}=True puts batches in page-locked memory, "
+        "so copying them to the GPU with .to(device, non_blocking=True) overlaps the compute."
+    ),
+    "why-persistent_workers": lambda f: (
+        f"{setting_name('persistent_workers', f.get('driver'))}=True keeps the workers alive "
+        "between epochs instead of starting them again (each start costs the first-batch wait "
+        "again)."
+    ),
+    "why-prefetch_factor": lambda f: (
+        f"{setting_name('prefetch_factor', f.get('driver'))}={f['new']} keeps {f['new']} batches "
+        "per worker in flight, which absorbs slow samples."
+    ),
+    "cache-the-dataset": lambda f: (
+        f"The first epoch waited {fmt_share(f['first_share'])} of its step time, later epochs "
+        f"only {fmt_share(f['later_share'])}: the first pass reads from slow storage and later "
+        "ones from the page cache. Copy the dataset to local disk or memory before training, "
+        "or cache decoded samples."
+    ),
+    "cheaper-samples": lambda f: (
+        f"The input pipeline is CPU-bound: {_saturation(f)}. Make each sample cheaper: store "
+        "images pre-resized, cache decoded tensors, or run the augmentations on the GPU "
+        "(e.g. torchvision.transforms.v2 on CUDA tensors)."
+    ),
+    "workers-wait-on-storage": lambda f: (
+        f"The workers are mostly idle ({_saturation(f)}) yet cannot keep up: they wait on "
+        "storage. Waiting workers need little CPU, so more workers than CPUs overlap more "
+        "reads; better still, copy the dataset to local disk or memory, or use fewer, larger "
+        "files."
+    ),
+    "workers-bound-unknown": lambda f: (
+        "The loader already has a worker per CPU; whether its workers are CPU- or "
+        f"storage-bound is unknown (worker CPU unavailable: {f['why']})."
+    ),
+    # what will not help
+    "more-workers-for-tiny-batches": lambda f: (
+        f"More DataLoader workers: at {fmt_ms(f['per_step_ms'])} a batch, handing each batch "
+        "over from a worker process costs about as much as making it in the training loop."
+    ),
+    "loader-tuning-minor": lambda f: (
+        f"DataLoader tuning (workers, pin_memory, prefetch): {_input_label(f['input_kind'])} is "
+        f"only {fmt_share(f['input_share'])} of step time."
+    ),
+    "more-workers-later-epochs-keep-up": lambda f: (
+        "More DataLoader workers: the later epochs already keep up with the current ones."
+    ),
+    "more-workers-than-cpus": lambda f: (
+        f"More than {f['workers']} workers: only {f['cpus']} "
+        f"CPU{'s are' if f['cpus'] != 1 else ' is'} available to this process."
+    ),
+    "more-workers-saturated": lambda f: (
+        "More workers than "
+        + (f"the {f['cpus']} CPUs available" if f.get("cpus") is not None else "the CPUs")
+        + f": the workers already saturate them (num_workers={f['num_workers']})."
+    ),
+    "larger-prefetch-saturated": lambda f: (
+        "A larger prefetch_factor: a deeper queue does not make saturated workers faster."
+    ),
+    "more-cpu-not-saturated": lambda f: f"More CPU: {_saturation(f)}, not saturated.",
+    "faster-cpu-not-cpu-bound": lambda f: "A faster CPU: the workers are not CPU-bound.",
+    # the saving
+    "input-saving": lambda f: (
+        f"{'GPU input stalls' if f['input_kind'] == 'gpu' else 'Data waits'} took "
+        f"{fmt_share(f['share'])} of this run ({fmt_s(f['wait_s'])} of {fmt_s(f['elapsed_s'])}): "
+        f"without them it would take at most {fmt_share(f['share'])} less time."
+    ),
+    "throttle-saving": lambda f: (
+        f"The throttled steps ({fmt_share(f['throttled_share'])} of the steps) cost about "
+        f"{fmt_share(f['excess_share'])} of the steady time over steps at full clock."
+    ),
+    "host-idle-saving": lambda f: (
+        (
+            f"The SMs were idle about {fmt_share(f['idle_share'])} of their time"
+            if f.get("busy_source") == GPM
+            else f"The GPU was idle about {fmt_share(f['idle_share'])} of the time"
+        )
+        + f": removing host overhead saves at most {fmt_share(f['idle_share'])}."
+    ),
+    # other findings
+    "evaluation-steps-left-out": _left_out("contained an evaluation"),
+    "profiled-steps-left-out": _left_out("ran under the profiler"),
+    "no-gpu-evidence": lambda f: f"GPU evidence unavailable ({f['why']}): judged on host timings.",
+    "judged-on-host-wait": lambda f: (
+        f"GPU input stalls were not measured ({f['why']}): judged on host data wait, which can "
+        "overstate what the GPU lost."
+    ),
+    "stalls": _stalls,
+    "input-of-tiny-steps": lambda f: (
+        f"The {_input_label(f['input_kind'])} is {fmt_share(f['input_share'])} of a very short "
+        f"step ({fmt_ms(f['per_step_ms'])} per step, below the {fmt_ms(f['floor_ms'])} floor): "
+        "the cost of indexing and collating each batch, not an input pipeline that lags."
+    ),
+    "minor-input-stalls": lambda f: (
+        f"Minor input stalls: {_input_label(f['input_kind'])} is "
+        f"{fmt_share_below(f['input_share'], f['bound_share'])} of step time (input-bound from "
+        f"{fmt_share(f['bound_share'])})."
+    ),
+    "throttling": lambda f: (
+        f"Throttling: {fmt_share(f['throttled_share'])} of the steps ran at a reduced clock "
+        f"({_reasons(f['reasons'], 'clock below its maximum')}) and took "
+        f"{f['slowdown']:.2f}\u00d7 as long."
+    ),
+    "reduced-clock": lambda f: (
+        f"The SM clock ran at {fmt_share(f['clock_ratio'])} of its maximum during the steady "
+        f"steps ({_reasons(f['reasons'], 'no reason reported')}); steps would be faster at full "
+        "clock."
+    ),
+    "memory-pressure-too": lambda f: (
+        f"Memory pressure: GPU memory peaked at {fmt_share(f['peak_share'])} of "
+        f"{fmt_mb(f['total_mb'])}; a larger batch will not fit."
+    ),
+    "nvml-overstates": lambda f: (
+        f"NVML's GPU utilisation reads {fmt_pct(f['util_pct'])}: it counts the time any kernel "
+        "ran, and small kernels keep it high while most SMs are idle (SM activity "
+        f"{fmt_pct(f['sm_active_pct'])})."
+    ),
+    # what the profile names
+    "profile-sync": _profile_sync,
+    "profile-launch-bound": _profile_launch_bound,
+    "profile-top-op": _profile_top_op,
+    **EVIDENCE_SENTENCES,
+}
+
+
+def sentence(finding: Finding) -> str:
+    """The finding in words (an unknown code, or facts it cannot be written from: the code and
+    its facts)."""
+    write = SENTENCES.get(finding.code)
+    if write is not None:
+        try:
+            return write(finding.facts)
+        except (KeyError, TypeError, ValueError, IndexError):
+            pass
+    facts = ", ".join(f"{k}={v}" for k, v in finding.facts.items())
+    return f"{finding.code} ({facts})" if facts else finding.code
+
+
+def cause_words(cause: str | None) -> str | None:
+    """An input-bound run's cause in words (an unknown code as it is)."""
+    return CAUSES.get(cause, cause) if cause else None
+
+
+def saving_sentence(saving: Finding | None, saving_bound_share: float | None) -> str | None:
+    """The upper bound of what the fix saves, as one sentence."""
+    if saving is not None:
+        return sentence(saving)
+    if saving_bound_share is not None and saving_bound_share == saving_bound_share:
+        return f"Fixing the cause saves at most {fmt_share(saving_bound_share)} of the wall time."
+    return None
+
+
+@dataclass
+class DiagnosisWords:
+    """A diagnosis as the reports show it: ``title``, ``cause`` and ``profiled_cause`` (None
+    where the diagnosis has none), ``evidence`` lines (``label: value``), ``advice``,
+    ``wont_help``, ``saving`` (its bound's sentence) and ``also`` (the other findings)."""
+
+    verdict: str
+    confidence: str
+    title: str
+    cause: str | None = None
+    profiled_cause: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    wont_help: list[str] = field(default_factory=list)
+    saving: str | None = None
+    also: list[str] = field(default_factory=list)
+
+
+def diagnosis_words(d: Diagnosis) -> DiagnosisWords:
+    """The diagnosis ``d`` in words."""
+    return DiagnosisWords(
+        verdict=str(d.verdict),
+        confidence=str(d.confidence),
+        title=sentence(d.title),
+        cause=cause_words(d.cause),
+        profiled_cause=sentence(d.profiled_cause) if d.profiled_cause is not None else None,
+        evidence=[f"{e.label}: {sentence(e.detail)}" for e in d.evidence],
+        advice=[sentence(f) for f in d.advice],
+        wont_help=[sentence(f) for f in d.wont_help],
+        saving=saving_sentence(d.saving, d.saving_bound_share),
+        also=[sentence(f) for f in d.secondary],
+    )
