@@ -29,6 +29,7 @@ from ..engine.run import (
     Run,
     RunAlreadyActiveError,
 )
+from ..session.result import RunResult
 from ..settings import PROFILE_DIR_ENV
 from ..views.frontend import (
     VIEW_CHOICES,
@@ -290,7 +291,7 @@ class TraceMLMagics(Magics):
         if options.tune and exc is None:
             self._tune_after(result)
 
-    def _tune_after(self, result: Any) -> None:
+    def _tune_after(self, result: RunResult) -> None:
         """``--tune``: tune the run's DataLoader when the run was input-bound."""
         verdict = result.diagnosis.verdict
         if verdict != "input-bound":
@@ -401,12 +402,10 @@ def unregister(ipython: Any) -> None:
     for kind in ("line", "cell"):
         magics[kind].pop("traceml", None)
     ipython.magics_manager.registry.pop(TraceMLMagics.__name__, None)
-    from ..session.result import RunResult
-
     ipython.display_formatter.formatters["text/html"].pop(RunResult, None)
 
 
-def _result_html(result: Any) -> str:
+def _result_html(result: RunResult) -> str:
     """A :class:`~traceml_nb.session.result.RunResult` shown in a cell: its report."""
     from ..views.report import Report
 

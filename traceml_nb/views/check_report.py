@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from xml.sax.saxutils import escape, quoteattr
 
 from ..session.check import ERROR, INCONCLUSIVE, NO_BASELINE, REGRESSION, CheckResult
@@ -22,12 +22,22 @@ _ICON = {
 }
 
 
+class GateResult(Protocol):
+    """What a gate's report needs of its result: the exit code (0/1/2/3 as the CLI exits) and
+    its data (``to_dict()``)."""
+
+    @property
+    def exit_code(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 class GateReport:
     """What the reports of the CI gates (``check``, ``check --history``, ``ab``) share: a
     ``result`` with ``exit_code`` (0/1/2/3 as the CLI exits) and ``to_dict()``; each subclass
     writes its ``text()``, ``markdown()`` and ``junit()``."""
 
-    result: Any
+    result: GateResult
 
     @property
     def exit_code(self) -> int:

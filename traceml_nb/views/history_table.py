@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..analysis.formatting import fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
 from ..session.history import History
+from ..session.store import Store
+from ..session.store_rows import NameTotals, StoredRow
 from ..session.stored_jobs import split_jobs
 from .diagnosis_words import cause_words
 
@@ -107,7 +109,7 @@ STORED_ROWS = 100
 TOTALS_DAYS = 7
 
 
-def stored_cells(row: Any) -> dict[str, str]:
+def stored_cells(row: StoredRow) -> dict[str, str]:
     """One :class:`~traceml_nb.session.store_rows.StoredRow` as the cells shown, by column title."""
 
     def maybe(value: Any, fmt: Callable[[Any], str]) -> str:
@@ -133,19 +135,22 @@ def stored_cells(row: Any) -> dict[str, str]:
     }
 
 
-def group_jobs(rows: list[Any]) -> list[list[Any]]:
+def group_jobs(rows: list[StoredRow]) -> list[list[StoredRow]]:
     """Stored rows in order, the runs of one ``torchrun`` job together, at the place of the
     job's first run, in rank order: the jobs of each name as
     :func:`~traceml_nb.session.stored_jobs.split_jobs` tells them apart (a rank that stores
     again under the same id starts another job)."""
-    by_name: dict[str, list[Any]] = {}
+    by_name: dict[str, list[StoredRow]] = {}
     for row in rows:
         if getattr(row, "job_id", None) is not None:
             by_name.setdefault(row.name, []).append(row)
-    job_of = {
-        id(r): job.runs for runs in by_name.values() for job in split_jobs(runs) for r in job.runs
+    job_of = {  # split_jobs keeps the rows it is given: a job's runs are StoredRows here
+        id(r): cast(list[StoredRow], job.runs)
+        for runs in by_name.values()
+        for job in split_jobs(runs)
+        for r in job.runs
     }
-    groups: list[list[Any]] = []
+    groups: list[list[StoredRow]] = []
     shown: set[int] = set()  # the jobs already placed, by id of their list of runs
     for row in rows:
         group = job_of.get(id(row), [row])
@@ -155,7 +160,7 @@ def group_jobs(rows: list[Any]) -> list[list[Any]]:
     return groups
 
 
-def job_cells(rows: list[Any]) -> dict[str, str]:
+def job_cells(rows: list[StoredRow]) -> dict[str, str]:
     """One row for a job's runs (:func:`group_jobs`): its ranks' ids, the worst status, the
     figures per rank in rank order (``24 / 24``), the slowest rank's median step."""
     if len(rows) == 1 and getattr(rows[0], "job_id", None) is None:
@@ -180,7 +185,7 @@ def job_cells(rows: list[Any]) -> dict[str, str]:
     return out
 
 
-def totals_sentence(total: Any, days: int = TOTALS_DAYS) -> str:
+def totals_sentence(total: NameTotals, days: int = TOTALS_DAYS) -> str:
     """``'resnet': 12 runs in the last 7 days left 3.1 GPU-hours idle ≈ $1.63``."""
     runs = f"{total.runs} run{'s' if total.runs != 1 else ''}"
     head = f"{total.name!r}: {runs} in the last {days} days"
@@ -216,7 +221,9 @@ class StoredHistory:
     path: str
 
     @classmethod
-    def of(cls, store: Any, *, name: str | None = None, limit: int = STORED_ROWS) -> StoredHistory:
+    def of(
+        cls, store: Store, *, name: str | None = None, limit: int = STORED_ROWS
+    ) -> StoredHistory:
         import os
 
         if not os.path.exists(store.path):
@@ -232,7 +239,7 @@ class StoredHistory:
 
     @classmethod
     def _with_shifts(
-        cls, store: Any, name: str, rows: list[Any], stored: int, totals: list[str]
+        cls, store: Store, name: str, rows: list[StoredRow], stored: int, totals: list[str]
     ) -> StoredHistory:
         """``--name NAME``: the runs on the latest run's hardware class, the shifts of their
         step time marked (``▲ +18%`` on a shift's first run) and told under the table."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
-from typing import Any
 
+from ..analysis.comparison import Comparison
 from ..analysis.formatting import fmt_s
 from ..analysis.profile_summary import ProfileSummary
 from . import profile_section as profile_view
@@ -64,7 +64,7 @@ def _badge(verdict: str) -> str:
     )
 
 
-def _direction_style(direction: Any) -> str:
+def _direction_style(direction: str | None) -> str:
     text = str(direction).lower()
     if text in GOOD_DIRECTIONS:
         return "color:#2b8a3e;"
@@ -73,7 +73,7 @@ def _direction_style(direction: Any) -> str:
     return ""
 
 
-def comparison_html(title: str, comp: Any) -> str:
+def comparison_html(title: str, comp: Comparison) -> str:
     rows = []
     for label, before, after, delta, direction in comparison_rows(comp):
         rows.append(
@@ -187,7 +187,7 @@ def profile_html(profile: ProfileSummary) -> str:
     return "".join(part for part in out if part)
 
 
-def compare_html(title: str, comparison: Any) -> str:
+def compare_html(title: str, comparison: Comparison) -> str:
     """``%traceml compare A B`` as HTML: the headline and the table of changes."""
     return f'<div class="traceml-compare" style="{_BOX}">{comparison_html(title, comparison)}</div>'
 

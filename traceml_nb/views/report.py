@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.comparison import Comparison
 from ..analysis.findings import Diagnosis
 from ..session.history import History
 from ..session.result import OWN_PHASES, RunResult
@@ -103,7 +104,7 @@ class ComparisonView:
 
     before_label: str  #: e.g. "#1 baseline"
     after_label: str
-    comparison: Any
+    comparison: Comparison
 
     @property
     def title(self) -> str:

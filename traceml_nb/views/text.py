@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.comparison import Comparison
 from ..analysis.findings import PhaseSummary, Summary
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share
 from ..analysis.profile_summary import ProfileSummary
@@ -289,7 +290,7 @@ def profile_text(profile: ProfileSummary) -> list[str]:
 
 
 # --- %traceml history and %traceml compare -----------------------------------------------------
-def comparison_lines(comparison: Any) -> list[str]:
+def comparison_lines(comparison: Comparison) -> list[str]:
     """A comparison's rows as ``label: before → after (delta)`` lines."""
     out = []
     for label, before, after, delta, _direction in comparison_rows(comparison):
@@ -298,7 +299,7 @@ def comparison_lines(comparison: Any) -> list[str]:
     return out
 
 
-def comparison_head(title: str, comparison: Any) -> list[str]:
+def comparison_head(title: str, comparison: Comparison) -> list[str]:
     """The note (e.g. across hardware classes), ``title: headline``, and what changed."""
     out = [comparison.note] if getattr(comparison, "note", "") else []
     out.append(f"{title}: {headline(comparison)}")
@@ -309,5 +310,5 @@ def comparison_head(title: str, comparison: Any) -> list[str]:
     return out
 
 
-def render_comparison_text(title: str, comparison: Any) -> str:
+def render_comparison_text(title: str, comparison: Comparison) -> str:
     return "\n".join([*comparison_head(title, comparison), *comparison_lines(comparison)])

@@ -16,6 +16,7 @@ from bokeh.models import ColumnDataSource
 from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
+from ...engine.run import Run
 from .data import MAX_POINTS, RATE_WINDOW_STEPS, SampleSeries, SeriesUpdate
 from .verdict import plural
 
@@ -96,7 +97,7 @@ def _finish_legend(fig: Any) -> None:
 class LiveCharts:
     """The Bokeh models of the live view and the sources that feed them."""
 
-    def __init__(self, run: Any, max_points: int = MAX_POINTS) -> None:
+    def __init__(self, run: Run, max_points: int = MAX_POINTS) -> None:
         rec = run.record
         caps = run.capabilities
         self.header = Div(text="", width=2 * FIG_WIDTH, styles={"font-size": "13px"})

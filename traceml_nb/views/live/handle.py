@@ -17,7 +17,8 @@ from typing import Any
 
 from ...analysis.formatting import fmt_ms, fmt_s, fmt_share
 from ...analysis.steps import StepRule, rule_of
-from ...engine.record import RankRecord
+from ...engine.record import RankRecord, RecordSnapshot
+from ...engine.run import Run
 from ..chart import step_chart_svg
 from ..report_content import StepChart
 from .data import RECENT_STEPS, SnapshotReader, StepRows
@@ -122,7 +123,7 @@ class RecentSteps:
 def _reader_of(rec: RankRecord) -> SnapshotReader:
     """Reads the rows the kernel has received from the rank of ``rec``."""
 
-    def read(row: int) -> Any:
+    def read(row: int) -> RecordSnapshot:
         return rec.record.snapshot(row, samples=False)
 
     return read
@@ -134,7 +135,7 @@ class HandleView:
     ``display=False`` runs without publishing anything (tests read :meth:`status`).
     """
 
-    def __init__(self, run: Any, *, tick_s: float = MIN_TICK_S, display: bool = True) -> None:
+    def __init__(self, run: Run, *, tick_s: float = MIN_TICK_S, display: bool = True) -> None:
         self.run = run
         self.tick_s = max(MIN_TICK_S, tick_s)
         self.display = display

@@ -11,13 +11,13 @@ run started) by the difference of the two start times.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from bokeh.models import ColumnDataSource
 
 from ...analysis.stragglers import RankFigures
-from ...engine.record import RankRecord
+from ...engine.record import RankRecord, RecordSnapshot
+from ...engine.run import Run
 from .charts import GPU_COLORS, LiveCharts
 from .data import MAX_POINTS, SeriesUpdate, StepSeries
 from .rank_figures import recent_figures
@@ -49,7 +49,7 @@ class RankLine:
 class RankLines:
     """The ranks of ``run`` (``Run.ranks``, growing while the run goes on) on ``charts``."""
 
-    def __init__(self, run: Any, charts: LiveCharts, max_points: int = MAX_POINTS) -> None:
+    def __init__(self, run: Run, charts: LiveCharts, max_points: int = MAX_POINTS) -> None:
         self.run = run
         self.charts = charts
         self.max_points = max_points
@@ -102,7 +102,7 @@ class RankLines:
         return line.series.steps if line is not None else 0
 
     def _line(self, rec: RankRecord) -> RankLine:
-        def read(row: int) -> Any:
+        def read(row: int) -> RecordSnapshot:
             return rec.record.snapshot(row, samples=False)
 
         color = RANK_COLORS[len(self.lines) % len(RANK_COLORS)]

@@ -22,12 +22,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from bokeh.models import ColumnDataSource
 
+from ...analysis.findings import Analysis
 from ...analysis.thresholds import MIN_STEADY_STEPS
+from ...engine.capabilities import Capabilities
+from ...engine.record import RecordSnapshot
+from ...engine.run import Run
 from .bokeh_patch import BatchedBokehModel
 from .charts import OWN_STEP_TITLE, LiveCharts, header_html, points_of
 from .data import MAX_POINTS, SeriesUpdate, StepSeries, recent_rate
@@ -123,7 +128,7 @@ class LiveView:
 
     def __init__(
         self,
-        run: Any,
+        run: Run,
         *,
         tick_s: float = DEFAULT_TICK_S,
         display: bool = True,
@@ -157,7 +162,7 @@ class LiveView:
         self.step_series = StepSeries(self._read_rows, max_points)
         self._rate_history: deque[tuple[float, int]] = deque()
         self.verdict = RunningVerdict()
-        self._analyze: Any = None
+        self._analyze: Callable[[RecordSnapshot, Capabilities], Analysis] | None = None
         self._analysis_failed = False
         self._analysis_errors = 0
         self._next_analysis = 0.0
@@ -251,7 +256,7 @@ class LiveView:
                 own_s = (self.busy_s - busy_s) - (self.reading_s - reading_s)
                 wait = tick_wait_s(own_s, self.tick_s, self.max_duty)
 
-    def _read_rows(self, row: int) -> Any:
+    def _read_rows(self, row: int) -> RecordSnapshot:
         """The run's step rows from ``row`` on, brought up to date first (``reading_s``)."""
         c0 = time.thread_time()
         try:
@@ -372,7 +377,7 @@ class LiveView:
         enough = self.step_series.steps >= MIN_STEADY_STEPS
         return enough and time.monotonic() >= self._next_analysis
 
-    def _analyse(self, snapshot: Any, final: bool) -> None:
+    def _analyse(self, snapshot: RecordSnapshot, final: bool) -> None:
         """The analysis of ``snapshot`` into the running verdict; a failure is survived."""
         if self._analyze is None:
             try:
