@@ -221,6 +221,19 @@ def test_a_corrupt_store_never_fails_the_cell(ip, tmp_path, monkeypatch, capsys)
     assert [e.name for e in default_session().history.entries] == ["c"]  # kept in the session
 
 
+def test_the_first_report_on_colab_says_the_store_goes_with_the_runtime(
+    ip, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
+    monkeypatch.setenv("TRACEML_NB_STORE", str(tmp_path / "runs.sqlite"))
+    first = run_cell(ip, "--name colab", capsys)
+    second = run_cell(ip, "--name colab", capsys)
+    line = "goes when the runtime is reset"
+    assert line in first and "%env TRACEML_NB_STORE=/content/drive/MyDrive/" in first
+    assert line not in second  # once a session
+    assert len(Store(tmp_path / "runs.sqlite").rows(name="colab")) == 2  # stored all the same
+
+
 def test_a_missing_directory_never_fails_the_cell(ip, tmp_path, capsys):
     out = run_cell(ip, f"--name m --store {tmp_path / 'nope' / 'runs.sqlite'}", capsys)
     assert out.startswith("traceml report:")

@@ -32,6 +32,7 @@ from .conclusion import (
 )
 from .history import History, RunEntry
 from .result import Renderer, RunResult
+from .store_place import lost_with_the_runtime
 
 
 class Session:
@@ -63,6 +64,8 @@ class Session:
         self.last_write_s: float | None = None  #: seconds the last store write took
         #: the tunings of this session (``%traceml tune``), oldest first, at most MAX_TUNINGS
         self.tunings: list[Any] = []
+        #: the stores this session has said go with the runtime (Colab, Kaggle), by path
+        self.place_noted: set[str] = set()
 
     def run(self, name: str | None = None, **options: Any) -> Run:
         """A :class:`~traceml_nb.engine.run.Run` whose :meth:`~traceml_nb.engine.run.Run.result` reports here
@@ -121,6 +124,11 @@ class Session:
         stored = persist(entry, target, self.id)
         if stored.note:
             run.capabilities.note(stored.note)
+        if target is not None and target.path not in self.place_noted:
+            self.place_noted.add(target.path)
+            lost = lost_with_the_runtime(target.path)
+            if lost:
+                run.capabilities.note(lost)
         if stored.write_s is not None:
             self.last_write_s = stored.write_s
         job, job_ranks = conclude_job(

@@ -4,8 +4,9 @@ Where: ``--store PATH`` (the magic, the CLI) or ``TRACEML_NB_STORE=PATH``; ``--n
 ``TRACEML_NB_STORE=off`` turns it off; by default ``$XDG_DATA_HOME/traceml_nb/runs.sqlite``,
 else ``~/.local/share/traceml_nb/runs.sqlite`` (:func:`resolve_store_path`).
 
-How: the standard library's ``sqlite3``, the WAL journal (readers never block the writer),
-``synchronous=NORMAL``, a busy timeout of ``BUSY_TIMEOUT_S`` seconds, one short ``BEGIN
+How: the standard library's ``sqlite3``, the WAL journal (readers never block the writer; on a
+network or FUSE filesystem such as a mounted Drive the rollback journal instead, and a failed
+write retried once after ``NETWORK_RETRY_S``: :mod:`.store_place`), ``synchronous=NORMAL``, a busy timeout of ``BUSY_TIMEOUT_S`` seconds, one short ``BEGIN
 IMMEDIATE`` transaction per run written, so several kernels and CI jobs writing at once lose
 nothing. The schema has a version (``PRAGMA user_version``) and a ``schema_migrations`` table;
 :data:`MIGRATIONS` bring an older file up to date in one transaction. A run is written once, at
@@ -36,6 +37,7 @@ from typing import Any
 
 from ..settings import store_setting, xdg_data_home
 from .history import RunEntry
+from .store_place import on_network_filesystem
 from .store_rows import LIST_COLUMNS, NameTotals, StoredRow, entry_of, row_of
 from .store_schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION
 
@@ -43,8 +45,10 @@ from .store_schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION
 OFF_VALUES = frozenset({"off", "no", "none", "false", "0"})
 #: Seconds a writer waits for another writer's transaction before giving up ("locked").
 BUSY_TIMEOUT_S = 3.0
-#: Seconds between attempts to switch a new store to the WAL journal (``Store._use_wal``).
+#: Seconds between attempts to switch a new store to the WAL journal (``Store._use_journal``).
 WAL_RETRY_S = 0.01
+#: Seconds before the one retry of a write that failed on a network or FUSE filesystem.
+NETWORK_RETRY_S = 0.5
 
 
 class StoreError(Exception):
@@ -102,6 +106,8 @@ class Store:
         self.path = os.path.abspath(os.fspath(path))
         self.create_dir = create_dir
         self.timeout_s = timeout_s
+        #: on a network or FUSE filesystem (told from the mount table when first opened)
+        self.network: bool | None = None
 
     def __repr__(self) -> str:
         return f"<traceml_nb Store {self.path}>"
@@ -149,13 +155,17 @@ class Store:
         return f"the store {self.path} failed: {why}"
 
     def _prepare(self, conn: sqlite3.Connection, write: bool) -> None:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchall()[0][0]
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"the store {self.path} has schema version {version}, written by a newer "
                 f"traceml_nb; this one reads version {SCHEMA_VERSION}"
             )
         conn.execute("PRAGMA synchronous=NORMAL")
+        if self.network is None:
+            self.network = on_network_filesystem(self.path)
+        if self.network and write:
+            self._use_journal(conn, "delete")
         if version == SCHEMA_VERSION:
             return
         if not write and version == 0:
@@ -195,17 +205,20 @@ class Store:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        self._use_wal(conn)
+        self._use_journal(conn, "delete" if self.network else "wal")
 
-    def _use_wal(self, conn: sqlite3.Connection) -> None:
-        """Switch the file to the WAL journal (it stays so). Outside a transaction, as SQLite
+    def _use_journal(self, conn: sqlite3.Connection, mode: str) -> None:
+        """Switch the file to the ``mode`` journal ("wal", or "delete" on a network
+        filesystem; it stays so) unless it is in it. Outside a transaction, as SQLite
         requires; and SQLite answers "locked" at once, without its busy timeout, while another
         process writes (two kernels creating one store together), so this waits up to the busy
         timeout itself."""
+        if conn.execute("PRAGMA journal_mode").fetchall()[0][0].lower() == mode:
+            return
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA journal_mode={mode.upper()}")
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() >= deadline:
@@ -227,7 +240,17 @@ class Store:
         return self.add_many([entry], session=session)[0]
 
     def add_many(self, entries: Sequence[RunEntry], *, session: str | None = None) -> list[int]:
-        """Write ``entries`` in one transaction (``%traceml load`` of a history file)."""
+        """Write ``entries`` in one transaction (``%traceml load`` of a history file); on a
+        network filesystem a failed write is tried once more after ``NETWORK_RETRY_S``."""
+        try:
+            return self._insert(entries, session)
+        except StoreError:
+            if not self.network:
+                raise
+        time.sleep(NETWORK_RETRY_S)
+        return self._insert(entries, session)
+
+    def _insert(self, entries: Sequence[RunEntry], session: str | None) -> list[int]:
         columns = RUN_COLUMNS
         rows = [row_of(e, session, columns) for e in entries]
         marks = ", ".join("?" * len(columns))
