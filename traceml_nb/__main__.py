@@ -16,6 +16,9 @@ is ``python -m traceml_nb.selfcheck``.
 
 ``python -m traceml_nb ab --name NAME --base REF -- COMMAND``: the same-job A/B gate
 (:mod:`traceml_nb.session.ab`); exit 0 not slower, 1 slower, 2 no verdict, 3 inconclusive.
+
+``python -m traceml_nb export [--name NAME] > runs.jsonl`` and ``import runs.jsonl``: stored
+runs moved between stores, each run once (:mod:`traceml_nb.session.store_transfer`).
 """
 
 from __future__ import annotations
@@ -95,7 +98,30 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--format", choices=("text", "markdown"), default="text")
     check.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
     _add_ab(commands)
+    _add_transfer(commands)
     return top
+
+
+def _add_transfer(commands: Any) -> None:
+    """``export`` and ``import``: moving stored runs between stores (:mod:`.session.store_transfer`)."""
+    store_help = "the store (default: TRACEML_NB_STORE, else the user data directory)"
+    export = commands.add_parser(
+        "export",
+        help="write the stored runs of NAME (every run without --name) as JSON lines to stdout",
+        description="Write the stored runs of NAME (every run without --name), oldest first, "
+        "as JSON lines to stdout, for import into another store.",
+    )
+    export.add_argument("--name", help="the run name (default: every run)")
+    export.add_argument("--store", metavar="PATH", help=store_help)
+    imported = commands.add_parser(
+        "import",
+        help="add the runs of an exported JSON lines FILE to the store, each run once",
+        description="Add the runs of FILE (written by export; - for stdin) to the store. A run "
+        "already there (the same name, start, session and number in it) is not added again; "
+        "the store numbers what it adds. Every line is checked before anything is written.",
+    )
+    imported.add_argument("file", metavar="FILE", help="the exported runs (- for stdin)")
+    imported.add_argument("--store", metavar="PATH", help=store_help)
 
 
 def _add_ab(commands: Any) -> None:
@@ -221,11 +247,40 @@ def _check_history(args: argparse.Namespace) -> int:
     return _emit(report, args, "check")
 
 
+def _transfer_main(args: argparse.Namespace) -> int:
+    """``export`` to stdout, or ``import`` of FILE: exit 0, or 2 with one line saying why."""
+    from .session.store import Store, StoreError, resolve_store_path
+    from .session.store_transfer import export_lines, import_lines
+
+    command = f"traceml_nb {args.command}"
+    path = resolve_store_path(args.store)
+    if path is None:
+        print(f"{command}: storing is off (TRACEML_NB_STORE=off)", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "export":
+            for line in export_lines(Store(path), args.name):
+                print(line)
+            return 0
+        if args.file == "-":
+            done = import_lines(Store(path), sys.stdin)
+        else:
+            with open(args.file, encoding="utf-8") as lines:
+                done = import_lines(Store(path), lines)
+    except (StoreError, ValueError, OSError) as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 2
+    print(f"{command}: {done.added} run(s) added to {path}, {done.already} already there")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = parser().parse_args(argv)  # a usage error exits 2, as argparse does
     if args.command == "ab":
         return _ab_main(args)
+    if args.command in ("export", "import"):
+        return _transfer_main(args)
     if args.command == "check" and args.history:
         return _check_history(args)
     from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN

@@ -639,14 +639,16 @@ def test_a_view_that_cannot_start_notes_why_and_raises_nothing(monkeypatch):
 
 def test_running_verdict_comes_from_the_analysis_at_most_once_a_second(monkeypatch):
     import traceml_nb.analysis as analysis_pkg
-    from traceml_nb.analysis.findings import Analysis, Diagnosis
+    from traceml_nb.analysis.findings import TEXT, Analysis, Diagnosis, Finding
 
     calls: list[float] = []
 
     def fake_analyze(record, capabilities):  # the analysis is another module's job
         calls.append(time.monotonic())
         diag = Diagnosis(
-            verdict="input-bound", title="input-bound: data wait 60%", confidence="high"
+            verdict="input-bound",
+            title=Finding(TEXT, {"text": "input-bound: data wait 60%"}),
+            confidence="high",
         )
         enough = SimpleNamespace(steady_steps=100)
         return Analysis(summary=enough, diagnosis=diag)  # type: ignore[arg-type]

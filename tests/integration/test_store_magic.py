@@ -13,7 +13,7 @@ import sys
 import pytest
 from IPython.core.error import UsageError
 from ipython_shell import traceml_shell
-from store_helpers import make_read_only, undo_read_only
+from store_helpers import make_read_only, make_run, undo_read_only
 
 from traceml_nb.api import default_session
 from traceml_nb.session.store import Store
@@ -232,6 +232,27 @@ def test_the_first_report_on_colab_says_the_store_goes_with_the_runtime(
     assert line in first and "%env TRACEML_NB_STORE=/content/drive/MyDrive/" in first
     assert line not in second  # once a session
     assert len(Store(tmp_path / "runs.sqlite").rows(name="colab")) == 2  # stored all the same
+
+
+def test_the_line_commands_export_and_import_move_stored_runs(ip, tmp_path, monkeypatch, capsys):
+    source, target = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    for i in range(2):
+        entry = make_run("moved", seed=i)
+        entry.started_at += 60.0 * i  # a run's start tells it apart
+        Store(source).add(entry, session="laptop")
+    monkeypatch.setenv("TRACEML_NB_STORE", str(source))
+    path = tmp_path / "runs.jsonl"
+    assert ip.run_cell(f"%traceml export {path} --name moved").success
+    assert f"exported 2 stored run(s) to {path}" in capsys.readouterr().out
+    monkeypatch.setenv("TRACEML_NB_STORE", str(target))
+    for added, already in ((2, 0), (0, 2)):
+        assert ip.run_cell(f"%traceml import {path}").success
+        out = capsys.readouterr().out
+        assert f"imported {added} run(s) into the store, {already} already there" in out
+    path.write_text("not json\n")
+    with pytest.raises(UsageError, match="line 1: .*the store is unchanged"):
+        ip.run_line_magic("traceml", f"import {path}")
+    assert len(Store(target).rows(name="moved")) == 2
 
 
 def test_a_missing_directory_never_fails_the_cell(ip, tmp_path, capsys):

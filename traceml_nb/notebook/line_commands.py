@@ -1,4 +1,5 @@
-"""The ``%traceml`` line commands: history, compare, baseline, save, load, clear, tune.
+"""The ``%traceml`` line commands: history, compare, baseline, save, load, export, import,
+clear, tune.
 
 Each command is a function of the kernel's :class:`~traceml_nb.session.Session` (and, for
 ``tune``, the shell, whose namespace holds the user's DataLoader). IPython is imported when a
@@ -28,6 +29,8 @@ LINE_HELP = """\
   %traceml baseline NAME    the baseline of NAME; ... set @3,@4,@5 pins it, ... clear unpins
   %traceml save PATH        write the history to a JSON file
   %traceml load PATH        replace the history with the runs saved in PATH (and store them)
+  %traceml export PATH [--name NAME]   write the stored runs (of NAME) as JSON lines
+  %traceml import PATH      add the runs of an exported file to the store, each run once
   %traceml clear            forget every run of this session (the store keeps them)
   %traceml tune [RUN]       measure DataLoader settings for the training loader of the
                             last run (or RUN) and recommend the fastest cheap one; options
@@ -148,6 +151,39 @@ def _cmd_load(session: Session, path: str) -> None:
         print(f"traceml: the loaded runs were not stored: {why}")
     elif stored:
         print(f"traceml: stored {stored} of them in the run store")
+
+
+def _cmd_export(session: Session, path: str, *args: str) -> None:
+    from ..session.store import StoreError
+    from ..session.store_transfer import export_to_file
+
+    if args and (len(args) != 2 or args[0] != "--name"):
+        raise UsageError(f"%traceml export: expected PATH [--name NAME]\n\n{LINE_HELP}")
+    store = session.store()
+    if store is None:
+        raise UsageError("%traceml export: storing is off (TRACEML_NB_STORE=off)")
+    try:
+        count = export_to_file(store, path, args[1] if args else None)
+    except StoreError as exc:
+        raise UsageError(f"%traceml export: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"%traceml export: cannot write {path!r}: {exc}") from None
+    print(f"traceml: exported {count} stored run(s) to {path}")
+
+
+def _cmd_import(session: Session, path: str) -> None:
+    from ..session.store import StoreError
+    from ..session.store_transfer import import_lines
+
+    store = session.store()
+    if store is None:
+        raise UsageError("%traceml import: storing is off (TRACEML_NB_STORE=off)")
+    try:
+        with open(path, encoding="utf-8") as lines:
+            done = import_lines(store, lines)
+    except (OSError, ValueError, StoreError) as exc:
+        raise UsageError(f"%traceml import: {exc} (the store is unchanged)") from None
+    print(f"traceml: imported {done.added} run(s) into the store, {done.already} already there")
 
 
 def _cmd_clear(session: Session) -> None:
@@ -319,6 +355,8 @@ _LINE_COMMANDS: dict[str, Callable[..., None]] = {
     "baseline": _cmd_baseline,
     "save": _cmd_save,
     "load": _cmd_load,
+    "export": _cmd_export,
+    "import": _cmd_import,
     "clear": _cmd_clear,
 }
 #: commands given the shell too (the user's namespace); they parse their own arguments
@@ -330,6 +368,8 @@ _LINE_ARITY: dict[str, int | tuple[int, ...]] = {
     "baseline": (1, 2, 3),
     "save": 1,
     "load": 1,
+    "export": (1, 3),
+    "import": 1,
     "clear": 0,
 }
 

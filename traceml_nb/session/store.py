@@ -33,6 +33,7 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from ..settings import store_setting, xdg_data_home
@@ -49,6 +50,9 @@ BUSY_TIMEOUT_S = 3.0
 WAL_RETRY_S = 0.01
 #: Seconds before the one retry of a write that failed on a network or FUSE filesystem.
 NETWORK_RETRY_S = 0.5
+#: What tells a run apart in any store: its name, start (epoch s), the session that measured
+#: it and its number in that session.
+RunKey = tuple[str, float, str | None, int | None]
 
 
 class StoreError(Exception):
@@ -435,6 +439,45 @@ class Store:
                 f"SELECT {LIST_COLUMNS} FROM runs {where} ORDER BY id", args
             ).fetchall()
         return [StoredRow(*row) for row in found]
+
+    # --- moving runs between stores (:mod:`.store_transfer`) ----------------------------------
+    def keyed_entries(self, name: str | None = None) -> list[tuple[RunEntry, RunKey]]:
+        """Every stored run of ``name`` (every name: None) in full, in store order, with its
+        :data:`RunKey`: what tells one run apart in any store."""
+        where, args = ("WHERE name = ? ORDER BY id", [name]) if name else ("ORDER BY id", [])
+        columns = "id, session_run, " + ", ".join(RUN_COLUMNS)
+        with self._connect() as conn:
+            found = conn.execute(f"SELECT {columns} FROM runs {where}", args).fetchall()
+        out = []
+        for row in found:
+            entry = entry_of((row[0], *row[2:]), RUN_COLUMNS)
+            out.append((entry, (entry.name, entry.started_at, entry.session_id, row[1])))
+        return out
+
+    def add_new(self, runs: Sequence[tuple[RunEntry, RunKey]]) -> tuple[int, int]:
+        """Add the ``runs`` whose key is not stored yet, in one transaction, each under its
+        own session and number in it; returns (added, already stored)."""
+        columns = RUN_COLUMNS
+        sql = f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+        seen = (
+            "SELECT 1 FROM runs WHERE name = ? AND started_at = ? AND session IS ? "
+            "AND session_run IS ? LIMIT 1"
+        )
+        added = 0
+        with self._connect(write=True) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for entry, key in runs:
+                    if conn.execute(seen, key).fetchall():
+                        continue
+                    numbered = replace(entry, id=key[3] or 0)
+                    conn.execute(sql, row_of(numbered, key[2], columns))
+                    added += 1
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return added, len(runs) - added
 
     def _entries(self, where: str, args: Sequence[Any]) -> list[RunEntry]:
         columns = "id, " + ", ".join(RUN_COLUMNS)
