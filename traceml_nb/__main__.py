@@ -103,7 +103,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _add_transfer(commands: Any) -> None:
-    """``export`` and ``import``: moving stored runs between stores (:mod:`.session.store_transfer`)."""
+    """``export`` and ``import``: stored runs moved between stores
+    (:mod:`.session.store_transfer`)."""
     store_help = "the store (default: TRACEML_NB_STORE, else the user data directory)"
     export = commands.add_parser(
         "export",

@@ -6,9 +6,9 @@ else ``~/.local/share/traceml_nb/runs.sqlite`` (:func:`resolve_store_path`).
 
 How: the standard library's ``sqlite3``, the WAL journal (readers never block the writer; on a
 network or FUSE filesystem such as a mounted Drive the rollback journal instead, and a failed
-write retried once after ``NETWORK_RETRY_S``: :mod:`.store_place`), ``synchronous=NORMAL``, a busy timeout of ``BUSY_TIMEOUT_S`` seconds, one short ``BEGIN
-IMMEDIATE`` transaction per run written, so several kernels and CI jobs writing at once lose
-nothing. The schema has a version (``PRAGMA user_version``) and a ``schema_migrations`` table;
+write retried once after ``NETWORK_RETRY_S``: :mod:`.store_place`), ``synchronous=NORMAL``, a
+busy timeout of ``BUSY_TIMEOUT_S`` seconds, one short ``BEGIN IMMEDIATE`` transaction per run
+written, so several kernels and CI jobs writing at once lose nothing. The schema has a version (``PRAGMA user_version``) and a ``schema_migrations`` table;
 :data:`MIGRATIONS` bring an older file up to date in one transaction. A run is written once, at
 its end, never while it trains. Any failure is a :class:`StoreError` whose message is one line
 saying why; the session turns it into a note and the user's cell is never failed by it.
