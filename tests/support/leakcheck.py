@@ -11,6 +11,7 @@ import torch.optim.optimizer as optim_mod
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 ORIGINAL_NEXT = _BaseDataLoaderIter.__dict__["__next__"]
+ORIGINAL_BACKWARD = torch.autograd.backward
 
 
 def our_threads() -> list[threading.Thread]:
@@ -36,6 +37,20 @@ def leak_report(grace_s: float = 3.0) -> list[str]:
         problems.append("optimizer step hook left registered")
     if any("_window_hook" in getattr(h, "__qualname__", "") for h in posthooks.values()):
         problems.append("the profile window's optimizer step hook left registered")
+    prehooks = getattr(optim_mod, "_global_optimizer_pre_hooks", {})
+    if any(
+        "StepPhases" in getattr(h, "__qualname__", "")
+        for h in (*posthooks.values(), *prehooks.values())
+    ):
+        problems.append("the phase instruments' optimizer step hooks left registered")
+    module_hooks = (
+        *torch.nn.modules.module._global_forward_pre_hooks.values(),
+        *torch.nn.modules.module._global_forward_hooks.values(),
+    )
+    if any("StepPhases" in getattr(h, "__qualname__", "") for h in module_hooks):
+        problems.append("the phase instruments' global module hooks left registered")
+    if torch.autograd.backward is not ORIGINAL_BACKWARD:
+        problems.append("torch.autograd.backward is still wrapped")
     if torch.autograd.profiler._is_profiler_enabled:
         problems.append("a profiler left running")
     trace = sys.gettrace()
@@ -82,5 +97,6 @@ def force_clean() -> None:
         process.kill()
         process.join(5)
     _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
+    torch.autograd.backward = ORIGINAL_BACKWARD
     sys.settrace(None)
     run_mod._active = None

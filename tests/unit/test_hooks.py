@@ -1,5 +1,6 @@
 """What the run installs in torch, and that it all goes away: the DataLoader ``__next__``
-wrapper and the global optimizer post-step hook."""
+wrapper, the global optimizer post-step hook, and the phase instruments (optimizer pre- and
+post-step hooks, module forward hooks, the ``torch.autograd.backward`` wrapper)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import pickle
 
 import torch
 import torch.optim.optimizer as optim_mod
-from leakcheck import ORIGINAL_NEXT
+from leakcheck import ORIGINAL_BACKWARD, ORIGINAL_NEXT
 from torch.optim.optimizer import Optimizer
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 import traceml_nb
 from traceml_nb.engine.instrument import hooks
+from traceml_nb.engine.instrument.step_phases import FIRST_SKIP
 from traceml_nb.engine.record import FLAG_OPTIMIZER_STEP
 
 
@@ -49,19 +51,39 @@ def test_the_run_installs_one_wrapper_and_one_global_hook_and_removes_both() -> 
     with traceml_nb.Run("hooks", sample=False) as run:
 
         def look(i: int) -> None:
-            if i == 30:
-                seen["next"] = _BaseDataLoaderIter.__dict__["__next__"]
-                seen["hooks"] = list(optim_mod._global_optimizer_post_hooks.values())
-                seen["installed"] = hooks.is_installed()
+            if i in (FIRST_SKIP - 1, FIRST_SKIP):  # before the second sampled step, and in it
+                seen[i] = {
+                    "next": _BaseDataLoaderIter.__dict__["__next__"],
+                    "hooks": list(optim_mod._global_optimizer_post_hooks.values()),
+                    "pre_hooks": list(optim_mod._global_optimizer_pre_hooks.values()),
+                    "module_hooks": (
+                        dict(torch.nn.modules.module._global_forward_pre_hooks),
+                        dict(torch.nn.modules.module._global_forward_hooks),
+                    ),
+                    "model_hooks": (len(model._forward_pre_hooks), len(model._forward_hooks)),
+                    "backward": torch.autograd.backward,
+                    "installed": hooks.is_installed(),
+                }
 
         steps = _train(model, opt, _loader(), look)
-    assert seen["installed"] and not hooks.is_installed()
-    assert seen["next"] is not ORIGINAL_NEXT and seen["next"].__wrapped__ is ORIGINAL_NEXT
-    assert seen["next"].__qualname__ == ORIGINAL_NEXT.__qualname__
-    assert [h.__name__ for h in seen["hooks"]] == ["on_optimizer_step"]
+    off, on = seen[FIRST_SKIP - 1], seen[FIRST_SKIP]
+    assert on["installed"] and not hooks.is_installed()
+    assert on["next"] is not ORIGINAL_NEXT and on["next"].__wrapped__ is ORIGINAL_NEXT
+    assert on["next"].__qualname__ == ORIGINAL_NEXT.__qualname__
+    assert [h.__name__ for h in on["hooks"]] == ["on_optimizer_step"]
+    # the model was found in the first step: the global module hooks are gone; the phases'
+    # hooks are on for the sampled step, off before it
+    assert on["module_hooks"] == off["module_hooks"] == ({}, {})
+    assert [h.__name__ for h in on["pre_hooks"]] == ["optimizer_step_starts"]
+    assert on["model_hooks"] == (1, 1) and on["backward"].__wrapped__ is ORIGINAL_BACKWARD
+    assert off["pre_hooks"] == [] and off["model_hooks"] == (0, 0)
+    assert off["backward"] is ORIGINAL_BACKWARD
     # everything put back
     assert _BaseDataLoaderIter.__dict__["__next__"] is ORIGINAL_NEXT
     assert dict(optim_mod._global_optimizer_post_hooks) == {}
+    assert dict(optim_mod._global_optimizer_pre_hooks) == {}
+    assert (dict(model._forward_pre_hooks), dict(model._forward_hooks)) == ({}, {})
+    assert torch.autograd.backward is ORIGINAL_BACKWARD
     assert "_optimizer_step_code" not in vars(opt) and "step" not in vars(opt)
     # and every step counted
     assert run.record.optimizer_steps == steps == run.record.loaders[0].optimizer_steps

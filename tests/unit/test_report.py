@@ -95,6 +95,7 @@ Metrics:
   step time (median)             316 ms (p10 301 ms, p90 342 ms)
   data wait (median)             139 ms
   rest of the step (median)      177 ms
+  step phases (median, share)    copy 3.2 ms (1%), forward 52 ms (17%), backward 98 ms (31%), optimizer 14 ms (4%), other 9.5 ms (3%)
   data wait share                44%
   throughput                     201 samples/s
   steps per second               3.14 steps/s

@@ -85,6 +85,16 @@ class Summary:
     sm_occupancy_median_pct: float | None = None
     tensor_active_median_pct: float | None = None
     dram_bw_median_pct: float | None = None
+    #: where the steady steps went (:mod:`traceml_nb.analysis.step_anatomy`): the median input
+    #: copy, forward, backward, optimizer step and rest of the loop, ms (host clocks)...
+    copy_ms_median: float | None = None
+    forward_ms_median: float | None = None
+    backward_ms_median: float | None = None
+    optimizer_ms_median: float | None = None
+    other_ms_median: float | None = None
+    #: ...and each part's share of the steps' time, 0..1, by part (data_wait, copy, forward,
+    #: backward, optimizer, other; they sum to 1); empty where the phases were not measured
+    phase_shares: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

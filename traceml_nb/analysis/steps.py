@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,8 @@ from ..engine.record import (
     FLAG_OPTIMIZER_STEP,
     FLAG_PROFILED,
     FLAG_TRUNCATED,
+    PHASE_COLUMNS,
+    PHASE_WIDTH,
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
     LoaderInfo,
@@ -106,6 +108,9 @@ class StepSelection:
     batch: np.ndarray  #: -1 where the batch size could not be read
     gpu_stall_ms: np.ndarray  #: NaN while pending or unavailable
     flags: np.ndarray
+    #: each step's input copy, forward, backward and optimizer time (the record's
+    #: ``PHASE_COLUMNS``, a column each), ms; NaN in a row without phases
+    phase_ms: np.ndarray = field(default_factory=lambda: np.zeros((0, PHASE_WIDTH)))
 
     @property
     def source(self) -> StepSource:
@@ -142,6 +147,9 @@ def select_rows(snapshot: RecordSnapshot) -> StepSelection:
         batch=_np(cols.batch, "i4")[mask],
         gpu_stall_ms=_np(cols.gpu_stall_ms, "f4")[mask].astype(np.float64),
         flags=flags,
+        phase_ms=np.column_stack(
+            [_np(getattr(cols, name), "f8")[mask] / 1e6 for name in PHASE_COLUMNS]
+        ).reshape(-1, PHASE_WIDTH),
     )
 
 

@@ -19,6 +19,7 @@ from ..engine.record import (
 )
 from .findings import Summary
 from .samples import Reading, Window
+from .step_anatomy import MEDIAN_FIELDS, step_anatomy
 from .steps import StepSelection, phases, select_rows, training_loader
 from .warmup import WarmupSpec, detect_warmup
 
@@ -50,6 +51,9 @@ class Measurements:
     wall_ms: np.ndarray  #: steady steps
     wait_ms: np.ndarray
     stall_ms: np.ndarray  #: GPU input stall, NaN where unresolved
+    #: input copy, forward, backward and optimizer time of the steady steps (a column each,
+    #: ``step_anatomy.PHASES``), NaN where a step has none
+    phase_ms: np.ndarray
     start_s: np.ndarray
     flags: np.ndarray
     host: Window
@@ -170,6 +174,7 @@ def measure(
         wall_ms=wall,
         wait_ms=sel.wait_ms[steady],
         stall_ms=stall,
+        phase_ms=sel.phase_ms[steady],
         start_s=start_s,
         flags=sel.flags[steady],
         host=host,
@@ -263,6 +268,10 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
     else:
         workers_cpu = reading("workers_cpu_median_pct", m.host_readings["workers_cpu_pct"])
 
+    anatomy = step_anatomy(wall, wait, m.phase_ms, on_gpu=m.gpu_in_use)
+    for part, name in MEDIAN_FIELDS.items():
+        if part not in anatomy.medians_ms:
+            unavailable[name] = anatomy.why if n else NO_STEPS
     median = p10 = p90 = mean = None
     if n:
         median, p10, p90 = (float(v) for v in np.percentile(wall, [50, 10, 90]))
@@ -307,4 +316,6 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         ),
         dram_bw_median_pct=reading("dram_bw_median_pct", m.gpm["dram_bw_median_pct"]),
         unavailable=unavailable,
+        phase_shares=anatomy.shares,
+        **{name: anatomy.medians_ms.get(part) for part, name in MEDIAN_FIELDS.items()},
     )

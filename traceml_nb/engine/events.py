@@ -2,7 +2,7 @@
 segmenter (:mod:`traceml_nb.engine.segment`) reads.
 
 The training thread appends plain tuples whose first item is the event's kind (``FETCH``,
-``EXHAUSTED``, ``OPTIMIZER_STEP``, ``MARKER``) and whose other items are the event's fields,
+``EXHAUSTED``, ``OPTIMIZER_STEP``, ``MARKER``, ``PHASE``, ``SAMPLING``) and whose other items are the event's fields,
 in the order of the event's class below: a tuple of locals costs the hot path about nothing,
 where building an object of a class of ours costs a call. A logged tuple *is* its event: the
 segmenter dispatches on the kind and unpacks the fields in their class's order, so the tracer
@@ -22,7 +22,13 @@ from typing import Any
 from .record import LoaderInfo
 
 #: The kind of a logged event: the first item of its tuple.
-FETCH, EXHAUSTED, OPTIMIZER_STEP, MARKER, EPOCH_STARTED, ITERATOR_STARTED = range(6)
+FETCH, EXHAUSTED, OPTIMIZER_STEP, MARKER, EPOCH_STARTED, ITERATOR_STARTED, PHASE, SAMPLING = range(
+    8
+)
+
+#: What a :class:`Phase` spanned (its ``phase`` field): the model's forward (the outermost
+#: modules' calls), the autograd backward, the optimizer's ``step()``.
+FORWARD, BACKWARD, OPTIMIZER = range(3)
 
 
 class _Event(tuple):  # type: ignore[type-arg]
@@ -122,7 +128,31 @@ class IteratorStarted(_Event):
         return cls((ITERATOR_STARTED, iterator, loader, settings, batch_size, samples))
 
 
-Event = Fetch | Exhausted | OptimizerStep | Marker | EpochStarted | IteratorStarted
+class Phase(_Event):
+    """A part of a step the phase instruments saw from its start to its end
+    (:mod:`traceml_nb.engine.instrument.step_phases`): logged when it ends, so a phase nested
+    in another (a forward recomputed inside the backward, an optimizer's closure) is part of
+    the outer one and logs nothing of its own."""
+
+    __slots__ = ()
+    _fields = ("phase", "t_start_ns", "t_end_ns")
+    phase: int = _field(1, "FORWARD, BACKWARD or OPTIMIZER")
+    t_start_ns: int = _field(2, "when it started")
+    t_end_ns: int = _field(3, "when it ended")
+
+
+class Sampling(_Event):
+    """The phase instruments were turned on or off: a step that begins while they are on has
+    its phases timed, the others have none."""
+
+    __slots__ = ()
+    _fields = ("on",)
+    on: bool = _field(1, "on from now, or off")
+
+
+Event = (
+    Fetch | Exhausted | OptimizerStep | Marker | EpochStarted | IteratorStarted | Phase | Sampling
+)
 
 _TYPES: tuple[type[_Event], ...] = (
     Fetch,
@@ -131,6 +161,8 @@ _TYPES: tuple[type[_Event], ...] = (
     Marker,
     EpochStarted,
     IteratorStarted,
+    Phase,
+    Sampling,
 )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,14 @@ FLAG_OPTIMIZER_STEP = 8  #: at least one ``optimizer.step()`` ran inside this st
 FLAG_PROFILED = 16
 
 
+# --- step phases ------------------------------------------------------------------------------
+#: The phase columns of a step row, in this order (see :class:`StepTable`); the rest of a step
+#: (its ``wall_ns`` less its wait and these) is the loop's own: zero_grad, logging, and so on.
+PHASE_COLUMNS = ("copy_ns", "forward_ns", "backward_ns", "optimizer_ns")
+PHASE_WIDTH = len(PHASE_COLUMNS)
+_NO_PHASES = (-1,) * PHASE_WIDTH
+
+
 def pack_meta(batch: int, source: int, flags: int) -> int:
     """A row's batch size, source and flags as one int64: ``batch << 16 | source << 8 | flags``
     (``batch`` -1 stays negative, so it unpacks as -1)."""
@@ -62,10 +70,18 @@ class StepTable:
     ``gpu_span_ms``  time on the GPU timeline from the batch's arrival to the next fetch
     ``source``    loader slot (0..249) or ``SOURCE_MARKER`` / ``SOURCE_OPTIMIZER``
     ``flags``     ``FLAG_*`` bits
+    ``copy_ns``   host time from the batch's arrival to the model's first forward after it
+                  (the input copy, and whatever the loop did to the batch)
+    ``forward_ns`` ``backward_ns`` ``optimizer_ns``  host time inside the model's forward, the
+                  autograd backward and the optimizer's ``step()``
+                  (:mod:`traceml_nb.engine.instrument.step_phases`); ``NaN`` in a row written
+                  without phases (none were logged in the run yet, or a rank's row)
 
     Rows are four int64 in a single array (start, wall, wait, and :func:`pack_meta` of batch,
     source and flags), written whole; the GPU columns are separate arrays that grow only when a
-    GPU value is set. Readers get plain typed columns from :meth:`snapshot`.
+    GPU value is set, the phase columns one more array, :data:`PHASE_WIDTH` int64 a row (-1 for
+    none), that grows only once a row has phases and is written before its rows. Readers get
+    plain typed columns from :meth:`snapshot`.
     """
 
     COLUMNS = (
@@ -77,14 +93,16 @@ class StepTable:
         "gpu_span_ms",
         "source",
         "flags",
+        *PHASE_COLUMNS,
     )
-    TYPECODES = ("q", "q", "q", "i", "f", "f", "B", "B")
+    TYPECODES = ("q", "q", "q", "i", "f", "f", "B", "B", "d", "d", "d", "d")
     WIDTH = 4  #: int64 slots per row in the packed array
 
     def __init__(self) -> None:
         self._rows = array("q")
         self._gpu_stall = array("f")
         self._gpu_span = array("f")
+        self._phases = array("q")
 
     def append(
         self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int
@@ -94,12 +112,24 @@ class StepTable:
         rows.extend((start_ns, wall_ns, wait_ns, pack_meta(batch, source, flags)))
         return (len(rows) >> 2) - 1
 
-    def extend(self, rows: Iterable[tuple[int, int, int, int, int, int]]) -> None:
+    def extend(
+        self,
+        rows: Iterable[tuple[int, int, int, int, int, int]],
+        phases: Sequence[tuple[int, int, int, int] | None] = (),
+    ) -> None:
         """Append many steps ``(start_ns, wall_ns, wait_ns, batch, source, flags)`` in one atomic
-        ``extend``: a reader sees all of them or none."""
+        ``extend``: a reader sees all of them or none. ``phases``, where given, holds each row's
+        ``PHASE_COLUMNS`` (None: the row has none)."""
         packed: list[int] = []
         for start_ns, wall_ns, wait_ns, batch, source, flags in rows:
             packed += (start_ns, wall_ns, wait_ns, pack_meta(batch, source, flags))
+        if any(p is not None for p in phases):
+            col = self._phases
+            missing = len(self) * PHASE_WIDTH - len(col)
+            if missing > 0:
+                col.extend([-1] * missing)
+            for p in phases:
+                col.extend(p if p is not None else _NO_PHASES)
         self._rows.extend(packed)
 
     def set_gpu(self, row: int, stall_ms: float, span_ms: float) -> None:
@@ -118,7 +148,7 @@ class StepTable:
         """Memory held by the columns' buffers, in bytes."""
         return sum(
             col.buffer_info()[1] * col.itemsize
-            for col in (self._rows, self._gpu_stall, self._gpu_span)
+            for col in (self._rows, self._gpu_stall, self._gpu_span, self._phases)
         )
 
     def snapshot(self, start: int = 0) -> StepColumns:
@@ -139,7 +169,20 @@ class StepTable:
             self._gpu_column(self._gpu_span, start, n),
             _typed("B", ((meta >> 8) & 0xFF).astype(np.uint8)),
             _typed("B", (meta & 0xFF).astype(np.uint8)),
+            *self._phase_columns(start, n),
         )
+
+    def _phase_columns(self, start: int, n: int) -> list[array]:
+        """The phase columns of rows ``start..start+n``, ``NaN`` where a row has none."""
+        import numpy as np
+
+        packed = self._phases[start * PHASE_WIDTH : (start + n) * PHASE_WIDTH]
+        values = np.full((n, PHASE_WIDTH), np.nan)
+        got = len(packed) // PHASE_WIDTH
+        if got:
+            known = np.frombuffer(packed, np.int64)[: got * PHASE_WIDTH].reshape(got, PHASE_WIDTH)
+            values[:got] = np.where(known < 0, np.nan, known)
+        return [_typed("d", np.ascontiguousarray(values[:, i])) for i in range(PHASE_WIDTH)]
 
     @staticmethod
     def _gpu_column(col: array, start: int, n: int) -> array:
@@ -181,6 +224,22 @@ class StepTable:
     def flags(self) -> array:
         return self.snapshot().flags
 
+    @property
+    def copy_ns(self) -> array:
+        return self.snapshot().copy_ns
+
+    @property
+    def forward_ns(self) -> array:
+        return self.snapshot().forward_ns
+
+    @property
+    def backward_ns(self) -> array:
+        return self.snapshot().backward_ns
+
+    @property
+    def optimizer_ns(self) -> array:
+        return self.snapshot().optimizer_ns
+
 
 def _typed(code: str, values: np.ndarray) -> array:
     out = array(code)
@@ -201,6 +260,10 @@ class StepColumns:
     gpu_span_ms: array
     source: array
     flags: array
+    copy_ns: array
+    forward_ns: array
+    backward_ns: array
+    optimizer_ns: array
 
     def __len__(self) -> int:
         return len(self.flags)

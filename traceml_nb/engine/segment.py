@@ -23,6 +23,12 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   transformers and Lightning, accelerate's prepared loaders), whose loader rows are one batch
   out of step with its training steps. They are written until the training loaders are
   known to fetch in step. **Markers** (``traceml_nb.step()``) make rows of their own.
+* **Phases.** Each :class:`~traceml_nb.engine.events.Phase` (forward, backward, optimizer) is
+  added to the running totals when it ends; the input copy is the time from a fetch's return
+  to the first forward that starts after it. A step that began while the phase instruments
+  were on (:class:`~traceml_nb.engine.events.Sampling`) gets what was added between its start
+  and its end, unless an optimizer step other than the one that turned them off ran in it
+  after they were off; the others get none.
 
 Which of these rows are *the* steps of the run is one rule, :func:`traceml_nb.analysis.steps.choose_steps`.
 """
@@ -35,15 +41,20 @@ from typing import Any
 from .events import (
     EXHAUSTED,
     FETCH,
+    FORWARD,
     ITERATOR_STARTED,
     MARKER,
     OPTIMIZER_STEP,
+    PHASE,
+    SAMPLING,
     Event,
     Exhausted,
     Fetch,
     IteratorStarted,
     Marker,
     OptimizerStep,
+    Phase,
+    Sampling,
 )
 from .record import (
     FLAG_EPOCH_START,
@@ -51,6 +62,7 @@ from .record import (
     FLAG_OPTIMIZER_STEP,
     FLAG_TRUNCATED,
     MAX_LOADERS,
+    PHASE_WIDTH,
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
     LoaderInfo,
@@ -94,6 +106,7 @@ class _Loader:
         "gpu_exit",
         "since_optimizer",
         "first_fetch_ns",
+        "phase_mark",
     )
 
     def __init__(self, slot: int, info: LoaderInfo) -> None:
@@ -109,6 +122,8 @@ class _Loader:
         self.gpu_exit: Any = None
         self.since_optimizer = 0  #: fetches since the last optimizer step
         self.first_fetch_ns = -1  #: when the loader's first fetch of the run was entered
+        #: the phase totals when the open step began, () when it began unsampled
+        self.phase_mark: tuple[int, ...] = ()
 
 
 class StepSegmenter:
@@ -142,8 +157,16 @@ class StepSegmenter:
         self._marker_prev_ns = 0
         self._marker_wait_mark = 0
         self._wait_total = 0  #: data wait of every fetch so far, ns
+        #: copy, forward, backward and optimizer time so far (the record's PHASE_COLUMNS), ns
+        self._phase_totals = [0] * PHASE_WIDTH
+        self._sampling = False  #: the phase instruments are on: a step that begins gets phases
+        self._turned_off = False  #: the sampling was turned off by the optimizer step that comes
+        self._copy_from = -1  #: the last fetch's return, until a forward starts after it
+        self._optimizer_phase_mark: tuple[int, ...] = ()
+        self._marker_phase_mark: tuple[int, ...] = ()
         self._last_batch = -1
         self._rows: list[tuple[int, int, int, int, int, int]] = []
+        self._row_phases: list[tuple[int, int, int, int] | None] = []
         self._gpu: list[tuple[int, Any, Any, Any]] = []
         self._gpu_done: list[tuple[int, Any]] = []  #: CUDA events let go of, for the sink
         #: by event kind (an event's first item)
@@ -153,6 +176,8 @@ class StepSegmenter:
             ITERATOR_STARTED: self._iterator_started,
             EXHAUSTED: self._exhausted,
             MARKER: self._marker,
+            PHASE: self._phase_event,
+            SAMPLING: self._sampling_event,
         }
 
     def feed(self, events: Iterable[Event | tuple[Any, ...]]) -> None:
@@ -228,6 +253,8 @@ class StepSegmenter:
         st.flags = FLAG_EPOCH_START if first else 0
         st.gpu_enter = gpu_enter
         st.gpu_exit = gpu_exit
+        st.phase_mark = self._phase_mark()
+        self._copy_from = t_exit
         open_steps[slot] = st
         self._current = st
         self._wait_total += wait
@@ -268,6 +295,10 @@ class StepSegmenter:
     def _optimizer_step(self, ev: OptimizerStep) -> None:
         _, optimizer, t_ns = ev
         self.record.optimizer_steps += 1
+        if self._turned_off:
+            self._turned_off = False
+        elif not self._sampling:
+            self._unsampled_step()
         if self._phase is not None:
             self._end_phase(t_ns)
         self._trained = True
@@ -296,6 +327,7 @@ class StepSegmenter:
                 self._optimizer_row(t_ns)
             self._optimizer_prev_ns = t_ns
             self._optimizer_wait_mark = self._wait_total
+            self._optimizer_phase_mark = self._phase_mark()
             self._fetched_since_optimizer.clear()
             self._epoch_started_since_optimizer = False
 
@@ -328,7 +360,15 @@ class StepSegmenter:
         if self._epoch_started_since_optimizer:
             flags |= FLAG_EPOCH_START
         wait = self._wait_total - self._optimizer_wait_mark
-        self._row(start, t_ns - start, wait, self._last_batch, SOURCE_OPTIMIZER, flags)
+        self._row(
+            start,
+            t_ns - start,
+            wait,
+            self._last_batch,
+            SOURCE_OPTIMIZER,
+            flags,
+            self._optimizer_phase_mark,
+        )
 
     def _end_phase(self, t_ns: int) -> None:
         """The loader iterated away from training (an evaluation) is done at ``t_ns``: the
@@ -347,9 +387,37 @@ class StepSegmenter:
         self.record.markers += 1
         start = self._marker_prev_ns or self._t0
         wait = self._wait_total - self._marker_wait_mark
-        self._row(start, t_ns - start, wait, self._last_batch, SOURCE_MARKER, 0)
+        self._row(
+            start, t_ns - start, wait, self._last_batch, SOURCE_MARKER, 0, self._marker_phase_mark
+        )
         self._marker_prev_ns = t_ns
         self._marker_wait_mark = self._wait_total
+        self._marker_phase_mark = self._phase_mark()
+
+    def _phase_event(self, ev: Phase) -> None:
+        _, phase, t_start, t_end = ev
+        totals = self._phase_totals
+        if phase == FORWARD and self._copy_from >= 0:
+            totals[0] += max(0, t_start - self._copy_from)
+            self._copy_from = -1
+        totals[phase + 1] += t_end - t_start
+
+    def _sampling_event(self, ev: Sampling) -> None:
+        self._sampling = ev[1]
+        self._turned_off = not self._sampling
+        if not self._sampling:
+            self._copy_from = -1
+
+    def _unsampled_step(self) -> None:
+        """An optimizer step after the one that turned the sampling off: the steps still open
+        lose their phases (part of their time was not timed)."""
+        for st in self._open.values():
+            st.phase_mark = ()
+        self._optimizer_phase_mark = self._marker_phase_mark = ()
+
+    def _phase_mark(self) -> tuple[int, ...]:
+        """The phase totals for a step that begins now; () when it begins unsampled."""
+        return tuple(self._phase_totals) if self._sampling else ()
 
     # --- rows --------------------------------------------------------------------------------
     def _close(self, st: _Loader, t_end_ns: int, next_gpu: Any, *, truncated: bool) -> None:
@@ -370,7 +438,7 @@ class StepSegmenter:
                 info.epoch_first_rows_without_step += 1
             else:
                 info.rows_without_step += 1
-        self._row(st.start, end - st.start, st.wait, st.batch, st.slot, flags)
+        self._row(st.start, end - st.start, st.wait, st.batch, st.slot, flags, st.phase_mark)
         if st.gpu_enter is not None and next_gpu is not None and self._gpu_sink is not None:
             row = len(self.record.steps) + len(self._rows) - 1  # its index, once written
             self._gpu.append((row, st.gpu_enter, st.gpu_exit, next_gpu))
@@ -389,16 +457,37 @@ class StepSegmenter:
             self._gpu_done.extend((closed, ev) for ev in events if ev is not None)
 
     def _row(
-        self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int
+        self,
+        start_ns: int,
+        wall_ns: int,
+        wait_ns: int,
+        batch: int,
+        source: int,
+        flags: int,
+        phase_mark: tuple[int, ...],
     ) -> None:
-        """Queue one row (times relative to the run start); :meth:`_flush` writes it."""
+        """Queue one row (times relative to the run start), its phases those logged since the
+        totals were ``phase_mark`` (none: ``()``); :meth:`_flush` writes it."""
         self._rows.append((start_ns - self._t0, wall_ns, wait_ns, batch, source, flags))
+        if phase_mark:
+            copy, forward, backward, optimizer = self._phase_totals
+            self._row_phases.append(
+                (
+                    copy - phase_mark[0],
+                    forward - phase_mark[1],
+                    backward - phase_mark[2],
+                    optimizer - phase_mark[3],
+                )
+            )
+        else:
+            self._row_phases.append(None)
 
     def _flush(self) -> None:
         """Write the queued rows in one go, then hand the GPU figures of those rows on."""
         if self._rows:
-            self.record.steps.extend(self._rows)
+            self.record.steps.extend(self._rows, self._row_phases)
             self._rows = []
+            self._row_phases = []
         if self._gpu or self._gpu_done:
             steps, self._gpu = self._gpu, []
             done, self._gpu_done = self._gpu_done, []

@@ -16,6 +16,7 @@ from ..analysis.comparison import Comparison
 from ..analysis.findings import PhaseSummary, Summary
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share
 from ..analysis.profile_summary import ProfileSummary
+from ..analysis.step_anatomy import MEDIAN_FIELDS
 from ..engine.capabilities import Capabilities
 from . import profile_section as profile_view
 from .comparison_words import headline
@@ -96,10 +97,24 @@ def _sm_activity(s: Summary, v: float) -> str:
     return f"{fmt_pct(v)} ({measured})" if measured else fmt_pct(v)
 
 
+def _step_phases(s: Summary, v: float) -> str:
+    """``copy 1.06 ms (7%), forward 4.14 ms (28%), …``: each timed part's median and its
+    share of the steps' time."""
+    parts = []
+    for part, field in MEDIAN_FIELDS.items():
+        value = getattr(s, field)
+        if _finite(value):
+            share = s.phase_shares.get(part)
+            beside = f" ({fmt_share(share)})" if _finite(share) else ""
+            parts.append(f"{part} {fmt_ms(value)}{beside}")
+    return ", ".join(parts)
+
+
 METRICS: tuple[_Metric, ...] = (
     _Metric("step time (median)", "step_ms_median", "steps", _ms_with_spread),
     _Metric("data wait (median)", "data_wait_ms_median", "data_wait", lambda s, v: fmt_ms(v)),
     _Metric("rest of the step (median)", "compute_ms_median", "steps", lambda s, v: fmt_ms(v)),
+    _Metric("step phases (median, share)", "forward_ms_median", "steps", _step_phases),
     _Metric("data wait share", "data_wait_share", "data_wait", lambda s, v: fmt_share(v)),
     _Metric("GPU input stall share", "gpu_stall_share", "gpu_events", lambda s, v: fmt_share(v)),
     _Metric(

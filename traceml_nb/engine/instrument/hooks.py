@@ -4,6 +4,10 @@
   replaced by the tracer's wrapper (:meth:`~.tracer.StepTracer.wrap_next`).
 * A global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``)
   reports every ``optimizer.step()``.
+* The phase instruments (:mod:`.step_phases`), on a sample of the steps: module forward hooks
+  (global ones until the model is found, then the model's own), a wrapper of
+  ``torch.autograd.backward`` and a global optimizer pre-step hook; the tracer's post-step hook
+  ends their optimizer phase.
 
 With a profile window (``%%traceml --profile N``, :mod:`.profiler`), the fetch's wrapper and
 one more optimizer post-step hook tell the window of each step boundary until the window has
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .profiler import ProfileWindow
-from .tracer import StepTracer
+from .step_phases import StepPhases
+from .tracer import READER_MAX_EVENTS, StepTracer
 
 
 @dataclass
@@ -29,6 +34,7 @@ class _Installed:
     original_next: Any
     wrapper: Any  #: the tracer's wrapper
     hook_handle: Any
+    phases: StepPhases
     #: the wrapper installed on top of the tracer's while a profile window counts (else None)
     gate: Any = None
     window_handle: Any = None
@@ -51,9 +57,16 @@ def install(tracer: StepTracer, window: ProfileWindow | None = None) -> None:
     cls = _iter_class()
     original = cls.__dict__["__next__"]
     wrapper = tracer.wrap_next(original)
-    handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook())
-    tracer.on_stop = handle.remove  # tracing stopped on an error: no more optimizer steps
-    installed = _Installed(tracer, original, wrapper, handle)
+    phases = StepPhases(tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS)
+    phases.install()
+    handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook(phases))
+
+    def stop() -> None:  # tracing stopped on an error: no more optimizer steps, no phases
+        handle.remove()
+        phases.remove()
+
+    tracer.on_stop = stop
+    installed = _Installed(tracer, original, wrapper, handle, phases)
     if window is not None:
         installed.gate = _gate(window, wrapper, installed)
         installed.window_handle = optim_mod.register_optimizer_step_post_hook(
@@ -120,6 +133,7 @@ def uninstall() -> list[str]:
     installed.tracer.deactivate()  # what the wrapper still logs is dropped, wherever it is
     installed.tracer.on_stop = None
     installed.hook_handle.remove()
+    installed.phases.remove()
     if installed.window_handle is not None:
         installed.window_handle.remove()
     cls = _iter_class()

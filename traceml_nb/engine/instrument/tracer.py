@@ -42,6 +42,7 @@ from ..record import RunRecord
 from ..segment import StepSegmenter
 from .gpu_events import GpuStallTimer
 from .loader import batch_size_of, counted_batch_size, driver_of, epoch_samples, loader_settings
+from .step_phases import StepPhases
 
 #: Without a reader, the training thread processes the log once it holds this many events...
 PROCESS_EVENTS = 256
@@ -133,14 +134,20 @@ class StepTracer:
         __next__.__doc__ = getattr(original, "__doc__", None)
         return __next__
 
-    def optimizer_hook(self) -> Callable[[Any, Any, Any], None]:
-        """A global optimizer post-step hook that logs each step."""
+    def optimizer_hook(self, phases: StepPhases | None = None) -> Callable[[Any, Any, Any], None]:
+        """A global optimizer post-step hook that logs each step; the phase instruments
+        (``phases``) are told first when their countdown runs out (see
+        :meth:`~.step_phases.StepPhases.optimizer_step_ended`)."""
         tracer = self
         clock = self.clock
         log = self.log
         append = log.append
 
         def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if phases is not None:
+                phases.countdown -= 1
+                if phases.countdown <= 0:
+                    phases.optimizer_step_ended(optimizer)
             append((OPTIMIZER_STEP, optimizer, clock()))
             if len(log) > READER_MAX_EVENTS:
                 tracer.check()

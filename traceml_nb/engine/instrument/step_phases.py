@@ -1,0 +1,313 @@
+"""Where a step goes: the model's forward, the backward and the optimizer's step, timed on the
+training thread with the tracer's clock and logged as :class:`~traceml_nb.engine.events.Phase`
+events (the segmenter adds each to the step it falls in, and times the input copy: from a
+batch's arrival to the first forward after it).
+
+**A sample of the steps.** Hooks on a module make every call of it take torch's slower path,
+and putting them in place and taking them away costs tens of microseconds: over the budget of
+a sub-millisecond step if paid on every one. So the phases are timed on the first step and
+then on one step in about every :data:`SAMPLE_INTERVAL_S` of training: the instruments are put
+in place at an optimizer step's end and taken away at the same optimizer's next one (where a
+GAN's other optimizer stepped in between, at the one after), and each switch is logged
+(:class:`~traceml_nb.engine.events.Sampling`), so the segmenter gives phases to the steps that
+ran while they were on, and none to the others. How many steps to skip is told from the steps'
+pace since the last sample. A loop without an optimizer (an evaluation) keeps them on
+throughout.
+
+**The model is found without being named.** Until the first optimizer step (or the first model
+called a second time, in a loop without one), global module forward hooks watch every module
+call and take as the model each module called from outside any other module that holds
+parameters (the loss function holds none); from then on only those modules carry hooks, while
+sampled. Several models (a GAN's two), a model called twice a step and a DDP wrapper are all
+outermost modules; a model first called after that first step is not seen. The backward is
+``torch.autograd.backward`` (what ``loss.backward()`` calls), wrapped while sampled; the
+optimizer's step starts at a global optimizer pre-step hook and ends in the tracer's post-step
+hook (:meth:`StepPhases.optimizer_step_ended`), so a step's optimizer phase is logged before
+the step's end.
+
+A phase that starts inside another (a forward recomputed by activation checkpointing inside the
+backward, the forward and backward of an optimizer's closure) is part of the outer one. Calls on
+other threads than the one that started the run (``DataParallel``'s replicas) are not timed.
+Everything is put back when the run ends, as :mod:`.hooks` does for the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..events import BACKWARD, FORWARD, OPTIMIZER, PHASE, SAMPLING
+
+#: The phases are timed on about one step in this much training time, s (and on the first):
+#: a sample costs about 70 us on the 2-core VM (the tiny MLP's step with the hooks, and the
+#: hooks put in place and taken away), so at most 0.15% of the run's time; a 0.8 ms step is
+#: sampled once in about 60, a step of 50 ms or more every other step.
+SAMPLE_INTERVAL_S = 0.05
+#: Optimizer steps skipped after the first sample, before the steps' pace is known.
+FIRST_SKIP = 4
+#: A sample ends after this many optimizer step ends whatever it waits for (an optimizer's
+#: ``step()`` that raised leaves its phase open, and its end never comes).
+MAX_SAMPLE_ENDS = 16
+
+
+def _nothing(*_: Any) -> None:
+    return None
+
+
+class PhaseClock:
+    """The phase open on the training thread, nested calls counted: :meth:`start` and :meth:`end`
+    come in pairs; the outermost pair logs one :class:`~traceml_nb.engine.events.Phase`."""
+
+    def __init__(
+        self,
+        log: list[tuple[Any, ...]],
+        clock: Callable[[], int],
+        check: Callable[[], None],
+        max_log: int,
+    ):
+        self.log = log
+        self.clock = clock
+        self.check = check  #: processes the log when it holds over ``max_log`` events
+        self.max_log = max_log
+        self.thread = threading.get_ident()  #: the training thread; -1 once removed
+        self.depth = 0  #: phases open, nested ones included
+        self.phase = -1  #: the outermost open phase, -1 when none
+        self.t_start = 0
+
+    def start(self, phase: int) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        if self.depth:
+            self.depth += 1
+            return
+        self.depth = 1
+        self.phase = phase
+        self.t_start = self.clock()
+
+    def end(self) -> None:
+        if threading.get_ident() != self.thread or not self.depth:
+            return
+        self.depth -= 1
+        if not self.depth:
+            log = self.log
+            log.append((PHASE, self.phase, self.t_start, self.clock()))
+            self.phase = -1
+            if len(log) > self.max_log:  # a loop with neither a DataLoader nor an optimizer
+                self.check()
+
+
+class StepPhases:
+    """The run's phase instruments: :meth:`install` them, :meth:`remove` them (twice is safe);
+    the tracer's optimizer post-step hook calls :meth:`optimizer_step_ended` first thing."""
+
+    def __init__(
+        self,
+        log: list[tuple[Any, ...]],
+        clock: Callable[[], int],
+        check: Callable[[], None],
+        max_log: int,
+    ):
+        self.clock = PhaseClock(log, clock, check, max_log)
+        #: the time between samples, ns (read from the module when the run starts)
+        self.interval_ns = int(SAMPLE_INTERVAL_S * 1e9)
+        self._off_at_ns = 0  #: when the sampling last turned off (clock)
+        self._skipped = 0  #: the optimizer steps it stayed off for since
+        self._last_on_ns = 0  #: when it last turned on (clock)
+        #: the outermost modules with parameters seen so far, by id (the model or models)
+        self.models: dict[int, Any] = {}
+        self.sampling = False  #: the instruments are on now
+        #: optimizer steps until the next look at the sampling (a countdown, so that the
+        #: tracer's hook does a subtraction a step, not a call)
+        self.countdown = 1
+        self._sampled_by: Any = None  #: the optimizer whose step's end turned the sampling on
+        self._others = False  #: another optimizer has stepped since
+        self._cycles = 0  #: times the sampling optimizer stepped again since, with others
+        self._ends = 0  #: optimizer step ends seen in this sample (bounded: MAX_SAMPLE_ENDS)
+        self._installed = False
+        self._handles: list[Any] = []  #: the hooks in place while sampling
+        self._watching: list[Any] = []  #: the global module hooks, while the model is sought
+        self._stack: list[bool] = []  #: per module call open: did it start the forward?
+        self._has_parameters: dict[int, bool] = {}
+        #: the hooks and the wrapper of torch.autograd.backward, made once by :meth:`install`
+        self._optimizer_starts: Callable[..., None] = _nothing
+        self._forward_starts: Callable[..., None] = _nothing
+        self._forward_ends: Callable[..., None] = _nothing
+        self._backward: Any = None
+        self._original_backward: Any = None
+
+    # --- on and off --------------------------------------------------------------------------
+    def install(self) -> None:
+        """Start: sampling on, and the global module hooks seek the model."""
+        import torch
+        import torch.nn.modules.module as module_mod
+
+        self._installed = True
+        clock = self.clock
+        original = self._original_backward = torch.autograd.backward
+
+        def optimizer_step_starts(*_: Any) -> None:
+            clock.start(OPTIMIZER)
+
+        def forward_starts(*_: Any) -> None:
+            clock.start(FORWARD)
+
+        def forward_ends(*_: Any) -> None:
+            clock.end()
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True  # noqa: F841
+            clock.start(BACKWARD)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                clock.end()
+
+        backward.__wrapped__ = original  # type: ignore[attr-defined]
+        backward.__doc__ = original.__doc__
+        self._optimizer_starts, self._forward_starts, self._forward_ends = (
+            optimizer_step_starts,
+            forward_starts,
+            forward_ends,
+        )
+        self._backward = backward
+        self._watching = [
+            module_mod.register_module_forward_pre_hook(self._seek_pre),
+            module_mod.register_module_forward_hook(self._seek_post, always_call=True),
+        ]
+        self._sample(True)
+
+    def optimizer_step_ended(self, optimizer: Any) -> None:
+        """The tracer's hook, at an optimizer step's end (when :attr:`countdown` ran out, or
+        while sampling): the optimizer phase ends; the sampling may turn. It turns off at the
+        next end of the optimizer that turned it on; where another optimizer stepped in
+        between (a GAN's), at the one after, so that a whole step fell inside wherever that
+        optimizer's step comes in it."""
+        clock = self.clock
+        self.countdown = 1
+        if clock.depth and clock.phase == OPTIMIZER:
+            clock.end()
+            if clock.depth and self._ends < MAX_SAMPLE_ENDS:
+                # the end of a step() inside another of the same optimizer (a subclass's step
+                # calling its base's, both hooked by torch): the outer one ends the phase
+                self._ends += 1
+                return
+        if not self._installed:
+            self.countdown = 1 << 62
+        elif not self.sampling:
+            self._sampled_by, self._others, self._cycles, self._ends = optimizer, False, 0, 0
+            self._last_on_ns = self.clock.clock()
+            self._sample(True)
+        elif self._sampled_by is not None and optimizer is not self._sampled_by:
+            self._others = True
+            self._ends += 1
+        elif (
+            self._sampled_by is None
+            or not self._others
+            or self._cycles
+            or self._ends >= MAX_SAMPLE_ENDS
+        ):
+            self._sample(False)
+            self.countdown = self._skip()
+        else:
+            self._cycles += 1
+
+    def _skip(self) -> int:
+        """Optimizer steps to stay off for: about :attr:`interval_ns` at the pace of the steps
+        skipped last time (the first time, :data:`FIRST_SKIP`)."""
+        now = self.clock.clock()
+        skip = FIRST_SKIP
+        if self._skipped and self._off_at_ns:
+            per_step = (self._last_on_ns - self._off_at_ns) / self._skipped
+            skip = max(1, min(1 << 20, round(self.interval_ns / max(per_step, 1.0))))
+        self._off_at_ns, self._skipped = now, skip
+        return skip
+
+    def _sample(self, on: bool) -> None:
+        import torch
+        import torch.optim.optimizer as optim_mod
+
+        if self._watching and not on:
+            self._settle()
+        self.sampling = on
+        self.clock.log.append((SAMPLING, on))
+        if not on:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
+            if torch.autograd.backward is self._backward:
+                torch.autograd.backward = self._original_backward
+            self.clock.depth = 0  # a phase left open (a step() that raised) ends with the sample
+            return
+        self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._optimizer_starts))
+        if not self._watching:
+            self._add_model_hooks()
+        torch.autograd.backward = self._backward
+
+    # --- seeking the model -------------------------------------------------------------------
+    def _seek_pre(self, module: Any, args: Any) -> None:
+        if threading.get_ident() != self.clock.thread:
+            return
+        stack = self._stack
+        if stack or not self._holds_parameters(module):
+            stack.append(False)
+            return
+        if id(module) in self.models:
+            self._settle()  # a model called again, before any optimizer step
+            self._add_model_hooks()
+        else:
+            self.models[id(module)] = module
+        stack.append(True)
+        self.clock.start(FORWARD)
+
+    def _seek_post(self, module: Any, args: Any, output: Any) -> None:
+        if threading.get_ident() != self.clock.thread:
+            return
+        stack = self._stack
+        if stack and stack.pop():
+            self.clock.end()
+
+    def _holds_parameters(self, module: Any) -> bool:
+        known = self._has_parameters.get(id(module))
+        if known is None:
+            known = next(iter(module.parameters()), None) is not None
+            self._has_parameters[id(module)] = known
+        return known
+
+    def _settle(self) -> None:
+        """Stop watching every module call: the models found are the models."""
+        for handle in self._watching:
+            handle.remove()
+        self._watching = []
+        self._stack = []
+        self._has_parameters = {}
+
+    def _add_model_hooks(self) -> None:
+        """The models' own hooks, while sampling without the global ones. A call under way
+        that started its forward through the global pre-hook is ended by the model's own
+        post-hook, in place before its forward returns."""
+        for model in self.models.values():
+            self._handles += [
+                model.register_forward_pre_hook(self._forward_starts),
+                model.register_forward_hook(self._forward_ends, always_call=True),
+            ]
+
+    # --- the end -----------------------------------------------------------------------------
+    def remove(self) -> None:
+        """Put back what :meth:`install` changed; what is left open logs nothing."""
+        import torch
+
+        for handle in self._watching + self._handles:
+            handle.remove()
+        self._watching, self._handles = [], []
+        self._stack = []
+        self.models = {}
+        self._has_parameters = {}
+        if self._backward is not None and torch.autograd.backward is self._backward:
+            torch.autograd.backward = self._original_backward
+        self._backward = None
+        self._installed = False
+        self.sampling = False
+        self.countdown = 1 << 62
+        self.clock.depth = 0
+        self.clock.thread = -1  # a wrapper left beneath another's logs nothing from now on
