@@ -100,7 +100,7 @@ class Cluster:
 
     def stop_server(self) -> None:
         if self.running:
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
             self.running = False
 
     def close(self) -> None:

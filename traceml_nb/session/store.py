@@ -171,9 +171,9 @@ class Store:
             raise StoreError(f"the store {self.path} is empty (no run was stored yet)")
         # an older schema is migrated on reading too (``check`` may be the first to open a store
         # after an upgrade): the queries name the newer columns
+        backend.lock_schema(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            backend.lock_schema(conn)
             version = backend.version(conn)  # another may have won
             if version == 0:
                 conn.execute(
@@ -207,6 +207,7 @@ class Store:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        backend.unlock_schema(conn)
         backend.migrated(conn)
 
     def schema(self) -> list[tuple[int, str]]:

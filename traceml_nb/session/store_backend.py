@@ -60,8 +60,12 @@ class Backend(Protocol):
         ...
 
     def lock_schema(self, conn: Connection) -> None:
-        """In a migration's transaction, before it reads the version again: hold off every
-        other migration until it ends."""
+        """Before a migration's transaction (which reads the version again): hold off every
+        other migration until :meth:`unlock_schema` (or the connection's end)."""
+        ...
+
+    def unlock_schema(self, conn: Connection) -> None:
+        """After a migration committed: let the next one in."""
         ...
 
     def set_version(self, conn: Connection, number: int) -> None:

@@ -5,8 +5,8 @@ through ``psycopg`` 3 (the extra ``traceml_nb[postgres]``), imported only when a
 The store's SQL is SQLite's; :func:`dialect` translates the few differences (``%s``
 placeholders, ``IS NOT DISTINCT FROM`` for ``IS ?``, an identity column for ``AUTOINCREMENT``,
 ``DOUBLE PRECISION`` for ``REAL``, ``BYTEA`` for ``BLOB``). The schema's version is the last
-row of ``schema_migrations``; a migration holds a transaction-level advisory lock, so that two
-clients meeting a new database migrate it once. A connection waits at most
+row of ``schema_migrations``; a migration holds an advisory lock, so that two clients meeting
+a new database migrate it once. A connection waits at most
 ``CONNECT_TIMEOUT_S`` (unless the URL sets ``connect_timeout``); a server that could not be
 reached is not asked again by the same store for ``RECONNECT_AFTER_S``, so that a run's
 comparisons and its write cost one timeout, not three. Credentials are libpq's: the URL,
@@ -160,8 +160,14 @@ class PostgresBackend:
         """Nothing: the server's settings are its own."""
 
     def lock_schema(self, conn: Connection) -> None:
-        conn.execute(f"SET LOCAL lock_timeout = {int(self.timeout_s * 1000)}")
-        conn.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+        """A session-level advisory lock, taken before the migration's transaction begins:
+        a transaction that began before the last holder committed would not see its tables
+        (the server reads its catalog's changes when a transaction starts)."""
+        conn.execute(f"SET lock_timeout = {int(self.timeout_s * 1000)}")
+        conn.execute(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+
+    def unlock_schema(self, conn: Connection) -> None:
+        conn.execute(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
 
     def set_version(self, conn: Connection, number: int) -> None:
         """Nothing: the row of ``schema_migrations`` the migration wrote is its version."""

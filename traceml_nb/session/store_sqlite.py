@@ -85,7 +85,10 @@ class SqliteBackend:
             self._use_journal(conn, "delete")
 
     def lock_schema(self, conn: Connection) -> None:
-        """``BEGIN IMMEDIATE`` holds the file's write lock already."""
+        """Nothing: the migration's ``BEGIN IMMEDIATE`` holds the file's write lock."""
+
+    def unlock_schema(self, conn: Connection) -> None:
+        """Nothing: its ``COMMIT`` let the lock go."""
 
     def set_version(self, conn: Connection, number: int) -> None:
         conn.execute(f"PRAGMA user_version = {int(number)}")
