@@ -7,7 +7,7 @@ placeholders, ``IS NOT DISTINCT FROM`` for ``IS ?``, an identity column for ``AU
 ``DOUBLE PRECISION`` for ``REAL``, ``BYTEA`` for ``BLOB``). The schema's version is the last
 row of ``schema_migrations``; a migration holds an advisory lock, so that two clients meeting
 a new database migrate it once. A connection waits at most
-``CONNECT_TIMEOUT_S`` (unless the URL sets ``connect_timeout``); a server that could not be
+``STORE_CONNECT_TIMEOUT_S`` (unless the URL sets ``connect_timeout``); a server that could not be
 reached is not asked again by the same store for ``RECONNECT_AFTER_S``, so that a run's
 comparisons and its write cost one timeout, not three. Credentials are libpq's: the URL,
 ``PGPASSWORD``, ``~/.pgpass``; no message of ours shows a password (:func:`~.store_url.redacted`
@@ -29,7 +29,7 @@ from .store_url import HIDDEN, password_of, redacted, url_problem
 
 #: Seconds a connection to the server may take before the store gives up (libpq's
 #: ``connect_timeout``, whole seconds).
-CONNECT_TIMEOUT_S = 3
+STORE_CONNECT_TIMEOUT_S = 3
 #: Seconds a store that could not reach its server answers with that failure at once.
 RECONNECT_AFTER_S = 30.0
 #: The advisory lock a migration holds (any number the team's other programs do not use).
@@ -109,7 +109,7 @@ class PostgresBackend:
         options: dict[str, Any] = {"autocommit": True, "application_name": "traceml_nb"}
         try:
             if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self._url):
-                options["connect_timeout"] = CONNECT_TIMEOUT_S
+                options["connect_timeout"] = STORE_CONNECT_TIMEOUT_S
             conn = psycopg.connect(self._url, **options)
         except psycopg.Error as exc:
             why = self.explain(exc)
