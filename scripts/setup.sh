@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a virtual environment in .venv with traceml_nb installed (editable).
 #   bash scripts/setup.sh          # the package and what the demo needs
-#   bash scripts/setup.sh --test   # plus the test tools and Debian's chromium (browser tests)
+#   bash scripts/setup.sh --test   # plus the test tools, Debian's chromium (browser tests) and
+#                                  # Debian's postgresql (the server store's tests)
 # TORCH_SPEC overrides the torch that is installed when none is present (default: the CPU
 # build torch==2.13.0, installed first so that no multi-GB CUDA build is pulled in).
 set -euo pipefail
@@ -27,6 +28,14 @@ if [[ "$extras" == *test* && ! -x /usr/bin/chromium ]]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
   else
     echo "note: /usr/bin/chromium is missing and this is not root: browser tests will be skipped" >&2
+  fi
+fi
+if [[ "$extras" == *test* ]] && ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [[ "$(id -u)" == 0 ]]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  else
+    echo "note: PostgreSQL (initdb) is missing and this is not root: the server store's tests will be skipped" >&2
   fi
 fi
 echo "traceml_nb is set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

@@ -28,6 +28,12 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+#: What ``--store`` takes.
+STORE_HELP = (
+    "the store: a SQLite file, or a server as postgresql://user@host:port/db "
+    "(default: TRACEML_NB_STORE, else the user data directory)"
+)
+
 if TYPE_CHECKING:
     from .views.check_report import GateReport
 
@@ -57,8 +63,8 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--name", required=True, help="the run name (%%%%traceml --name NAME)")
     check.add_argument(
         "--store",
-        metavar="PATH",
-        help="the store (default: TRACEML_NB_STORE, else the user data directory)",
+        metavar="PATH|URL",
+        help=STORE_HELP,
     )
     check.add_argument(
         "--max-slowdown",
@@ -105,7 +111,6 @@ def parser() -> argparse.ArgumentParser:
 def _add_transfer(commands: Any) -> None:
     """``export`` and ``import``: stored runs moved between stores
     (:mod:`.session.store_transfer`)."""
-    store_help = "the store (default: TRACEML_NB_STORE, else the user data directory)"
     export = commands.add_parser(
         "export",
         help="write the stored runs of NAME (every run without --name) as JSON lines to stdout",
@@ -113,7 +118,7 @@ def _add_transfer(commands: Any) -> None:
         "as JSON lines to stdout, for import into another store.",
     )
     export.add_argument("--name", help="the run name (default: every run)")
-    export.add_argument("--store", metavar="PATH", help=store_help)
+    export.add_argument("--store", metavar="PATH|URL", help=STORE_HELP)
     imported = commands.add_parser(
         "import",
         help="add the runs of an exported JSON lines FILE to the store, each run once",
@@ -122,7 +127,7 @@ def _add_transfer(commands: Any) -> None:
         "the store numbers what it adds. Every line is checked before anything is written.",
     )
     imported.add_argument("file", metavar="FILE", help="the exported runs (- for stdin)")
-    imported.add_argument("--store", metavar="PATH", help=store_help)
+    imported.add_argument("--store", metavar="PATH|URL", help=STORE_HELP)
 
 
 def _add_ab(commands: Any) -> None:
@@ -169,8 +174,9 @@ def _add_ab(commands: Any) -> None:
     )
     ab.add_argument(
         "--store",
-        metavar="PATH",
-        help="the store the runs record into (default: a temporary one, deleted at the end)",
+        metavar="PATH|URL",
+        help="the store the runs record into, a SQLite file or postgresql://user@host:port/db "
+        "(default: a temporary one, deleted at the end)",
     )
     ab.add_argument("--format", choices=("text", "markdown"), default="text")
     ab.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
@@ -258,20 +264,21 @@ def _transfer_main(args: argparse.Namespace) -> int:
     if path is None:
         print(f"{command}: storing is off (TRACEML_NB_STORE=off)", file=sys.stderr)
         return 2
+    store = Store(path)
     try:
         if args.command == "export":
-            for line in export_lines(Store(path), args.name):
+            for line in export_lines(store, args.name):
                 print(line)
             return 0
         if args.file == "-":
-            done = import_lines(Store(path), sys.stdin)
+            done = import_lines(store, sys.stdin)
         else:
             with open(args.file, encoding="utf-8") as lines:
-                done = import_lines(Store(path), lines)
+                done = import_lines(store, lines)
     except (StoreError, ValueError, OSError) as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return 2
-    print(f"{command}: {done.added} run(s) added to {path}, {done.already} already there")
+    print(f"{command}: {done.added} run(s) added to {store.path}, {done.already} already there")
     return 0
 
 

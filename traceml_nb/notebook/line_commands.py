@@ -125,9 +125,7 @@ def _cmd_baseline(session: Session, name: str, *args: str) -> None:
 
 
 def _exists(store: Any) -> bool:
-    import os
-
-    return os.path.exists(store.path)
+    return bool(store.exists())
 
 
 def _cmd_save(session: Session, path: str) -> None:

@@ -124,10 +124,10 @@ class TraceMLMagics(Magics):
     )
     @argument(
         "--store",
-        metavar="PATH",
+        metavar="PATH|URL",
         default=None,
-        help="SQLite run store to write the run to (default: TRACEML_NB_STORE, else "
-        "$XDG_DATA_HOME/traceml_nb/runs.sqlite)",
+        help="run store to write the run to, a SQLite file or postgresql://user@host:port/db "
+        "(default: TRACEML_NB_STORE, else $XDG_DATA_HOME/traceml_nb/runs.sqlite)",
     )
     @argument(
         "--no-store",

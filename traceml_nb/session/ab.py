@@ -52,7 +52,8 @@ from .ab_tidy import (
     sigterm_raises,
     stop,
 )
-from .store import Store, StoreError
+from .store import Store, StoreError, resolve_store_path
+from .store_url import is_url
 
 EXIT_NOT_SLOWER, EXIT_SLOWER, EXIT_NO_VERDICT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 NOT_SLOWER, REGRESSION, INCONCLUSIVE = "not slower", "regression", "inconclusive"
@@ -254,7 +255,7 @@ def _check_usage(result: AbResult, store: str | os.PathLike[str] | None) -> None
         raise _NoVerdict(
             f"--max-slowdown must be a fraction such as 0.10, got {result.max_slowdown!r}"
         )
-    if store is not None:
+    if store is not None and not is_url(os.fspath(store)):
         folder = os.path.dirname(os.path.abspath(os.fspath(store)))
         if not os.path.isdir(folder):
             raise _NoVerdict(f"--store: the directory {folder} does not exist")
@@ -281,12 +282,10 @@ def _gate(
         status = git_out(["status", "--porcelain", "--untracked-files=no"], toplevel)
         result.head_dirty = bool(status)
     tidy.tmpdir = tempfile.mkdtemp(prefix="traceml-ab-")
-    path = (
-        os.path.abspath(os.fspath(store))
-        if store is not None
-        else os.path.join(tidy.tmpdir, "runs.sqlite")
-    )
-    result.store_path = path if store is not None else None
+    path = os.path.join(tidy.tmpdir, "runs.sqlite")
+    if store is not None:  # a file, or a server's URL
+        path = resolve_store_path(store) or path
+    result.store_path = Store(path).path if store is not None else None  # a password hidden
     head_env = _env(path, toplevel)
     head = _Side(HEAD, list(result.command), cwd, head_env)
     if result.base_command is not None:
@@ -364,10 +363,11 @@ def _worktree_side(result: AbResult, tidy: Tidy, toplevel: str, cwd: str, path: 
 
 
 def _latest_id(path: str, name: str) -> int | None:
-    if not os.path.exists(path):
+    store = Store(path)
+    if not store.exists():
         return None
     try:
-        latest = Store(path).latest(name)
+        latest = store.latest(name)
     except StoreError as exc:
         raise _NoVerdict(f"cannot read the store: {exc}") from None
     return latest.stored_id if latest is not None else None
@@ -404,7 +404,8 @@ def _run(side: _Side, index: int, name: str, path: str, tidy: Tidy) -> AbRun:
     if code != 0:
         raise _NoVerdict(f"{what} exited with code {code} in round {index}", tail)
     try:
-        entry = Store(path).latest(name) if os.path.exists(path) else None
+        store = Store(path)
+        entry = store.latest(name) if store.exists() else None
     except StoreError as exc:
         raise _NoVerdict(f"cannot read the store after {what} in round {index}: {exc}") from None
     if (

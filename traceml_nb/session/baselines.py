@@ -20,7 +20,6 @@ prior, what the other configurations of the machine class have shown (:func:`mac
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -97,7 +96,7 @@ def choose_baseline(
 
     hardware = None if any_hardware else hardware_class(entry.environment)
     note = ""
-    if store is not None and stable_name(entry) and os.path.exists(store.path):
+    if store is not None and stable_name(entry) and store.exists():
         rank_of = None
         if entry.job_id is not None and entry.rank is not None and entry.world_size:
             rank_of = (entry.rank, entry.world_size, entry.job_id)
@@ -143,7 +142,7 @@ def machine_points(
     hardware = hardware_class(entry.environment)
     points: list[RunPoint] = []
     stored: set[int] = set()
-    if store is not None and os.path.exists(store.path):
+    if store is not None and store.exists():
         try:
             for row in store.class_rows(hardware, before=before):
                 if row.id == entry.stored_id or row.step_ms_median is None or row.job_id:

@@ -160,6 +160,7 @@ def check(
             None,
         )
     target = Store(path)
+    path = target.path  # what may be shown (a server's password hidden)
     job: StoredJob | None = None
     units: list[StoredJob | None] = []
     try:

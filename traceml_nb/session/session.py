@@ -124,7 +124,7 @@ class Session:
         stored = persist(entry, target, self.id)
         if stored.note:
             run.capabilities.note(stored.note)
-        if target is not None and target.path not in self.place_noted:
+        if target is not None and not target.server and target.path not in self.place_noted:
             self.place_noted.add(target.path)
             lost = lost_with_the_runtime(target.path)
             if lost:

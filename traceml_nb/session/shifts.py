@@ -184,12 +184,14 @@ def check_history(
         return HistoryCheck(
             EXIT_NO_VERDICT, ERROR, name, max_slowdown, None, error="storing is off"
         )
-    if not os.path.exists(path):
+    target = Store(path)
+    path = target.path  # what may be shown (a server's password hidden)
+    if not target.exists():
         return HistoryCheck(
             EXIT_NO_VERDICT, ERROR, name, max_slowdown, path, error=f"no store at {path}"
         )
     try:
-        history = name_shifts(Store(path), name)
+        history = name_shifts(target, name)
     except StoreError as exc:
         return HistoryCheck(EXIT_NO_VERDICT, ERROR, name, max_slowdown, path, error=str(exc))
     if not history.shifts.judged:

@@ -1,17 +1,18 @@
-"""The run store: every finished run in a local SQLite database, across sessions and processes.
+"""The run store: every finished run in a database, across sessions, processes and machines.
 
-Where: ``--store PATH`` (the magic, the CLI) or ``TRACEML_NB_STORE=PATH``; ``--no-store`` or
-``TRACEML_NB_STORE=off`` turns it off; by default ``$XDG_DATA_HOME/traceml_nb/runs.sqlite``,
-else ``~/.local/share/traceml_nb/runs.sqlite`` (:func:`resolve_store_path`).
+Where: ``--store PATH`` or ``--store postgresql://user@host:port/db`` (the magic, the CLI) or
+``TRACEML_NB_STORE``; ``--no-store`` or ``TRACEML_NB_STORE=off`` turns it off; by default
+``$XDG_DATA_HOME/traceml_nb/runs.sqlite``, else ``~/.local/share/traceml_nb/runs.sqlite``
+(:func:`resolve_store_path`).
 
-How: the standard library's ``sqlite3``, the WAL journal (readers never block the writer; on a
-network or FUSE filesystem such as a mounted Drive the rollback journal instead, and a failed
-write retried once after ``NETWORK_RETRY_S``: :mod:`.store_place`), ``synchronous=NORMAL``, a
-busy timeout of ``BUSY_TIMEOUT_S`` seconds, one short ``BEGIN IMMEDIATE`` transaction per run
-written, so several kernels and CI jobs writing at once lose nothing. The schema has a version (``PRAGMA user_version``) and a ``schema_migrations`` table;
-:data:`MIGRATIONS` bring an older file up to date in one transaction. A run is written once, at
-its end, never while it trains. Any failure is a :class:`StoreError` whose message is one line
-saying why; the session turns it into a note and the user's cell is never failed by it.
+How: one interface, two backends: a SQLite file (:mod:`.store_sqlite`, the embedded default: the
+WAL journal, on a network or FUSE filesystem the rollback journal and a failed write retried once
+after ``NETWORK_RETRY_S``) or a PostgreSQL server (:mod:`.store_postgres`). One short
+transaction per run written, so several kernels, CI jobs and machines writing at once lose
+nothing. The schema has a version and a ``schema_migrations`` table; :data:`MIGRATIONS` bring an
+older store up to date in one transaction. A run is written once, at its end, never while it
+trains. Any failure is a :class:`StoreError` whose message is one line saying why (never a
+password); the session turns it into a note and the user's cell is never failed by it.
 
 Per run: the summary and the diagnosis (JSON), up to ``MAX_STORED_STEPS`` steady step times
 (float32, ms), the DataLoader settings, the cell source, the environment
@@ -29,7 +30,6 @@ computed for earlier runs from what they stored).
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -38,25 +38,25 @@ from typing import Any
 
 from ..settings import store_setting, xdg_data_home
 from .history import RunEntry
-from .store_place import on_network_filesystem
+from .store_backend import Backend, Connection, StoreError, one_line
+from .store_postgres import PostgresBackend
 from .store_rows import LIST_COLUMNS, NameTotals, StoredRow, entry_of, row_of
 from .store_schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION
+from .store_sqlite import SqliteBackend
+from .store_url import is_url
+
+__all__ = ["Store", "StoreError", "default_store_path", "resolve_store_path"]
 
 #: Values of ``TRACEML_NB_STORE`` that turn the store off (any case).
 OFF_VALUES = frozenset({"off", "no", "none", "false", "0"})
-#: Seconds a writer waits for another writer's transaction before giving up ("locked").
+#: Seconds a writer waits for another writer's transaction (or a migration's lock) before
+#: giving up ("locked").
 BUSY_TIMEOUT_S = 3.0
-#: Seconds between attempts to switch a new store to the WAL journal (``Store._use_journal``).
-WAL_RETRY_S = 0.01
 #: Seconds before the one retry of a write that failed on a network or FUSE filesystem.
 NETWORK_RETRY_S = 0.5
 #: What tells a run apart in any store: its name, start (epoch s), the session that measured
 #: it and its number in that session.
 RunKey = tuple[str, float, str | None, int | None]
-
-
-class StoreError(Exception):
-    """The store could not be used; the message is one line saying why."""
 
 
 def default_store_path() -> str:
@@ -68,36 +68,40 @@ def default_store_path() -> str:
     return os.path.join(base, "traceml_nb", "runs.sqlite")
 
 
-def resolve_store_path(option: str | os.PathLike[str] | bool | None = None) -> str | None:
-    """The store's path, or ``None`` when storing is off.
+def _resolved(value: str) -> str:
+    """A URL as given, a path made absolute."""
+    value = value.strip() if is_url(value) else value
+    return value if is_url(value) else os.path.abspath(os.path.expanduser(value))
 
-    ``option``: a path (``--store PATH``), ``False`` (``--no-store``), or ``None``/``True`` for
-    ``TRACEML_NB_STORE`` (a path, or ``off``), else :func:`default_store_path`.
+
+def resolve_store_path(option: str | os.PathLike[str] | bool | None = None) -> str | None:
+    """The store's path (or server URL, as given), or ``None`` when storing is off.
+
+    ``option``: a path or URL (``--store``), ``False`` (``--no-store``), or ``None``/``True``
+    for ``TRACEML_NB_STORE`` (a path, a URL, or ``off``), else :func:`default_store_path`.
     """
     if option is False:
         return None
     if option is not None and option is not True:
-        return os.path.abspath(os.path.expanduser(os.fspath(option)))
+        return _resolved(os.fspath(option))
     value = store_setting()
     if value.lower() in OFF_VALUES:
         return None
     if value:
-        return os.path.abspath(os.path.expanduser(value))
+        return _resolved(value)
     return default_store_path()
 
 
-def _why(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return " ".join(text.split())
-
-
 class Store:
-    """The SQLite run store at ``path`` (see the module docstring).
+    """The run store at ``path``: a SQLite file, or a ``postgresql://`` URL (see the module
+    docstring).
 
     ``create_dir``: create the file's directory when it is missing (done for the default path;
     a path the user chose must exist, so a typo is told rather than silently created).
+    ``timeout_s``: seconds a writer waits for another's transaction or migration.
     Every method opens its own short-lived connection: a store is safe to share between
-    threads, and many processes can use one file.
+    threads, and many processes can use one store. ``path`` is what may be shown: a server
+    URL's password is hidden in it (:func:`~.store_url.redacted`).
     """
 
     def __init__(
@@ -107,78 +111,70 @@ class Store:
         create_dir: bool = False,
         timeout_s: float = BUSY_TIMEOUT_S,
     ) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        target = os.fspath(path)
+        self._backend: Backend
+        if is_url(target):
+            server = PostgresBackend(target, timeout_s=timeout_s)
+            self.path = server.shown
+            self._backend = server
+        else:
+            self.path = os.path.abspath(target)
+            self._backend = SqliteBackend(self.path, create_dir=create_dir, timeout_s=timeout_s)
         self.create_dir = create_dir
         self.timeout_s = timeout_s
-        #: on a network or FUSE filesystem (told from the mount table when first opened)
-        self.network: bool | None = None
 
     def __repr__(self) -> str:
         return f"<traceml_nb Store {self.path}>"
 
+    @property
+    def server(self) -> bool:
+        """The store is a database server's (not a file of this machine)."""
+        return isinstance(self._backend, PostgresBackend)
+
+    @property
+    def network(self) -> bool | None:
+        """The store is a file on a network or FUSE filesystem (None: not opened yet)."""
+        return self._backend.network
+
+    @network.setter
+    def network(self, value: bool | None) -> None:
+        self._backend.network = value
+
+    def exists(self) -> bool:
+        """Whether there is a store to read: a file that is there, or a server (which says
+        itself when it has no store)."""
+        return self._backend.exists()
+
     # --- opening ----------------------------------------------------------------------------
     @contextmanager
-    def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
-        folder = os.path.dirname(self.path)
-        if not os.path.isdir(folder):
-            if not (self.create_dir and write):
-                raise StoreError(f"the store's directory {folder} does not exist")
-            try:
-                os.makedirs(folder, exist_ok=True)
-            except OSError as exc:
-                raise StoreError(
-                    f"cannot create the store's directory {folder}: {_why(exc)}"
-                ) from None
-        if not write and not os.path.exists(self.path):
-            raise StoreError(f"there is no store at {self.path} yet")
-        try:
-            conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the store {self.path}: {_why(exc)}") from None
-        try:
+    def _connect(self, write: bool = False) -> Iterator[Connection]:
+        backend = self._backend
+        with backend.connect(write) as conn:
             try:
                 self._prepare(conn, write)
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(self._explain(exc)) from None
-            yield conn
-        except sqlite3.Error as exc:
-            raise StoreError(self._explain(exc)) from None
-        finally:
-            conn.close()
+                yield conn
+            except backend.errors as exc:
+                raise StoreError(backend.explain(exc)) from None
 
-    def _explain(self, exc: sqlite3.Error) -> str:
-        why = _why(exc)
-        if "not a database" in why or "malformed" in why:
-            return f"the store {self.path} is not a readable SQLite database ({why})"
-        if "locked" in why or "busy" in why:
-            return f"the store {self.path} stayed locked by another writer for {self.timeout_s:g} s"
-        if "readonly" in why or "read-only" in why:
-            return f"the store {self.path} is read-only ({why})"
-        if "full" in why:
-            return f"the disk holding the store {self.path} is full ({why})"
-        return f"the store {self.path} failed: {why}"
-
-    def _prepare(self, conn: sqlite3.Connection, write: bool) -> None:
-        version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    def _prepare(self, conn: Connection, write: bool) -> None:
+        backend = self._backend
+        version = backend.version(conn)
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"the store {self.path} has schema version {version}, written by a newer "
                 f"traceml_nb; this one reads version {SCHEMA_VERSION}"
             )
-        conn.execute("PRAGMA synchronous=NORMAL")
-        if self.network is None:
-            self.network = on_network_filesystem(self.path)
-        if self.network and write:
-            self._use_journal(conn, "delete")
+        backend.configure(conn, write)
         if version == SCHEMA_VERSION:
             return
         if not write and version == 0:
             raise StoreError(f"the store {self.path} is empty (no run was stored yet)")
         # an older schema is migrated on reading too (``check`` may be the first to open a store
         # after an upgrade): the queries name the newer columns
+        backend.lock_schema(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]  # another may have won
+            version = backend.version(conn)  # another may have won
             if version == 0:
                 conn.execute(
                     "CREATE TABLE IF NOT EXISTS schema_migrations "
@@ -193,41 +189,26 @@ class Store:
                         continue
                     try:
                         statement(conn)
-                    except (sqlite3.Error, StoreError):
+                    except StoreError:
                         raise
-                    except Exception as exc:  # a fault of the step's: the file is left as it was
+                    except backend.errors:
+                        raise
+                    except Exception as exc:  # a fault of the step's: the store is left as it was
                         raise StoreError(
                             f"migrating the store {self.path} to schema version {number} "
-                            f"failed: {type(exc).__name__}: {_why(exc)}"
+                            f"failed: {type(exc).__name__}: {one_line(exc)}"
                         ) from None
                 conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)",
                     (number, description, time.time()),
                 )
-                conn.execute(f"PRAGMA user_version = {int(number)}")
+                backend.set_version(conn, number)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        self._use_journal(conn, "delete" if self.network else "wal")
-
-    def _use_journal(self, conn: sqlite3.Connection, mode: str) -> None:
-        """Switch the file to the ``mode`` journal ("wal", or "delete" on a network
-        filesystem; it stays so) unless it is in it. Outside a transaction, as SQLite
-        requires; and SQLite answers "locked" at once, without its busy timeout, while another
-        process writes (two kernels creating one store together), so this waits up to the busy
-        timeout itself."""
-        if conn.execute("PRAGMA journal_mode").fetchall()[0][0].lower() == mode:
-            return
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                conn.execute(f"PRAGMA journal_mode={mode.upper()}")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() >= deadline:
-                    raise
-                time.sleep(WAL_RETRY_S)
+        backend.unlock_schema(conn)
+        backend.migrated(conn)
 
     def schema(self) -> list[tuple[int, str]]:
         """The migrations applied to this file: ``(version, description)``, oldest first."""
@@ -264,9 +245,7 @@ class Store:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for row in rows:
-                    cursor = conn.execute(sql, row)
-                    assert cursor.lastrowid is not None
-                    ids.append(int(cursor.lastrowid))
+                    ids.append(self._backend.insert(conn, sql, row))
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -357,6 +336,8 @@ class Store:
     def entries(self, run_ids: Sequence[int]) -> list[RunEntry]:
         """The stored runs ``run_ids`` in full, in store order (ids not stored are left out)."""
         ids = [int(i) for i in run_ids]
+        if not ids:
+            return []
         return self._entries(f"WHERE id IN ({', '.join('?' * len(ids))}) ORDER BY id", ids)
 
     def job_runs(self, job_id: str, *, name: str | None = None) -> list[RunEntry]:

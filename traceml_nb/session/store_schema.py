@@ -1,17 +1,18 @@
 """The run store's schema: the version this traceml_nb reads and writes, the columns of a run,
-and the migrations that bring an older file up to date (:class:`~.store.Store` applies them in
-one transaction when it opens a file).
+and the migrations that bring an older store up to date (:class:`~.store.Store` applies them in
+one transaction when it opens a store). Written in SQLite's dialect, one text for both backends
+(a server's translates it: :func:`~.store_postgres.dialect`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 from .history import run_configuration
+from .store_backend import Connection
 
 #: The schema this traceml_nb reads and writes.
 SCHEMA_VERSION = 4
@@ -53,7 +54,7 @@ RUN_COLUMNS = (
 )
 
 
-def _backfill_configurations(conn: sqlite3.Connection) -> None:
+def _backfill_configurations(conn: Connection) -> None:
     """Schema 4: the configuration key and the other processes' CPU share of every run stored
     before, computed from what it stored (name, source, loaders, environment, hardware class):
     the same key a new run of that configuration gets."""
@@ -83,9 +84,9 @@ def share_or_null(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-#: (version, what it does, steps): applied in order to a file of an older version; a step is an
+#: (version, what it does, steps): applied in order to a store of an older version; a step is an
 #: SQL statement or a function of the connection, run inside the same transaction.
-MIGRATIONS: list[tuple[int, str, tuple[str | Callable[[sqlite3.Connection], None], ...]]] = [
+MIGRATIONS: list[tuple[int, str, tuple[str | Callable[[Connection], None], ...]]] = [
     (
         1,
         "runs and pinned baselines",

@@ -224,9 +224,7 @@ class StoredHistory:
     def of(
         cls, store: Store, *, name: str | None = None, limit: int = STORED_ROWS
     ) -> StoredHistory:
-        import os
-
-        if not os.path.exists(store.path):
+        if not store.exists():
             return cls([], [], 0, 0, store.path)
         rows = store.rows(name=name, limit=limit)
         stored = store.count(name)

@@ -1,0 +1,250 @@
+"""A PostgreSQL server as the run store, against a real server the tests start themselves
+(tests/support/postgres.py: a throwaway cluster on a Unix socket, one for the whole run, a new
+database per test): the store suite both backends pass, many writers, a second shell comparing
+with the first's runs, the server stopped while a cell runs, credentials in no output, the gates
+and moving runs between a SQLite file and the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from postgres import SECRET_PASSWORD, SECRET_USER
+from store_helpers import REPO, cli, make_run
+from store_suite import StoreDb, StoreSuite
+
+import traceml_nb
+from traceml_nb.session.store import Store, StoreError
+from traceml_nb.session.store_transfer import export_lines, import_lines
+
+
+@pytest.fixture
+def db(postgres_cluster):
+    """A new, empty database of the server (as its superuser)."""
+    return StoreDb("postgresql", postgres_cluster.url(postgres_cluster.new_database()))
+
+
+class TestPostgresStore(StoreSuite):
+    """The store's behaviour on a PostgreSQL server."""
+
+
+def train(session, name: str, *, during=None):
+    """A short real run of ``name`` in ``session`` (``during``: called while it trains); its
+    result."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with session.run(name, sample=False) as run:
+        for i, (x, y) in enumerate(DataLoader(ds, batch_size=4)):
+            time.sleep(0.002)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if i == 2 and during is not None:
+                during()
+    return run.result()
+
+
+# --- a server that goes away --------------------------------------------------------------------
+def test_the_server_stopped_while_a_cell_runs_never_fails_it(postgres_cluster, capsys):
+    url = postgres_cluster.url(postgres_cluster.new_database())
+    session = traceml_nb.Session(store=url)
+    first = train(session, "stops")
+    assert first.stored_id == 1
+    try:
+        stopped = train(session, "stops", during=postgres_cluster.stop_server)
+    finally:
+        postgres_cluster.start_server()
+    note = stopped.store_note
+    assert note and "\n" not in note and note in stopped.capabilities.notes
+    assert note.startswith(f"this run was not stored: cannot reach the store server {url} (")
+    assert stopped.stored_id is None and len(session.history) == 2  # kept in the session
+    assert "this run was not stored" in str(stopped)  # the report says it
+    again = train(session, "stops")  # the server is back
+    assert again.stored_id is not None and Store(url).count("stops") == 2
+
+
+def test_an_unreachable_server_is_one_line_and_asked_once(postgres_cluster):
+    store = Store("postgresql://nobody@127.0.0.1:1/runs")  # nothing listens on port 1
+    with pytest.raises(StoreError) as info:
+        store.add(make_run())
+    why = str(info.value)
+    assert why.startswith("cannot reach the store server postgresql://nobody@127.0.0.1:1/runs (")
+    assert "\n" not in why
+    started = time.perf_counter()
+    with pytest.raises(StoreError, match=re.escape(why)):
+        store.rows()  # the same store does not wait for the server again
+    assert time.perf_counter() - started < 0.5
+
+
+def test_a_full_disk_and_a_lock_on_the_server_are_said_as_such():
+    """The server's own error classes, as psycopg raises them (a full disk cannot be made here
+    without mounting a filesystem)."""
+    import psycopg.errors
+
+    store = Store("postgresql://ann:hunter2@db/runs")
+    backend = store._backend
+    full = psycopg.errors.DiskFull('could not extend file "base/1/2": No space left on device')
+    assert backend.explain(full).startswith(
+        "the disk or memory of the store server postgresql://ann:***@db/runs is full ("
+    )
+    locked = psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
+    assert "stayed locked by another writer for 3 s" in backend.explain(locked)
+    echoed = psycopg.ProgrammingError('invalid dsn: "postgresql://ann:hunter2@db/runs" bad')
+    assert "hunter2" not in backend.explain(echoed)
+
+
+# --- credentials --------------------------------------------------------------------------------
+def test_credentials_appear_in_no_output(postgres_cluster, monkeypatch, capsys):
+    name = postgres_cluster.new_database(owner=SECRET_USER)
+    with_password = postgres_cluster.url(name, SECRET_USER, SECRET_PASSWORD)
+    without = postgres_cluster.url(name, SECRET_USER)
+    seen: list[str] = []
+    session = traceml_nb.Session(store=with_password)
+    for _ in range(3):
+        result = train(session, "secret")
+        seen += [str(result), repr(result), repr(session.store()), *result.capabilities.notes]
+    assert result.stored_id == 3
+    # PGPASSWORD, as libpq reads it: the CLI's gates and listings through the server
+    env = {"PGPASSWORD": SECRET_PASSWORD}
+    for args in (
+        ("check", "--name", "secret", "--store", without),
+        ("check", "--name", "secret", "--history", "--store", without),
+        ("check", "--name", "nothing", "--store", with_password),
+        ("export", "--store", without),
+    ):
+        done = cli(*args, env=env)
+        assert done.returncode in (0, 2, 3), done.stderr
+        seen += [done.stdout, done.stderr]
+    # wrong credentials: one line saying so
+    for bad in (postgres_cluster.url(name, SECRET_USER, "not-" + SECRET_PASSWORD), without):
+        monkeypatch.delenv("PGPASSWORD", raising=False)
+        done = cli("check", "--name", "secret", "--store", bad, env={"PGPASSWORD": ""})
+        assert done.returncode == 2 and "cannot read the store" in done.stdout + done.stderr
+        seen += [done.stdout, done.stderr]
+    with pytest.raises(StoreError, match="refused the credentials") as info:
+        Store(postgres_cluster.url(name, SECRET_USER, "x" + SECRET_PASSWORD)).count()
+    seen.append(str(info.value))
+    from traceml_nb.views.history_table import StoredHistory
+
+    seen.append(StoredHistory.of(Store(with_password)).text)
+    seen.append(capsys.readouterr().out)
+    # the store itself: every row of every table, as text
+    admin = StoreDb("postgresql", postgres_cluster.url(name))
+    tables = [r[0] for r in admin.sql("SELECT tablename FROM pg_tables WHERE schemaname='public'")]
+    assert {"runs", "pins", "schema_migrations"} <= set(tables)
+    for table in tables:
+        seen += [repr(row) for row in admin.sql(f"SELECT * FROM {table}")]
+    assert any("***" in text for text in seen)  # the URL is shown, its password hidden
+    leaked = [text for text in seen if SECRET_PASSWORD in text]
+    assert leaked == []
+
+
+# --- many processes, one server -----------------------------------------------------------------
+SHELL = r"""
+import json, sys
+from IPython.testing.globalipapp import start_ipython
+ip = start_ipython()
+ip.run_line_magic("load_ext", "traceml_nb")
+for cell in json.loads(sys.stdin.read()):
+    print("=== cell", flush=True)
+    assert ip.run_cell(cell).success
+"""
+LOOP = """\
+%%traceml --view text --name shared
+import time, torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(96, 8), torch.randint(0, 2, (96,)))
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in DataLoader(ds, batch_size=4):
+    time.sleep(0.01)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
+
+def shell(cells: list[str], url: str, cwd) -> list[str]:
+    """The outputs of ``cells`` in a real IPython shell of a new process storing to ``url``."""
+    done = subprocess.run(
+        [sys.executable, "-c", SHELL],
+        input=json.dumps(cells),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TRACEML_NB_STORE=url),
+        cwd=str(cwd),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split("=== cell\n")[1:]
+
+
+def test_a_second_shell_compares_with_the_first_shells_runs_through_the_server(
+    postgres_cluster, tmp_path
+):
+    url = postgres_cluster.url(postgres_cluster.new_database())
+    first = shell([LOOP, LOOP], url, tmp_path)
+    assert "this run was not stored" not in "".join(first)
+    (second,) = shell([LOOP], url, tmp_path)
+    line = next(x for x in second.splitlines() if x.startswith("vs baseline"))
+    assert line.startswith(
+        "vs baseline: 2 runs of this configuration of 'shared' (@1\u2013@2), from an earlier "
+        "session: step time "
+    ), second
+    runs = Store(url).rows()
+    assert [(r.id, r.name) for r in runs] == [(1, "shared"), (2, "shared"), (3, "shared")]
+    assert runs[0].session == runs[1].session != runs[2].session
+
+
+# --- the gates, the history, moving runs --------------------------------------------------------
+def test_check_history_and_pins_work_against_the_server(db):
+    store = db.store()
+    for i, median in enumerate([20.0, 20.2, 19.8, 20.1, 19.9]):
+        store.add(make_run("smoke", step_ms=median, seed=i))
+    store.add(make_run("smoke", step_ms=30.0, seed=12, source="train(loader)\nsleep(0.010)\n"))
+    done = cli("check", "--name", "smoke", "--store", db.target)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("REGRESSION: 'smoke' @6 is slower than its baseline, 5 runs")
+    assert traceml_nb.check("smoke", store=db.target, against="@1").exit_code == 1
+    store.pin("smoke", [1, 2])
+    from traceml_nb.session.shifts import check_history
+    from traceml_nb.views.history_table import StoredHistory
+
+    assert check_history("smoke", store=db.target).status == "too short"
+    listed = StoredHistory.of(store, name="smoke")
+    assert listed.stored == 6 and f"store: {db.target}" in listed.text
+    assert "smoke" in StoredHistory.of(store).text
+
+
+def test_runs_move_between_a_sqlite_file_and_the_server_each_once(db, tmp_path):
+    sqlite = Store(tmp_path / "laptop.sqlite")
+    for i in range(3):
+        entry = make_run("smoke", seed=i, step_ms=20.0 + i)
+        entry.started_at += 60.0 * i
+        sqlite.add(entry, session="laptop")
+    lines = list(export_lines(sqlite))
+    server = db.store()
+    server.add(make_run("other"), session="server")  # @1 there already
+    added = import_lines(server, lines)
+    assert (added.added, added.already) == (3, 0)
+    assert list(export_lines(server, "smoke")) == lines
+    assert (import_lines(server, lines).added, server.count()) == (0, 4)  # twice: nothing added
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(line + "\n" for line in export_lines(server)))
+    done = cli("import", str(path), "--store", str(tmp_path / "back.sqlite"))
+    assert done.returncode == 0, done.stderr
+    assert list(export_lines(Store(tmp_path / "back.sqlite"), "smoke")) == lines
+    again = cli("import", str(path), "--store", db.target)
+    assert again.returncode == 0, again.stderr
+    assert "0 run(s) added" in again.stdout and "4 already there" in again.stdout
+    assert str(REPO)  # the CLI ran from the repository
