@@ -105,11 +105,30 @@ def test_profiler_started_inside_a_run() -> None:
 
 
 def test_torch_compiled_model() -> None:
+    """A compiled model is compiled once, as without the run: no graph break, no warning of
+    ours (the phase instruments are out of the way of torch.compile), its forward timed whole."""
+    import warnings
+
+    import numpy as np
+    import torch._dynamo.utils as dynamo_utils
+
+    from traceml_nb.analysis.steps import select_rows
+
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
     model = torch.compile(torch.nn.Linear(4, 2), backend="eager")
-    with traceml_nb.Run("compiled", sample=False) as run:
-        fit(tiny_loader(), model=model)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        with traceml_nb.Run("compiled", sample=False) as run:
+            fit(tiny_loader(), model=model)
+    assert [str(w.message) for w in warned] == []
+    assert dict(dynamo_utils.counters["stats"])["unique_graphs"] == 1
+    assert not dynamo_utils.counters["graph_break"]
     assert run.record.loaders[0].is_training
     assert sum(1 for s in run.record.steps.source if s == 0) == 8
+    phases = select_rows(run.record.snapshot(samples=False)).phase_ms
+    sampled = phases[np.isfinite(phases).all(axis=1)]
+    assert len(sampled) and (sampled[:, 1] > 0).all()  # the compiled model's forward
 
 
 def test_data_parallel_model() -> None:

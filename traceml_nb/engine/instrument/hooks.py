@@ -4,7 +4,7 @@
   replaced by the tracer's wrapper (:meth:`~.tracer.StepTracer.wrap_next`).
 * A global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``)
   reports every ``optimizer.step()``.
-* The phase instruments (:mod:`.step_phases`), on a sample of the steps: module forward hooks
+* The phase instruments (:mod:`.step_phases`; off CUDA), on a sample of the steps: module forward hooks
   (global ones until the model is found, then the model's own), a wrapper of
   ``torch.autograd.backward`` and a global optimizer pre-step hook; the tracer's post-step hook
   ends their optimizer phase.
@@ -34,7 +34,7 @@ class _Installed:
     original_next: Any
     wrapper: Any  #: the tracer's wrapper
     hook_handle: Any
-    phases: StepPhases
+    phases: StepPhases | None  #: None on CUDA
     #: the wrapper installed on top of the tracer's while a profile window counts (else None)
     gate: Any = None
     window_handle: Any = None
@@ -57,13 +57,17 @@ def install(tracer: StepTracer, window: ProfileWindow | None = None) -> None:
     cls = _iter_class()
     original = cls.__dict__["__next__"]
     wrapper = tracer.wrap_next(original)
-    phases = StepPhases(tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS)
-    phases.install()
+    # on CUDA the phases need CUDA events at their boundaries, not recorded yet: none there
+    phases = None
+    if tracer.gpu is None:
+        phases = StepPhases(tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS)
+        phases.install()
     handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook(phases))
 
     def stop() -> None:  # tracing stopped on an error: no more optimizer steps, no phases
         handle.remove()
-        phases.remove()
+        if phases is not None:
+            phases.remove()
 
     tracer.on_stop = stop
     installed = _Installed(tracer, original, wrapper, handle, phases)
@@ -133,7 +137,8 @@ def uninstall() -> list[str]:
     installed.tracer.deactivate()  # what the wrapper still logs is dropped, wherever it is
     installed.tracer.on_stop = None
     installed.hook_handle.remove()
-    installed.phases.remove()
+    if installed.phases is not None:
+        installed.phases.remove()
     if installed.window_handle is not None:
         installed.window_handle.remove()
     cls = _iter_class()

@@ -27,15 +27,20 @@ the step's end.
 
 A phase that starts inside another (a forward recomputed by activation checkpointing inside the
 backward, the forward and backward of an optimizer's closure) is part of the outer one. Calls on
-other threads than the one that started the run (``DataParallel``'s replicas) are not timed.
+other threads than the one that started the run (``DataParallel``'s replicas) are not timed,
+nor calls that ``torch.compile`` traces (the hooks return at once there, so the compiled graph
+holds nothing of ours and breaks nowhere: a compiled model is timed from outside, whole); the
+warning torch gives when a compiled module is called while global hooks are in place is held
+back while the model is sought (it is about our hooks, not the user's).
 Everything is put back when the run ends, as :mod:`.hooks` does for the rest.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ..events import BACKWARD, FORWARD, OPTIMIZER, PHASE, SAMPLING
 
@@ -51,8 +56,36 @@ FIRST_SKIP = 4
 MAX_SAMPLE_ENDS = 16
 
 
+#: The warning torch gives when a compiled module is called while global module hooks are in
+#: place (ours, while the model is sought), held back meanwhile.
+COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
 def _nothing(*_: Any) -> None:
     return None
+
+
+def compiling_check() -> Callable[[], bool]:
+    """torch's "is ``torch.compile`` tracing this call" (older versions: dynamo's own)."""
+    import torch
+
+    check: Any = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if check is None:
+        try:
+            from torch._dynamo import is_compiling as check
+        except ImportError:
+            return lambda: False
+    return cast(Callable[[], bool], check)
+
+
+def _forward_hook(target: Any, hook: Callable[..., None]) -> Any:
+    """``target.register_forward_hook(hook)`` called even when the forward raises, where torch
+    can (2.1 and later); ``target`` a module, or the module package for a global hook."""
+    register = getattr(target, "register_forward_hook", None) or target.register_module_forward_hook
+    try:
+        return register(hook, always_call=True)
+    except TypeError:
+        return register(hook)
 
 
 class PhaseClock:
@@ -71,12 +104,14 @@ class PhaseClock:
         self.check = check  #: processes the log when it holds over ``max_log`` events
         self.max_log = max_log
         self.thread = threading.get_ident()  #: the training thread; -1 once removed
+        #: True while ``torch.compile`` traces the call (torch's own check)
+        self.compiling = compiling_check()
         self.depth = 0  #: phases open, nested ones included
         self.phase = -1  #: the outermost open phase, -1 when none
         self.t_start = 0
 
     def start(self, phase: int) -> None:
-        if threading.get_ident() != self.thread:
+        if self.compiling() or threading.get_ident() != self.thread:
             return
         if self.depth:
             self.depth += 1
@@ -86,7 +121,7 @@ class PhaseClock:
         self.t_start = self.clock()
 
     def end(self) -> None:
-        if threading.get_ident() != self.thread or not self.depth:
+        if self.compiling() or threading.get_ident() != self.thread or not self.depth:
             return
         self.depth -= 1
         if not self.depth:
@@ -125,6 +160,7 @@ class StepPhases:
         self._cycles = 0  #: times the sampling optimizer stepped again since, with others
         self._ends = 0  #: optimizer step ends seen in this sample (bounded: MAX_SAMPLE_ENDS)
         self._installed = False
+        self._warning_filter: Any = None  #: the filter holding COMPILE_WARNING back, while seeking
         self._handles: list[Any] = []  #: the hooks in place while sampling
         self._watching: list[Any] = []  #: the global module hooks, while the model is sought
         self._stack: list[bool] = []  #: per module call open: did it start the forward?
@@ -173,8 +209,10 @@ class StepPhases:
         self._backward = backward
         self._watching = [
             module_mod.register_module_forward_pre_hook(self._seek_pre),
-            module_mod.register_module_forward_hook(self._seek_post, always_call=True),
+            _forward_hook(module_mod, self._seek_post),
         ]
+        warnings.filterwarnings("ignore", COMPILE_WARNING, UserWarning)
+        self._warning_filter = warnings.filters[0]
         self._sample(True)
 
     def optimizer_step_ended(self, optimizer: Any) -> None:
@@ -246,22 +284,29 @@ class StepPhases:
 
     # --- seeking the model -------------------------------------------------------------------
     def _seek_pre(self, module: Any, args: Any) -> None:
-        if threading.get_ident() != self.clock.thread:
+        if self.clock.compiling() or threading.get_ident() != self.clock.thread:
             return
         stack = self._stack
-        if stack or not self._holds_parameters(module):
-            stack.append(False)
-            return
-        if id(module) in self.models:
-            self._settle()  # a model called again, before any optimizer step
+        # a module torch.compile made: the global hooks go before it traces its module, else
+        # the graph it compiles would be compiled again once they are gone
+        compiled = type(module).__name__ == "OptimizedModule"
+        if not stack and self._holds_parameters(module):
+            again = id(module) in self.models
+            self.models[id(module)] = module
+            if again or compiled:  # a model called again (no optimizer step yet), or compiled
+                self._settle()
+                self._add_model_hooks()  # the model's own post-hook ends this forward
+            else:
+                stack.append(True)
+            self.clock.start(FORWARD)
+        elif compiled:
+            self._settle()
             self._add_model_hooks()
         else:
-            self.models[id(module)] = module
-        stack.append(True)
-        self.clock.start(FORWARD)
+            stack.append(False)
 
     def _seek_post(self, module: Any, args: Any, output: Any) -> None:
-        if threading.get_ident() != self.clock.thread:
+        if self.clock.compiling() or threading.get_ident() != self.clock.thread:
             return
         stack = self._stack
         if stack and stack.pop():
@@ -279,6 +324,7 @@ class StepPhases:
         for handle in self._watching:
             handle.remove()
         self._watching = []
+        self._let_warnings_through()
         self._stack = []
         self._has_parameters = {}
 
@@ -289,8 +335,15 @@ class StepPhases:
         for model in self.models.values():
             self._handles += [
                 model.register_forward_pre_hook(self._forward_starts),
-                model.register_forward_hook(self._forward_ends, always_call=True),
+                _forward_hook(model, self._forward_ends),
             ]
+
+    def _let_warnings_through(self) -> None:
+        """Take back the filter that held torch's compile warning."""
+        held, self._warning_filter = self._warning_filter, None
+        if held is not None and held in warnings.filters:
+            cast(list[Any], warnings.filters).remove(held)
+            warnings._filters_mutated()  # type: ignore[attr-defined]
 
     # --- the end -----------------------------------------------------------------------------
     def remove(self) -> None:
@@ -300,6 +353,7 @@ class StepPhases:
         for handle in self._watching + self._handles:
             handle.remove()
         self._watching, self._handles = [], []
+        self._let_warnings_through()
         self._stack = []
         self.models = {}
         self._has_parameters = {}
