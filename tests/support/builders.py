@@ -231,6 +231,8 @@ def make_summary(**changes) -> Summary:
         backward_ms_median=98.0,
         optimizer_ms_median=14.0,
         other_ms_median=9.5,
+        flops_per_step=3.1e9,
+        achieved_tflops=0.0175,
         phase_shares={
             "data_wait": 0.44,
             "copy": 0.01,
@@ -244,6 +246,7 @@ def make_summary(**changes) -> Summary:
             "gpu_util_median_pct": CPU_ONLY,
             "gpu_mem_peak_mb": CPU_ONLY,
             "workers_cpu_median_pct": "no DataLoader workers (num_workers=0)",
+            "mfu": "no peak FLOP/s is known for a CPU",
         },
     )
     values.update(changes)

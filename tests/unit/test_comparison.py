@@ -94,6 +94,20 @@ def test_sm_activity_is_a_row_where_either_run_had_it():
     assert compare(before, after).rows[4].delta == "\u2014"
 
 
+def test_each_phase_both_runs_timed_is_a_row_that_says_where_the_step_moved():
+    before, after = entry(1, steps_around(100.0)), entry(2, steps_around(130.0, seed=2))
+    assert not {"forward", "backward"} & {r.label for r in compare(before, after).rows}
+    for summary, backward in ((before.summary, 40.0), (after.summary, 70.0)):
+        summary.copy_ms_median, summary.forward_ms_median = 2.0, 30.0
+        summary.backward_ms_median, summary.optimizer_ms_median = backward, 10.0
+    rows = {r.label: r for r in compare(before, after).rows}
+    assert rows["backward"] == ComparisonRow("backward", "40 ms", "70 ms", "+75%", "neutral")
+    assert rows["forward"].delta == rows["input copy"].delta == rows["optimizer step"].delta
+    assert rows["forward"].delta == "±0%"
+    after.summary.backward_ms_median = None  # the candidate timed no backward
+    assert "backward" not in {r.label for r in compare(before, after).rows}
+
+
 def test_the_motivating_comparison():
     before = entry(1, steps_around(316.0), wait=0.44, util=51.0, mem=6000.0, verdict="input-bound")
     after = entry(2, steps_around(179.0, seed=2), wait=0.02, util=93.0, mem=6100.0)

@@ -97,6 +97,8 @@ Metrics:
   rest of the step (median)      177 ms
   step phases (median, share)    copy 3.2 ms (1%), forward 52 ms (17%), backward 98 ms (31%), optimizer 14 ms (4%), other 9.5 ms (3%)
   data wait share                44%
+  FLOPs per step                 3.1 GFLOP (counted on one step)
+  achieved FLOP/s                17.5 GFLOP/s
   throughput                     201 samples/s
   steps per second               3.14 steps/s
   batch size                     64
@@ -104,6 +106,7 @@ Metrics:
   main process CPU               98% (100% = one core)
   system CPU                     55%
   CPUs available                 8
+  MFU: unavailable (no peak FLOP/s is known for a CPU)
   GPU input stall share, GPU utilisation (median), SM activity (median), GPU memory peak: unavailable (no CUDA device in this run, CPU only)
   DataLoader workers CPU: unavailable (no DataLoader workers (num_workers=0))
   eval (loader 1): 20 batches, 3.5 s

@@ -96,11 +96,13 @@ def test_an_interrupted_run_of_enough_steps_gets_a_verdict():
         for x, y in loader:
             train_step(model, opt, x, y)
             made += 1
-            if made == 11:
-                raise KeyboardInterrupt  # the stop button right after the 11th step
+            if made == 12:
+                raise KeyboardInterrupt  # the stop button right after the 12th step
     res = result_of(run)
     assert res.status == "interrupted"
-    assert res.summary.total_steps == 11 and res.summary.steady_steps == 10
+    # a warm-up step and the step whose FLOPs were counted are left out
+    assert res.summary.total_steps == 12 and res.summary.steady_steps == 10
+    assert res.summary.flop_counted_steps == 1
     assert res.diagnosis.verdict != "insufficient-data", res.diagnosis.title
 
 

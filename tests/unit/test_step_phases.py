@@ -22,6 +22,7 @@ from traceml_nb.analysis.steps import StepSelection, select_rows
 from traceml_nb.engine.events import FORWARD, OPTIMIZER, PHASE, SAMPLING
 from traceml_nb.engine.instrument import step_phases
 from traceml_nb.engine.instrument.step_phases import StepPhases
+from traceml_nb.engine.record import FLAG_FLOP_COUNTED
 
 COPY_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, OTHER_S = 0.002, 0.003, 0.004, 0.0025, 0.001
 #: each phase's median within this share of the truth (the issue's bar)
@@ -89,6 +90,11 @@ def _steps(run) -> StepSelection:
     return select_rows(run.record.snapshot(samples=False))
 
 
+def _timed(steps: StepSelection) -> np.ndarray:
+    """Which steps have phases the analysis reads: timed, and not slowed by the FLOP count."""
+    return np.isfinite(steps.phase_ms).all(axis=1) & ((steps.flags & FLAG_FLOP_COUNTED) == 0)
+
+
 def test_each_phase_is_within_ten_percent_of_the_truth_and_the_parts_sum_to_the_step() -> None:
     model, loss_fn = Model(), torch.nn.MSELoss()
     opt = SlowSGD(model.parameters(), lr=0.01)
@@ -113,10 +119,11 @@ def test_each_phase_is_within_ten_percent_of_the_truth_and_the_parts_sum_to_the_
             spin(OTHER_S)
     steps = _steps(run)
     assert len(steps) == 30
-    sampled = np.isfinite(steps.phase_ms).all(axis=1)
     # the first step, then every other one after the first skip
     first_skip = step_phases.FIRST_SKIP
-    assert list(np.flatnonzero(sampled) + 1) == [1, *range(first_skip + 2, 31, 2)]
+    timed = np.isfinite(steps.phase_ms).all(axis=1)
+    assert list(np.flatnonzero(timed) + 1) == [1, *range(first_skip + 2, 31, 2)]
+    sampled = _timed(steps)
     for i, (part, measured) in enumerate(truth.items()):
         reported = float(np.median(steps.phase_ms[sampled, i]))
         expected = float(np.median(np.asarray(measured)[sampled]))
@@ -137,9 +144,9 @@ def _run_phases(body) -> tuple[np.ndarray, np.ndarray]:
     ``body``, and which steps those are."""
     with traceml_nb.Run("outcome", sample=False) as run:
         body()
-    phases = _steps(run).phase_ms
-    sampled = np.isfinite(phases).all(axis=1)
-    return phases[sampled], sampled
+    steps = _steps(run)
+    sampled = _timed(steps)
+    return steps.phase_ms[sampled], sampled
 
 
 class Truth:
@@ -175,7 +182,7 @@ def test_an_evaluation_has_a_forward_and_no_backward_or_optimizer_step() -> None
                 truth.time("forward", model, x)
 
     phases, sampled = _run_phases(evaluate)
-    assert sampled.all()  # without an optimizer step, every step
+    assert sampled.all()  # without an optimizer step, every step (and no FLOP count)
     assert np.median(phases[:, 1]) == pytest.approx(truth.median("forward", sampled), rel=TOLERANCE)
     assert (phases[:, 2] == 0).all() and (phases[:, 3] == 0).all()
 

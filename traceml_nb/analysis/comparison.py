@@ -328,7 +328,29 @@ def compare(
             "GPU utilisation", sa.gpu_util_median_pct, sb.gpu_util_median_pct, fmt_pct, GOOD
         ),
         *([sm_row] if sm_measured else []),
+        *_phase_rows(sa, sb),
         _relative_row("peak GPU memory", sa.gpu_mem_peak_mb, sb.gpu_mem_peak_mb, fmt_mb, NEUTRAL),
         _verdict_row(a.diagnosis, b.diagnosis),
     ]
     return result
+
+
+#: The phase rows of a comparison: label -> the Summary field of the phase's median.
+PHASE_ROWS = {
+    "input copy": "copy_ms_median",
+    "forward": "forward_ms_median",
+    "backward": "backward_ms_median",
+    "optimizer step": "optimizer_ms_median",
+}
+
+
+def _phase_rows(a: Summary, b: Summary) -> list[ComparisonRow]:
+    """Which phase of the step moved: a row for each phase both runs timed (medians over
+    their sampled steps; no direction of their own: the step time's verdict is the judgement,
+    these say where it went)."""
+    rows = []
+    for label, name in PHASE_ROWS.items():
+        before, after = getattr(a, name), getattr(b, name)
+        if before is not None and after is not None:
+            rows.append(_relative_row(label, before, after, fmt_ms, NEUTRAL))
+    return rows

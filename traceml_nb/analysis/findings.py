@@ -95,6 +95,16 @@ class Summary:
     #: ...and each part's share of the steps' time, 0..1, by part (data_wait, copy, forward,
     #: backward, optimizer, other; they sum to 1); empty where the phases were not measured
     phase_shares: dict[str, float] = field(default_factory=dict)
+    #: steps the FLOP count slowed, left out of the statistics
+    flop_counted_steps: int = 0
+    #: floating-point operations of one training step (a multiply-add counts 2), counted once
+    #: with FlopCounterMode (:mod:`traceml_nb.engine.instrument.flop_count`)
+    flops_per_step: float | None = None
+    #: those FLOPs over the median rest of the step (the step less its data wait), TFLOP/s
+    achieved_tflops: float | None = None
+    #: model FLOPs utilisation: achieved_tflops over the device's peak for the model's dtype,
+    #: 0..1
+    mfu: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

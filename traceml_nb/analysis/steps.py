@@ -29,6 +29,7 @@ import numpy as np
 
 from ..engine.contracts import StepSource
 from ..engine.record import (
+    FLAG_FLOP_COUNTED,
     FLAG_OPTIMIZER_STEP,
     FLAG_PROFILED,
     FLAG_TRUNCATED,
@@ -127,7 +128,8 @@ def _np(col: array, dtype: str) -> np.ndarray:
 
 def select_rows(snapshot: RecordSnapshot) -> StepSelection:
     """The steps of ``snapshot`` as arrays; the steps that overlap the profiler's window
-    (``RecordSnapshot.profile``) carry ``FLAG_PROFILED``."""
+    (``RecordSnapshot.profile``) carry ``FLAG_PROFILED``, those that overlap the FLOP count's
+    (``RecordSnapshot.flops``) for half their time or more ``FLAG_FLOP_COUNTED``."""
     cols = snapshot.steps
     rule = rule_of(snapshot)
     mask = rule.mask(cols)
@@ -139,6 +141,12 @@ def select_rows(snapshot: RecordSnapshot) -> StepSelection:
         begin, end = window
         profiled = (start_ns < end) & (start_ns + wall_ns > begin)
         flags = flags | np.where(profiled, FLAG_PROFILED, 0).astype("u1")
+    counted = snapshot.flops.window_ns if snapshot.flops is not None else None
+    if counted is not None:
+        begin, end = counted
+        overlap = np.minimum(start_ns + wall_ns, end) - np.maximum(start_ns, begin)
+        mostly = overlap * 2 >= np.maximum(wall_ns, 1)  # the step the count covered
+        flags = flags | np.where(mostly, FLAG_FLOP_COUNTED, 0).astype("u1")
     return StepSelection(
         rule=rule,
         start_s=start_ns / 1e9,

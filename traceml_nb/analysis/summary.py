@@ -11,6 +11,7 @@ import numpy as np
 from ..engine.capabilities import Capabilities
 from ..engine.record import (
     FLAG_EPOCH_START,
+    FLAG_FLOP_COUNTED,
     FLAG_INTERLEAVED,
     FLAG_PROFILED,
     LoaderInfo,
@@ -48,6 +49,7 @@ class Measurements:
     steady_index: np.ndarray  #: ...and of the steady steps
     interleaved: int  #: steps an evaluation ran inside, left out of the statistics
     profiled: int  #: steps that ran under the profiler (``--profile``), left out too
+    flop_counted: int  #: steps the FLOP count slowed, left out too
     wall_ms: np.ndarray  #: steady steps
     wait_ms: np.ndarray
     stall_ms: np.ndarray  #: GPU input stall, NaN where unresolved
@@ -128,7 +130,7 @@ def measure(
     sel = select_rows(snapshot)
     # a step an evaluation ran inside is a step, but its time is the evaluation's too; a
     # profiled step's time is the profiler's too
-    eligible = (sel.flags & (FLAG_INTERLEAVED | FLAG_PROFILED)) == 0
+    eligible = (sel.flags & (FLAG_INTERLEAVED | FLAG_PROFILED | FLAG_FLOP_COUNTED)) == 0
     index = np.flatnonzero(eligible)
     n_warm = detect_warmup(sel.wall_ms[index], warmup)
     steady = index[n_warm:]
@@ -171,6 +173,12 @@ def measure(
         steady_index=steady,
         interleaved=int(((sel.flags & FLAG_INTERLEAVED) != 0).sum()),
         profiled=int(((sel.flags & (FLAG_INTERLEAVED | FLAG_PROFILED)) == FLAG_PROFILED).sum()),
+        flop_counted=int(
+            (
+                (sel.flags & (FLAG_INTERLEAVED | FLAG_PROFILED | FLAG_FLOP_COUNTED))
+                == FLAG_FLOP_COUNTED
+            ).sum()
+        ),
         wall_ms=wall,
         wait_ms=sel.wait_ms[steady],
         stall_ms=stall,
@@ -215,6 +223,32 @@ def _batch_size(m: Measurements, batches: np.ndarray) -> int | None:
     if m.loader is not None and m.loader.batch_size:
         return int(m.loader.batch_size)
     return None
+
+
+#: Why the MFU of a run on a CPU is unavailable.
+NO_CPU_PEAK = "no peak FLOP/s is known for a CPU"
+#: ...and of a run on a GPU, for now.
+NO_GPU_MODEL = "the GPU's peak is looked up by its model, which the run does not record yet"
+
+
+def _flop_figures(
+    snapshot: RecordSnapshot, m: Measurements, unavailable: dict[str, str]
+) -> dict[str, float | None]:
+    """The FLOPs per step, the FLOP/s they make over the median rest of the steady steps, the
+    MFU; each missing one with why in ``unavailable``."""
+    count = snapshot.flops
+    flops = float(count.flops) if count is not None and count.flops is not None else None
+    achieved = None
+    if flops is None:
+        why = count.why if count is not None else "the run counted no FLOPs"
+        unavailable["flops_per_step"] = unavailable["achieved_tflops"] = why
+    elif m.steady:
+        compute_ms = float(np.median(m.wall_ms - m.wait_ms))
+        achieved = flops / (compute_ms / 1e3) / 1e12 if compute_ms > 0 else None
+    if achieved is None and "achieved_tflops" not in unavailable:
+        unavailable["achieved_tflops"] = NO_STEPS
+    unavailable["mfu"] = NO_GPU_MODEL if m.gpu_in_use else NO_CPU_PEAK
+    return {"flops_per_step": flops, "achieved_tflops": achieved, "mfu": None}
 
 
 def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
@@ -284,6 +318,8 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         steady_steps=n,
         interleaved_steps=m.interleaved,
         profiled_steps=m.profiled,
+        flop_counted_steps=m.flop_counted,
+        **_flop_figures(snapshot, m, unavailable),
         elapsed_s=m.elapsed_s,
         warmup_s=float(sel.wall_ms[m.warmup_index].sum()) / 1e3,
         step_ms_median=median,

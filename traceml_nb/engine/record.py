@@ -22,6 +22,8 @@ from .profile_capture import ProfileCapture
 if TYPE_CHECKING:
     import numpy as np
 
+    from .flop_capture import FlopCount
+
 NAN = float("nan")
 
 # --- step sources: who closed the step -------------------------------------------------------
@@ -39,6 +41,9 @@ FLAG_OPTIMIZER_STEP = 8  #: at least one ``optimizer.step()`` ran inside this st
 #: the step ran (in part) under ``torch.profiler`` (``RunRecord.profile``); set by the
 #: analysis when it selects the steps, not written into the table
 FLAG_PROFILED = 16
+#: the step's FLOPs were being counted (``RunRecord.flops``), which slows it: left out of the
+#: statistics; set by the analysis, as FLAG_PROFILED is
+FLAG_FLOP_COUNTED = 32
 
 
 # --- step phases ------------------------------------------------------------------------------
@@ -414,6 +419,8 @@ class RunRecord:
     elapsed_ns: int = 0  #: run duration, set when the run ends (live: 0)
     #: what ``torch.profiler`` captured (``--profile``), set as the run ends; None: not asked
     profile: ProfileCapture | None = None
+    #: the FLOPs of one counted step (``instrument.flop_count``), set as the run ends
+    flops: FlopCount | None = None
 
     @property
     def nbytes(self) -> int:
@@ -442,6 +449,7 @@ class RunRecord:
             elapsed_ns=elapsed,
             ended=bool(self.elapsed_ns),
             profile=self.profile,
+            flops=self.flops,
         )
 
 
@@ -461,6 +469,7 @@ class RecordSnapshot:
     elapsed_ns: int  #: the run's duration, or the time since its start while it runs
     ended: bool  #: the run had ended when the copy was taken
     profile: ProfileCapture | None = None  #: see ``RunRecord.profile`` (not a copy: final)
+    flops: FlopCount | None = None  #: see ``RunRecord.flops``
 
 
 @dataclass

@@ -30,6 +30,7 @@ from .options import Backends, RunOptions
 from .record import RankRecord, RecordSnapshot, RunRecord
 
 if TYPE_CHECKING:
+    from .instrument.flop_count import FlopWindow
     from .instrument.gpu_events import GpuStallTimer
     from .instrument.profiler import ProfileWindow
     from .instrument.tracer import StepTracer
@@ -173,6 +174,7 @@ class Run:
         self._backends = backends if backends is not None else Backends()
         self._tracer: StepTracer | None = None
         self._window: ProfileWindow | None = None
+        self._flops: FlopWindow | None = None  #: counts one step's FLOPs
         self._collector: Collector | None = None
         self._result: Any = None
         #: the ranks this run launched (:mod:`.rank_launch`), one record each, in start order
@@ -221,6 +223,7 @@ class Run:
 
     def _start(self) -> None:
         from .instrument import hooks
+        from .instrument.flop_count import FlopWindow
         from .instrument.tracer import StepTracer
 
         rec = self.record
@@ -233,7 +236,8 @@ class Run:
         self.capabilities.set("data_wait", True)
         if self.options.profile is not None:
             self._window = self._make_window()
-        hooks.install(self._tracer, self._window)
+        self._flops = FlopWindow(self._tracer.clock, rec.t0_ns)
+        hooks.install(self._tracer, self._window, self._flops)
         if self.watch_ranks:
             from . import rank_launch
 
@@ -352,6 +356,11 @@ class Run:
                 self._window.end(self._ended_by())
         except Exception as exc:
             self.capabilities.note(f"the profiler could not be stopped: {exc}")
+        try:
+            if self._flops is not None:  # no FLOP counter left counting
+                self.record.flops = self._flops.close()
+        except Exception as exc:
+            self.capabilities.note(f"the FLOP counter could not be stopped: {exc}")
         try:
             for note in hooks.uninstall():
                 self.capabilities.note(note)

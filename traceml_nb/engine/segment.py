@@ -28,7 +28,7 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   to the first forward that starts after it. A step that began while the phase instruments
   were on (:class:`~traceml_nb.engine.events.Sampling`) gets what was added between its start
   and its end, unless an optimizer step other than the one that turned them off ran in it
-  after they were off; the others get none.
+  after they had been off (even if they were on again by then); the others get none.
 
 Which of these rows are *the* steps of the run is one rule, :func:`traceml_nb.analysis.steps.choose_steps`.
 """
@@ -41,7 +41,6 @@ from typing import Any
 from .events import (
     EXHAUSTED,
     FETCH,
-    FORWARD,
     ITERATOR_STARTED,
     MARKER,
     OPTIMIZER_STEP,
@@ -53,16 +52,14 @@ from .events import (
     IteratorStarted,
     Marker,
     OptimizerStep,
-    Phase,
-    Sampling,
 )
+from .phase_ledger import Mark, PhaseLedger
 from .record import (
     FLAG_EPOCH_START,
     FLAG_INTERLEAVED,
     FLAG_OPTIMIZER_STEP,
     FLAG_TRUNCATED,
     MAX_LOADERS,
-    PHASE_WIDTH,
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
     LoaderInfo,
@@ -123,7 +120,7 @@ class _Loader:
         self.since_optimizer = 0  #: fetches since the last optimizer step
         self.first_fetch_ns = -1  #: when the loader's first fetch of the run was entered
         #: the phase totals when the open step began, () when it began unsampled
-        self.phase_mark: tuple[int, ...] = ()
+        self.phase_mark: Mark = ()
 
 
 class StepSegmenter:
@@ -157,13 +154,9 @@ class StepSegmenter:
         self._marker_prev_ns = 0
         self._marker_wait_mark = 0
         self._wait_total = 0  #: data wait of every fetch so far, ns
-        #: copy, forward, backward and optimizer time so far (the record's PHASE_COLUMNS), ns
-        self._phase_totals = [0] * PHASE_WIDTH
-        self._sampling = False  #: the phase instruments are on: a step that begins gets phases
-        self._turned_off = False  #: the sampling was turned off by the optimizer step that comes
-        self._copy_from = -1  #: the last fetch's return, until a forward starts after it
-        self._optimizer_phase_mark: tuple[int, ...] = ()
-        self._marker_phase_mark: tuple[int, ...] = ()
+        self._phases = PhaseLedger()
+        self._optimizer_phase_mark: Mark = ()
+        self._marker_phase_mark: Mark = ()
         self._last_batch = -1
         self._rows: list[tuple[int, int, int, int, int, int]] = []
         self._row_phases: list[tuple[int, int, int, int] | None] = []
@@ -176,8 +169,8 @@ class StepSegmenter:
             ITERATOR_STARTED: self._iterator_started,
             EXHAUSTED: self._exhausted,
             MARKER: self._marker,
-            PHASE: self._phase_event,
-            SAMPLING: self._sampling_event,
+            PHASE: self._phases.phase,
+            SAMPLING: self._phases.turned,
         }
 
     def feed(self, events: Iterable[Event | tuple[Any, ...]]) -> None:
@@ -253,8 +246,8 @@ class StepSegmenter:
         st.flags = FLAG_EPOCH_START if first else 0
         st.gpu_enter = gpu_enter
         st.gpu_exit = gpu_exit
-        st.phase_mark = self._phase_mark()
-        self._copy_from = t_exit
+        st.phase_mark = self._phases.mark()
+        self._phases.fetched(t_exit)
         open_steps[slot] = st
         self._current = st
         self._wait_total += wait
@@ -295,10 +288,12 @@ class StepSegmenter:
     def _optimizer_step(self, ev: OptimizerStep) -> None:
         _, optimizer, t_ns = ev
         self.record.optimizer_steps += 1
-        if self._turned_off:
-            self._turned_off = False
-        elif not self._sampling:
-            self._unsampled_step()
+        ledger = self._phases
+        for st in self._open.values():
+            st.phase_mark = ledger.still_timed(st.phase_mark)
+        self._optimizer_phase_mark = ledger.still_timed(self._optimizer_phase_mark)
+        self._marker_phase_mark = ledger.still_timed(self._marker_phase_mark)
+        ledger.optimizer_stepped()
         if self._phase is not None:
             self._end_phase(t_ns)
         self._trained = True
@@ -327,7 +322,7 @@ class StepSegmenter:
                 self._optimizer_row(t_ns)
             self._optimizer_prev_ns = t_ns
             self._optimizer_wait_mark = self._wait_total
-            self._optimizer_phase_mark = self._phase_mark()
+            self._optimizer_phase_mark = self._phases.mark()
             self._fetched_since_optimizer.clear()
             self._epoch_started_since_optimizer = False
 
@@ -392,32 +387,7 @@ class StepSegmenter:
         )
         self._marker_prev_ns = t_ns
         self._marker_wait_mark = self._wait_total
-        self._marker_phase_mark = self._phase_mark()
-
-    def _phase_event(self, ev: Phase) -> None:
-        _, phase, t_start, t_end = ev
-        totals = self._phase_totals
-        if phase == FORWARD and self._copy_from >= 0:
-            totals[0] += max(0, t_start - self._copy_from)
-            self._copy_from = -1
-        totals[phase + 1] += t_end - t_start
-
-    def _sampling_event(self, ev: Sampling) -> None:
-        self._sampling = ev[1]
-        self._turned_off = not self._sampling
-        if not self._sampling:
-            self._copy_from = -1
-
-    def _unsampled_step(self) -> None:
-        """An optimizer step after the one that turned the sampling off: the steps still open
-        lose their phases (part of their time was not timed)."""
-        for st in self._open.values():
-            st.phase_mark = ()
-        self._optimizer_phase_mark = self._marker_phase_mark = ()
-
-    def _phase_mark(self) -> tuple[int, ...]:
-        """The phase totals for a step that begins now; () when it begins unsampled."""
-        return tuple(self._phase_totals) if self._sampling else ()
+        self._marker_phase_mark = self._phases.mark()
 
     # --- rows --------------------------------------------------------------------------------
     def _close(self, st: _Loader, t_end_ns: int, next_gpu: Any, *, truncated: bool) -> None:
@@ -464,23 +434,12 @@ class StepSegmenter:
         batch: int,
         source: int,
         flags: int,
-        phase_mark: tuple[int, ...],
+        phase_mark: Mark,
     ) -> None:
         """Queue one row (times relative to the run start), its phases those logged since the
         totals were ``phase_mark`` (none: ``()``); :meth:`_flush` writes it."""
         self._rows.append((start_ns - self._t0, wall_ns, wait_ns, batch, source, flags))
-        if phase_mark:
-            copy, forward, backward, optimizer = self._phase_totals
-            self._row_phases.append(
-                (
-                    copy - phase_mark[0],
-                    forward - phase_mark[1],
-                    backward - phase_mark[2],
-                    optimizer - phase_mark[3],
-                )
-            )
-        else:
-            self._row_phases.append(None)
+        self._row_phases.append(self._phases.of_step(phase_mark))
 
     def _flush(self) -> None:
         """Write the queued rows in one go, then hand the GPU figures of those rows on."""

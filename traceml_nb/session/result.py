@@ -21,7 +21,7 @@ from ..analysis.steps import StepSelection
 from ..analysis.stragglers import RanksSummary
 from ..engine.capabilities import Capabilities
 from ..engine.contracts import EndStatus
-from ..engine.record import FLAG_INTERLEAVED, FLAG_PROFILED, RecordSnapshot
+from ..engine.record import FLAG_FLOP_COUNTED, FLAG_INTERLEAVED, FLAG_PROFILED, RecordSnapshot
 from ..tune.prediction import Prediction
 
 
@@ -111,7 +111,7 @@ def step_arrays(
 
     rows: list[tuple[float, float, float, int, float, str]] = []
     interleaved = (selection.flags & FLAG_INTERLEAVED) != 0
-    profiled = (selection.flags & FLAG_PROFILED) != 0
+    profiled = (selection.flags & (FLAG_PROFILED | FLAG_FLOP_COUNTED)) != 0
     eligible_seen = 0
     for i in range(len(selection)):
         if interleaved[i]:

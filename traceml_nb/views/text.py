@@ -110,12 +110,27 @@ def _step_phases(s: Summary, v: float) -> str:
     return ", ".join(parts)
 
 
+def _flops(s: Summary, v: float) -> str:
+    """``3.2 GFLOP (counted on one step)``."""
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if v >= scale:
+            return f"{v / scale:.3g} {unit} (counted on one step)"
+    return f"{v:.0f} FLOP (counted on one step)"
+
+
+def _tflops(s: Summary, v: float) -> str:
+    return f"{v:.3g} TFLOP/s" if v >= 0.1 else f"{v * 1e3:.3g} GFLOP/s"
+
+
 METRICS: tuple[_Metric, ...] = (
     _Metric("step time (median)", "step_ms_median", "steps", _ms_with_spread),
     _Metric("data wait (median)", "data_wait_ms_median", "data_wait", lambda s, v: fmt_ms(v)),
     _Metric("rest of the step (median)", "compute_ms_median", "steps", lambda s, v: fmt_ms(v)),
     _Metric("step phases (median, share)", "forward_ms_median", "steps", _step_phases),
     _Metric("data wait share", "data_wait_share", "data_wait", lambda s, v: fmt_share(v)),
+    _Metric("FLOPs per step", "flops_per_step", "steps", _flops),
+    _Metric("achieved FLOP/s", "achieved_tflops", "steps", _tflops),
+    _Metric("MFU", "mfu", "steps", lambda s, v: fmt_share(v)),
     _Metric("GPU input stall share", "gpu_stall_share", "gpu_events", lambda s, v: fmt_share(v)),
     _Metric(
         "GPU utilisation (median)",
@@ -183,6 +198,8 @@ def steps_phrase(summary: Summary) -> str:
         parts.append(f"{summary.interleaved_steps:,} with an evaluation inside")
     if summary.profiled_steps:
         parts.append(f"{summary.profiled_steps:,} profiled")
+    if summary.flop_counted_steps:
+        parts.append(f"{summary.flop_counted_steps:,} FLOP-counted")
     parts.append(f"{summary.steady_steps:,} measured")
     return f"{summary.total_steps:,} {noun} ({', '.join(parts)})"
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .flop_count import FlopWindow
 from .profiler import ProfileWindow
 from .step_phases import StepPhases
 from .tracer import READER_MAX_EVENTS, StepTracer
@@ -49,8 +50,11 @@ def _iter_class() -> Any:
     return _BaseDataLoaderIter
 
 
-def install(tracer: StepTracer, window: ProfileWindow | None = None) -> None:
-    """Start feeding ``tracer`` (and ``window``, while it is not done)."""
+def install(
+    tracer: StepTracer, window: ProfileWindow | None = None, flops: FlopWindow | None = None
+) -> None:
+    """Start feeding ``tracer`` (and ``window``, while it is not done; ``flops``, which counts
+    one step's FLOPs)."""
     global _installed
     import torch.optim.optimizer as optim_mod
 
@@ -62,7 +66,8 @@ def install(tracer: StepTracer, window: ProfileWindow | None = None) -> None:
     if tracer.gpu is None:
         phases = StepPhases(tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS)
         phases.install()
-    handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook(phases))
+    listeners = [x for x in (phases, flops) if x is not None]
+    handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook(listeners))
 
     def stop() -> None:  # tracing stopped on an error: no more optimizer steps, no phases
         handle.remove()

@@ -27,8 +27,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 from ..events import (
     EPOCH_STARTED,
@@ -42,7 +42,6 @@ from ..record import RunRecord
 from ..segment import StepSegmenter
 from .gpu_events import GpuStallTimer
 from .loader import batch_size_of, counted_batch_size, driver_of, epoch_samples, loader_settings
-from .step_phases import StepPhases
 
 #: Without a reader, the training thread processes the log once it holds this many events...
 PROCESS_EVENTS = 256
@@ -55,6 +54,15 @@ CHECK_EVERY = 256
 READER_MAX_EVENTS = 8192
 
 T = TypeVar("T")
+
+
+class StepEndListener(Protocol):
+    """Told of an optimizer step's end by the tracer's hook once its ``countdown`` (optimizer
+    steps, decremented by the hook) runs out; it sets the countdown again."""
+
+    countdown: int
+
+    def optimizer_step_ended(self, optimizer: Any) -> None: ...
 
 
 class StepTracer:
@@ -134,20 +142,22 @@ class StepTracer:
         __next__.__doc__ = getattr(original, "__doc__", None)
         return __next__
 
-    def optimizer_hook(self, phases: StepPhases | None = None) -> Callable[[Any, Any, Any], None]:
-        """A global optimizer post-step hook that logs each step; the phase instruments
-        (``phases``) are told first when their countdown runs out (see
-        :meth:`~.step_phases.StepPhases.optimizer_step_ended`)."""
+    def optimizer_hook(
+        self, listeners: Sequence[StepEndListener] = ()
+    ) -> Callable[[Any, Any, Any], None]:
+        """A global optimizer post-step hook that logs each step; each of ``listeners`` (the
+        phase instruments, the FLOP count) is told first when its countdown runs out."""
         tracer = self
         clock = self.clock
         log = self.log
         append = log.append
+        told = tuple(listeners)
 
         def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if phases is not None:
-                phases.countdown -= 1
-                if phases.countdown <= 0:
-                    phases.optimizer_step_ended(optimizer)
+            for listener in told:
+                listener.countdown -= 1
+                if listener.countdown <= 0:
+                    listener.optimizer_step_ended(optimizer)
             append((OPTIMIZER_STEP, optimizer, clock()))
             if len(log) > READER_MAX_EVENTS:
                 tracer.check()

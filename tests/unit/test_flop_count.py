@@ -1,0 +1,96 @@
+"""The FLOPs of one training step, counted once per run with FlopCounterMode: the count equals
+FlopCounterMode run by hand on the same step, the counted step is left out of the statistics,
+and each case without a count says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.flop_counter import FlopCounterMode
+
+import traceml_nb
+from traceml_nb.analysis import analyze
+from traceml_nb.engine import flop_capture
+from traceml_nb.engine.instrument import flop_count
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 8 * 8, 10),
+    )
+
+
+def _loader(n: int = 96) -> DataLoader:
+    data = TensorDataset(torch.randn(n, 3, 8, 8), torch.randint(0, 10, (n,)))
+    return DataLoader(data, batch_size=8)
+
+
+def _step(model, opt, x, y) -> None:
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _dispatch_modes() -> int:
+    return int(torch._C._len_torch_dispatch_stack())
+
+
+def test_the_count_is_flop_counter_mode_on_the_same_step_and_that_step_is_left_out() -> None:
+    model = _model()
+    opt = torch.optim.Adam(model.parameters())
+    with traceml_nb.Run("flops", sample=False) as run:
+        for x, y in _loader():
+            _step(model, opt, x, y)
+    x, y = next(iter(_loader()))
+    with FlopCounterMode(display=False) as by_hand:
+        _step(model, opt, x, y)
+    count = run.record.flops
+    assert count is not None and count.why == ""
+    assert count.flops == pytest.approx(by_hand.get_total_flops(), rel=0.05)
+    assert count.flops > 0 and _dispatch_modes() == 0
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.flop_counted_steps == 1
+    assert summary.flops_per_step == count.flops
+    compute_s = (summary.step_ms_median - summary.data_wait_ms_median) / 1e3
+    assert summary.achieved_tflops == pytest.approx(count.flops / compute_s / 1e12, rel=0.2)
+    assert summary.mfu is None and "CPU" in summary.unavailable["mfu"]
+
+
+def test_a_loop_without_an_optimizer_step_has_no_count_and_says_why() -> None:
+    model = _model()
+    with traceml_nb.Run("eval", sample=False) as run, torch.no_grad():
+        for x, _ in _loader(32):
+            model(x)
+    assert run.record.flops == flop_capture.FlopCount(why=flop_capture.NO_OPTIMIZER)
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.flops_per_step is None
+    assert summary.unavailable["flops_per_step"] == flop_capture.NO_OPTIMIZER
+
+
+def test_a_run_that_ends_inside_the_counted_step_leaves_no_counter_behind() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(KeyboardInterrupt), traceml_nb.Run("stopped", sample=False) as run:
+        for i, (x, y) in enumerate(_loader()):
+            _step(model, opt, x, y)
+            if i == flop_count.COUNT_AFTER_STEPS - 1:  # the count has just begun
+                assert _dispatch_modes() == 1
+                raise KeyboardInterrupt
+    assert _dispatch_modes() == 0
+    assert run.record.flops is not None and run.record.flops.why == flop_capture.ENDED
+
+
+def test_a_process_that_compiled_a_model_counts_nothing(monkeypatch) -> None:
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: True)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with traceml_nb.Run("compiled", sample=False) as run:
+        for x, y in _loader(32):
+            _step(model, opt, x, y)
+    assert run.record.flops == flop_capture.FlopCount(why=flop_capture.COMPILED)
+    assert _dispatch_modes() == 0

@@ -1,0 +1,24 @@
+"""What the FLOP count of a run found (:mod:`traceml_nb.engine.instrument.flop_count` counts),
+kept in the run record as :attr:`~traceml_nb.engine.record.RunRecord.flops`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NO_OPTIMIZER = "no optimizer step ran: FLOPs are counted over one training step"
+COMPILED = (
+    "a model was compiled with torch.compile in this process: counting its FLOPs would make "
+    "torch compile it again"
+)
+ENDED = "the run ended during the step whose FLOPs were being counted"
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """What the counting found: ``flops`` per step (floating-point operations, a multiply-add
+    counting 2, as FlopCounterMode counts), ``window_ns`` when it counted (ns from the run
+    start; the step it covers for the most part is left out), or ``why`` there is no count."""
+
+    flops: int | None = None
+    window_ns: tuple[int, int] | None = None
+    why: str = NO_OPTIMIZER

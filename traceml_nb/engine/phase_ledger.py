@@ -1,0 +1,72 @@
+"""The step segmenter's account of the phases (:mod:`traceml_nb.engine.segment`): running totals
+of the input copy, forward, backward and optimizer time the phase instruments logged
+(:class:`~traceml_nb.engine.events.Phase`), whether they are on
+(:class:`~traceml_nb.engine.events.Sampling`), and for each step a mark taken when it began,
+from which its phases are told when it ends.
+
+Pure and torch-free. A step gets phases when it began while the instruments were on, unless an
+optimizer step other than the one that turned them off ran in it after they had been off (even
+if they were on again by then: part of it was not timed).
+"""
+
+from __future__ import annotations
+
+from .events import FORWARD, Phase, Sampling
+from .record import PHASE_WIDTH
+
+#: A step's mark: the totals when it began and the times the instruments had been turned off;
+#: () for a step that began with them off.
+Mark = tuple[int, ...]
+
+
+class PhaseLedger:
+    """The totals and the rules above; the segmenter feeds it the events in order."""
+
+    def __init__(self) -> None:
+        #: copy, forward, backward and optimizer time so far (the record's PHASE_COLUMNS), ns
+        self.totals = [0] * PHASE_WIDTH
+        self.sampling = False  #: the instruments are on: a step that begins gets a mark
+        self._turned_off = False  #: off, by the optimizer step whose end comes next
+        self._offs = 0  #: times they were turned off
+        self._copy_from = -1  #: the last fetch's return, until a forward starts after it
+
+    def mark(self) -> Mark:
+        """The mark of a step that begins now."""
+        return (*self.totals, self._offs) if self.sampling else ()
+
+    def fetched(self, t_exit_ns: int) -> None:
+        """A batch arrived: the input copy runs until the next forward starts."""
+        self._copy_from = t_exit_ns
+
+    def phase(self, ev: Phase) -> None:
+        _, phase, t_start, t_end = ev
+        totals = self.totals
+        if phase == FORWARD and self._copy_from >= 0:
+            totals[0] += max(0, t_start - self._copy_from)
+            self._copy_from = -1
+        totals[phase + 1] += t_end - t_start
+
+    def turned(self, ev: Sampling) -> None:
+        self.sampling = ev[1]
+        self._turned_off = not self.sampling
+        if not self.sampling:
+            self._copy_from = -1
+            self._offs += 1
+
+    def still_timed(self, mark: Mark) -> Mark:
+        """At an optimizer step, the mark of a step still open: () once part of it went
+        untimed (call :meth:`optimizer_stepped` after every open step's mark was looked at)."""
+        if mark and not self._turned_off and mark[-1] != self._offs:
+            return ()
+        return mark
+
+    def optimizer_stepped(self) -> None:
+        """The optimizer step that turned the instruments off has been seen."""
+        self._turned_off = False
+
+    def of_step(self, mark: Mark) -> tuple[int, int, int, int] | None:
+        """The phases of a step that ends now, begun with ``mark`` (None: it has none)."""
+        if not mark:
+            return None
+        copy, forward, backward, optimizer = self.totals
+        return (copy - mark[0], forward - mark[1], backward - mark[2], optimizer - mark[3])
