@@ -196,7 +196,9 @@ def test_out_stores_a_result_object(ip):
     )
     steps = res.steps
     assert len(steps) == 24
-    assert set(steps.phase) <= {"warmup", "train"} and steps.phase[-1] == "train"
+    assert set(steps.phase) <= {"warmup", "train", "train, FLOP-counted"}
+    assert steps.phase.count("train, FLOP-counted") == res.summary.flop_counted_steps <= 1
+    assert steps.phase[-1] == "train"
     assert steps.batch == [4] * 24
     assert steps.gpu_stall_ms == [None] * 24  # CPU-only: unavailable, never 0
     for wall, wait, compute in zip(

@@ -312,7 +312,9 @@ def test_profiled_steps_are_left_out_of_the_statistics(tmp_path):
     s = profiled.summary
     # the 8 profiled steps and the one the profiler started at the end of
     assert s.profiled_steps == 9
-    assert s.steady_steps == s.total_steps - s.warmup_steps - s.profiled_steps
+    assert s.steady_steps == (
+        s.total_steps - s.warmup_steps - s.profiled_steps - s.flop_counted_steps
+    )
     assert profiled.steps.phase.count("train, profiled") == 9
     assert plain.summary.profiled_steps == 0
     # the profiler slowed its steps; the statistics are of the other steps only (within the

@@ -40,6 +40,12 @@ def _dispatch_modes() -> int:
     return int(torch._C._len_torch_dispatch_stack())
 
 
+@pytest.fixture(autouse=True)
+def nothing_compiled(monkeypatch) -> None:
+    """As in a process that never compiled a model (another test of the suite may have)."""
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+
+
 def test_the_count_is_flop_counter_mode_on_the_same_step_and_that_step_is_left_out() -> None:
     model = _model()
     opt = torch.optim.Adam(model.parameters())

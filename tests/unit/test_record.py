@@ -18,6 +18,23 @@ def test_a_step_row_costs_under_100_bytes() -> None:
     assert per_row == 32  # four int64 a row on a CPU run (GPU columns grow only on CUDA)
 
 
+def test_the_phases_of_the_few_sampled_rows_are_kept_apart_and_read_back_in_place() -> None:
+    table = StepTable()
+    rows = [(i, 10, 3, 8, 0, 0) for i in range(1000)]
+    phases = [(1, 2, 3, i) if i % 60 == 5 else None for i in range(1000)]
+    table.extend(rows[:500], phases[:500])
+    table.extend(rows[500:], phases[500:])
+    assert table.nbytes / len(table) < 33  # a sampled row in 60 costs 40 bytes
+    for start in (0, 5, 6, 700):
+        cols = table.snapshot(start)
+        optimizer = list(cols.optimizer_ns)
+        for i, value in enumerate(optimizer, start=start):
+            assert value == i if i % 60 == 5 else math.isnan(value)
+        assert [v for v in cols.copy_ns if not math.isnan(v)] == [1.0] * sum(
+            1 for i in range(start, 1000) if i % 60 == 5
+        )
+
+
 def test_snapshot_is_a_consistent_copy_while_a_writer_appends() -> None:
     table = StepTable()
     stop = threading.Event()

@@ -100,9 +100,10 @@ def test_an_interrupted_run_of_enough_steps_gets_a_verdict():
                 raise KeyboardInterrupt  # the stop button right after the 12th step
     res = result_of(run)
     assert res.status == "interrupted"
-    # a warm-up step and the step whose FLOPs were counted are left out
-    assert res.summary.total_steps == 12 and res.summary.steady_steps == 10
-    assert res.summary.flop_counted_steps == 1
+    # a warm-up step and the step whose FLOPs were counted (none where a model was compiled
+    # earlier in the process) are left out
+    s = res.summary
+    assert s.total_steps == 12 and s.steady_steps == 11 - s.flop_counted_steps >= 10
     assert res.diagnosis.verdict != "insufficient-data", res.diagnosis.title
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -51,7 +52,6 @@ FLAG_FLOP_COUNTED = 32
 #: (its ``wall_ns`` less its wait and these) is the loop's own: zero_grad, logging, and so on.
 PHASE_COLUMNS = ("copy_ns", "forward_ns", "backward_ns", "optimizer_ns")
 PHASE_WIDTH = len(PHASE_COLUMNS)
-_NO_PHASES = (-1,) * PHASE_WIDTH
 
 
 def pack_meta(batch: int, source: int, flags: int) -> int:
@@ -79,14 +79,14 @@ class StepTable:
                   (the input copy, and whatever the loop did to the batch)
     ``forward_ns`` ``backward_ns`` ``optimizer_ns``  host time inside the model's forward, the
                   autograd backward and the optimizer's ``step()``
-                  (:mod:`traceml_nb.engine.instrument.step_phases`); ``NaN`` in a row written
-                  without phases (none were logged in the run yet, or a rank's row)
+                  (:mod:`traceml_nb.engine.instrument.step_phases`); ``NaN`` in a row
+                  without phases (a step that was not sampled, a rank's row)
 
     Rows are four int64 in a single array (start, wall, wait, and :func:`pack_meta` of batch,
     source and flags), written whole; the GPU columns are separate arrays that grow only when a
-    GPU value is set, the phase columns one more array, :data:`PHASE_WIDTH` int64 a row (-1 for
-    none), that grows only once a row has phases and is written before its rows. Readers get
-    plain typed columns from :meth:`snapshot`.
+    GPU value is set; the phases, kept for the few rows that have them, are two more arrays (the
+    rows' indices, ascending, and :data:`PHASE_WIDTH` int64 each), written before their rows
+    and each index after its values. Readers get plain typed columns from :meth:`snapshot`.
     """
 
     COLUMNS = (
@@ -107,7 +107,8 @@ class StepTable:
         self._rows = array("q")
         self._gpu_stall = array("f")
         self._gpu_span = array("f")
-        self._phases = array("q")
+        self._phase_rows = array("q")  #: indices of the rows that have phases, ascending
+        self._phase_values = array("q")  #: their PHASE_COLUMNS, PHASE_WIDTH a row
 
     def append(
         self, start_ns: int, wall_ns: int, wait_ns: int, batch: int, source: int, flags: int
@@ -128,13 +129,11 @@ class StepTable:
         packed: list[int] = []
         for start_ns, wall_ns, wait_ns, batch, source, flags in rows:
             packed += (start_ns, wall_ns, wait_ns, pack_meta(batch, source, flags))
-        if any(p is not None for p in phases):
-            col = self._phases
-            missing = len(self) * PHASE_WIDTH - len(col)
-            if missing > 0:
-                col.extend([-1] * missing)
-            for p in phases:
-                col.extend(p if p is not None else _NO_PHASES)
+        first = len(self)
+        for i, p in enumerate(phases):
+            if p is not None:
+                self._phase_values.extend(p)
+                self._phase_rows.append(first + i)
         self._rows.extend(packed)
 
     def set_gpu(self, row: int, stall_ms: float, span_ms: float) -> None:
@@ -153,7 +152,13 @@ class StepTable:
         """Memory held by the columns' buffers, in bytes."""
         return sum(
             col.buffer_info()[1] * col.itemsize
-            for col in (self._rows, self._gpu_stall, self._gpu_span, self._phases)
+            for col in (
+                self._rows,
+                self._gpu_stall,
+                self._gpu_span,
+                self._phase_rows,
+                self._phase_values,
+            )
         )
 
     def snapshot(self, start: int = 0) -> StepColumns:
@@ -181,12 +186,14 @@ class StepTable:
         """The phase columns of rows ``start..start+n``, ``NaN`` where a row has none."""
         import numpy as np
 
-        packed = self._phases[start * PHASE_WIDTH : (start + n) * PHASE_WIDTH]
+        rows = self._phase_rows[:]  # one atomic copy; each index is written after its values
+        lo, hi = bisect_left(rows, start), bisect_left(rows, start + n)
         values = np.full((n, PHASE_WIDTH), np.nan)
-        got = len(packed) // PHASE_WIDTH
-        if got:
-            known = np.frombuffer(packed, np.int64)[: got * PHASE_WIDTH].reshape(got, PHASE_WIDTH)
-            values[:got] = np.where(known < 0, np.nan, known)
+        if hi > lo:
+            known = np.frombuffer(
+                self._phase_values[lo * PHASE_WIDTH : hi * PHASE_WIDTH], np.int64
+            ).reshape(hi - lo, PHASE_WIDTH)
+            values[np.frombuffer(rows[lo:hi], np.int64) - start] = known
         return [_typed("d", np.ascontiguousarray(values[:, i])) for i in range(PHASE_WIDTH)]
 
     @staticmethod

@@ -62,8 +62,10 @@ PHASE_TRAIN = "train"
 PHASE_INTERLEAVED = "train, evaluation inside"
 #: a training step that ran under the profiler (``--profile``; left out of the statistics)
 PHASE_PROFILED = "train, profiled"
+#: a training step whose FLOPs were counted (left out of the statistics)
+PHASE_FLOP_COUNTED = "train, FLOP-counted"
 #: the phases of the run's own steps (the other loaders' phases are not steps)
-OWN_PHASES = (PHASE_WARMUP, PHASE_TRAIN, PHASE_INTERLEAVED, PHASE_PROFILED)
+OWN_PHASES = (PHASE_WARMUP, PHASE_TRAIN, PHASE_INTERLEAVED, PHASE_PROFILED, PHASE_FLOP_COUNTED)
 
 
 @dataclass
@@ -111,13 +113,16 @@ def step_arrays(
 
     rows: list[tuple[float, float, float, int, float, str]] = []
     interleaved = (selection.flags & FLAG_INTERLEAVED) != 0
-    profiled = (selection.flags & (FLAG_PROFILED | FLAG_FLOP_COUNTED)) != 0
+    profiled = (selection.flags & FLAG_PROFILED) != 0
+    counted = (selection.flags & FLAG_FLOP_COUNTED) != 0
     eligible_seen = 0
     for i in range(len(selection)):
         if interleaved[i]:
             phase = PHASE_INTERLEAVED
         elif profiled[i]:
             phase = PHASE_PROFILED
+        elif counted[i]:
+            phase = PHASE_FLOP_COUNTED
         else:
             phase = PHASE_WARMUP if eligible_seen < warmup_steps else PHASE_TRAIN
             eligible_seen += 1
