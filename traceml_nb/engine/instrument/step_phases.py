@@ -15,8 +15,8 @@ pace since the last sample. A loop without an optimizer (an evaluation) keeps th
 throughout.
 
 **The model is found without being named.** Until the first optimizer step (or the first model
-called a second time, in a loop without one), global module forward hooks watch every module
-call and take as the model each module called from outside any other module that holds
+called a second time, or a compiled module called), global module forward hooks watch every
+module call and take as the model each module called from outside any other module that holds
 parameters (the loss function holds none); from then on only those modules carry hooks, while
 sampled. Several models (a GAN's two), a model called twice a step and a DDP wrapper are all
 outermost modules; a model first called after that first step is not seen. The backward is
