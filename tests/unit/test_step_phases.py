@@ -337,3 +337,21 @@ def test_a_step_inside_a_step_of_the_same_optimizer_is_one_optimizer_phase() -> 
     finally:
         phases.remove()
     assert [(e[0], e[1]) for e in log] == [(SAMPLING, True), (PHASE, OPTIMIZER), (SAMPLING, False)]
+
+
+def test_a_whole_step_window_closes_where_a_whole_step_fell_inside() -> None:
+    from traceml_nb.engine.instrument.whole_step import WholeStep
+
+    one, critic, generator = object(), object(), object()
+    assert WholeStep().closes_at(one)  # the first sample: at the first end
+    alone = WholeStep(one)
+    assert alone.closes_at(one)  # one optimizer: at its next end
+    # a GAN: opened at either optimizer's end, it closes at that optimizer's second end after
+    for first, second in ((critic, generator), (generator, critic)):
+        gan = WholeStep(first)
+        assert [gan.closes_at(o) for o in (second, first, second, first)] == [
+            False,
+            False,
+            False,
+            True,
+        ]

@@ -1,7 +1,7 @@
 """The FLOPs of one training step, counted once per run with
-``torch.utils.flop_counter.FlopCounterMode``: from the end of an optimizer step to the same
-optimizer's next end (where another optimizer stepped in between, a GAN's, to the one after),
-after :data:`COUNT_AFTER_STEPS` optimizer steps (past the first steps' one-off work). The
+``torch.utils.flop_counter.FlopCounterMode`` over one whole step (:class:`~.whole_step.WholeStep`:
+from the end of an optimizer step to the same optimizer's next end, or where another optimizer
+stepped in between, a GAN's, to the one after), after :data:`COUNT_AFTER_STEPS` optimizer steps (past the first steps' one-off work). The
 counting slows the step it counts (every operator goes through a Python dispatch mode), so the
 step it covers for the most part is left out of the statistics, as profiled steps are
 (:attr:`~traceml_nb.engine.flop_capture.FlopCount.window_ns`).
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..flop_capture import COMPILED, ENDED, FlopCount
+from .whole_step import WholeStep
 
 #: Optimizer steps before the counted one: the second step is counted (the first does one-off
 #: work; a count later would take a step from a short run's statistics that the warm-up does
@@ -44,9 +45,7 @@ class FlopWindow:
         self.result: FlopCount | None = None
         self._mode: Any = None
         self._start_ns = 0
-        self._by: Any = None  #: the optimizer whose step's end began the count
-        self._others = False
-        self._cycles = 0
+        self._step: WholeStep | None = None  #: the step counted, while it is
 
     def optimizer_step_ended(self, optimizer: Any) -> None:
         self.countdown = 1
@@ -54,12 +53,8 @@ class FlopWindow:
             self.countdown = 1 << 62
         elif self._mode is None:
             self._begin(optimizer)
-        elif optimizer is not self._by:
-            self._others = True
-        elif not self._others or self._cycles:
+        elif self._step is not None and self._step.closes_at(optimizer):
             self._end()
-        else:
-            self._cycles += 1
 
     def _begin(self, optimizer: Any) -> None:
         if _compiled_anything():
@@ -73,7 +68,7 @@ class FlopWindow:
         except Exception as exc:
             self.result = FlopCount(why=f"the FLOP counter could not start ({exc!r})")
             return
-        self._mode, self._by = mode, optimizer
+        self._mode, self._step = mode, WholeStep(optimizer)
         self._start_ns = self.clock()
 
     def _end(self) -> None:

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..events import BACKWARD, FORWARD, OPTIMIZER, PHASE, SAMPLING
+from .whole_step import WholeStep
 
 #: The phases are timed on about one step in this much training time, s (and on the first):
 #: a sample costs about 70 us on the 2-core VM (the tiny MLP's step with the hooks, and the
@@ -155,9 +156,8 @@ class StepPhases:
         #: optimizer steps until the next look at the sampling (a countdown, so that the
         #: tracer's hook does a subtraction a step, not a call)
         self.countdown = 1
-        self._sampled_by: Any = None  #: the optimizer whose step's end turned the sampling on
-        self._others = False  #: another optimizer has stepped since
-        self._cycles = 0  #: times the sampling optimizer stepped again since, with others
+        #: the step the sampling waits to end (the first sample's: at the first optimizer end)
+        self._sample_step = WholeStep()
         self._ends = 0  #: optimizer step ends seen in this sample (bounded: MAX_SAMPLE_ENDS)
         self._installed = False
         self._warning_filter: Any = None  #: the filter holding COMPILE_WARNING back, while seeking
@@ -217,10 +217,9 @@ class StepPhases:
 
     def optimizer_step_ended(self, optimizer: Any) -> None:
         """The tracer's hook, at an optimizer step's end (when :attr:`countdown` ran out, or
-        while sampling): the optimizer phase ends; the sampling may turn. It turns off at the
-        next end of the optimizer that turned it on; where another optimizer stepped in
-        between (a GAN's), at the one after, so that a whole step fell inside wherever that
-        optimizer's step comes in it."""
+        while sampling): the optimizer phase ends; the sampling may turn. It turns off once a
+        whole step fell inside (:class:`~.whole_step.WholeStep`; the first sample, at the first
+        end), or after :data:`MAX_SAMPLE_ENDS` ends."""
         clock = self.clock
         self.countdown = 1
         if clock.depth and clock.phase == OPTIMIZER:
@@ -233,22 +232,14 @@ class StepPhases:
         if not self._installed:
             self.countdown = 1 << 62
         elif not self.sampling:
-            self._sampled_by, self._others, self._cycles, self._ends = optimizer, False, 0, 0
+            self._sample_step, self._ends = WholeStep(optimizer), 0
             self._last_on_ns = self.clock.clock()
             self._sample(True)
-        elif self._sampled_by is not None and optimizer is not self._sampled_by:
-            self._others = True
-            self._ends += 1
-        elif (
-            self._sampled_by is None
-            or not self._others
-            or self._cycles
-            or self._ends >= MAX_SAMPLE_ENDS
-        ):
+        elif self._sample_step.closes_at(optimizer) or self._ends >= MAX_SAMPLE_ENDS:
             self._sample(False)
             self.countdown = self._skip()
         else:
-            self._cycles += 1
+            self._ends += 1
 
     def _skip(self) -> int:
         """Optimizer steps to stay off for: about :attr:`interval_ns` at the pace of the steps
