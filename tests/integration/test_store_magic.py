@@ -101,7 +101,7 @@ def test_a_second_shell_compares_its_run_with_the_first_shells_run(tmp_path):
     )
     # one run of the configuration tells no noise: the default for its step length judges,
     # and two processes a moment apart are never called slower or faster on it
-    assert re.search(r"assumed for [0-9.]+ ms steps until reruns tell", line), line
+    assert re.search(r"assumed for [0-9.]+ ms steps between sessions until reruns tell", line), line
     assert ", slower" not in line and ", faster" not in line
     assert "what changed: same code, same settings, same machine" in second
     runs = Store(store).rows()

@@ -12,6 +12,9 @@ configurations never do. With few runs that estimate is itself uncertain, so it 
   freedom of it), and toward a documented default for the step length
   (:func:`default_noise_sigma`, worth ``DEFAULT_PRIOR_DF`` degrees of freedom): short steps
   are noisier;
+* **wider across sessions**: a comparison with runs of another session (another kernel or
+  job, so another process) assumes ``SESSION_NOISE`` more by default, as a process's own state
+  moves all its steps (:func:`default_noise_sigma`);
 * **carried with its degrees of freedom**, so that the verdict's bounds use Student's t
   (:mod:`.judge`): three runs give wide bounds, thirty narrow ones.
 
@@ -37,6 +40,7 @@ from .thresholds import (
     DEFAULT_NOISE_MAX,
     DEFAULT_PRIOR_DF,
     MATERIAL_STEAL_SHARE,
+    SESSION_NOISE,
     STEP_LENGTH_FACTOR,
 )
 
@@ -53,14 +57,18 @@ def is_busy(load: dict[str, Any] | None) -> bool:
     )
 
 
-def default_noise_sigma(step_ms: float) -> float:
+def default_noise_sigma(step_ms: float, across_sessions: bool = False) -> float:
     """The run-to-run noise assumed before any run says otherwise, for a median step of
     ``step_ms`` milliseconds: ``DEFAULT_NOISE_AT_10MS`` at 10 ms, growing for shorter steps
-    as (10 ms / step) ** ``DEFAULT_NOISE_EXPONENT``, at most ``DEFAULT_NOISE_MAX``."""
+    as (10 ms / step) ** ``DEFAULT_NOISE_EXPONENT``, at most ``DEFAULT_NOISE_MAX``; with
+    ``across_sessions`` (runs of different processes compared), ``SESSION_NOISE`` added in
+    quadrature."""
     if step_ms <= 0 or not math.isfinite(step_ms):
-        return DEFAULT_NOISE_MAX
-    scale = max(1.0, 10.0 / step_ms) ** DEFAULT_NOISE_EXPONENT
-    return min(DEFAULT_NOISE_MAX, DEFAULT_NOISE_AT_10MS * scale)
+        within = DEFAULT_NOISE_MAX
+    else:
+        scale = max(1.0, 10.0 / step_ms) ** DEFAULT_NOISE_EXPONENT
+        within = min(DEFAULT_NOISE_MAX, DEFAULT_NOISE_AT_10MS * scale)
+    return math.hypot(within, SESSION_NOISE) if across_sessions else within
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,9 @@ class Noise:
     runs or more) and ``own_df`` their degrees of freedom (runs less one per configuration);
     ``class_df``: what other configurations of the machine
     class gave (``class_configs`` of them); ``default_df``: the default's weight;
-    ``step_ms``: the step length the default and the class were taken at.
+    ``step_ms``: the step length the default and the class were taken at;
+    ``across_sessions``: the compared runs came from different sessions (the default is then
+    the wider one, :func:`default_noise_sigma`).
     """
 
     sigma: float
@@ -95,6 +105,7 @@ class Noise:
     class_configs: int = 0
     default_df: float = DEFAULT_PRIOR_DF
     step_ms: float = 0.0
+    across_sessions: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +140,7 @@ def estimate_noise(
     machine: Sequence[RunPoint] = (),
     *,
     own_configs: Sequence[str | None] = (),
+    across_sessions: bool = False,
 ) -> Noise:
     """The noise for a comparison of runs whose median step is about ``step_ms`` ms.
 
@@ -137,7 +149,8 @@ def estimate_noise(
     hardware class (their busy runs and the configurations in ``own_configs`` are left out),
     pooled when a configuration's (geometric) mean step is within ``STEP_LENGTH_FACTOR`` of
     ``step_ms``, worth at most
-    ``CLASS_PRIOR_MAX_DF`` degrees of freedom. See the module docstring."""
+    ``CLASS_PRIOR_MAX_DF`` degrees of freedom; ``across_sessions``: the compared runs came
+    from different sessions. See the module docstring."""
     own_ss, own_df, own_runs, own_groups = _pooled(own)
     skip = set(own_configs)
     quiet = [p for p in machine if not p.busy and p.config is not None and p.config not in skip]
@@ -152,7 +165,7 @@ def estimate_noise(
     if class_df > CLASS_PRIOR_MAX_DF:
         class_ss *= CLASS_PRIOR_MAX_DF / class_df
         class_df = CLASS_PRIOR_MAX_DF
-    default = default_noise_sigma(step_ms)
+    default = default_noise_sigma(step_ms, across_sessions)
     df = DEFAULT_PRIOR_DF + class_df + own_df
     variance = (DEFAULT_PRIOR_DF * default**2 + class_ss + own_ss) / df
     return Noise(
@@ -165,6 +178,7 @@ def estimate_noise(
         class_configs=class_configs,
         default_df=DEFAULT_PRIOR_DF,
         step_ms=step_ms,
+        across_sessions=across_sessions,
     )
 
 

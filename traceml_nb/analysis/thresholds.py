@@ -151,6 +151,14 @@ DEFAULT_NOISE_AT_10MS = 0.08
 DEFAULT_NOISE_EXPONENT = 0.35
 #: ...and is never above this.
 DEFAULT_NOISE_MAX = 0.30
+#: Runs of different sessions (kernels, jobs: different processes) scatter more than runs of
+#: one: where a process's threads and memory landed moves all its steps. Measured on this
+#: 2-core VM class (2026-12-04, a small CPU conv net, 80 steps a run): 8.7% between runs of one
+#: process (6 processes of 6 runs), 12.6% and 14.6% between runs of 30 fresh processes. A
+#: comparison with runs of another session adds this (in quadrature) to the default above;
+#: without it, two demo runs in CI read "faster, beyond the run-to-run noise" for one
+#: configuration whose two runs differed by 36%.
+SESSION_NOISE = 0.10
 #: The default counts as this many degrees of freedom (as many as five runs would give): enough
 #: to judge a 2x change from two runs, little enough that a configuration's own runs soon
 #: outweigh it.

@@ -166,13 +166,24 @@ def machine_points(
     return points
 
 
+def across_sessions(entry: RunEntry, runs: Iterable[RunEntry]) -> bool:
+    """Some of ``runs`` were made in another session than ``entry`` (so in another process)."""
+    return any(r.session_id is not None and r.session_id != entry.session_id for r in runs)
+
+
 def noise_for(
-    entry: RunEntry, configs: Iterable[str], points: Sequence[RunPoint], step_ms: float
+    entry: RunEntry,
+    configs: Iterable[str],
+    points: Sequence[RunPoint],
+    step_ms: float,
+    *,
+    across: bool = False,
 ) -> Noise:
     """The noise for comparing ``entry`` with runs of ``configs`` (configuration keys; its own
     among them): those configurations' quiet runs in ``points`` estimate it, the others of the
     machine class are the prior. For a run made on a busy machine the busy runs count too:
-    judged among its own kind, not against a noise no busy run could show."""
+    judged among its own kind, not against a noise no busy run could show. ``across``: the
+    runs compared come from other sessions (:func:`across_sessions`)."""
     wanted = set(configs)
     if is_busy(entry.load):  # a run on a busy machine: the busy runs are its own kind
         points = [replace(p, busy=False) for p in points]
@@ -180,4 +191,6 @@ def noise_for(
     for p in points:
         if p.config in wanted and p.config is not None and not p.busy:
             groups.setdefault(p.config, []).append(p.median_ms)
-    return estimate_noise(list(groups.values()), step_ms, points, own_configs=sorted(wanted))
+    return estimate_noise(
+        list(groups.values()), step_ms, points, own_configs=sorted(wanted), across_sessions=across
+    )

@@ -32,7 +32,7 @@ from ..analysis.configuration import changed_parts
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.noise import RunPoint, estimate_noise, is_busy, log_mean_ms
 from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
-from .baselines import SAME, choose_baseline, machine_points, noise_for
+from .baselines import SAME, across_sessions, choose_baseline, machine_points, noise_for
 from .environment import hardware_class
 from .history import RunEntry
 from .store import Store, StoreError, resolve_store_path
@@ -255,11 +255,14 @@ def check(
         ]
         step_ms = log_mean_ms(medians)
     judged = candidates or [candidate]
+    across = across_sessions(candidate, baseline)
     if job is None:
-        noise = noise_for(candidate, keys, points, step_ms)
+        noise = noise_for(candidate, keys, points, step_ms, across=across)
     else:  # a job's noise is that of the slowest ranks of earlier jobs
         medians = [r.summary.step_ms_median for r in baseline if r.summary.step_ms_median]
-        noise = estimate_noise([medians], step_ms, points, own_configs=sorted(keys))
+        noise = estimate_noise(
+            [medians], step_ms, points, own_configs=sorted(keys), across_sessions=across
+        )
     comparison = compare_with_baseline(
         baseline,
         candidate,

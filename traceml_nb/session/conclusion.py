@@ -106,7 +106,7 @@ def compare_with_earlier(
     from ..analysis.baseline import compare_with_baseline
     from ..analysis.configuration import changed_parts
     from ..analysis.noise import is_busy
-    from .baselines import machine_points, noise_for
+    from .baselines import across_sessions, machine_points, noise_for
 
     runs = baseline.runs
     points = machine_points(entry, history, target)
@@ -117,7 +117,7 @@ def compare_with_earlier(
         """The keyword arguments that judge ``entry`` against ``before``."""
         keys = {config.key, *(r.configuration.key for r in before)}
         return {
-            "noise": noise_for(entry, keys, points, step_ms),
+            "noise": noise_for(entry, keys, points, step_ms, across=across_sessions(entry, before)),
             "after_busy": is_busy(entry.load) and not all(is_busy(r.load) for r in before),
         }
 

@@ -28,8 +28,10 @@ def fmt_pct_plain(share: float) -> str:
 def noise_source(noise: Noise, after_busy: bool = False) -> str:
     """Where the noise comes from: ``5 runs of this configuration``, ``7 runs of 2
     configurations and 3 other configurations on this machine``, or ``assumed for 10 ms steps
-    until reruns tell``; with ``after_busy``, ``…, 5× for this run on a busy machine``."""
+    until reruns tell``; for runs of different sessions ``…, between sessions``; with
+    ``after_busy``, ``…, 5× for this run on a busy machine``."""
     busy = f", {BUSY_NOISE_FACTOR:g}\u00d7 for this run on a busy machine" if after_busy else ""
+    sessions = " between sessions" if noise.across_sessions else ""
     parts = []
     if noise.own_configs == 1:
         parts.append(f"{noise.own_runs} runs of this configuration")
@@ -39,8 +41,8 @@ def noise_source(noise: Noise, after_busy: bool = False) -> str:
         n = noise.class_configs
         parts.append(f"{n} other configuration{'s' if n != 1 else ''} on this machine")
     if not parts:
-        return f"assumed for {fmt_ms(noise.step_ms)} steps until reruns tell{busy}"
-    return " and ".join(parts) + busy
+        return f"assumed for {fmt_ms(noise.step_ms)} steps{sessions} until reruns tell{busy}"
+    return " and ".join(parts) + ("," + sessions if sessions else "") + busy
 
 
 def verdict_tail(judgement: Judgement, noise: Noise | None, after_busy: bool = False) -> str:
