@@ -94,6 +94,16 @@ def test_sm_activity_is_a_row_where_either_run_had_it():
     assert compare(before, after).rows[4].delta == "\u2014"
 
 
+def test_mfu_is_a_row_where_either_run_had_it():
+    before, after = entry(1, steps_around(100.0)), entry(2, steps_around(80.0, seed=2))
+    assert "MFU" not in [r.label for r in compare(before, after).rows]  # a CPU: no peak
+    before.summary.mfu, after.summary.mfu = 0.20, 0.31
+    rows = {r.label: r for r in compare(before, after).rows}
+    assert rows["MFU"] == ComparisonRow("MFU", "20%", "31%", "+11 pts", "good")
+    after.summary.mfu = None  # the candidate ran on a GPU not in the table
+    assert {r.label: r for r in compare(before, after).rows}["MFU"].delta == "\u2014"
+
+
 def test_each_phase_both_runs_timed_is_a_row_that_says_where_the_step_moved():
     before, after = entry(1, steps_around(100.0)), entry(2, steps_around(130.0, seed=2))
     assert not {"forward", "backward"} & {r.label for r in compare(before, after).rows}

@@ -100,3 +100,72 @@ def test_a_process_that_compiled_a_model_counts_nothing(monkeypatch) -> None:
             _step(model, opt, x, y)
     assert run.record.flops == flop_capture.FlopCount(why=flop_capture.COMPILED)
     assert _dispatch_modes() == 0
+
+
+def test_the_count_tells_the_precision_the_flops_ran_in() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with traceml_nb.Run("bf16", sample=False) as run:
+        for x, y in _loader():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(x)
+            torch.nn.functional.cross_entropy(out.float(), y).backward()
+            opt.step()
+            opt.zero_grad()
+    count = run.record.flops
+    assert count is not None and count.device == "cpu"
+    assert set(count.by_dtype) == {"bf16"} and sum(count.by_dtype.values()) == count.flops
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.flop_precisions == {"bf16": 1.0}
+    assert summary.mfu is None and summary.unavailable["mfu"] == "no peak FLOP/s is known for a CPU"
+
+
+@pytest.mark.parametrize(
+    ("capability", "precision", "conv"), [((7, 5), "fp32", "fp32"), ((8, 0), "tf32", "tf32")]
+)
+def test_float32_on_a_gpu_counts_as_tf32_where_its_tensor_cores_and_torch_allow(
+    monkeypatch, capability, precision, conv
+) -> None:
+    """A fake CUDA tensor: float32 is tf32 from compute capability 8.0 with a matmul precision
+    other than "highest" (convolutions: cudnn.allow_tf32), and the device is named as CUDA
+    names it."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    tensor = SimpleNamespace(dtype=torch.float32, device=torch.device("cuda", 0))
+    half = SimpleNamespace(dtype=torch.float16, device=torch.device("cuda", 0))
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        counter = flop_count._counter()
+        assert counter._precision(torch.ops.aten.mm, tensor) == precision
+        assert counter._precision(torch.ops.aten.convolution, tensor) == conv
+        assert counter._precision(torch.ops.aten.mm, half) == "fp16"
+        assert counter.device == "NVIDIA A100-SXM4-40GB"
+        torch.set_float32_matmul_precision("highest")
+        assert flop_count._counter()._precision(torch.ops.aten.mm, tensor) == "fp32"
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_the_mfu_of_a_counted_gpu_step_is_against_its_peak() -> None:
+    """A run's record with the count a T4 in fp16 would give: the summary's MFU is the
+    achieved FLOP/s over the T4's fp16 peak, and the report says of which peak."""
+    from dataclasses import replace
+
+    from traceml_nb.views.text import _mfu
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with traceml_nb.Run("t4", sample=False) as run:
+        for x, y in _loader():
+            _step(model, opt, x, y)
+    count = run.record.flops
+    assert count is not None and count.flops
+    run.record.flops = replace(count, by_dtype={"fp16": count.flops}, device="Tesla T4")
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.mfu_peak_tflops == 65.0
+    assert summary.mfu == pytest.approx(summary.achieved_tflops / 65.0)
+    assert _mfu(summary, summary.mfu).endswith("(of a 65 TFLOP/s peak: fp16)")

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 import traceml_nb
 from traceml_nb.analysis.findings import Analysis
 from traceml_nb.analysis.thresholds import MIN_STEADY_STEPS
+from traceml_nb.views.live.charts import header_html
 from traceml_nb.views.live.verdict import RunningVerdict, collecting_text
 from traceml_nb.views.live.view import LiveView
 
@@ -93,13 +94,26 @@ def test_header_chart_and_verdict_agree_at_every_tick(monkeypatch):
     assert final_steps == 40 and final_verdict.startswith("verdict: ")
 
 
-def _analysis(verdict: str, steady: int):
+def _analysis(verdict: str, steady: int, mfu: float | None = None):
     from types import SimpleNamespace
 
     from traceml_nb.analysis.findings import TEXT, Diagnosis, Finding
 
     title = Finding(TEXT, {"text": verdict.title()})
-    return Analysis(SimpleNamespace(steady_steps=steady), Diagnosis(verdict, title, "high"))  # type: ignore[arg-type]
+    summary = SimpleNamespace(steady_steps=steady, mfu=mfu)
+    return Analysis(summary, Diagnosis(verdict, title, "high"))  # type: ignore[arg-type]
+
+
+def test_the_header_gives_the_mfu_once_the_flops_were_counted_on_a_known_gpu():
+    v = RunningVerdict()
+    v.update(_analysis("compute-bound", 3))
+    assert v.mfu is None
+    v.update(_analysis("compute-bound", 4, mfu=0.231))
+    v.update(_analysis("compute-bound", 5))  # an analysis without it keeps the one known
+    assert v.mfu == 0.231
+    line = header_html("r", "running", 5, 1.0, 2.0, v.text(5, running=True), mfu=v.mfu)
+    assert '<span class="traceml-mfu">MFU 23%</span>' in line
+    assert "traceml-mfu" not in header_html("r", "running", 5, 1.0, 2.0, "")
 
 
 def test_running_verdict_waits_for_enough_steady_steps_and_a_confirmed_change():

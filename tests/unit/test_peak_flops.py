@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from traceml_nb.analysis.peak_flops import DTYPES, PEAKS, find_peak, mfu, peak_for
+from traceml_nb.analysis.peak_flops import (
+    DTYPES,
+    MINOR_PRECISION_SHARE,
+    PEAKS,
+    find_peak,
+    mfu,
+    peak_for,
+    utilisation,
+)
 
 #: Names as NVML reports them (nvidia-smi's "Name") on the machines our users meet.
 NVML_NAMES = {
@@ -78,3 +86,27 @@ def test_mfu_is_the_models_flops_per_second_over_the_peak():
     for bad in ((-1.0, 0.2, 65.0), (1e12, 0.0, 65.0), (1e12, 0.2, 0.0)):
         with pytest.raises(ValueError):
             mfu(*bad)
+
+
+def test_utilisation_is_the_achieved_flops_over_the_peak_of_their_precisions():
+    fp16 = utilisation({"fp16": 10**12}, "Tesla T4", 13.0)
+    assert fp16.mfu == pytest.approx(0.2) and fp16.peak_tflops == 65.0
+    # half the FLOPs at each peak: the time they would take at best is what the peak means
+    mixed = utilisation({"fp16": 10**12, "fp32": 10**12}, "Tesla T4", 1.0)
+    assert mixed.peak_tflops == pytest.approx(2 / (1 / 65.0 + 1 / 8.1))
+    assert mixed.mfu == pytest.approx(1.0 / mixed.peak_tflops)
+
+
+def test_a_minor_precision_counts_at_the_main_ones_peak():
+    below = int(MINOR_PRECISION_SHARE * 1000) - 1
+    minor = utilisation({"fp16": 1000 - below, "float64": below}, "Tesla T4", 6.5)
+    assert minor.peak_tflops == pytest.approx(65.0) and minor.mfu == pytest.approx(0.1)
+    above = utilisation({"fp16": 1000 - below - 2, "float64": below + 2}, "Tesla T4", 6.5)
+    assert above.mfu is None and above.why == "no peak is tabled for float64"
+
+
+def test_utilisation_unavailable_says_why():
+    assert utilisation({"fp32": 10}, "cpu", 1.0).why == "no peak FLOP/s is known for a CPU"
+    assert utilisation({"bf16": 10}, "Tesla T4", 1.0).why == "the T4 has no bf16 tensor cores"
+    assert "not in the table" in utilisation({"fp16": 10}, "NVIDIA A40", 1.0).why
+    assert "precision" in utilisation({}, "Tesla T4", 1.0).why

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
+from traceml_nb.analysis.thresholds import MIN_STEADY_STEPS
 from traceml_nb.session import Session
 from traceml_nb.views.diagnosis_words import diagnosis_words
 
@@ -96,14 +97,15 @@ def test_an_interrupted_run_of_enough_steps_gets_a_verdict():
         for x, y in loader:
             train_step(model, opt, x, y)
             made += 1
-            if made == 12:
-                raise KeyboardInterrupt  # the stop button right after the 12th step
+            if made == 16:
+                raise KeyboardInterrupt  # the stop button right after the 16th step
     res = result_of(run)
     assert res.status == "interrupted"
-    # a warm-up step and the step whose FLOPs were counted (none where a model was compiled
-    # earlier in the process) are left out
+    # the warm-up (1 step, or 2 where the machine is busy) and the step whose FLOPs were
+    # counted (none where a model was compiled earlier in the process) are left out
     s = res.summary
-    assert s.total_steps == 12 and s.steady_steps == 11 - s.flop_counted_steps >= 10
+    assert s.total_steps == 16
+    assert s.steady_steps == 16 - s.warmup_steps - s.flop_counted_steps >= MIN_STEADY_STEPS
     assert res.diagnosis.verdict != "insufficient-data", res.diagnosis.title
 
 

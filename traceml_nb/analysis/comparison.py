@@ -308,6 +308,13 @@ def compare(
         "SM activity", sa.sm_active_median_pct, sb.sm_active_median_pct, fmt_pct, GOOD
     )
     sm_measured = sa.sm_active_median_pct is not None or sb.sm_active_median_pct is not None
+    mfu_row = _points_row(
+        "MFU",
+        _share_pct(sa.mfu),
+        _share_pct(sb.mfu),
+        lambda v: fmt_share(None if v is None else v / 100),
+        GOOD,
+    )
     result.rows = [
         ComparisonRow(
             "median step time" + _means_of(len(medians_a), len(runs_b)),
@@ -328,6 +335,7 @@ def compare(
             "GPU utilisation", sa.gpu_util_median_pct, sb.gpu_util_median_pct, fmt_pct, GOOD
         ),
         *([sm_row] if sm_measured else []),
+        *([mfu_row] if sa.mfu is not None or sb.mfu is not None else []),
         *_phase_rows(sa, sb),
         _relative_row("peak GPU memory", sa.gpu_mem_peak_mb, sb.gpu_mem_peak_mb, fmt_mb, NEUTRAL),
         _verdict_row(a.diagnosis, b.diagnosis),

@@ -102,9 +102,13 @@ class Summary:
     flops_per_step: float | None = None
     #: those FLOPs over the median rest of the step (the step less its data wait), TFLOP/s
     achieved_tflops: float | None = None
-    #: model FLOPs utilisation: achieved_tflops over the device's peak for the model's dtype,
-    #: 0..1
+    #: the share (0..1) of those FLOPs each precision did: "fp32", "tf32", "fp16", "bf16"
+    #: (empty: not told)
+    flop_precisions: dict[str, float] = field(default_factory=dict)
+    #: model FLOPs utilisation: achieved_tflops over the device's peak for the precisions the
+    #: FLOPs ran in (``mfu_peak_tflops``, TFLOP/s; :mod:`traceml_nb.analysis.peak_flops`), 0..1
     mfu: float | None = None
+    mfu_peak_tflops: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -146,3 +146,41 @@ def mfu(flops_per_step: float, step_s: float, peak_tflops: float) -> float:
     if flops_per_step < 0 or step_s <= 0 or peak_tflops <= 0:
         raise ValueError("mfu needs flops >= 0, step_s > 0 and a peak > 0")
     return flops_per_step / step_s / (peak_tflops * 1e12)
+
+
+#: Precisions that did less than this share of a step's FLOPs do not need a peak of their own
+#: (a loss computed in float32 beside fp16 matrix work): their FLOPs count at the peak of the
+#: precision that did the most.
+MINOR_PRECISION_SHARE = 0.01
+
+
+@dataclass(frozen=True)
+class Utilisation:
+    """The MFU of a run: ``mfu`` (0..1) against ``peak_tflops``, the peak the step's FLOPs
+    could at best have run at (each precision's FLOPs at that precision's peak: the total over
+    the time they would take), or ``why`` it is unavailable."""
+
+    mfu: float | None
+    peak_tflops: float | None = None
+    why: str = ""
+
+
+def utilisation(by_dtype: dict[str, int], device: str, achieved_tflops: float) -> Utilisation:
+    """The MFU of FLOPs that ran ``by_dtype`` (FLOPs by precision, as the FLOP count sums
+    them) on ``device`` (``"cpu"`` or a CUDA device's name) at ``achieved_tflops``."""
+    if not device or device == "cpu":
+        return Utilisation(None, why="no peak FLOP/s is known for a CPU")
+    total = sum(by_dtype.values())
+    if total <= 0:
+        return Utilisation(None, why="the FLOP count could not tell the precision they ran in")
+    main = max(by_dtype, key=lambda k: by_dtype[k])
+    seconds = 0.0
+    for dtype, flops in by_dtype.items():
+        if flops < MINOR_PRECISION_SHARE * total:
+            dtype = main
+        peak = peak_for(device, dtype)
+        if peak.tflops is None:
+            return Utilisation(None, why=peak.why)
+        seconds += flops / (peak.tflops * 1e12)
+    peak_tflops = total / seconds / 1e12
+    return Utilisation(achieved_tflops / peak_tflops, peak_tflops)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from ..engine.record import (
     StepColumns,
 )
 from .findings import Summary
+from .peak_flops import utilisation
 from .samples import Reading, Window
 from .step_anatomy import MEDIAN_FIELDS, step_anatomy
 from .steps import StepSelection, phases, select_rows, training_loader
@@ -225,17 +227,12 @@ def _batch_size(m: Measurements, batches: np.ndarray) -> int | None:
     return None
 
 
-#: Why the MFU of a run on a CPU is unavailable.
-NO_CPU_PEAK = "no peak FLOP/s is known for a CPU"
-#: ...and of a run on a GPU, for now.
-NO_GPU_MODEL = "the GPU's peak is looked up by its model, which the run does not record yet"
-
-
 def _flop_figures(
     snapshot: RecordSnapshot, m: Measurements, unavailable: dict[str, str]
-) -> dict[str, float | None]:
-    """The FLOPs per step, the FLOP/s they make over the median rest of the steady steps, the
-    MFU; each missing one with why in ``unavailable``."""
+) -> dict[str, Any]:
+    """The FLOPs per step, their shares by precision, the FLOP/s they make over the median
+    rest of the steady steps, the MFU and the peak it is against (:mod:`.peak_flops`); each
+    missing one with why in ``unavailable``."""
     count = snapshot.flops
     flops = float(count.flops) if count is not None and count.flops is not None else None
     achieved = None
@@ -247,8 +244,18 @@ def _flop_figures(
         achieved = flops / (compute_ms / 1e3) / 1e12 if compute_ms > 0 else None
     if achieved is None and "achieved_tflops" not in unavailable:
         unavailable["achieved_tflops"] = NO_STEPS
-    unavailable["mfu"] = NO_GPU_MODEL if m.gpu_in_use else NO_CPU_PEAK
-    return {"flops_per_step": flops, "achieved_tflops": achieved, "mfu": None}
+    figures: dict[str, Any] = {"flops_per_step": flops, "achieved_tflops": achieved}
+    if count is not None and count.by_dtype:
+        total = sum(count.by_dtype.values())
+        figures["flop_precisions"] = {k: v / total for k, v in count.by_dtype.items()}
+    if achieved is None:
+        unavailable["mfu"] = unavailable["achieved_tflops"]
+        return figures
+    found = utilisation(count.by_dtype if count else {}, count.device if count else "", achieved)
+    if found.mfu is None:
+        unavailable["mfu"] = found.why
+    figures.update(mfu=found.mfu, mfu_peak_tflops=found.peak_tflops)
+    return figures
 
 
 def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
@@ -303,6 +310,9 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         workers_cpu = reading("workers_cpu_median_pct", m.host_readings["workers_cpu_pct"])
 
     anatomy = step_anatomy(wall, wait, m.phase_ms, on_gpu=m.gpu_in_use)
+    medians: dict[str, Any] = {
+        name: anatomy.medians_ms.get(part) for part, name in MEDIAN_FIELDS.items()
+    }
     for part, name in MEDIAN_FIELDS.items():
         if part not in anatomy.medians_ms:
             unavailable[name] = anatomy.why if n else NO_STEPS
@@ -353,5 +363,5 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         dram_bw_median_pct=reading("dram_bw_median_pct", m.gpm["dram_bw_median_pct"]),
         unavailable=unavailable,
         phase_shares=anatomy.shares,
-        **{name: anatomy.medians_ms.get(part) for part, name in MEDIAN_FIELDS.items()},
+        **medians,
     )

@@ -3,7 +3,7 @@ kept in the run record as :attr:`~traceml_nb.engine.record.RunRecord.flops`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 NO_OPTIMIZER = "no optimizer step ran: FLOPs are counted over one training step"
 COMPILED = (
@@ -17,8 +17,16 @@ ENDED = "the run ended during the step whose FLOPs were being counted"
 class FlopCount:
     """What the counting found: ``flops`` per step (floating-point operations, a multiply-add
     counting 2, as FlopCounterMode counts), ``window_ns`` when it counted (ns from the run
-    start; the step it covers for the most part is left out), or ``why`` there is no count."""
+    start; the step it covers for the most part is left out), or ``why`` there is no count.
+
+    ``by_dtype``: the same FLOPs by the precision they ran in, as the peak table names them
+    (``"fp32"``, ``"tf32"``: float32 on tensor cores where torch allows it, ``"fp16"``,
+    ``"bf16"``; another dtype by its torch name); empty where this torch's counter could not
+    tell. ``device``: what they ran on, ``"cpu"`` or the CUDA device's name (``"Tesla T4"``).
+    """
 
     flops: int | None = None
     window_ns: tuple[int, int] | None = None
     why: str = NO_OPTIMIZER
+    by_dtype: dict[str, int] = field(default_factory=dict)
+    device: str = ""

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .capabilities import Capabilities
@@ -236,7 +237,7 @@ class Run:
         self.capabilities.set("data_wait", True)
         if self.options.profile is not None:
             self._window = self._make_window()
-        self._flops = FlopWindow(self._tracer.clock, rec.t0_ns)
+        self._flops = FlopWindow(self._tracer.clock, rec.t0_ns, partial(setattr, rec, "flops"))
         hooks.install(self._tracer, self._window, self._flops)
         if self.watch_ranks:
             from . import rank_launch

@@ -122,6 +122,17 @@ def _tflops(s: Summary, v: float) -> str:
     return f"{v:.3g} TFLOP/s" if v >= 0.1 else f"{v * 1e3:.3g} GFLOP/s"
 
 
+def _mfu(s: Summary, v: float) -> str:
+    """``23% (of a 65 TFLOP/s peak: fp16 98%, fp32 2%)``."""
+    if not _finite(s.mfu_peak_tflops):
+        return fmt_share(v)
+    ranked = sorted(s.flop_precisions.items(), key=lambda kv: -kv[1])
+    mix = ", ".join(f"{k} {fmt_share(share)}" for k, share in ranked)
+    if len(ranked) == 1:
+        mix = ranked[0][0]
+    return f"{fmt_share(v)} (of a {s.mfu_peak_tflops:.3g} TFLOP/s peak: {mix})"
+
+
 METRICS: tuple[_Metric, ...] = (
     _Metric("step time (median)", "step_ms_median", "steps", _ms_with_spread),
     _Metric("data wait (median)", "data_wait_ms_median", "data_wait", lambda s, v: fmt_ms(v)),
@@ -130,7 +141,7 @@ METRICS: tuple[_Metric, ...] = (
     _Metric("data wait share", "data_wait_share", "data_wait", lambda s, v: fmt_share(v)),
     _Metric("FLOPs per step", "flops_per_step", "steps", _flops),
     _Metric("achieved FLOP/s", "achieved_tflops", "steps", _tflops),
-    _Metric("MFU", "mfu", "steps", lambda s, v: fmt_share(v)),
+    _Metric("MFU", "mfu", "steps", _mfu),
     _Metric("GPU input stall share", "gpu_stall_share", "gpu_events", lambda s, v: fmt_share(v)),
     _Metric(
         "GPU utilisation (median)",

@@ -6,6 +6,11 @@ counting slows the step it counts (every operator goes through a Python dispatch
 step it covers for the most part is left out of the statistics, as profiled steps are
 (:attr:`~traceml_nb.engine.flop_capture.FlopCount.window_ns`).
 
+The counter also adds each operator's FLOPs to the precision it ran in (its first tensor's dtype;
+float32 on a GPU with tensor cores for it, compute capability 8.0 or later, counts as tf32 where
+torch allows it: ``torch.backends.cudnn.allow_tf32`` for convolutions, a float32 matmul
+precision other than "highest" for the rest), which the MFU's peak is looked up by.
+
 Not counted, with why: a loop without an optimizer step (no step to count), a process that has
 compiled a model with ``torch.compile`` (counting would make it compile again), a torch without
 the FLOP counter, a run that ended during the counted step.
@@ -25,6 +30,76 @@ from .whole_step import WholeStep
 COUNT_AFTER_STEPS = 1
 
 
+#: The PyTorch dtypes the peak table has columns for, by their names there.
+PRECISIONS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+#: Operators whose float32 work uses tensor cores under ``torch.backends.cudnn.allow_tf32``
+#: (the others follow the float32 matmul precision).
+CONVOLUTIONS = frozenset({"convolution", "convolution_backward", "_convolution"})
+
+
+def _first_tensor(values: Any) -> Any:
+    import torch
+
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (tuple, list)):
+            found = _first_tensor(value)
+            if found is not None:
+                return found
+    return None
+
+
+def _counter() -> Any:
+    """A FlopCounterMode that also sums each operator's FLOPs by the precision it ran in
+    (``by_dtype``) and notes the device (``device``), through the counter's per-operator
+    method; where a torch has no such method, or calls it otherwise, the count stands and
+    ``by_dtype`` stays empty."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tf32_matmul = torch.get_float32_matmul_precision() != "highest"
+    tf32_conv = bool(torch.backends.cudnn.allow_tf32)
+
+    class PrecisionFlopCounter(FlopCounterMode):
+        def __init__(self) -> None:
+            super().__init__(display=False)
+            self.by_dtype: dict[str, int] = {}
+            self.device = ""
+            self._tensor_cores: dict[int, bool] = {}
+
+        def _count_flops(self, *args: Any, **kwargs: Any) -> Any:
+            before = self.get_total_flops()
+            result = super()._count_flops(*args, **kwargs)  # type: ignore[misc]
+            added = self.get_total_flops() - before
+            if added:
+                try:
+                    func_packet, out, op_args = args[0], args[1], args[2]
+                    tensor = _first_tensor((out, *op_args))
+                    key = self._precision(func_packet, tensor)
+                except Exception:
+                    key = "unknown"
+                self.by_dtype[key] = self.by_dtype.get(key, 0) + added
+            return result
+
+        def _precision(self, func_packet: Any, tensor: Any) -> str:
+            name = str(tensor.dtype).removeprefix("torch.")
+            device = tensor.device
+            if not self.device:
+                self.device = (
+                    torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+                )
+            if name != "float32" or device.type != "cuda":
+                return PRECISIONS.get(name, name)
+            index = device.index or 0
+            if index not in self._tensor_cores:
+                self._tensor_cores[index] = torch.cuda.get_device_capability(index) >= (8, 0)
+            allowed = tf32_conv if str(func_packet).split(".")[-1] in CONVOLUTIONS else tf32_matmul
+            return "tf32" if allowed and self._tensor_cores[index] else "fp32"
+
+    return PrecisionFlopCounter()
+
+
 def _compiled_anything() -> bool:
     try:
         from torch._dynamo.utils import counters
@@ -35,12 +110,16 @@ def _compiled_anything() -> bool:
 
 class FlopWindow:
     """Counts the FLOPs of one step; the tracer's optimizer post-step hook calls
-    :meth:`optimizer_step_ended` when :attr:`countdown` runs out. :meth:`close` at the run's
-    end gives the :class:`FlopCount`."""
+    :meth:`optimizer_step_ended` when :attr:`countdown` runs out. ``found`` is handed the
+    :class:`FlopCount` as soon as the counted step ends (the live view shows the MFU from
+    then on); :meth:`close` at the run's end gives it too, or why there is none."""
 
-    def __init__(self, clock: Callable[[], int], t0_ns: int) -> None:
+    def __init__(
+        self, clock: Callable[[], int], t0_ns: int, found: Callable[[FlopCount], None]
+    ) -> None:
         self.clock = clock
         self.t0_ns = t0_ns
+        self.found = found
         self.countdown = COUNT_AFTER_STEPS
         self.result: FlopCount | None = None
         self._mode: Any = None
@@ -61,9 +140,7 @@ class FlopWindow:
             self.result = FlopCount(why=COMPILED)
             return
         try:
-            from torch.utils.flop_counter import FlopCounterMode
-
-            mode = FlopCounterMode(display=False)
+            mode = _counter()
             mode.__enter__()
         except Exception as exc:
             self.result = FlopCount(why=f"the FLOP counter could not start ({exc!r})")
@@ -81,8 +158,9 @@ class FlopWindow:
             self.result = FlopCount(why=f"the FLOP counter failed ({exc!r})")
             return
         window = (self._start_ns - self.t0_ns, end_ns - self.t0_ns)
-        self.result = FlopCount(flops, window, "")
+        self.result = FlopCount(flops, window, "", dict(mode.by_dtype), mode.device)
         self.countdown = 1 << 62
+        self.found(self.result)
 
     def close(self) -> FlopCount:
         """The count (a count under way is given up: the run ended inside it)."""

@@ -44,6 +44,9 @@ SUMMARY_METRICS = (
     "system_cpu_median_pct",
     "steal_mean_pct",
     "first_fetch_ms",
+    "flops_per_step",
+    "achieved_tflops",
+    "mfu",
 )
 #: Counts and durations every run has.
 COUNT_METRICS = ("total_steps", "steady_steps", "warmup_steps", "elapsed_s")

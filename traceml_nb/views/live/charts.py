@@ -16,6 +16,7 @@ from bokeh.models import ColumnDataSource
 from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
+from ...analysis.formatting import fmt_share
 from ...engine.run import Run
 from .data import MAX_POINTS, RATE_WINDOW_STEPS, SampleSeries, SeriesUpdate
 from .verdict import plural
@@ -250,10 +251,12 @@ def header_html(
     steps_per_s: float | None,
     verdict: str,
     rank: str = "",
+    mfu: float | None = None,
 ) -> str:
-    """The header line: run name, status, step count, elapsed seconds, recent steps/s, and the
-    verdict part (:meth:`~.verdict.RunningVerdict.text`; '' for none). ``rank``: for a run
-    that launched ranks, the rank whose steps and steps/s these are (''; none)."""
+    """The header line: run name, status, step count, elapsed seconds, recent steps/s, the
+    MFU where known (0..1; None: not shown) and the verdict part
+    (:meth:`~.verdict.RunningVerdict.text`; '' for none). ``rank``: for a run that launched
+    ranks, the rank whose steps and steps/s these are (''; none)."""
     rate = f"{steps_per_s:,.1f} steps/s" if steps_per_s is not None else "– steps/s"
     parts = [
         f'<b class="traceml-name">{html.escape(name)}</b>',
@@ -263,6 +266,8 @@ def header_html(
         f'<span class="traceml-elapsed">{elapsed_s:,.1f} s</span>',
         f'<span class="traceml-rate">{rate}</span>',
     ]
+    if mfu is not None:
+        parts.append(f'<span class="traceml-mfu">MFU {fmt_share(mfu)}</span>')
     if verdict:
         parts.append(f'<span class="traceml-verdict">{html.escape(verdict)}</span>')
     return '<div class="traceml-live-header">' + " · ".join(parts) + "</div>"

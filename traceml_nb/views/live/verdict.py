@@ -41,10 +41,14 @@ class RunningVerdict:
         self.title: str | None = None  #: its title, in words
         self._candidate: tuple[str, str] | None = None
         self._seen = 0
+        #: the run's MFU (0..1) once its FLOPs were counted on a GPU whose peak is known
+        self.mfu: float | None = None
 
     def update(self, analysis: Analysis, *, final: bool = False) -> None:
         """Take the analysis of the rows now; ``final``: the run has ended (shown at once)."""
         d = analysis.diagnosis
+        if analysis.summary.mfu is not None:
+            self.mfu = analysis.summary.mfu
         if analysis.summary.steady_steps < MIN_STEADY_STEPS and not final:
             return  # not a verdict yet: the header keeps collecting (or its verdict so far)
         if final or self.shown is None or d.verdict == self.shown:

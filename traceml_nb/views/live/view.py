@@ -364,7 +364,7 @@ class LiveView:
         while len(history) > 2 and history[1][0] <= elapsed - RATE_WINDOW_S:
             history.popleft()
         rate = recent_rate(list(history))
-        return header_html(run.name, status, steps, elapsed, rate, verdict, rank)
+        return header_html(run.name, status, steps, elapsed, rate, verdict, rank, self.verdict.mfu)
 
     def _analysis_due(self, final: bool) -> bool:
         """The running verdict is recomputed at most every ``analysis_interval_s`` (and less
