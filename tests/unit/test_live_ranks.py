@@ -16,7 +16,8 @@ import torch.multiprocessing as mp
 
 import traceml_nb
 from traceml_nb.analysis.stragglers import RankFigures
-from traceml_nb.engine.record import SOURCE_OPTIMIZER, RankRecord
+from traceml_nb.engine.rank_record import RankRecord
+from traceml_nb.engine.record import SOURCE_OPTIMIZER
 from traceml_nb.views.live.bokeh_patch import BatchedBokehModel
 from traceml_nb.views.live.charts import RANKS_CPU_LABEL, WORKERS_LABEL
 from traceml_nb.views.live.data import RECENT_STEPS

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.capabilities import Capabilities
+from .anatomy_advice import anatomy_advice
 from .diagnosis_facts import Facts, confidence
 from .evidence import collect, input_signal, memory_share
 from .findings import Diagnosis, Finding, Summary
@@ -37,6 +38,10 @@ from .thresholds import (
 )
 from .throttle import find_throttling
 
+#: The verdicts whose advice the anatomy of the step adds to (:mod:`.anatomy_advice`): where
+#: the input is the limit, its own advice comes first and alone.
+ANATOMY_VERDICTS = ("compute-bound", "host-bound", "memory-pressure", "throttled")
+
 #: The advice for steps that spend a large share making tiny batches (``Facts.tiny_steps``):
 #: make each batch in one call (a dataset's ``__getitems__``, or slicing the tensors).
 BATCHED_INDEXING = "batched-indexing"
@@ -50,6 +55,8 @@ def diagnose(summary: Summary, m: Measurements, capabilities: Capabilities) -> D
     evidence = collect(summary, m, signal, throttle)
     diagnosis = _verdict(facts)
     diagnosis.evidence = evidence
+    if diagnosis.verdict in ANATOMY_VERDICTS:
+        diagnosis.advice += anatomy_advice(summary, m.loader, m.gpu_in_use, m.optimizers)
     diagnosis.secondary = _secondary(facts, diagnosis.verdict) + diagnosis.secondary
     if summary.interleaved_steps:
         diagnosis.secondary.append(

@@ -105,6 +105,8 @@ class Summary:
     #: the share (0..1) of those FLOPs each precision did: "fp32", "tf32", "fp16", "bf16"
     #: (empty: not told)
     flop_precisions: dict[str, float] = field(default_factory=dict)
+    #: what they ran on: "cpu" or the CUDA device's name ("Tesla T4"); None: not counted
+    flop_device: str | None = None
     #: model FLOPs utilisation: achieved_tflops over the device's peak for the precisions the
     #: FLOPs ran in (``mfu_peak_tflops``, TFLOP/s; :mod:`traceml_nb.analysis.peak_flops`), 0..1
     mfu: float | None = None

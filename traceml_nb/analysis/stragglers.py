@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..engine.capabilities import Capabilities
-from ..engine.record import RankRecord
+from ..engine.rank_record import RankRecord
 from .findings import Analysis, Summary
 from .formatting import fmt_ms, fmt_share
 from .pipeline import analyze

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.capabilities import Capabilities
+from ..engine.optimizer_info import OptimizerInfo
 from ..engine.record import (
     FLAG_EPOCH_START,
     FLAG_FLOP_COUNTED,
@@ -65,6 +66,7 @@ class Measurements:
     gpu_index: int | None
     gpu_in_use: bool
     loader: LoaderInfo | None
+    optimizers: tuple[OptimizerInfo, ...]  #: the optimizers that stepped, first step first
     cpus: int | None
     elapsed_s: float
     run_wait_s: float  #: data wait of every measured step, warm-up included
@@ -192,6 +194,7 @@ def measure(
         gpu_index=gpu_index,
         gpu_in_use=capabilities.ok("gpu_events") or bool(snapshot.gpus),
         loader=training_loader(snapshot, sel),
+        optimizers=snapshot.optimizers,
         cpus=resolve_cpus(cpus_available, host),
         elapsed_s=_elapsed_s(snapshot, cols),
         run_wait_s=float(sel.wait_ms[eligible].sum()) / 1e3,
@@ -248,6 +251,7 @@ def _flop_figures(
     if count is not None and count.by_dtype:
         total = sum(count.by_dtype.values())
         figures["flop_precisions"] = {k: v / total for k, v in count.by_dtype.items()}
+        figures["flop_device"] = count.device or None
     if achieved is None:
         unavailable["mfu"] = unavailable["achieved_tflops"]
         return figures

@@ -97,6 +97,21 @@ THROTTLE_REASON_MASK = sum(THROTTLE_REASON_NAMES)
 #: allocator starts freeing and retrying, and a larger batch will not fit).
 MEMORY_PRESSURE_SHARE = 0.95
 
+# --- advice from the anatomy of a step (:mod:`.anatomy_advice`) ---------------------------------
+#: On a GPU, an input copy that takes at least this share of the step is worth overlapping with
+#: the compute (pinned memory, ``non_blocking=True``): a tenth of every step, for a setting.
+COPY_SHARE_ADVICE = 0.10
+#: Mixed precision is advised where at least this share of the model's FLOPs ran in float32
+#: (or tf32)...
+FP32_SHARE_ADVICE = 0.5
+#: ...on a GPU whose half-precision peak (bf16, else fp16) is at least this many times the
+#: peak those FLOPs ran at (a T4: 8x; an A100 with tf32 allowed: 2x).
+HALF_PRECISION_GAIN = 2.0
+#: An optimizer step that takes at least this share of the step is worth a fused update
+#: (``fused=True``): with many small parameters a per-tensor loop is mostly dispatch (and on a
+#: GPU, launch) overhead.
+OPTIMIZER_SHARE_ADVICE = 0.15
+
 # --- comparison -------------------------------------------------------------------------------
 #: Bootstrap resamples for the confidence interval of the ratio of median step times.
 BOOTSTRAP_RESAMPLES = 2000

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 from .capabilities import Capabilities
 from .contracts import RunStatus
-from .record import LoaderInfo, RankRecord, RecordSnapshot, RunRecord
+from .rank_record import RankRecord
+from .record import LoaderInfo, RecordSnapshot, RunRecord
 
 #: Seconds between two sends of a rank's new rows: what a rank killed mid-run loses at most.
 SEND_INTERVAL_S = 0.25

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .optimizer_info import OptimizerInfo
 from .profile_capture import ProfileCapture
 
 if TYPE_CHECKING:
@@ -428,6 +429,8 @@ class RunRecord:
     profile: ProfileCapture | None = None
     #: the FLOPs of one counted step (``instrument.flop_count``), set as the run ends
     flops: FlopCount | None = None
+    #: the optimizers that stepped, in the order of their first step
+    optimizers: list[OptimizerInfo] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -457,6 +460,7 @@ class RunRecord:
             ended=bool(self.elapsed_ns),
             profile=self.profile,
             flops=self.flops,
+            optimizers=tuple(self.optimizers),
         )
 
 
@@ -477,23 +481,4 @@ class RecordSnapshot:
     ended: bool  #: the run had ended when the copy was taken
     profile: ProfileCapture | None = None  #: see ``RunRecord.profile`` (not a copy: final)
     flops: FlopCount | None = None  #: see ``RunRecord.flops``
-
-
-@dataclass
-class RankRecord:
-    """What one rank launched from the run (``torch.multiprocessing.spawn`` and the like)
-    measured in its own process, as its rows reached the kernel.
-
-    ``record`` holds the rank's steps on its own clock (``perf_counter_ns``, relative to its
-    own ``t0_ns``); ``status`` is "running" until the rank's last message, then "completed",
-    "failed" or "interrupted"; "lost" when its channel closed without one (the rank was killed,
-    e.g. by the launcher after another rank failed: its rows until then are kept).
-    """
-
-    rank: int  #: the process index the launcher gave the rank (its local rank)
-    launch: int = 0  #: which launch of the run it belongs to (0: the first)
-    pid: int | None = None
-    status: str = "running"
-    error: str | None = None  #: "ValueError: boom" for a rank that failed
-    record: RunRecord = field(default_factory=RunRecord)
-    notes: list[str] = field(default_factory=list)  #: the rank's own capability notes
+    optimizers: tuple[OptimizerInfo, ...] = ()  #: see ``RunRecord.optimizers``

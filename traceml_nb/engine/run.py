@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .capabilities import Capabilities
 from .contracts import RunStatus
 from .options import Backends, RunOptions
-from .record import RankRecord, RecordSnapshot, RunRecord
+from .rank_record import RankRecord
+from .record import RecordSnapshot, RunRecord
 
 if TYPE_CHECKING:
     from .instrument.flop_count import FlopWindow

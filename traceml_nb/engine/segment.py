@@ -53,6 +53,7 @@ from .events import (
     Marker,
     OptimizerStep,
 )
+from .optimizer_info import optimizer_info
 from .phase_ledger import Mark, PhaseLedger
 from .record import (
     FLAG_EPOCH_START,
@@ -143,6 +144,7 @@ class StepSegmenter:
         self._current: _Loader | None = None  #: the loader fetched last
         self._after_optimizer = True  #: the next fetch begins a step
         self._lead_optimizer: int | None = None
+        self._optimizers_seen: set[int] = set()  #: ``id()`` of each optimizer recorded
         self._optimizer_prev_ns = 0
         self._optimizer_wait_mark = 0
         self._fetched_since_optimizer: set[int] = set()  #: loader slots fetched since the last
@@ -315,6 +317,9 @@ class StepSegmenter:
                         st.last_optimizer_ns = t_ns
                 st.since_optimizer = 0
         key = id(optimizer)
+        if key not in self._optimizers_seen:
+            self._optimizers_seen.add(key)
+            self.record.optimizers.append(optimizer_info(optimizer))
         if self._lead_optimizer is None:
             self._lead_optimizer = key
         if key == self._lead_optimizer:

@@ -25,6 +25,7 @@ from ..analysis.input_bound import (
     CAUSE_TOO_FEW_WORKERS,
     CAUSE_UNKNOWN,
 )
+from .anatomy_words import ANATOMY_SENTENCES
 from .evidence_words import EVIDENCE_SENTENCES
 
 Facts = dict[str, Any]
@@ -423,6 +424,7 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
     "profile-launch-bound": _profile_launch_bound,
     "profile-top-op": _profile_top_op,
     **EVIDENCE_SENTENCES,
+    **ANATOMY_SENTENCES,
 }
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from ...analysis.formatting import fmt_ms, fmt_s, fmt_share
 from ...analysis.steps import StepRule, rule_of
-from ...engine.record import RankRecord, RecordSnapshot
+from ...engine.rank_record import RankRecord
+from ...engine.record import RecordSnapshot
 from ...engine.run import Run
 from ..chart import step_chart_svg
 from ..report_content import StepChart

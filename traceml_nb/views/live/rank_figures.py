@@ -14,7 +14,7 @@ import numpy as np
 from ...analysis.formatting import fmt_ms, fmt_share
 from ...analysis.steps import rule_of
 from ...analysis.stragglers import RankFigures, slowest_rank
-from ...engine.record import RankRecord
+from ...engine.rank_record import RankRecord
 from .data import RECENT_STEPS, StepRows
 
 #: Step-table rows read for a rank's latest :data:`~.data.RECENT_STEPS` steps: a step is

@@ -16,7 +16,8 @@ import numpy as np
 from bokeh.models import ColumnDataSource
 
 from ...analysis.stragglers import RankFigures
-from ...engine.record import RankRecord, RecordSnapshot
+from ...engine.rank_record import RankRecord
+from ...engine.record import RecordSnapshot
 from ...engine.run import Run
 from .charts import GPU_COLORS, LiveCharts
 from .data import MAX_POINTS, SeriesUpdate, StepSeries

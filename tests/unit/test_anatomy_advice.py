@@ -1,0 +1,155 @@
+"""Advice from where a step goes and the precision its FLOPs ran in: each rule on both sides of
+its threshold, in the words the report gives, and never where the input is the limit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.builders import make_summary
+from torch.utils.data import DataLoader, TensorDataset
+
+import traceml_nb
+from traceml_nb.analysis import analyze
+from traceml_nb.analysis.anatomy_advice import anatomy_advice
+from traceml_nb.analysis.thresholds import (
+    COPY_SHARE_ADVICE,
+    FP32_SHARE_ADVICE,
+    HALF_PRECISION_GAIN,
+    OPTIMIZER_SHARE_ADVICE,
+)
+from traceml_nb.engine.optimizer_info import OptimizerInfo, optimizer_info
+from traceml_nb.engine.record import LoaderInfo
+from traceml_nb.views.diagnosis_words import sentence
+
+SHARES = {"data_wait": 0.02, "copy": 0.01, "forward": 0.3, "backward": 0.5, "optimizer": 0.05}
+
+
+def _loader(pin_memory: bool, driver: str | None = None) -> LoaderInfo:
+    return LoaderInfo(
+        slot=0,
+        num_workers=2,
+        pin_memory=pin_memory,
+        prefetch_factor=2,
+        persistent_workers=False,
+        batch_size=32,
+        dataset_type="D",
+        dataset_len=1000,
+        iterable=False,
+        driver=driver,
+    )
+
+
+def _codes(summary, loader=None, gpu=True) -> list[str]:
+    return [f.code for f in anatomy_advice(summary, loader, gpu)]
+
+
+def _summary(**shares):
+    return make_summary(phase_shares={**SHARES, **shares}, flop_precisions={}, flop_device=None)
+
+
+def test_a_long_copy_on_a_gpu_from_pageable_memory_asks_for_pinned_memory():
+    below = _summary(copy=COPY_SHARE_ADVICE - 0.001)
+    assert _codes(below, _loader(False)) == []
+    long = _summary(copy=COPY_SHARE_ADVICE)
+    (finding,) = anatomy_advice(long, _loader(False, driver="transformers"), True)
+    assert finding.code == "pin-memory-for-copies"
+    assert sentence(finding).startswith("The input copy takes 10% of each step (3.2 ms)")
+    assert "dataloader_pin_memory=True" in sentence(finding)  # the Trainer's argument
+    assert _codes(long, _loader(True)) == ["non-blocking-copies"]  # pinned already
+    assert _codes(long, _loader(False), gpu=False) == []  # a CPU run copies nothing
+
+
+@pytest.mark.parametrize(
+    ("device", "precisions", "advised"),
+    [
+        ("Tesla T4", {"fp32": FP32_SHARE_ADVICE}, "float16"),  # a T4: fp16 8x fp32, no bf16
+        ("Tesla T4", {"fp32": FP32_SHARE_ADVICE - 0.01, "fp16": 0.51}, None),
+        ("NVIDIA A100-SXM4-40GB", {"fp32": 1.0}, "bfloat16"),
+        ("NVIDIA A100-SXM4-40GB", {"tf32": 1.0}, "bfloat16"),  # tf32 156 -> bf16 312: 2x
+        ("NVIDIA A10G", {"tf32": 1.0}, "bfloat16"),  # 35 -> 70: 2x, the threshold itself
+        ("NVIDIA A40", {"fp32": 1.0}, None),  # not in the table: nothing claimed
+        (None, {"fp32": 1.0}, None),
+    ],
+)
+def test_float32_flops_on_a_gpu_with_a_faster_half_precision_ask_for_autocast(
+    device, precisions, advised
+):
+    summary = _summary()
+    summary.flop_precisions, summary.flop_device = precisions, device
+    found = [f for f in anatomy_advice(summary, _loader(True), True) if f.code == "mixed-precision"]
+    assert bool(found) == (advised is not None)
+    if advised:
+        words = sentence(found[0])
+        assert f'torch.autocast("cuda", dtype=torch.{advised})' in words
+        assert ("GradScaler" in words) == (advised == "float16")
+
+
+def test_a_large_optimizer_share_asks_an_unfused_optimizer_for_fused_on_a_cpu_too():
+    adam = [OptimizerInfo("Adam", fused=None, tensors=300, fusable=True)]
+    below = _summary(optimizer=OPTIMIZER_SHARE_ADVICE - 0.001)
+    assert anatomy_advice(below, None, False, adam) == []
+    at = _summary(optimizer=OPTIMIZER_SHARE_ADVICE)
+    (finding,) = anatomy_advice(at, None, False, adam)
+    assert finding.code == "fused-optimizer"
+    assert sentence(finding) == (
+        "The optimizer step takes 15% of each step: create the Adam optimizer with fused=True, "
+        "which updates all parameters in one operation instead of one per tensor."
+    )
+    fused = [OptimizerInfo("Adam", fused=True, tensors=300, fusable=True)]
+    assert anatomy_advice(at, None, False, fused) == []  # never what is set already
+    lbfgs = [OptimizerInfo("LBFGS", tensors=300)]
+    assert anatomy_advice(at, None, False, lbfgs) == []  # no fused update to ask for
+
+
+class Scalars(torch.nn.Module):
+    """Three hundred one-element parameters: an optimizer step of one small update each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(1)) for _ in range(300))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack(list(self.p)).sum() * x.mean()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_real_run_records_its_optimizer_and_the_advice_follows_its_settings(fused):
+    model = Scalars()
+    settings = {"fused": True} if fused else {"foreach": False}
+    opt = torch.optim.Adam(model.parameters(), **settings)
+    loader = DataLoader(TensorDataset(torch.randn(640, 4)), batch_size=8)
+    with traceml_nb.Run("optimizer", sample=False) as run:
+        for (x,) in loader:
+            model(x).backward()
+            opt.step()
+            opt.zero_grad()
+    (info,) = run.record.optimizers
+    assert (info.kind, info.tensors, info.can_fuse) == ("Adam", 300, not fused)
+    assert info.fused is (True if fused else None)  # None: left to torch
+    analysis = analyze(run.record.snapshot(), run.capabilities)
+    codes = [f.code for f in analysis.diagnosis.advice]
+    assert ("fused-optimizer" in codes) == (not fused)
+    if not fused:  # a share this large only comes from the per-tensor loop
+        assert analysis.summary.phase_shares["optimizer"] >= OPTIMIZER_SHARE_ADVICE
+
+
+def test_a_subclass_of_a_fusable_optimizer_can_fuse_too():
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    info = optimizer_info(MyAdam([torch.nn.Parameter(torch.zeros(1))]))
+    assert info.kind == "MyAdam" and info.fusable and info.can_fuse
+
+
+def test_a_run_without_timed_phases_gets_no_anatomy_advice():
+    assert _codes(make_summary(phase_shares={}, flop_precisions={}), _loader(False)) == []
+
+
+def test_a_half_precision_less_than_the_gain_faster_is_not_advised(monkeypatch):
+    from traceml_nb.analysis import anatomy_advice as rules
+
+    summary = _summary()
+    summary.flop_precisions, summary.flop_device = {"tf32": 1.0}, "NVIDIA A100-SXM4-40GB"
+    assert "mixed-precision" in _codes(summary)  # bf16 312 / tf32 156: the gain exactly
+    monkeypatch.setattr(rules, "HALF_PRECISION_GAIN", HALF_PRECISION_GAIN + 0.01)
+    assert "mixed-precision" not in _codes(summary)

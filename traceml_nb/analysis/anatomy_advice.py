@@ -1,0 +1,91 @@
+"""Advice from where a step goes (:mod:`.step_anatomy`) and the precision its FLOPs ran in
+(:mod:`.peak_flops`), for a run whose verdict is not about its input: each rule a named
+constant of :mod:`.thresholds`, each finding with the figures it rests on.
+
+* an input copy of at least ``COPY_SHARE_ADVICE`` of the step on a GPU: pinned memory
+  (``pin_memory=True``) where the training loader does not pin, then ``non_blocking=True``
+  copies, so that the copy overlaps the compute;
+* at least ``FP32_SHARE_ADVICE`` of the FLOPs in float32 (or tf32) on a GPU whose
+  half-precision peak is at least ``HALF_PRECISION_GAIN`` times the peak they ran at: autocast,
+  in bf16 where the GPU has it, else fp16 with a GradScaler;
+* an optimizer step of at least ``OPTIMIZER_SHARE_ADVICE`` of the step, of an optimizer that
+  has a fused update and does not use it: ``fused=True`` (one operation for all parameters,
+  on a CPU as on a GPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..engine.optimizer_info import OptimizerInfo
+from ..engine.record import LoaderInfo
+from .advice import setting_name
+from .findings import Finding, Summary
+from .peak_flops import peak_for
+from .thresholds import (
+    COPY_SHARE_ADVICE,
+    FP32_SHARE_ADVICE,
+    HALF_PRECISION_GAIN,
+    OPTIMIZER_SHARE_ADVICE,
+)
+
+
+def anatomy_advice(
+    summary: Summary,
+    loader: LoaderInfo | None,
+    gpu: bool,
+    optimizers: Sequence[OptimizerInfo] = (),
+) -> list[Finding]:
+    """The findings of the rules above that hold for a run (``gpu``: it ran on a GPU;
+    ``loader``: its training DataLoader, None where there is none; ``optimizers``: those that
+    stepped)."""
+    shares = summary.phase_shares
+    found = []
+    copy = shares.get("copy")
+    if gpu and copy is not None and copy >= COPY_SHARE_ADVICE:
+        facts = {"copy_share": copy, "copy_ms": summary.copy_ms_median}
+        if loader is not None and not loader.pin_memory:
+            found.append(
+                Finding(
+                    "pin-memory-for-copies",
+                    {**facts, "setting": setting_name("pin_memory", loader.driver)},
+                )
+            )
+        else:
+            found.append(Finding("non-blocking-copies", facts))
+    mixed = _mixed_precision(summary) if gpu else None
+    if mixed is not None:
+        found.append(mixed)
+    optimizer = shares.get("optimizer")
+    unfused = [o.kind for o in optimizers if o.can_fuse]
+    if optimizer is not None and optimizer >= OPTIMIZER_SHARE_ADVICE and unfused:
+        found.append(
+            Finding("fused-optimizer", {"optimizer_share": optimizer, "optimizers": unfused})
+        )
+    return found
+
+
+def _mixed_precision(summary: Summary) -> Finding | None:
+    precisions = summary.flop_precisions
+    single = precisions.get("fp32", 0.0) + precisions.get("tf32", 0.0)
+    device = summary.flop_device
+    if single < FP32_SHARE_ADVICE or not device:
+        return None
+    ran_in = "tf32" if precisions.get("tf32", 0.0) > precisions.get("fp32", 0.0) else "fp32"
+    now = peak_for(device, ran_in).tflops
+    half = next((d for d in ("bf16", "fp16") if peak_for(device, d).tflops is not None), None)
+    if now is None or half is None:
+        return None
+    gain = (peak_for(device, half).tflops or 0.0) / now
+    if gain < HALF_PRECISION_GAIN:
+        return None
+    return Finding(
+        "mixed-precision",
+        {
+            "single_share": single,
+            "ran_in": ran_in,
+            "device": device,
+            "dtype": half,
+            "gain": gain,
+        },
+    )

@@ -1,0 +1,37 @@
+"""The advice from the anatomy of a step in words
+(:mod:`traceml_nb.analysis.anatomy_advice` states it): one sentence for each of its codes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..analysis.formatting import fmt_ms, fmt_share
+
+Facts = dict[str, Any]
+
+ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
+    "pin-memory-for-copies": lambda f: (
+        f"The input copy takes {fmt_share(f['copy_share'])} of each step "
+        f"({fmt_ms(f['copy_ms'])}) from pageable memory: {f['setting']}=True in the training "
+        "DataLoader and .to(device, non_blocking=True) in the loop let it overlap the compute."
+    ),
+    "non-blocking-copies": lambda f: (
+        f"The input copy takes {fmt_share(f['copy_share'])} of each step "
+        f"({fmt_ms(f['copy_ms'])}): copy the batch with .to(device, non_blocking=True) from "
+        "pinned memory, so that it overlaps the compute instead of waiting for it."
+    ),
+    "mixed-precision": lambda f: (
+        f"{fmt_share(f['single_share'])} of the model's FLOPs run in {f['ran_in']} on a "
+        f"{f['device']}, whose {f['dtype']} peak is {f['gain']:.3g}\u00d7 that: run the forward "
+        f'under torch.autocast("cuda", dtype=torch.'
+        f"{'bfloat16' if f['dtype'] == 'bf16' else 'float16'})"
+        + ("" if f["dtype"] == "bf16" else " with a torch.amp.GradScaler for the loss")
+        + "."
+    ),
+    "fused-optimizer": lambda f: (
+        f"The optimizer step takes {fmt_share(f['optimizer_share'])} of each step: create "
+        f"the {' and '.join(f['optimizers'])} optimizer with fused=True, which updates all "
+        "parameters in one operation instead of one per tensor."
+    ),
+}
