@@ -104,6 +104,35 @@ def test_mfu_is_a_row_where_either_run_had_it():
     assert {r.label: r for r in compare(before, after).rows}["MFU"].delta == "\u2014"
 
 
+def test_a_decided_change_says_which_part_of_the_step_moved():
+    from traceml_nb.analysis.phase_shift import phase_shift
+    from traceml_nb.views.comparison_words import headline
+
+    before, after = entry(1, steps_around(100.0)), entry(2, steps_around(200.0, seed=2))
+    for summary, backward in ((before.summary, 40.0), (after.summary, 140.0)):
+        summary.data_wait_ms_median, summary.copy_ms_median = 5.0, 2.0
+        summary.forward_ms_median, summary.optimizer_ms_median = 30.0, 10.0
+        summary.backward_ms_median, summary.other_ms_median = backward, 13.0
+    after.summary.copy_ms_median = 4.0  # doubled, but 2 ms of a 100 ms step: not a move
+    c = compare(before, after)
+    assert c.verdict == "slower" and c.phase_shift is not None
+    assert c.phase_shift.moved == (("backward", 40.0, 140.0),)
+    assert "input copy" in c.phase_shift.steady
+    assert headline(c).endswith("; backward 40 ms \u2192 140 ms (+250%), the other parts steady")
+    # both thresholds: 10% of the part itself and 5% of the step (100 ms)
+    before.summary.step_ms_median = 100.0
+    after.summary.backward_ms_median = 45.0  # +5 ms: 12.5% of itself, 5% of the step
+    assert phase_shift(before.summary, after.summary).moved == (("backward", 40.0, 45.0),)
+    after.summary.backward_ms_median = 44.9  # under 5% of the step
+    assert phase_shift(before.summary, after.summary).moved == ()
+    before.summary.backward_ms_median = 60.0
+    after.summary.backward_ms_median = 65.9  # 5.9% of the step, under 10% of itself
+    assert phase_shift(before.summary, after.summary).moved == ()
+    after.summary.forward_ms_median = None  # the candidate timed no phases
+    assert phase_shift(before.summary, after.summary) is None
+    assert "the other parts" not in headline(compare(before, after))
+
+
 def test_each_phase_both_runs_timed_is_a_row_that_says_where_the_step_moved():
     before, after = entry(1, steps_around(100.0)), entry(2, steps_around(130.0, seed=2))
     assert not {"forward", "backward"} & {r.label for r in compare(before, after).rows}

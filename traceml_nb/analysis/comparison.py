@@ -11,7 +11,7 @@ where the steps themselves cannot tell, the verdict is inconclusive.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -21,6 +21,7 @@ from .findings import Diagnosis, Summary
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_share, signed_pct, signed_points
 from .judge import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, Judgement
 from .noise import Noise, estimate_noise, judge_change, log_mean_ms
+from .phase_shift import PhaseShift, phase_shift
 from .thresholds import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -96,6 +97,8 @@ class Comparison:
     #: the candidate ran on a busy machine and its baseline did not: judged with
     #: ``BUSY_NOISE_FACTOR`` times the noise
     after_busy: bool = False
+    #: which parts of the step moved (:mod:`.phase_shift`); None: not both runs timed them
+    phase_shift: PhaseShift | None = None
 
     @property
     def significant(self) -> bool:
@@ -123,6 +126,7 @@ class Comparison:
             "baseline_ids": list(self.baseline_ids),
             "candidate_ids": list(self.candidate_ids),
             "note": self.note,
+            "phase_shift": asdict(self.phase_shift) if self.phase_shift is not None else None,
         }
 
 
@@ -302,6 +306,7 @@ def compare(
         result.before_ms, result.after_ms = center, med_b
         step_delta = NOT_AVAILABLE
     sa, sb = a.summary, b.summary
+    result.phase_shift = phase_shift(sa, sb)
     # GPM's SM activity, shown where either run had it (a Hopper or later GPU), after NVML's
     # utilisation, which reads 100% while most SMs idle
     sm_row = _points_row(

@@ -113,6 +113,11 @@ HALF_PRECISION_GAIN = 2.0
 OPTIMIZER_SHARE_ADVICE = 0.15
 
 # --- comparison -------------------------------------------------------------------------------
+#: A part of the step (data wait, input copy, forward, backward, optimizer step, the rest) moved
+#: between two runs when its median changed by at least this share of itself...
+PHASE_MOVED_SHARE = 0.10
+#: ...and by at least this share of the earlier run's median step (:mod:`.phase_shift`).
+PHASE_MOVED_STEP_SHARE = 0.05
 #: Bootstrap resamples for the confidence interval of the ratio of median step times.
 BOOTSTRAP_RESAMPLES = 2000
 #: Fixed seed: the same two runs always give the same interval.

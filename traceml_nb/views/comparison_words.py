@@ -15,6 +15,7 @@ from ..analysis.comparison import NEUTRAL, Comparison, ComparisonRow
 from ..analysis.formatting import fmt_ms, signed_pct
 from ..analysis.judge import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, Judgement
 from ..analysis.noise import Noise
+from ..analysis.phase_shift import PhaseShift
 from ..analysis.thresholds import BUSY_NOISE_FACTOR
 from ..tune.prediction import Prediction
 
@@ -88,9 +89,24 @@ def headline(comparison: Comparison) -> str:
             f"step time {fmt_ms(c.before_ms)} \u2192 {fmt_ms(c.after_ms)} "
             f"({signed_pct(c.step_ratio - 1)}, {tail})"
         )
+    if c.significant and c.phase_shift is not None and c.phase_shift.moved:
+        text += f"; {where_it_moved(c.phase_shift)}"
     if c.prediction is not None:
         text += f"; {prediction_sentence(c.prediction)}"
     return text
+
+
+def where_it_moved(shift: PhaseShift) -> str:
+    """``backward 40 ms → 70 ms (+75%), the other parts steady``: the parts of the step that
+    moved (:mod:`~traceml_nb.analysis.phase_shift`) and, where others were timed too, that
+    they did not."""
+    moved = ", ".join(
+        f"{name} {fmt_ms(a)} \u2192 {fmt_ms(b)} ({signed_pct(b / a - 1) if a else 'new'})"
+        for name, a, b in shift.moved
+    )
+    if shift.steady:
+        moved += ", the other parts steady"
+    return moved
 
 
 def rows(comparison: Comparison) -> list[ComparisonRow]:
