@@ -650,7 +650,7 @@ def test_running_verdict_comes_from_the_analysis_at_most_once_a_second(monkeypat
             title=Finding(TEXT, {"text": "input-bound: data wait 60%"}),
             confidence="high",
         )
-        enough = SimpleNamespace(steady_steps=100)
+        enough = SimpleNamespace(steady_steps=100, mfu=None)
         return Analysis(summary=enough, diagnosis=diag)  # type: ignore[arg-type]
 
     monkeypatch.setattr(analysis_pkg, "analyze", fake_analyze, raising=False)
