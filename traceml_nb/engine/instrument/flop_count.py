@@ -53,8 +53,8 @@ def _first_tensor(values: Any) -> Any:
 def _counter() -> Any:
     """A FlopCounterMode that also sums each operator's FLOPs by the precision it ran in
     (``by_dtype``) and notes the device (``device``), through the counter's per-operator
-    method; where a torch has no such method, or calls it otherwise, the count stands and
-    ``by_dtype`` stays empty."""
+    method: where a torch has no such method, the count stands and ``by_dtype`` stays empty;
+    FLOPs whose precision cannot be read count as ``"unknown"`` (the MFU then says so)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
