@@ -12,9 +12,11 @@ import traceml_nb
 from traceml_nb.analysis import analyze
 from traceml_nb.analysis.anatomy_advice import anatomy_advice
 from traceml_nb.analysis.thresholds import (
+    CONV_SHARE_ADVICE,
     COPY_SHARE_ADVICE,
     FP32_SHARE_ADVICE,
     HALF_PRECISION_GAIN,
+    MOSTLY,
     OPTIMIZER_SHARE_ADVICE,
 )
 from traceml_nb.engine.optimizer_info import OptimizerInfo, optimizer_info
@@ -153,3 +155,45 @@ def test_a_half_precision_less_than_the_gain_faster_is_not_advised(monkeypatch):
     assert "mixed-precision" in _codes(summary)  # bf16 312 / tf32 156: the gain exactly
     monkeypatch.setattr(rules, "HALF_PRECISION_GAIN", HALF_PRECISION_GAIN + 0.01)
     assert "mixed-precision" not in _codes(summary)
+
+
+@pytest.mark.parametrize(
+    ("conv", "nhwc", "precisions", "advised"),
+    [
+        (CONV_SHARE_ADVICE, 0.0, {"fp16": 1.0}, True),
+        (CONV_SHARE_ADVICE - 0.01, 0.0, {"fp16": 1.0}, False),  # not mostly convolutions
+        (0.9, MOSTLY, {"bf16": 1.0}, False),  # channels_last already
+        (0.9, MOSTLY - 0.01, {"tf32": 1.0}, True),
+        (0.9, None, {"fp32": 1.0}, False),  # fp32: mixed precision first
+        (0.9, 0.0, {"fp16": MOSTLY, "fp32": 1 - MOSTLY}, True),
+    ],
+)
+def test_convolutions_on_tensor_cores_in_nchw_ask_for_channels_last(
+    conv, nhwc, precisions, advised
+):
+    summary = _summary()
+    summary.conv_share, summary.channels_last_share = conv, nhwc
+    summary.flop_precisions, summary.flop_device = precisions, "Tesla T4"
+    assert ("channels-last" in _codes(summary, _loader(True))) is advised
+    assert "channels-last" not in _codes(summary, _loader(True), gpu=False)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_count_tells_convolutions_and_their_memory_format(channels_last):
+    from traceml_nb.engine.instrument.flop_count import _counter
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3), torch.nn.Flatten(), torch.nn.LazyLinear(4)
+    )
+    x = torch.randn(4, 3, 16, 16)
+    model(x)
+    if channels_last:
+        model, x = (
+            model.to(memory_format=torch.channels_last),
+            x.to(memory_format=torch.channels_last),
+        )
+    counter = _counter()
+    with counter:
+        model(x).sum().backward()
+    assert 0 < counter.conv_flops < counter.get_total_flops()
+    assert counter.channels_last_flops == (counter.conv_flops if channels_last else 0)

@@ -8,6 +8,8 @@ constant of :mod:`.thresholds`, each finding with the figures it rests on.
 * at least ``FP32_SHARE_ADVICE`` of the FLOPs in float32 (or tf32) on a GPU whose
   half-precision peak is at least ``HALF_PRECISION_GAIN`` times the peak they ran at: autocast,
   in bf16 where the GPU has it, else fp16 with a GradScaler;
+* at least ``CONV_SHARE_ADVICE`` of the FLOPs in convolutions on NCHW inputs, on a GPU, in a
+  tensor-core precision: ``channels_last`` for the model and its batches;
 * an optimizer step of at least ``OPTIMIZER_SHARE_ADVICE`` of the step, of an optimizer that
   has a fused update and does not use it: ``fused=True`` (one operation for all parameters,
   on a CPU as on a GPU).
@@ -23,9 +25,11 @@ from .advice import setting_name
 from .findings import Finding, Summary
 from .peak_flops import peak_for
 from .thresholds import (
+    CONV_SHARE_ADVICE,
     COPY_SHARE_ADVICE,
     FP32_SHARE_ADVICE,
     HALF_PRECISION_GAIN,
+    MOSTLY,
     OPTIMIZER_SHARE_ADVICE,
 )
 
@@ -56,6 +60,8 @@ def anatomy_advice(
     mixed = _mixed_precision(summary) if gpu else None
     if mixed is not None:
         found.append(mixed)
+    if gpu and _nchw_convolutions(summary):
+        found.append(Finding("channels-last", {"conv_share": summary.conv_share}))
     optimizer = shares.get("optimizer")
     unfused = [o.kind for o in optimizers if o.can_fuse]
     if optimizer is not None and optimizer >= OPTIMIZER_SHARE_ADVICE and unfused:
@@ -88,4 +94,17 @@ def _mixed_precision(summary: Summary) -> Finding | None:
             "dtype": half,
             "gain": gain,
         },
+    )
+
+
+def _nchw_convolutions(summary: Summary) -> bool:
+    """Most FLOPs are convolutions on NCHW inputs, run where cuDNN's tensor-core kernels (NHWC)
+    would take them: fp16, bf16 or tf32."""
+    tensor_cores = sum(summary.flop_precisions.get(d, 0.0) for d in ("fp16", "bf16", "tf32"))
+    conv, nhwc = summary.conv_share, summary.channels_last_share
+    return (
+        conv is not None
+        and conv >= CONV_SHARE_ADVICE
+        and (nhwc is None or nhwc < MOSTLY)
+        and tensor_cores >= MOSTLY
     )

@@ -107,6 +107,10 @@ class Summary:
     flop_precisions: dict[str, float] = field(default_factory=dict)
     #: what they ran on: "cpu" or the CUDA device's name ("Tesla T4"); None: not counted
     flop_device: str | None = None
+    #: the share (0..1) of those FLOPs in convolutions, and of the convolutions' FLOPs on
+    #: inputs in channels_last memory format (None: not told)
+    conv_share: float | None = None
+    channels_last_share: float | None = None
     #: model FLOPs utilisation: achieved_tflops over the device's peak for the precisions the
     #: FLOPs ran in (``mfu_peak_tflops``, TFLOP/s; :mod:`traceml_nb.analysis.peak_flops`), 0..1
     mfu: float | None = None

@@ -252,6 +252,9 @@ def _flop_figures(
         total = sum(count.by_dtype.values())
         figures["flop_precisions"] = {k: v / total for k, v in count.by_dtype.items()}
         figures["flop_device"] = count.device or None
+        figures["conv_share"] = count.conv_flops / total
+        if count.conv_flops:
+            figures["channels_last_share"] = count.channels_last_flops / count.conv_flops
     if achieved is None:
         unavailable["mfu"] = unavailable["achieved_tflops"]
         return figures

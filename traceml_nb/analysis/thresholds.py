@@ -107,6 +107,13 @@ FP32_SHARE_ADVICE = 0.5
 #: ...on a GPU whose half-precision peak (bf16, else fp16) is at least this many times the
 #: peak those FLOPs ran at (a T4: 8x; an A100 with tf32 allowed: 2x).
 HALF_PRECISION_GAIN = 2.0
+#: channels_last is advised where at least this share of the FLOPs are convolutions run in a
+#: tensor-core precision (fp16, bf16, tf32) on inputs in the default (NCHW) layout, whose
+#: cuDNN kernels work in NHWC and transpose each input first.
+CONV_SHARE_ADVICE = 0.5
+#: ...where less than this share of the convolutions' FLOPs are channels_last already and at
+#: least this share of all FLOPs ran in a tensor-core precision.
+MOSTLY = 0.5
 #: An optimizer step that takes at least this share of the step is worth a fused update
 #: (``fused=True``): with many small parameters a per-tensor loop is mostly dispatch (and on a
 #: GPU, launch) overhead.

@@ -23,6 +23,9 @@ class FlopCount:
     (``"fp32"``, ``"tf32"``: float32 on tensor cores where torch allows it, ``"fp16"``,
     ``"bf16"``; another dtype by its torch name); empty where this torch's counter could not
     tell. ``device``: what they ran on, ``"cpu"`` or the CUDA device's name (``"Tesla T4"``).
+    ``conv_flops``: those of convolutions (forward and backward), and ``channels_last_flops``
+    those of them whose input or weight was in channels_last memory format (both 0 where not
+    told).
     """
 
     flops: int | None = None
@@ -30,3 +33,5 @@ class FlopCount:
     why: str = NO_OPTIMIZER
     by_dtype: dict[str, int] = field(default_factory=dict)
     device: str = ""
+    conv_flops: int = 0
+    channels_last_flops: int = 0

@@ -29,6 +29,12 @@ ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
         + ("" if f["dtype"] == "bf16" else " with a torch.amp.GradScaler for the loss")
         + "."
     ),
+    "channels-last": lambda f: (
+        f"{fmt_share(f['conv_share'])} of the model's FLOPs are convolutions on NCHW inputs, "
+        "which cuDNN's tensor-core kernels transpose first: model.to(memory_format="
+        "torch.channels_last) and each batch .to(device, memory_format=torch.channels_last) "
+        "give them NHWC as it is."
+    ),
     "fused-optimizer": lambda f: (
         f"The optimizer step takes {fmt_share(f['optimizer_share'])} of each step: create "
         f"the {' and '.join(f['optimizers'])} optimizer with fused=True, which updates all "

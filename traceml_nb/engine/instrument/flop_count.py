@@ -50,6 +50,20 @@ def _first_tensor(values: Any) -> Any:
     return None
 
 
+def _channels_last(tensor: Any) -> bool:
+    """A 4-D tensor laid out channels_last (and not also plain contiguous, as a 1x1 one is):
+    a convolution runs channels_last when its input or weight is (a backward's gradient
+    arrives in whatever layout the layers after it gave)."""
+    import torch
+
+    return (
+        isinstance(tensor, torch.Tensor)
+        and tensor.dim() == 4
+        and tensor.is_contiguous(memory_format=torch.channels_last)
+        and not tensor.is_contiguous()
+    )
+
+
 def _counter() -> Any:
     """A FlopCounterMode that also sums each operator's FLOPs by the precision it ran in
     (``by_dtype``) and notes the device (``device``), through the counter's per-operator
@@ -66,6 +80,7 @@ def _counter() -> Any:
             super().__init__(display=False)
             self.by_dtype: dict[str, int] = {}
             self.device = ""
+            self.conv_flops = self.channels_last_flops = 0
             self._tensor_cores: dict[int, bool] = {}
 
         def _count_flops(self, *args: Any, **kwargs: Any) -> Any:
@@ -77,6 +92,10 @@ def _counter() -> Any:
                     func_packet, out, op_args = args[0], args[1], args[2]
                     tensor = _first_tensor((out, *op_args))
                     key = self._precision(func_packet, tensor)
+                    if str(func_packet).split(".")[-1] in CONVOLUTIONS:
+                        self.conv_flops += added
+                        if any(_channels_last(a) for a in op_args[:3]):
+                            self.channels_last_flops += added
                 except Exception:
                     key = "unknown"
                 self.by_dtype[key] = self.by_dtype.get(key, 0) + added
@@ -158,7 +177,15 @@ class FlopWindow:
             self.result = FlopCount(why=f"the FLOP counter failed ({exc!r})")
             return
         window = (self._start_ns - self.t0_ns, end_ns - self.t0_ns)
-        self.result = FlopCount(flops, window, "", dict(mode.by_dtype), mode.device)
+        self.result = FlopCount(
+            flops,
+            window,
+            "",
+            dict(mode.by_dtype),
+            mode.device,
+            mode.conv_flops,
+            mode.channels_last_flops,
+        )
         self.countdown = 1 << 62
         self.found(self.result)
 
