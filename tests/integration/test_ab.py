@@ -11,6 +11,7 @@ makes larger; nothing here times anything against the clock.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -186,19 +187,37 @@ def test_two_identical_commits_are_never_called_slower(tmp_path, tmp):
     assert_clean(repo, tmp)
 
 
-def test_a_base_command_instead_of_a_ref(tmp_path, tmp):
+def test_a_base_command_instead_of_a_ref_with_runs_kept_on_a_server(
+    tmp_path, tmp, postgres_cluster
+):
     """The base is the same script told to add compute; the head, without it, is faster: a gate
-    asks "is it slower?" only, so that is exit 0."""
+    asks "is it slower?" only, so that is exit 0. With ``--store`` a PostgreSQL URL, every run
+    of both sides lands on the server (the team's store), and nothing of the gate stays."""
+    from traceml_nb.session.store import Store
+
+    url = postgres_cluster.url(postgres_cluster.new_database())
     repo = make_repo(tmp_path / "repo", head_extra=None)
     base = f"{shlex.quote(sys.executable)} train.py {SLOW_EXTRA}"
     done = ab(
-        repo, "--name", "smoke", "--base-command", base, "--rounds", "5", *train_command(), tmp=tmp
+        repo,
+        "--name",
+        "smoke",
+        "--base-command",
+        base,
+        "--rounds",
+        "5",
+        "--store",
+        url,
+        *train_command(),
+        tmp=tmp,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     first = done.stdout.splitlines()[0]
     assert first.startswith("OK: 'smoke' is not slower at HEAD than with the base command")
     assert "(\u2212" in first  # a negative change: the head is faster
     assert "the base command" in done.stderr.splitlines()[0]
+    rounds = int(re.search(r"(\d+) rounds?", done.stdout).group(1))
+    assert Store(url).count("smoke") == 2 * rounds
     assert_clean(repo, tmp)
 
 

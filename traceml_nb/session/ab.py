@@ -52,7 +52,7 @@ from .ab_tidy import (
     sigterm_raises,
     stop,
 )
-from .store import Store, StoreError, resolve_store_path
+from .store import Store, StoreEmpty, StoreError, resolve_store_path
 from .store_url import is_url
 
 EXIT_NOT_SLOWER, EXIT_SLOWER, EXIT_NO_VERDICT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
@@ -368,6 +368,8 @@ def _latest_id(path: str, name: str) -> int | None:
         return None
     try:
         latest = store.latest(name)
+    except StoreEmpty:  # a server's new database: nothing stored yet
+        return None
     except StoreError as exc:
         raise _NoVerdict(f"cannot read the store: {exc}") from None
     return latest.stored_id if latest is not None else None
@@ -406,6 +408,8 @@ def _run(side: _Side, index: int, name: str, path: str, tidy: Tidy) -> AbRun:
     try:
         store = Store(path)
         entry = store.latest(name) if store.exists() else None
+    except StoreEmpty:
+        entry = None
     except StoreError as exc:
         raise _NoVerdict(f"cannot read the store after {what} in round {index}: {exc}") from None
     if (

@@ -38,14 +38,14 @@ from typing import Any
 
 from ..settings import store_setting, xdg_data_home
 from .history import RunEntry
-from .store_backend import Backend, Connection, StoreError, one_line
+from .store_backend import Backend, Connection, StoreEmpty, StoreError, one_line
 from .store_postgres import PostgresBackend
 from .store_rows import LIST_COLUMNS, NameTotals, StoredRow, entry_of, row_of
 from .store_schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION
 from .store_sqlite import SqliteBackend
 from .store_url import is_url
 
-__all__ = ["Store", "StoreError", "default_store_path", "resolve_store_path"]
+__all__ = ["Store", "StoreEmpty", "StoreError", "default_store_path", "resolve_store_path"]
 
 #: Values of ``TRACEML_NB_STORE`` that turn the store off (any case).
 OFF_VALUES = frozenset({"off", "no", "none", "false", "0"})
@@ -168,7 +168,7 @@ class Store:
         if version == SCHEMA_VERSION:
             return
         if not write and version == 0:
-            raise StoreError(f"the store {self.path} is empty (no run was stored yet)")
+            raise StoreEmpty(f"the store {self.path} is empty (no run was stored yet)")
         # an older schema is migrated on reading too (``check`` may be the first to open a store
         # after an upgrade): the queries name the newer columns
         backend.lock_schema(conn)

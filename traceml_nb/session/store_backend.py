@@ -16,6 +16,10 @@ class StoreError(Exception):
     """The store could not be used; the message is one line saying why."""
 
 
+class StoreEmpty(StoreError):
+    """The store has no schema yet: nothing was ever stored in it (a new server database)."""
+
+
 def one_line(exc: BaseException) -> str:
     """An exception's message on one line (its type's name when it has none)."""
     text = str(exc).strip() or type(exc).__name__
