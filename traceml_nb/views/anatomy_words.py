@@ -13,8 +13,8 @@ Facts = dict[str, Any]
 ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
     "pin-memory-for-copies": lambda f: (
         f"The input copy takes {fmt_share(f['copy_share'])} of each step "
-        f"({fmt_ms(f['copy_ms'])}) from pageable memory: {f['setting']}=True in the training "
-        "DataLoader and .to(device, non_blocking=True) in the loop let it overlap the compute."
+        f"({fmt_ms(f['copy_ms'])}) from pageable memory: {f['setting']}=True and copies "
+        "with .to(device, non_blocking=True) let it overlap the compute."
     ),
     "non-blocking-copies": lambda f: (
         f"The input copy takes {fmt_share(f['copy_share'])} of each step "
