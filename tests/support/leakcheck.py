@@ -14,8 +14,18 @@ ORIGINAL_NEXT = _BaseDataLoaderIter.__dict__["__next__"]
 ORIGINAL_BACKWARD = torch.autograd.backward
 
 
+#: Threads of ours that one test left running and that test was failed for: a thread cannot be
+#: stopped from outside, so the tests after it are judged on new leaks only.
+_REPORTED: set[threading.Thread] = set()
+
+
 def our_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("traceml") and t.is_alive()]
+    """Our live threads (named ``traceml…``), less those an earlier test was failed for."""
+    return [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("traceml") and t.is_alive() and t not in _REPORTED
+    ]
 
 
 def leak_report(grace_s: float = 3.0) -> list[str]:
@@ -86,11 +96,13 @@ def rank_processes() -> list:
 
 
 def force_clean() -> None:
-    """Undo whatever was left, so that one leak does not fail every following test."""
+    """Undo whatever was left, so that one leak does not fail every following test (threads
+    cannot be undone: they are remembered and not reported again)."""
     from traceml_nb.engine import run as run_mod
     from traceml_nb.engine.instrument import hooks
     from traceml_nb.engine.instrument import launch_patch as ranks
 
+    _REPORTED.update(our_threads())
     hooks.uninstall()
     ranks.uninstall()
     for process in rank_processes():

@@ -4,6 +4,7 @@ that sleeps per batch, rank 1 longer."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import time
@@ -19,6 +20,10 @@ BATCH = 4
 #: Seconds each batch of every rank sleeps in the dataset, and what rank 1 sleeps more.
 BASE_SLEEP_S = 0.002
 EXTRA_SLEEP_S = 0.020
+#: Seconds a rank may take before it writes every thread's stack to ``rank{k}.stack`` in its
+#: output directory and exits: a hung rank fails its test with where it hung, not the suite's
+#: timeout (a rank takes well under 10 s on a busy machine).
+RANK_DEADLINE_S = 150.0
 
 
 class SleepyDataset(Dataset):
@@ -38,15 +43,26 @@ class SleepyDataset(Dataset):
 
 def train_rank(rank: int, world: int, port: int, out_dir: str, fail_rank: int = -1) -> int:
     """One DDP rank: counts its batches into ``out_dir/rank{rank}.json``; ``fail_rank`` raises
-    a ValueError at its 5th batch."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        return _train(rank, out_dir, fail_rank)
-    finally:
-        dist.destroy_process_group()
+    a ValueError at its 5th batch. Past :data:`RANK_DEADLINE_S` it dumps its stacks and exits."""
+    with open(Path(out_dir, f"rank{rank}.stack"), "w") as stacks:
+        faulthandler.dump_traceback_later(RANK_DEADLINE_S, exit=True, file=stacks)
+        try:
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(port)
+            torch.set_num_threads(1)
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+            try:
+                return _train(rank, out_dir, fail_rank)
+            finally:
+                dist.destroy_process_group()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def hung_ranks(out_dir: str) -> str:
+    """The stacks of the ranks that passed their deadline (what to show when a launch failed)."""
+    dumps = [p for p in sorted(Path(out_dir).glob("rank*.stack")) if p.stat().st_size]
+    return "\n".join(f"{p.name}:\n{p.read_text()}" for p in dumps) or "no rank passed its deadline"
 
 
 def _train(rank: int, out_dir: str, fail_rank: int) -> int:

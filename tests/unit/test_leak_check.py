@@ -2,7 +2,7 @@
 
 import threading
 
-from leakcheck import ORIGINAL_NEXT, leak_report
+from leakcheck import ORIGINAL_NEXT, force_clean, leak_report
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from traceml_nb.engine.instrument import hooks
@@ -38,3 +38,16 @@ def test_leak_report_sees_an_optimizer_hook_of_ours_left_registered():
         handle.remove()
     assert any("optimizer step hook" in p for p in problems)
     assert leak_report() == []
+
+
+def test_a_thread_left_running_fails_the_test_that_left_it_and_no_later_one():
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="traceml-test-stuck", daemon=True)
+    t.start()
+    try:
+        assert any("traceml-test-stuck" in p for p in leak_report(grace_s=0.1))
+        force_clean()  # what the autouse check does before failing the test
+        assert leak_report(grace_s=0.1) == []  # the next test is not failed for it
+    finally:
+        stop.set()
+        t.join()

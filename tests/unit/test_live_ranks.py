@@ -116,12 +116,19 @@ def test_each_rank_gets_its_lines_and_the_header_names_the_straggler(tmp_path, p
         (doc_json,) = bundle["docs_json"].values()
         doc = Document.from_json(doc_json)
         sent_before = len(patches)
-        mp.start_processes(
-            rank_fns.train_rank,
-            args=(2, free_port(), str(tmp_path)),
-            nprocs=2,
-            start_method="fork",
-        )
+        try:
+            mp.start_processes(
+                rank_fns.train_rank,
+                args=(2, free_port(), str(tmp_path)),
+                nprocs=2,
+                start_method="fork",
+            )
+        except BaseException as exc:
+            view.stop()
+            handle.stop()
+            if isinstance(exc, mp.ProcessExitedException):
+                pytest.fail(rank_fns.hung_ranks(str(tmp_path)))
+            raise
     view.stop()
     handle.stop()
     assert view.error is None, run.capabilities.notes
