@@ -1,11 +1,12 @@
 """The run store's behaviour, one suite for both backends: a test module subclasses
 :class:`StoreSuite` and gives it a ``db`` fixture, a :class:`StoreDb` of an empty store of its
 backend (tests/unit/test_store.py: a SQLite file; tests/integration/test_store_postgres.py: a
-database of a real PostgreSQL server). Schema and migrations, round trips, baselines, pins and
-many writers at once."""
+database of a real PostgreSQL server). Schema and migrations, round trips, baselines, pins,
+many writers at once, and a two-node ``torchrun`` job whose nodes store their ranks apart."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -146,6 +147,50 @@ for i in range(100):
     store.add(entry, session=sys.argv[2])
 print("done")
 """
+
+#: One node of a ``torchrun`` job of NODE_RANKS ranks a node: for each ``[job_id, medians]``
+#: given, it stores its ranks' runs (rank ``node * NODE_RANKS + k`` with ``medians[k]``).
+NODE = """
+import json, sys
+sys.path.insert(0, "tests/support")
+from store_helpers import ENV, make_run
+from traceml_nb.session.store import Store
+store, node = Store(sys.argv[1]), int(sys.argv[2])
+jobs = json.loads(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()
+for job, medians in jobs:
+    for k, step_ms in enumerate(medians):
+        rank = node * len(medians) + k
+        entry = make_run("multinode", step_ms=step_ms, seed=rank, env=dict(ENV, host_hash=f"node{node}"))
+        entry.rank, entry.world_size, entry.job_id = rank, 2 * len(medians), job
+        store.add(entry, session=f"node{node}")
+"""
+NODE_RANKS = 2
+
+
+def nodes(db, jobs_of_node: dict[int, list]) -> None:
+    """The nodes of ``jobs_of_node`` (node -> ``[[job_id, medians], ...]``) storing their
+    ranks at the same moment, each a process of its own."""
+    procs = {
+        node: subprocess.Popen(
+            [sys.executable, "-c", NODE, db.target, str(node), json.dumps(jobs)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(REPO),
+        )
+        for node, jobs in jobs_of_node.items()
+    }
+    for proc in procs.values():
+        assert proc.stdout.readline().strip() == "ready", proc.communicate(timeout=60)[1]
+    for proc in procs.values():
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    for proc in procs.values():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
 
 
 class StoreSuite:
@@ -480,3 +525,28 @@ class StoreSuite:
         assert len(store.rows(name="writer-a")) == 100 and len(store.rows(name="writer-b")) == 100
         assert sorted(r.id for r in store.rows()) == list(range(1, 201))
         assert store.schema() == SCHEMA  # migrated once
+
+    def test_a_two_node_job_is_judged_whole_once_its_last_node_stored_its_ranks(self, db):
+        """Two nodes of a 4-rank ``torchrun`` job store their ranks apart, at once, three jobs
+        running; then a fourth job of whose ranks node 1's arrive late, rank 3 the slowest."""
+        from traceml_nb.session.check import check
+        from traceml_nb.views.check_words import check_paragraph
+
+        base = {0: [20.0, 20.2], 1: [20.1, 20.8]}  # rank 3 the slowest of each, by 3%
+        jobs = {n: [[f"job-{k}", medians] for k in range(3)] for n, medians in base.items()}
+        new = "job-new-0123456789"
+        nodes(db, {0: jobs[0] + [[new, [20.1, 20.3]]], 1: jobs[1]})
+        early = check("multinode", store=db.target)
+        assert early.exit_code == 2, check_paragraph(early)
+        assert "the job is partial: ranks 2, 3 stored no run" in check_paragraph(early)
+        assert "(2 of 4 ranks, " in check_paragraph(early)
+
+        nodes(db, {1: [[new, [20.2, 32.0]]]})
+        whole = check("multinode", store=db.target)
+        said = check_paragraph(whole)
+        assert whole.exit_code == 1 and whole.status == "regression", said
+        assert said.startswith("REGRESSION: 'multinode' job job-new-\u2026 (4 ranks, @"), said
+        assert "; slowest rank 3) is slower than its baseline, 3 jobs " in said
+        assert whole.candidate is not None and whole.candidate.rank == 3
+        assert whole.to_dict()["job"]["ids"] == [r.id for r in db.store().job_runs(new)]
+        assert [j["slowest_rank"] for j in whole.to_dict()["baseline_jobs"]] == [3, 3, 3]
