@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -83,6 +84,83 @@ def test_an_unreachable_server_is_one_line_and_asked_once(postgres_cluster):
     with pytest.raises(StoreError, match=re.escape(why)):
         store.rows()  # the same store does not wait for the server again
     assert time.perf_counter() - started < 0.5
+
+
+def test_a_server_that_never_answers_the_connection_costs_one_connect_timeout():
+    """A port that accepts TCP connections (the kernel's backlog) and never says a word."""
+    from traceml_nb.session.store_postgres import STORE_CONNECT_TIMEOUT_S
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"postgresql://nobody@127.0.0.1:{silent.getsockname()[1]}/runs"
+        store = Store(url)
+        started = time.perf_counter()
+        with pytest.raises(StoreError) as info:
+            store.add(make_run())
+        waited = time.perf_counter() - started
+        assert STORE_CONNECT_TIMEOUT_S - 0.5 <= waited < STORE_CONNECT_TIMEOUT_S + 10
+        assert str(info.value).startswith(f"cannot reach the store server {url} (")
+        assert "timeout" in str(info.value)
+        started = time.perf_counter()
+        with pytest.raises(StoreError):
+            store.rows()  # not asked again: the run's other reads cost nothing more
+        assert time.perf_counter() - started < 0.5
+
+
+@pytest.fixture
+def holder(postgres_cluster):
+    """A database with a stored run, and a connection of another client to it."""
+    import psycopg
+
+    url = postgres_cluster.url(postgres_cluster.new_database())
+    Store(url).add(make_run("held"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        yield url, conn
+
+
+def test_a_table_locked_by_another_client_costs_the_lock_timeout_then_a_cell_stores_again(
+    holder,
+):
+    url, other = holder
+    other.execute("BEGIN")
+    other.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")  # e.g. a VACUUM FULL
+    session = traceml_nb.Session(store=url)
+    started = time.perf_counter()
+    locked = train(session, "held")
+    assert time.perf_counter() - started < 60  # its reads and write each gave up
+    assert locked.stored_id is None
+    assert locked.store_note == (
+        f"this run was not stored: the store {url} stayed locked by another writer for 3 s"
+    )
+    other.execute("COMMIT")
+    again = train(session, "held")
+    assert again.stored_id == 2 and again.store_note is None
+
+
+def test_a_statement_the_server_never_answers_is_given_up_and_not_asked_again(holder, monkeypatch):
+    from traceml_nb.session import store_postgres
+
+    url, other = holder
+    monkeypatch.setattr(store_postgres, "STORE_STATEMENT_TIMEOUT_S", 1)
+    other.execute(
+        "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$"
+    )
+    other.execute(
+        "CREATE TRIGGER stall BEFORE INSERT ON runs FOR EACH ROW EXECUTE FUNCTION stall()"
+    )
+    store = Store(url)
+    started = time.perf_counter()
+    with pytest.raises(StoreError) as info:
+        store.add(make_run("held"))
+    assert time.perf_counter() - started < 30
+    assert str(info.value).startswith(f"the store server {url} did not answer within 1 s (")
+    started = time.perf_counter()
+    with pytest.raises(StoreError, match="did not answer"):
+        store.rows()  # the same store does not wait for it again
+    assert time.perf_counter() - started < 0.5
+    assert Store(url).count() == 1  # nothing half-written
 
 
 def test_a_full_disk_and_a_lock_on_the_server_are_said_as_such():

@@ -154,7 +154,7 @@ class Store:
                 self._prepare(conn, write)
                 yield conn
             except backend.errors as exc:
-                raise StoreError(backend.explain(exc)) from None
+                raise StoreError(backend.failed(exc)) from None
 
     def _prepare(self, conn: Connection, write: bool) -> None:
         backend = self._backend

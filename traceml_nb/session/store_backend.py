@@ -37,7 +37,7 @@ class Connection(Protocol):
 class Backend(Protocol):
     """One kind of database under :class:`~.store.Store`."""
 
-    #: the database's own exceptions, turned into :class:`StoreError` by :meth:`explain`
+    #: the database's own exceptions, turned into :class:`StoreError` by :meth:`failed`
     errors: tuple[type[BaseException], ...]
     #: the store is a file on a network or FUSE filesystem (None: not looked at yet)
     network: bool | None
@@ -49,6 +49,11 @@ class Backend(Protocol):
 
     def explain(self, exc: BaseException) -> str:
         """One line saying why, naming the store (never its password)."""
+        ...
+
+    def failed(self, exc: BaseException) -> str:
+        """:meth:`explain` for an error raised while the store used a connection, kept where it
+        tells the backend's next connections something (a server that stopped answering)."""
         ...
 
     def exists(self) -> bool:

@@ -6,10 +6,13 @@ The store's SQL is SQLite's; :func:`dialect` translates the few differences (``%
 placeholders, ``IS NOT DISTINCT FROM`` for ``IS ?``, an identity column for ``AUTOINCREMENT``,
 ``DOUBLE PRECISION`` for ``REAL``, ``BYTEA`` for ``BLOB``). The schema's version is the last
 row of ``schema_migrations``; a migration holds an advisory lock, so that two clients meeting
-a new database migrate it once. A connection waits at most
-``STORE_CONNECT_TIMEOUT_S`` (unless the URL sets ``connect_timeout``); a server that could not be
-reached is not asked again by the same store for ``RECONNECT_AFTER_S``, so that a run's
-comparisons and its write cost one timeout, not three. Credentials are libpq's: the URL,
+a new database migrate it once. A server that does not answer costs a bounded wait: a
+connection waits at most ``STORE_CONNECT_TIMEOUT_S`` (unless the URL sets ``connect_timeout``),
+a statement ``STORE_STATEMENT_TIMEOUT_S`` (a lock held by another session: the store's
+``timeout_s``), and a server host gone mid-statement is seen by TCP keepalives
+(``KEEPALIVES``); a server that could not be reached, or stopped answering, is not asked again
+by the same store for ``RECONNECT_AFTER_S``, so that a run's comparisons and its write cost one
+wait, not three. Credentials are libpq's: the URL,
 ``PGPASSWORD``, ``~/.pgpass``; no message of ours shows a password (:func:`~.store_url.redacted`
 and :meth:`PostgresBackend.explain`).
 """
@@ -30,8 +33,22 @@ from .store_url import HIDDEN, password_of, redacted, url_problem
 #: Seconds a connection to the server may take before the store gives up (libpq's
 #: ``connect_timeout``, whole seconds).
 STORE_CONNECT_TIMEOUT_S = 3
+#: Seconds one statement of ours may run on the server (its ``statement_timeout`` for our
+#: connections): a run's write is one short transaction, a million-step run's under a second.
+STORE_STATEMENT_TIMEOUT_S = 30
+#: libpq's TCP keepalives for our connections (unless the URL sets them): a server host that
+#: vanished mid-statement (no reset, no answer) is given up after 10 + 4 x 5 = 30 s, not the
+#: system's default of hours.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 4,
+}
 #: Seconds a store that could not reach its server answers with that failure at once.
 RECONNECT_AFTER_S = 30.0
+#: The SQLSTATEs of a server that stopped answering: a statement timeout, a lost connection.
+_NOT_ANSWERING = ("57014", "08")
 #: The advisory lock a migration holds (any number the team's other programs do not use).
 MIGRATION_LOCK = 0x7472_6163_656D_6C  # "traceml"
 #: The extra to install for a server store.
@@ -91,7 +108,8 @@ class PostgresBackend:
         self.shown = redacted(self._url)
         self.timeout_s = timeout_s
         self._secret = password_of(self._url)
-        self._down: tuple[float, str] | None = None  # (until, why): the last connect failure
+        self._down: tuple[float, str] | None = None  # (until, why): the server's last failure
+        self._conn: Any = None  # the connection in use
         self.errors: tuple[type[BaseException], ...] = ()
 
     def __repr__(self) -> str:
@@ -108,18 +126,34 @@ class PostgresBackend:
             raise StoreError(self._down[1])
         options: dict[str, Any] = {"autocommit": True, "application_name": "traceml_nb"}
         try:
-            if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self._url):
-                options["connect_timeout"] = STORE_CONNECT_TIMEOUT_S
+            given = psycopg.conninfo.conninfo_to_dict(self._url)
+            defaults = {"connect_timeout": STORE_CONNECT_TIMEOUT_S, **KEEPALIVES}
+            options.update({k: v for k, v in defaults.items() if k not in given})
             conn = psycopg.connect(self._url, **options)
+            conn.execute(
+                f"SET statement_timeout = {STORE_STATEMENT_TIMEOUT_S * 1000}; "
+                f"SET lock_timeout = {int(self.timeout_s * 1000)}"
+            )
         except psycopg.Error as exc:
-            why = self.explain(exc)
-            self._down = (time.monotonic() + RECONNECT_AFTER_S, why)
-            raise StoreError(why) from None
+            self._down = (time.monotonic() + RECONNECT_AFTER_S, self.explain(exc))
+            raise StoreError(self._down[1]) from None
         self._down = None
+        self._conn = conn
         try:
             yield _Connection(conn)
         finally:
+            self._conn = None
             conn.close()
+
+    def failed(self, exc: BaseException) -> str:
+        """:meth:`explain`; a server that stopped answering (a statement timeout, a connection
+        lost) is not asked again for ``RECONNECT_AFTER_S``."""
+        why = self.explain(exc)
+        state = getattr(exc, "sqlstate", None) or ""
+        broken = self._conn is not None and self._conn.broken
+        if state.startswith(_NOT_ANSWERING) or broken:
+            self._down = (time.monotonic() + RECONNECT_AFTER_S, why)
+        return why
 
     def _hidden(self, text: str) -> str:
         """``text`` with the password of the URL and of ``PGPASSWORD`` hidden, wherever a
@@ -139,6 +173,11 @@ class PostgresBackend:
             return f"the disk or memory of the store server {where} is full ({why})"
         if state == "55P03":
             return f"the store {where} stayed locked by another writer for {self.timeout_s:g} s"
+        if state == "57014":
+            return (
+                f"the store server {where} did not answer within {STORE_STATEMENT_TIMEOUT_S} s "
+                f"({why})"
+            )
         if state.startswith("57P"):
             return f"the store server {where} is shutting down or restarting ({why})"
         if state.startswith("08") or not state and "connect" in why:
@@ -163,7 +202,6 @@ class PostgresBackend:
         """A session-level advisory lock, taken before the migration's transaction begins:
         a transaction that began before the last holder committed would not see its tables
         (the server reads its catalog's changes when a transaction starts)."""
-        conn.execute(f"SET lock_timeout = {int(self.timeout_s * 1000)}")
         conn.execute(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
 
     def unlock_schema(self, conn: Connection) -> None:

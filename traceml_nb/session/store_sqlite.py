@@ -71,6 +71,9 @@ class SqliteBackend:
             return f"the disk holding the store {self.path} is full ({why})"
         return f"the store {self.path} failed: {why}"
 
+    def failed(self, exc: BaseException) -> str:
+        return self.explain(exc)
+
     def exists(self) -> bool:
         return os.path.exists(self.path)
 
