@@ -16,7 +16,7 @@ import time
 
 import pytest
 from postgres import SECRET_PASSWORD, SECRET_USER
-from store_helpers import REPO, cli, make_run
+from store_helpers import REPO, cli, make_run, train
 from store_suite import StoreDb, StoreSuite
 
 import traceml_nb
@@ -32,26 +32,6 @@ def db(postgres_cluster):
 
 class TestPostgresStore(StoreSuite):
     """The store's behaviour on a PostgreSQL server."""
-
-
-def train(session, name: str, *, during=None):
-    """A short real run of ``name`` in ``session`` (``during``: called while it trains); its
-    result."""
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    torch.manual_seed(0)
-    ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
-    model = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with session.run(name, sample=False) as run:
-        for i, (x, y) in enumerate(DataLoader(ds, batch_size=4)):
-            time.sleep(0.002)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            if i == 2 and during is not None:
-                during()
-    return run.result()
 
 
 # --- a server that goes away --------------------------------------------------------------------
@@ -164,8 +144,8 @@ def test_a_statement_the_server_never_answers_is_given_up_and_not_asked_again(ho
 
 
 def test_a_full_disk_and_a_lock_on_the_server_are_said_as_such():
-    """The server's own error classes, as psycopg raises them (a full disk cannot be made here
-    without mounting a filesystem)."""
+    """The server's own error classes, as psycopg raises them (a real full disk:
+    test_store_full_disk.py; a real lock: above)."""
     import psycopg.errors
 
     store = Store("postgresql://ann:hunter2@db/runs")

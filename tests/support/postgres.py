@@ -115,6 +115,12 @@ class Cluster:
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(statement)
 
+    def server_ids(self) -> tuple[int, int]:
+        """The ``(uid, gid)`` the server runs as (what must own a tablespace's folder)."""
+        if self._user is not None:
+            return self._user.pw_uid, self._user.pw_gid
+        return os.getuid(), os.getgid()
+
     def url(self, database: str, user: str = ADMIN, password: str | None = None) -> str:
         """A URL of ``database`` on the socket (``password`` in it when given)."""
         who = f"{user}:{password}" if password else user

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -119,3 +120,23 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]
         env={**os.environ, **(env or {})},
         check=False,
     )
+
+
+def train(session, name: str, *, during=None):
+    """A short real run of ``name`` in ``session`` (``during``: called while it trains); its
+    result."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with session.run(name, sample=False) as run:
+        for i, (x, y) in enumerate(DataLoader(ds, batch_size=4)):
+            time.sleep(0.002)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if i == 2 and during is not None:
+                during()
+    return run.result()

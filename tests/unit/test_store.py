@@ -200,6 +200,26 @@ def test_a_missing_directory(tmp_path):
     assert created.count() == 1
 
 
+def test_an_io_error_is_a_full_disk_only_with_little_room_left(tmp_path, monkeypatch):
+    """SQLite says "disk I/O error" where a full disk keeps it from making its WAL index
+    (tests/integration/test_store_full_disk.py has the real one): read as a full disk only
+    under FULL_DISK_FREE_BYTES free."""
+    from traceml_nb.session import store_sqlite
+
+    backend = store_sqlite.SqliteBackend(
+        str(tmp_path / "runs.sqlite"), create_dir=False, timeout_s=1
+    )
+    error = sqlite3.OperationalError("disk I/O error")
+    monkeypatch.setattr(backend, "_free_bytes", lambda: store_sqlite.FULL_DISK_FREE_BYTES)
+    assert backend.explain(error) == f"the store {backend.path} failed: disk I/O error"
+    monkeypatch.setattr(backend, "_free_bytes", lambda: store_sqlite.FULL_DISK_FREE_BYTES - 1)
+    assert backend.explain(error) == (
+        f"the disk holding the store {backend.path} is full (disk I/O error; 1024 KiB free)"
+    )
+    monkeypatch.setattr(backend, "_free_bytes", lambda: None)  # the disk cannot be asked
+    assert backend.explain(error).endswith("failed: disk I/O error")
+
+
 def test_a_locked_store(tmp_path):
     path = tmp_path / "locked.sqlite"
     Store(path).add(make_run())

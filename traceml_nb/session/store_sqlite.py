@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -18,6 +19,10 @@ from typing import Any
 from .store_backend import Connection, StoreError, one_line
 from .store_place import on_network_filesystem
 
+#: Bytes free on the store's filesystem under which a write's I/O error is read as a full disk:
+#: a new connection's WAL index (32 KiB) or a journal that cannot be made fails as "disk I/O
+#: error", not "database or disk is full".
+FULL_DISK_FREE_BYTES = 1 << 20
 #: Seconds between attempts to switch a new store to the WAL journal (:meth:`SqliteBackend.
 #: _use_journal`).
 WAL_RETRY_S = 0.01
@@ -52,12 +57,30 @@ class SqliteBackend:
             raise StoreError(f"there is no store at {self.path} yet")
         try:
             conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
+            if not write:
+                conn = self._readable(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store {self.path}: {one_line(exc)}") from None
         try:
             yield conn
         finally:
             conn.close()
+
+    def _readable(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        """``conn``, or where a full disk leaves no room for the WAL index that a reader of a
+        WAL store must make, the file opened as it is (``immutable``): with no WAL file beside
+        it (or an empty one), every committed run is in the file, and what was stored stays
+        readable."""
+        try:
+            conn.execute("PRAGMA user_version").fetchall()
+            return conn
+        except sqlite3.OperationalError as exc:
+            no_index = getattr(exc, "sqlite_errorname", "") == "SQLITE_IOERR_SHMSIZE"
+            if not no_index or self._wal_bytes() > 0:
+                raise
+        conn.close()
+        uri = f"file:{urllib.parse.quote(self.path)}?immutable=1"
+        return sqlite3.connect(uri, uri=True, isolation_level=None)
 
     def explain(self, exc: BaseException) -> str:
         why = one_line(exc)
@@ -69,7 +92,28 @@ class SqliteBackend:
             return f"the store {self.path} is read-only ({why})"
         if "full" in why:
             return f"the disk holding the store {self.path} is full ({why})"
+        free = self._free_bytes()
+        if "I/O error" in why and free is not None and free < FULL_DISK_FREE_BYTES:
+            name = getattr(exc, "sqlite_errorname", "")
+            return (
+                f"the disk holding the store {self.path} is full ({why}{f': {name}' if name else ''}"
+                f"; {free / 1024:.0f} KiB free)"
+            )
         return f"the store {self.path} failed: {why}"
+
+    def _wal_bytes(self) -> int:
+        try:
+            return os.path.getsize(self.path + "-wal")
+        except OSError:
+            return 0
+
+    def _free_bytes(self) -> int | None:
+        """Bytes free to us on the store's filesystem; None when that cannot be read."""
+        try:
+            stat = os.statvfs(os.path.dirname(self.path))
+        except OSError:
+            return None
+        return stat.f_bavail * stat.f_frsize
 
     def failed(self, exc: BaseException) -> str:
         return self.explain(exc)
