@@ -22,7 +22,7 @@ from .store_place import on_network_filesystem
 #: Bytes free on the store's filesystem under which a write's I/O error is read as a full disk:
 #: a new connection's WAL index (32 KiB) or a journal that cannot be made fails as "disk I/O
 #: error", not "database or disk is full".
-FULL_DISK_FREE_BYTES = 1 << 20
+FULL_DISK_FREE_BYTES = 1_048_576
 #: Seconds between attempts to switch a new store to the WAL journal (:meth:`SqliteBackend.
 #: _use_journal`).
 WAL_RETRY_S = 0.01
