@@ -266,6 +266,11 @@ def test_a_second_shell_compares_with_the_first_shells_runs_through_the_server(
 
 # --- the gates, the history, moving runs --------------------------------------------------------
 def test_check_history_and_pins_work_against_the_server(db):
+    empty = traceml_nb.check("smoke", store=db.target).result  # a new database: nothing stored
+    assert (empty.exit_code, empty.status) == (2, "no baseline")
+    assert empty.why == (
+        f"no stored run named 'smoke' in {db.target} (the store is empty: no run was stored yet)"
+    )
     store = db.store()
     for i, median in enumerate([20.0, 20.2, 19.8, 20.1, 19.9]):
         store.add(make_run("smoke", step_ms=median, seed=i))

@@ -35,7 +35,7 @@ from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
 from .baselines import SAME, across_sessions, choose_baseline, machine_points, noise_for
 from .environment import hardware_class
 from .history import RunEntry
-from .store import Store, StoreError, resolve_store_path
+from .store import Store, StoreEmpty, StoreError, resolve_store_path
 from .stored_jobs import StoredJob, job_of, run_hardware, split_jobs, steady_steps, step_median_ms
 
 EXIT_OK, EXIT_REGRESSION, EXIT_NO_VERDICT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
@@ -221,6 +221,14 @@ def check(
             if not baseline:
                 why = skipped[0] if skipped else "not a run to compare with"
                 return _fail(name, f"--against @{text}: {why}", max_slowdown, path, NO_BASELINE)
+    except StoreEmpty:  # a server's new database: no run stored yet
+        return _fail(
+            name,
+            f"no stored run named {name!r} in {path} (the store is empty: no run was stored yet)",
+            max_slowdown,
+            path,
+            NO_BASELINE,
+        )
     except StoreError as exc:
         return _fail(name, f"cannot read the store: {exc}", max_slowdown, path)
     who = subject(name, candidate, job, candidates)
