@@ -25,12 +25,15 @@ from traceml_nb.engine.record import (
     SampleTable,
 )
 from traceml_nb.views.live.bokeh_patch import BatchedBokehModel
+from traceml_nb.views.live.charts import OTHER_LABEL, OWN_STEP_TITLE, PHASES_STEP_TITLE
 from traceml_nb.views.live.data import (
+    PHASE_FIELDS,
     STEP_FIELDS,
     SampleSeries,
     SeriesUpdate,
     StepRows,
     StepSeries,
+    _carried_shares,
     bin_samples,
     bin_steps,
     bucket_medians,
@@ -122,6 +125,28 @@ def test_bin_steps_throughput_over_a_trailing_window_with_context():
     assert data["step_ms"].tolist() == [20.0, 20.0, 40.0]
     assert data["steps_per_s"] == pytest.approx([3 / 0.040, 3 / 0.050, 3 / 0.080])
     assert data["samples_per_s"] == pytest.approx([12 / 0.040, 12 / 0.050, 12 / 0.080])
+
+
+def test_bin_steps_splits_the_rest_of_each_step_by_its_latest_timed_phases():
+    rows = _rows([10, 10, 20, 20], [2, 2, 4, 4])  # rests: 8, 8, 16, 16 ms
+    untimed = [NAN] * 4
+    timed = [1 * MS, 2 * MS, 3 * MS, 1 * MS]  # copy, forward, backward, optimizer of 8 ms
+    phases = np.array([untimed, timed, untimed, untimed])
+    rows.shares = _carried_shares(phases, rows.wall_ns - rows.wait_ns, None)
+    data, used = bin_steps(rows, 0, 1, partial=True, rate_window=1)
+    assert used == 4
+    # before the first timed step: no phase, the whole rest is "other"
+    assert all(np.isnan(data[name][0]) for name in PHASE_FIELDS)
+    assert data["other_ms"][0] == pytest.approx(8.0)
+    # the timed step itself, then the later ones split in its proportions
+    assert [data[name][1] for name in PHASE_FIELDS] == pytest.approx([1.0, 2.0, 3.0, 1.0])
+    assert data["other_ms"][1] == pytest.approx(1.0)
+    assert [data[name][3] for name in PHASE_FIELDS] == pytest.approx([2.0, 4.0, 6.0, 2.0])
+    parts = sum(data[name] for name in PHASE_FIELDS) + data["other_ms"]
+    assert parts[1:] == pytest.approx(data["compute_ms"][1:])  # the layers add up to the rest
+    # what a later read starts from: the shares carried over the last rows
+    carried = _carried_shares(np.array([untimed]), np.array([10 * MS]), rows.shares[-1])
+    assert carried[0] == pytest.approx([1 / 8, 2 / 8, 3 / 8, 1 / 8])
 
 
 def test_bin_samples_medians_per_column():
@@ -476,6 +501,51 @@ def test_live_view_updates_from_one_thread_with_batched_messages(stream_calls):
     assert "completed" in view.charts.header.text
 
 
+def test_the_step_chart_stacks_the_phases_once_a_steps_phases_are_timed():
+    with traceml_nb.Run("phases-live", interval=0.05) as run:
+        view = LiveView(run, display=False, settle_s=0, max_duty=1.0)
+        view.start()
+        train(1.0)
+    view.stop()
+    assert view.error is None, run.capabilities.notes
+    charts = view.charts
+    legend = charts.step_fig.legend[0].items
+    assert [item.label.value for item in legend] == [
+        "data wait",
+        OTHER_LABEL,
+        "input copy",
+        "forward",
+        "backward",
+        "optimizer",
+    ]
+    assert all(item.visible for item in legend)
+    assert charts.step_fig.title.text.startswith(PHASES_STEP_TITLE)
+    data = charts.steps.data
+    assert np.isnan(data["forward_ms"][0]) or data["forward_ms"][0] > 0
+    timed = ~np.isnan(np.asarray(data["forward_ms"], dtype=float))
+    assert timed.sum() >= len(timed) - 5  # from the first timed step on (the first step)
+    for name in ("forward_ms", "backward_ms", "optimizer_ms"):
+        assert (np.asarray(data[name])[timed] > 0).all(), name
+
+
+def test_a_loop_without_a_model_keeps_the_step_chart_in_two_parts():
+    loader = DataLoader(SleepyDataset(400, 0.0005), batch_size=8)
+    with traceml_nb.Run("no-model", interval=0.05) as run:
+        view = LiveView(run, display=False, settle_s=0, max_duty=1.0)
+        view.start()
+        for _ in loader:
+            time.sleep(0.001)
+    view.stop()
+    legend = view.charts.step_fig.legend[0].items
+    assert [item.label.value for item in legend if item.visible] == [
+        "data wait",
+        "compute (rest of the step)",
+    ]
+    assert view.charts.step_fig.title.text.startswith(OWN_STEP_TITLE)
+    # timed, and nothing of a model ran: areas of no height, not in the legend
+    assert (np.asarray(view.charts.steps.data["forward_ms"], dtype=float) == 0).all()
+
+
 def test_live_view_on_cpu_says_why_there_is_no_gpu_chart(cpu_only_torch):
     with traceml_nb.Run("cpu") as run:
         view = LiveView(run, display=False)
@@ -700,7 +770,7 @@ def test_live_view_is_bounded_at_any_step_rate(stream_calls):
     assert len(data["step"]) <= 16 < steps
     assert view.step_series.k > 1
     assert "median per" in view.charts.step_fig.title.text
-    assert set(data) == set(STEP_FIELDS) - {"step_ms"}
+    assert set(data) == set(STEP_FIELDS) - {"step_ms", "compute_ms"}
 
 
 def test_in_a_real_kernel_bokehjs_travels_inline_with_the_widget():

@@ -24,15 +24,35 @@ from .verdict import plural
 #: The CPU chart's label of this process's children, and what it becomes once ranks start.
 WORKERS_LABEL = "DataLoader workers"
 RANKS_CPU_LABEL = "the ranks (child processes)"
-#: The step chart's title for the run's own steps.
+#: The step chart's title for the run's own steps, and once their phases are known.
 OWN_STEP_TITLE = "Step time: data wait + compute"
+PHASES_STEP_TITLE = "Step time: data wait + phases (timed on sampled steps)"
 FIG_WIDTH = 460
 FIG_HEIGHT = 210
 WAIT_COLOR = "#e6550d"
 COMPUTE_COLOR = "#3182bd"
+#: The step chart's layers, bottom up: (column, legend label, colour). The rest of the step is
+#: "compute" until a step's phases are known, then what the phases leave of it ("other").
+STEP_LAYERS = (
+    ("wait_ms", "data wait", WAIT_COLOR),
+    ("other_ms", "compute (rest of the step)", COMPUTE_COLOR),
+    ("copy_ms", "input copy", "#969696"),
+    ("forward_ms", "forward", "#31a354"),
+    ("backward_ms", "backward", "#756bb1"),
+    ("optimizer_ms", "optimizer", "#e7ba52"),
+)
+#: The rest's label once the phases are known.
+OTHER_LABEL = "other"
 CPU_COLORS = {"proc_cpu_pct": "#3182bd", "workers_cpu_pct": "#e6550d", "sys_cpu_pct": "#969696"}
-#: The step series' columns the charts use (``step_ms`` is not drawn: it is not sent).
-STEP_CHART_FIELDS = ("step", "t_s", "wait_ms", "compute_ms", "samples_per_s", "steps_per_s")
+#: The step series' columns the charts use (``step_ms`` and ``compute_ms`` are not drawn: they
+#: are not sent).
+STEP_CHART_FIELDS = (
+    "step",
+    "t_s",
+    "samples_per_s",
+    "steps_per_s",
+    *(column for column, _, _ in STEP_LAYERS),
+)
 HOST_COLUMNS = ("proc_cpu_pct", "workers_cpu_pct", "sys_cpu_pct")
 GPU_COLUMNS = ("util_gpu_pct", "sm_active_pct", "mem_used_mb", "torch_alloc_mb")
 GPU_COLORS = (
@@ -106,14 +126,17 @@ class LiveCharts:
 
         self.step_fig = _figure(OWN_STEP_TITLE, "step", "ms")
         self.step_fig.varea_stack(
-            ["wait_ms", "compute_ms"],
+            [column for column, _, _ in STEP_LAYERS],
             x="step",
             source=self.steps,
-            color=[WAIT_COLOR, COMPUTE_COLOR],
+            color=[color for _, _, color in STEP_LAYERS],
             fill_alpha=0.75,
-            legend_label=["data wait", "compute (rest of the step)"],
+            legend_label=[label for _, label, _ in STEP_LAYERS],
         )
         _finish_legend(self.step_fig)
+        for item in self.step_fig.legend[0].items[2:]:
+            item.visible = False  # until a step's phases are known: :meth:`show_phases`
+        self.phases_shown = False
 
         self.rate_fig = _figure("Throughput", "seconds since the start", "samples/s")
         self.rate_line = self.rate_fig.line(
@@ -206,6 +229,18 @@ class LiveCharts:
         if len(gpu_models) > 1:
             rows.append(row(gpu_models[1]))
         self.layout = column(self.header, *rows)
+
+    def show_phases(self) -> None:
+        """The phases' legend entries, and the rest of the step called what it now is: what
+        the phases leave of it (their areas draw from the first step whose phases are known)."""
+        if self.phases_shown:
+            return
+        self.phases_shown = True
+        items = self.step_fig.legend[0].items
+        for item in items:
+            if item.label.value == STEP_LAYERS[1][1]:
+                item.label = value(OTHER_LABEL)
+            item.visible = True
 
     def make_room_for_ranks(self) -> None:
         """Before the first rank's lines: the CPU of this process's children is the ranks' (and

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...analysis.steps import StepRule, rule_of
-from ...engine.record import RecordSnapshot, StepColumns
+from ...engine.record import PHASE_COLUMNS, RecordSnapshot, StepColumns
 
 NAN = float("nan")
 
@@ -36,12 +36,29 @@ RECENT_STEPS = 50
 #: The throughput is averaged over at least this many steps (one step alone is too noisy).
 RATE_WINDOW_STEPS = 20
 
+#: The phases of a step the chart stacks, as ms columns (the record's ``PHASE_COLUMNS``).
+PHASE_FIELDS = ("copy_ms", "forward_ms", "backward_ms", "optimizer_ms")
+
 #: Columns of the step series. ``step``: 1-based step number (bucket middle); ``t_s``: seconds
 #: from the run start to the end of the bucket; ``wait_ms``/``compute_ms``/``step_ms``: median
 #: data wait, rest of the step, and whole step, in milliseconds; ``samples_per_s`` and
 #: ``steps_per_s``: throughput over the last ``max(k, RATE_WINDOW_STEPS)`` steps up to the
 #: bucket's end (``samples_per_s`` is NaN when a batch size there could not be read).
-STEP_FIELDS = ("step", "t_s", "wait_ms", "compute_ms", "step_ms", "samples_per_s", "steps_per_s")
+#: ``copy_ms`` .. ``optimizer_ms`` and ``other_ms``: the median of each step's rest split by the
+#: phases of the latest step whose phases were timed (they are timed on a sample of the steps:
+#: :mod:`~traceml_nb.engine.instrument.step_phases`), NaN before the first such step;
+#: ``other_ms`` is the rest less those phases, and the whole rest where none is known yet.
+STEP_FIELDS = (
+    "step",
+    "t_s",
+    "wait_ms",
+    "compute_ms",
+    "step_ms",
+    "samples_per_s",
+    "steps_per_s",
+    *PHASE_FIELDS,
+    "other_ms",
+)
 
 
 class SampleTableLike(Protocol):
@@ -121,46 +138,88 @@ _NS = np.int64
 
 @dataclass
 class StepRows:
-    """Rows of one step source, in order (times in nanoseconds, ``batch`` -1 when unknown)."""
+    """Rows of one step source, in order (times in nanoseconds, ``batch`` -1 when unknown).
+
+    ``shares``: each row's phases (``PHASE_FIELDS``) as shares of its rest (wall less wait),
+    those of the latest row at or before it whose phases were timed; NaN before the first
+    (None: NaN throughout)."""
 
     start_ns: np.ndarray
     wall_ns: np.ndarray
     wait_ns: np.ndarray
     batch: np.ndarray
+    shares: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> StepRows:
         return cls(*(np.empty(0, dtype=_NS) for _ in range(4)))
 
     @classmethod
-    def of_rule(cls, cols: StepColumns, rule: StepRule) -> StepRows:
-        """The rows of ``cols`` that are steps by ``rule``."""
+    def of_rule(
+        cls, cols: StepColumns, rule: StepRule, carry: np.ndarray | None = None
+    ) -> StepRows:
+        """The rows of ``cols`` that are steps by ``rule``; ``carry``: the phase shares in
+        effect before the first (the last row's of the rows before; None: none known)."""
         keep = rule.mask(cols) if len(cols) else None
 
-        def column(values: Any) -> np.ndarray:
+        def column(values: Any, dtype: Any = _NS) -> np.ndarray:
             if keep is None:
-                return np.empty(0, dtype=_NS)
-            return np.asarray(values, dtype=_NS)[keep]
+                return np.empty(0, dtype=dtype)
+            return np.asarray(values, dtype=dtype)[keep]
 
-        return cls(
+        rows = cls(
             column(cols.start_ns), column(cols.wall_ns), column(cols.wait_ns), column(cols.batch)
         )
+        phases = np.stack(
+            [column(getattr(cols, name), np.float64) for name in PHASE_COLUMNS], axis=1
+        ).reshape(len(rows), len(PHASE_COLUMNS))
+        rows.shares = _carried_shares(phases, rows.wall_ns - rows.wait_ns, carry)
+        return rows
 
     def __len__(self) -> int:
         return len(self.wall_ns)
 
+    def phase_shares(self) -> np.ndarray:
+        """:attr:`shares`, an (n, 4) array (NaN where none is known)."""
+        if self.shares is None:
+            return np.full((len(self), len(PHASE_COLUMNS)), NAN)
+        return self.shares
+
     def extend(self, other: StepRows) -> None:
+        shares = np.concatenate([self.phase_shares(), other.phase_shares()])
         self.start_ns = np.concatenate([self.start_ns, other.start_ns])
         self.wall_ns = np.concatenate([self.wall_ns, other.wall_ns])
         self.wait_ns = np.concatenate([self.wait_ns, other.wait_ns])
         self.batch = np.concatenate([self.batch, other.batch])
+        self.shares = shares
 
     def drop(self, n: int) -> None:
         """Forget the first ``n`` rows."""
+        self.shares = self.phase_shares()[n:]
         self.start_ns = self.start_ns[n:]
         self.wall_ns = self.wall_ns[n:]
         self.wait_ns = self.wait_ns[n:]
         self.batch = self.batch[n:]
+
+
+def _carried_shares(
+    phases: np.ndarray, rest_ns: np.ndarray, carry: np.ndarray | None
+) -> np.ndarray:
+    """Each row's phases (``phases``, ns, NaN rows untimed) as shares of its ``rest_ns``,
+    carried forward from the latest timed row (``carry`` before the first)."""
+    n = len(rest_ns)
+    out = np.full((n, len(PHASE_COLUMNS)), NAN)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        timed = ~np.isnan(phases).any(axis=1) & (rest_ns > 0)
+        out[timed] = np.clip(phases[timed] / rest_ns[timed, None], 0.0, 1.0)
+    # the index of the latest timed row at or before each row (-1: none yet)
+    latest = np.maximum.accumulate(np.where(timed, np.arange(n), -1)) if n else np.empty(0, int)
+    filled = out[np.maximum(latest, 0)] if n else out
+    if carry is not None:
+        filled[latest < 0] = carry
+    else:
+        filled[latest < 0] = NAN
+    return filled
 
 
 def _empty_columns(names: Sequence[str]) -> Columns:
@@ -208,14 +267,24 @@ def bin_steps(
             (samples[end] - samples[start]) / window_s,
             NAN,
         )
+    rest_ms = wall_ms - wait_ms
+    shares = rows.phase_shares()[seg]
+    parts = shares * rest_ms[:, None]
+    known = ~np.isnan(shares).any(axis=1)
+    other_ms = np.where(known, rest_ms - np.nan_to_num(parts).sum(axis=1), rest_ms)
     data = {
         "step": first_step + (lo + hi + 1) / 2,  # middle of the bucket's steps, 1-based
         "t_s": (rows.start_ns[last] + rows.wall_ns[last]) / 1e9,
         "wait_ms": bucket_medians(wait_ms, k, partial=partial),
-        "compute_ms": bucket_medians(wall_ms - wait_ms, k, partial=partial),
+        "compute_ms": bucket_medians(rest_ms, k, partial=partial),
         "step_ms": bucket_medians(wall_ms, k, partial=partial),
         "samples_per_s": samples_per_s.astype(np.float64),
         "steps_per_s": steps_per_s.astype(np.float64),
+        **{
+            name: bucket_medians(parts[:, j], k, partial=partial)
+            for j, name in enumerate(PHASE_FIELDS)
+        },
+        "other_ms": bucket_medians(np.maximum(other_ms, 0.0), k, partial=partial),
     }
     return data, used
 
@@ -255,6 +324,17 @@ class StepSeries:
         self._binned = 0  # steps already in a sent point
         self._pending = StepRows.empty()  # steps read but not yet in a sent point, after...
         self._context = 0  # ...this many steps already sent, kept for the throughput window
+        self._carry: np.ndarray | None = None  # the phase shares of the last step read
+        #: a step's phases were timed and some took time: a model's (the chart splits the rest
+        #: of the step; a loop without a model has phases of 0 throughout)
+        self.has_phases = False
+
+    def _keep_carry(self, rows: StepRows) -> None:
+        shares = rows.phase_shares()
+        if len(rows) and not np.isnan(shares[-1]).any():
+            self._carry = shares[-1].copy()
+        if len(rows) and np.nansum(shares, axis=1).max() > 0:  # a model was timed
+            self.has_phases = True
 
     def update(
         self, *, final: bool = False, snapshot: RecordSnapshot | None = None
@@ -276,7 +356,8 @@ class StepSeries:
         if rule != self.rule:
             return self._rebuild(final, snapshot)
         self._rows_read += len(snap.steps)
-        new = StepRows.of_rule(snap.steps, rule)
+        new = StepRows.of_rule(snap.steps, rule, self._carry)
+        self._keep_carry(new)
         total = self._binned + len(self._pending) - self._context + len(new)
         if bucket_size(total, self.max_points) != self.k:
             return self._rebuild(final, snapshot)
@@ -295,6 +376,8 @@ class StepSeries:
         self.rule = rule_of(snap)
         self._rows_read = len(snap.steps)
         rows = StepRows.of_rule(snap.steps, self.rule)
+        self._carry = None
+        self._keep_carry(rows)
         self.k = bucket_size(len(rows), self.max_points)
         self.steps = len(rows)
         self._pending = rows

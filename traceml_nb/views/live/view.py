@@ -34,7 +34,7 @@ from ...engine.capabilities import Capabilities
 from ...engine.record import RecordSnapshot
 from ...engine.run import Run
 from .bokeh_patch import BatchedBokehModel
-from .charts import OWN_STEP_TITLE, LiveCharts, header_html, points_of
+from .charts import OWN_STEP_TITLE, PHASES_STEP_TITLE, LiveCharts, header_html, points_of
 from .data import MAX_POINTS, SeriesUpdate, StepSeries, recent_rate
 from .rank_figures import slowest_parts
 from .rank_lines import STEP_TITLE, RankLines
@@ -298,6 +298,8 @@ class LiveView:
             if upd is not None:
                 charts.choose_rate_field(upd)
                 self._apply(charts.steps, upd)
+                if self.step_series.has_phases and not self.rank_lines:
+                    charts.show_phases()
             for series, source in charts.sample_series:
                 upd = series.update(final=final)
                 if upd is not None:
@@ -321,7 +323,8 @@ class LiveView:
         """The step chart's title: the ranks' once the run launched some, else the run's own;
         with the steps a point stands for once that is more than one."""
         ranks = self.rank_lines
-        title, k = (STEP_TITLE, ranks.k) if ranks else (OWN_STEP_TITLE, self.step_series.k)
+        own = PHASES_STEP_TITLE if self.charts and self.charts.phases_shown else OWN_STEP_TITLE
+        title, k = (STEP_TITLE, ranks.k) if ranks else (own, self.step_series.k)
         return title + (f" (median per {k} steps)" if k > 1 else "")
 
     def _apply(self, source: ColumnDataSource, update: SeriesUpdate) -> None:
