@@ -1,0 +1,119 @@
+"""The anatomy of a step on real models, on CPU: a ResNet-18 (torch.nn only: torchvision's
+layout and parameter count, small inputs) in a plain loop and a tiny BERT built from a config in
+the transformers ``Trainer``. Each has its phases, and its FLOPs per step equal FlopCounterMode
+run by hand on one step of the same shape; the BERT's are the analytic 6·N·tokens as well."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.flop_counter import FlopCounterMode
+
+import traceml_nb
+from traceml_nb.analysis import analyze
+from traceml_nb.engine.instrument import flop_count
+from traceml_nb.selfcheck.overhead import resnet18_like
+
+#: The BERT's sequence length and width: attention's own FLOPs (score and mix, s/(6·d) of the
+#: weights' per layer) stay ~2% of 6·N·tokens, well inside the check's 10%.
+SEQ, HIDDEN = 16, 128
+
+
+@pytest.fixture(autouse=True)
+def nothing_compiled(monkeypatch) -> None:
+    """As in a process that never compiled a model (another test of the suite may have)."""
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+
+
+def summary_of(run):
+    return analyze(run.record.snapshot(), run.capabilities).summary
+
+
+def assert_phases(summary) -> None:
+    for part in ("forward", "backward", "optimizer"):
+        value = getattr(summary, f"{part}_ms_median")
+        assert value is not None and value > 0, (part, summary.unavailable)
+
+
+def test_a_resnet18_in_a_plain_loop() -> None:
+    torch.manual_seed(0)
+    model = resnet18_like(torch, num_classes=10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    data = TensorDataset(torch.randn(40, 3, 32, 32), torch.randint(0, 10, (40,)))
+
+    def step(x, y) -> None:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    with traceml_nb.Run("resnet18", sample=False) as run:
+        for x, y in DataLoader(data, batch_size=4):
+            step(x, y)
+    x, y = next(iter(DataLoader(data, batch_size=4)))
+    with FlopCounterMode(display=False) as by_hand:
+        step(x, y)
+    count = run.record.flops
+    assert count is not None and count.why == "", count
+    assert count.flops == pytest.approx(by_hand.get_total_flops(), rel=0.05)
+    summary = summary_of(run)
+    assert summary.flops_per_step == count.flops
+    assert_phases(summary)
+    assert summary.conv_share is not None and summary.conv_share > 0.9  # a conv net
+
+
+class Tokens(Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        ids = torch.randint(0, 1000, (SEQ,), generator=torch.Generator().manual_seed(i))
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones(SEQ, dtype=torch.long),
+            "labels": i % 2,
+        }
+
+
+def test_a_tiny_bert_in_the_transformers_trainer(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=1000, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=4 * HIDDEN, max_position_embeddings=SEQ, num_labels=2,
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config)
+    batch = 8
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=batch,
+        logging_steps=1000, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens())
+    with traceml_nb.Run("bert", sample=False) as run:
+        trainer.train()
+    count = run.record.flops
+    assert count is not None and count.why == "", count
+
+    one = {
+        "input_ids": torch.stack([Tokens()[i]["input_ids"] for i in range(batch)]),
+        "attention_mask": torch.ones(batch, SEQ, dtype=torch.long),
+        "labels": torch.zeros(batch, dtype=torch.long),
+    }
+    opt = torch.optim.AdamW(model.parameters())
+    model.train()
+    with FlopCounterMode(display=False) as by_hand:
+        model(**one).loss.backward()
+        opt.step()
+    assert count.flops == pytest.approx(by_hand.get_total_flops(), rel=0.05)
+
+    embeddings = sum(p.numel() for p in model.bert.embeddings.parameters())
+    weights = sum(p.numel() for p in model.parameters()) - embeddings  # looked up, not multiplied
+    assert count.flops == pytest.approx(6 * weights * batch * SEQ, rel=0.10)
+    summary = summary_of(run)
+    assert summary.flops_per_step == count.flops
+    assert_phases(summary)
