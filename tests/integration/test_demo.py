@@ -16,6 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from lab_server import status, stop, wait_for_status
+from notebook_checks import assert_keeps_its_reports
 
 from traceml_nb import demo
 
@@ -176,6 +177,9 @@ def test_the_demo_three_times_on_a_fresh_store_tells_the_same_story(tmp_path):
             check=False,
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        executed = nbformat.read(tmp_path / f"out{i}" / "01_quickstart.ipynb", as_version=4)
+        assert_keeps_its_reports(executed)  # (test_notebooks.py leaves the quickstart to this)
+        assert any("Open In Colab" in c.source for c in executed.cells if c.cell_type == "markdown")
         cells = _cells(done.stdout)
         starved, fixed = cells["4"], cells["5"]
         previous = _line(fixed, "vs previous run #1 quickstart:")
