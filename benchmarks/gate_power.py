@@ -213,6 +213,8 @@ class Sizes:
     busy_jobs: int
     ab_rounds: int | None  #: None: the gate's default
     check_runs: int = 1  #: jobs a check decision judges together (``check --runs K``)
+    #: the check's ``--baseline-runs N`` (None: the gate's default)
+    check_baseline_runs: int | None = None
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Sizes:
@@ -233,6 +235,7 @@ class Sizes:
             busy_jobs=pick(args.busy_jobs, check_jobs, check_jobs),
             ab_rounds=args.ab_rounds if args.ab_rounds is not None else (5 if q else None),
             check_runs=args.check_runs,
+            check_baseline_runs=args.check_baseline_runs,
         )
 
 
@@ -377,6 +380,8 @@ class Study:
             jobs = [self.job(copy, extra) for _ in range(k)]
             argv = [sys.executable, "-m", "traceml_nb", "check", "--name", NAME]
             argv += ["--runs", str(k)] if k > 1 else []
+            n = self.sizes.check_baseline_runs
+            argv += ["--baseline-runs", str(n)] if n is not None else []
             done = self.children.run(
                 [*argv, "--store", str(copy)], self.env(), self.tmp, CHECK_TIMEOUT_S
             )
@@ -385,7 +390,7 @@ class Study:
                 Path(str(copy) + suffix).unlink(missing_ok=True)
         job_s = sum(job.wall_s for job in jobs)
         return {
-            "gate": "check" if k == 1 else f"check --runs {k}",
+            "gate": "check" + "".join(f" {a}" for a in argv[6:]),
             "load": load,
             "case": case,
             "extra_matmuls": extra,
@@ -526,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="jobs each check decision trains and judges together, check --runs K (default 1)",
     )
+    parser.add_argument(
+        "--check-baseline-runs",
+        type=int,
+        help="the check's --baseline-runs N: its baseline the last N jobs (default: the gate's, 5)",
+    )
     parser.add_argument("--steps", type=int, help="training steps of a job (default 150)")
     parser.add_argument(
         "--ab-rounds",
@@ -585,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
             f"steps, step {cal.step_ms:.1f} ms (calibrated); slowdowns added as 64×64 matmuls: "
             f"+10% = {cal.extra[PLUS10]} ({cal.share(PLUS10):+.1%} as calibrated), +20% = "
             f"{cal.extra[PLUS20]} ({cal.share(PLUS20):+.1%})",
-            f"check: baseline of {sizes.baseline_jobs} jobs, each judged job (--runs "
+            f"check: {sizes.baseline_jobs} baseline jobs stored (--baseline-runs "
+            f"{sizes.check_baseline_runs or 'the default'}), each judged job (--runs "
             f"{sizes.check_runs}: each {sizes.check_runs} jobs) against a copy; "
             f"ab: rounds {sizes.ab_rounds or 'the default'}, early stop",
             "",

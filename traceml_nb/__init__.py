@@ -61,13 +61,15 @@ def check(
     against: str | int = "baseline",
     any_hardware: bool = False,
     runs: int = 1,
+    baseline_runs: int | None = None,
 ) -> Any:
     """The CI gate as an API (``python -m traceml_nb check``): the latest stored run of
     ``name`` (the latest ``runs`` of them, together) against its baseline. Returns a
     :class:`~traceml_nb.views.check_report.CheckReport`: ``exit_code`` (0 no regression, 1
     regression, 2 no baseline / unreadable store, 3 inconclusive), ``text()``, ``markdown()``,
-    ``junit()``. ``max_slowdown``: a fraction (default 0.10)."""
-    from .analysis.thresholds import DEFAULT_MAX_SLOWDOWN
+    ``junit()``. ``max_slowdown``: a fraction (default 0.10); ``baseline_runs``: the last this
+    many runs of the configuration make the baseline (default ``BASELINE_RUNS``)."""
+    from .analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
     from .session.check import check as run_check
     from .views.check_report import CheckReport
 
@@ -80,6 +82,7 @@ def check(
             against=against,
             any_hardware=any_hardware,
             runs=runs,
+            baseline_runs=BASELINE_RUNS if baseline_runs is None else baseline_runs,
         )
     )
 

@@ -49,6 +49,8 @@ def _fraction(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
+    from .analysis.thresholds import BASELINE_RUNS
+
     top = argparse.ArgumentParser(prog="python -m traceml_nb", description=__doc__.split("\n")[0])
     commands = top.add_subparsers(dest="command", required=True)
     check = commands.add_parser(
@@ -93,6 +95,14 @@ def parser() -> argparse.ArgumentParser:
         help="judge the latest K runs of NAME together (the job trained K times in a row): "
         "their mean against the baseline of the first, with the noise of one K times smaller "
         "(default 1)",
+    )
+    check.add_argument(
+        "--baseline-runs",
+        type=int,
+        default=BASELINE_RUNS,
+        metavar="N",
+        help=f"the baseline: the last N runs of the configuration (default {BASELINE_RUNS}); "
+        "more runs know the noise better, and with --runs K catch a smaller slowdown",
     )
     check.add_argument(
         "--history",
@@ -303,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             against=args.against,
             any_hardware=args.any_hardware,
             runs=args.runs,
+            baseline_runs=args.baseline_runs,
         )
     )
     return _emit(report, args, "check")

@@ -63,17 +63,20 @@ def _same_key(entry: RunEntry, any_hardware: bool) -> Any:
     return sorted((k, repr(v)) for k, v in config.parts.items() if k != "hardware")
 
 
-def _split(entry: RunEntry, earlier: list[RunEntry], any_hardware: bool = False) -> Baseline:
-    """Baseline from ``earlier`` runs (oldest first, already of the right name and class)."""
+def _split(
+    entry: RunEntry, earlier: list[RunEntry], any_hardware: bool = False, k: int = BASELINE_RUNS
+) -> Baseline:
+    """Baseline from ``earlier`` runs (oldest first, already of the right name and class): the
+    last ``k`` of a configuration."""
     key = _same_key(entry, any_hardware)
     same = [r for r in earlier if _same_key(r, any_hardware) == key]
     if same:
-        return Baseline(_quiet_first(same, entry, BASELINE_RUNS), SAME)
+        return Baseline(_quiet_first(same, entry, k), SAME)
     if not earlier:
         return Baseline([], SAME)
     before = _same_key(earlier[-1], any_hardware)
     runs = [r for r in earlier if _same_key(r, any_hardware) == before]
-    return Baseline(_quiet_first(runs, entry, BASELINE_RUNS), EARLIER)
+    return Baseline(_quiet_first(runs, entry, k), EARLIER)
 
 
 #: How many of a name's latest runs are read from the store to choose a baseline among.
@@ -87,10 +90,11 @@ def choose_baseline(
     *,
     any_hardware: bool = False,
     before: int | None = None,
+    k: int = BASELINE_RUNS,
 ) -> Baseline:
     """The baseline of ``entry`` (module docstring). ``store``: a
     :class:`~.store.Store` or None; ``before``: only stored runs older than this store id
-    (the gate's candidate). A rank of a ``torchrun`` job is compared with the same rank of
+    (the gate's candidate); ``k``: runs of a configuration it takes at most. A rank of a ``torchrun`` job is compared with the same rank of
     earlier jobs of its world size, a run alone with runs alone."""
     from .store import StoreError
 
@@ -114,7 +118,7 @@ def choose_baseline(
                 runs = [r for r in runs if r.stored_id != entry.stored_id]
             if pinned:
                 return Baseline(runs, PINNED)
-            return _split(entry, runs, any_hardware)
+            return _split(entry, runs, any_hardware, k)
         except StoreError as exc:
             note = f"baseline from this session only: {exc}"
     earlier = [
@@ -124,7 +128,7 @@ def choose_baseline(
         and len(e.step_ms) >= 2
         and (hardware is None or hardware_class(e.environment) == hardware)
     ]
-    found = _split(entry, earlier, any_hardware)
+    found = _split(entry, earlier, any_hardware, k)
     found.note = note
     return found
 

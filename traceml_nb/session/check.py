@@ -48,6 +48,8 @@ LEFT_OUT_SHOWN = 3
 #: ``--runs K`` judges the latest K runs together: at most this many (a CI job that trains
 #: more often than this is better served by ``ab``).
 MAX_CHECK_RUNS = 20
+#: ``--baseline-runs N``: a baseline of at most this many runs (or jobs) of the configuration.
+MAX_BASELINE_RUNS = 50
 
 
 @dataclass
@@ -120,10 +122,11 @@ def check(
     against: str | int = "baseline",
     any_hardware: bool = False,
     runs: int = 1,
+    baseline_runs: int = BASELINE_RUNS,
 ) -> CheckResult:
     """Compare the latest stored run of ``name`` with its baseline (``against="baseline"``:
-    the pinned runs, else the last ``BASELINE_RUNS`` completed runs of ``name`` on the same
-    hardware class, or any class with ``any_hardware``) or with one stored run
+    the pinned runs, else the last ``baseline_runs`` (default ``BASELINE_RUNS``) completed runs
+    of ``name`` on the same hardware class, or any class with ``any_hardware``) or with one stored run
     (``against=17`` or ``"@17"``). ``store``: a path, else ``TRACEML_NB_STORE`` / the default.
     Never raises for a store problem: that is exit code 2 with the reason.
 
@@ -148,6 +151,18 @@ def check(
         return _fail(
             name,
             f"--runs must be a whole number from 1 to {MAX_CHECK_RUNS}, got {runs!r}",
+            max_slowdown,
+            None,
+        )
+    if (
+        isinstance(baseline_runs, bool)
+        or not isinstance(baseline_runs, int)
+        or not 2 <= baseline_runs <= MAX_BASELINE_RUNS
+    ):
+        return _fail(
+            name,
+            f"--baseline-runs must be a whole number from 2 to {MAX_BASELINE_RUNS}, got "
+            f"{baseline_runs!r}",
             max_slowdown,
             None,
         )
@@ -200,7 +215,13 @@ def check(
         kind = SAME
         if against == "baseline":
             baseline, units, skipped, kind = _baseline(
-                target, name, first if job is None else candidate, job, hardware, any_hardware
+                target,
+                name,
+                first if job is None else candidate,
+                job,
+                hardware,
+                any_hardware,
+                baseline_runs,
             )
         else:
             text = str(against).strip().lstrip("@")
@@ -393,21 +414,20 @@ def _baseline(
     job: StoredJob | None,
     hardware: str | None,
     any_hardware: bool,
+    k: int = BASELINE_RUNS,
 ) -> tuple[list[RunEntry], list[StoredJob | None], list[str], str]:
     """The baseline runs (oldest first), the job each stands for (None: a run alone), why
     earlier jobs were left out, and the baseline's kind. A run alone: :func:`.baselines.
     choose_baseline` (its pins, else its configuration's runs, else the configuration's before
     it; never ranks of a job); a job: its pins, else the slowest ranks of the last complete jobs
-    of its world size."""
+    of its world size; ``k`` of them at most."""
     if job is None:
         chosen = choose_baseline(
-            candidate, None, target, any_hardware=any_hardware, before=candidate.stored_id
+            candidate, None, target, any_hardware=any_hardware, before=candidate.stored_id, k=k
         )
         return (*_stand_for_jobs(target, chosen.runs), chosen.kind)
     if target.pins(name):
-        runs = target.baseline(
-            name, hardware=hardware, before=candidate.stored_id, k=BASELINE_RUNS, alone=True
-        )
+        runs = target.baseline(name, hardware=hardware, before=candidate.stored_id, k=k, alone=True)
         runs = [r for r in runs if r.stored_id != candidate.stored_id]
         return (*_stand_for_jobs(target, runs, exclude=job), "pinned")
     kept: list[StoredJob] = []
@@ -426,7 +446,7 @@ def _baseline(
             skipped.append(f"{other.label()} has a rank without steady steps")
         else:
             kept.append(other)
-    kept = kept[-BASELINE_RUNS:]
+    kept = kept[-k:]
     by_id = {r.stored_id: r for r in target.entries([j.slowest.id for j in kept])}
     units: list[StoredJob | None] = [*kept]
     return [by_id[j.slowest.id] for j in kept], units, skipped, SAME
