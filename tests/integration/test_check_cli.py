@@ -217,6 +217,34 @@ def test_against_one_stored_run_with_runs_k(store):
     assert "run @5" in before.text()
 
 
+def test_a_longer_baseline_knows_its_noise_better(store):
+    """``--baseline-runs N``: the last N runs of the configuration. +10% from three runs
+    against five baseline runs is inconclusive; against fifteen (the same machine, the same
+    scatter) the baseline's mean is known well enough to call it."""
+    for i, median in enumerate([20.1, 19.9, 20.0, 20.2, 19.8, 20.0, 20.1, 19.9, 20.0, 20.1]):
+        store.add(make_run("smoke", step_ms=median, seed=40 + i))
+    ids = [
+        store.add(make_run("smoke", step_ms=m, seed=60 + i))
+        for i, m in enumerate([21.9, 22.0, 22.1])
+    ]
+    five = traceml_nb.check("smoke", store=store.path, runs=3)
+    assert [r.stored_id for r in five.result.baseline] == list(range(ids[0] - 5, ids[0]))
+    fifteen = cli("check", "--name", "smoke", "--store", store.path, "--runs", "3",
+                  "--baseline-runs", "15")  # fmt: skip
+    assert fifteen.returncode == 1, fifteen.stdout
+    assert "against its baseline" not in fifteen.stdout
+    assert f"is slower than its baseline, 15 runs @1\u2013@{ids[0] - 1}" in fifteen.stdout
+    assert five.exit_code == 3, five.text()
+    for bad in ("1", "51", "x"):
+        done = cli("check", "--name", "smoke", "--store", store.path, "--baseline-runs", bad)
+        assert done.returncode == 2, done.stdout + done.stderr
+    edge = traceml_nb.check("smoke", store=store.path, baseline_runs=50)
+    assert edge.exit_code != 2 and len(edge.result.baseline) == ids[-1] - 1  # all it has
+    assert traceml_nb.check("smoke", store=store.path, baseline_runs=2).exit_code != 2
+    refused = traceml_nb.check("smoke", store=store.path, baseline_runs=1)
+    assert refused.text() == "--baseline-runs must be a whole number from 2 to 50, got 1"
+
+
 def test_runs_must_be_the_latest_runs_of_one_configuration(store):
     store.add(make_run("smoke", step_ms=20.0, seed=30, source="train(loader)\nother()\n"))
     add_changed(store, [20.0, 20.1])

@@ -57,10 +57,14 @@ class SqliteBackend:
             raise StoreError(f"there is no store at {self.path} yet")
         try:
             conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
-            if not write:
-                conn = self._readable(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store {self.path}: {one_line(exc)}") from None
+        if not write:
+            try:
+                conn = self._readable(conn)
+            except sqlite3.Error as exc:
+                conn.close()
+                raise StoreError(self.explain(exc)) from None
         try:
             yield conn
         finally:
