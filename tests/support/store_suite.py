@@ -528,14 +528,16 @@ class StoreSuite:
 
     def test_a_two_node_job_is_judged_whole_once_its_last_node_stored_its_ranks(self, db):
         """Two nodes of a 4-rank ``torchrun`` job store their ranks apart, at once, three jobs
-        running; then a fourth job of whose ranks node 1's arrive late, rank 3 the slowest."""
+        running; then a fourth job, node 0's ranks first and node 1's late, rank 3 the
+        slowest."""
         from traceml_nb.session.check import check
         from traceml_nb.views.check_words import check_paragraph
 
         base = {0: [20.0, 20.2], 1: [20.1, 20.8]}  # rank 3 the slowest of each, by 3%
         jobs = {n: [[f"job-{k}", medians] for k in range(3)] for n, medians in base.items()}
         new = "job-new-0123456789"
-        nodes(db, {0: jobs[0] + [[new, [20.1, 20.3]]], 1: jobs[1]})
+        nodes(db, jobs)
+        nodes(db, {0: [[new, [20.1, 20.3]]]})  # node 0's ranks of a fourth job; node 1's late
         early = check("multinode", store=db.target)
         assert early.exit_code == 2, check_paragraph(early)
         assert "the job is partial: ranks 2, 3 stored no run" in check_paragraph(early)

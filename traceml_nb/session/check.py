@@ -110,6 +110,13 @@ class CheckResult:
         }
 
 
+def _whole_number(option: str, value: object, low: int, high: int) -> str:
+    """Why ``value`` is no whole number from ``low`` to ``high`` ('' when it is one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return f"{option} must be a whole number from {low} to {high}, got {value!r}"
+    return ""
+
+
 def _fail(name: str, why: str, max_slowdown: float, path: str | None, status: str = ERROR) -> Any:
     return CheckResult(EXIT_NO_VERDICT, status, name, why, max_slowdown, path)
 
@@ -141,31 +148,13 @@ def check(
     them: the change of the geometric mean of their medians, whose noise is K times smaller
     (:func:`~traceml_nb.analysis.noise.judge_change`); their own scatter joins the noise."""
     if not (isinstance(max_slowdown, (int, float)) and 0 < max_slowdown < 10):
-        return _fail(
-            name,
-            f"--max-slowdown must be a fraction such as 0.10, got {max_slowdown!r}",
-            DEFAULT_MAX_SLOWDOWN,
-            None,
-        )
-    if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_CHECK_RUNS:
-        return _fail(
-            name,
-            f"--runs must be a whole number from 1 to {MAX_CHECK_RUNS}, got {runs!r}",
-            max_slowdown,
-            None,
-        )
-    if (
-        isinstance(baseline_runs, bool)
-        or not isinstance(baseline_runs, int)
-        or not 2 <= baseline_runs <= MAX_BASELINE_RUNS
-    ):
-        return _fail(
-            name,
-            f"--baseline-runs must be a whole number from 2 to {MAX_BASELINE_RUNS}, got "
-            f"{baseline_runs!r}",
-            max_slowdown,
-            None,
-        )
+        why = f"--max-slowdown must be a fraction such as 0.10, got {max_slowdown!r}"
+        return _fail(name, why, DEFAULT_MAX_SLOWDOWN, None)
+    why = _whole_number("--runs", runs, 1, MAX_CHECK_RUNS) or _whole_number(
+        "--baseline-runs", baseline_runs, 2, MAX_BASELINE_RUNS
+    )
+    if why:
+        return _fail(name, why, max_slowdown, None)
     path = resolve_store_path(store)
     if path is None:
         return _fail(
@@ -243,13 +232,8 @@ def check(
                 why = skipped[0] if skipped else "not a run to compare with"
                 return _fail(name, f"--against @{text}: {why}", max_slowdown, path, NO_BASELINE)
     except StoreEmpty:  # a server's new database: no run stored yet
-        return _fail(
-            name,
-            f"no stored run named {name!r} in {path} (the store is empty: no run was stored yet)",
-            max_slowdown,
-            path,
-            NO_BASELINE,
-        )
+        why = f"no stored run named {name!r} in {path} (the store is empty: no run was stored yet)"
+        return _fail(name, why, max_slowdown, path, NO_BASELINE)
     except StoreError as exc:
         return _fail(name, f"cannot read the store: {exc}", max_slowdown, path)
     who = subject(name, candidate, job, candidates)
