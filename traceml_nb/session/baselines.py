@@ -94,8 +94,9 @@ def choose_baseline(
 ) -> Baseline:
     """The baseline of ``entry`` (module docstring). ``store``: a
     :class:`~.store.Store` or None; ``before``: only stored runs older than this store id
-    (the gate's candidate); ``k``: runs of a configuration it takes at most. A rank of a ``torchrun`` job is compared with the same rank of
-    earlier jobs of its world size, a run alone with runs alone."""
+    (the gate's candidate); ``k``: runs of a configuration it takes at most. A rank of a
+    ``torchrun`` job is compared with the same rank of earlier jobs of its world size, a run
+    alone with runs alone."""
     from .store import StoreError
 
     hardware = None if any_hardware else hardware_class(entry.environment)

@@ -133,9 +133,9 @@ def check(
 ) -> CheckResult:
     """Compare the latest stored run of ``name`` with its baseline (``against="baseline"``:
     the pinned runs, else the last ``baseline_runs`` (default ``BASELINE_RUNS``) completed runs
-    of ``name`` on the same hardware class, or any class with ``any_hardware``) or with one stored run
-    (``against=17`` or ``"@17"``). ``store``: a path, else ``TRACEML_NB_STORE`` / the default.
-    Never raises for a store problem: that is exit code 2 with the reason.
+    of ``name`` on the same hardware class, or any class with ``any_hardware``) or with one
+    stored run (``against=17`` or ``"@17"``). ``store``: a path, else ``TRACEML_NB_STORE`` /
+    the default. Never raises for a store problem: that is exit code 2 with the reason.
 
     When the latest run is a rank of a ``torchrun`` job, the job is judged as one unit
     (:mod:`.stored_jobs`): its slowest rank against the slowest ranks of the last

@@ -99,10 +99,9 @@ class SqliteBackend:
         free = self._free_bytes()
         if "I/O error" in why and free is not None and free < FULL_DISK_FREE_BYTES:
             name = getattr(exc, "sqlite_errorname", "")
-            return (
-                f"the disk holding the store {self.path} is full ({why}{f': {name}' if name else ''}"
-                f"; {free / 1024:.0f} KiB free)"
-            )
+            said = f"{why}: {name}" if name else why
+            left = f"{free / 1024:.0f} KiB free"
+            return f"the disk holding the store {self.path} is full ({said}; {left})"
         return f"the store {self.path} failed: {why}"
 
     def _wal_bytes(self) -> int:
