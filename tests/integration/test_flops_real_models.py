@@ -77,7 +77,19 @@ class Tokens(Dataset):
         }
 
 
-def test_a_tiny_bert_in_the_transformers_trainer(tmp_path) -> None:
+@pytest.fixture
+def fresh_accelerate():
+    """The Trainer initialises accelerate's process-wide state; cleared after the test, as a new
+    kernel would have it (``notebook_launcher`` refuses to start ranks in a process that holds
+    it: tests/integration/test_ranks.py runs later in the same process)."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def test_a_tiny_bert_in_the_transformers_trainer(tmp_path, fresh_accelerate) -> None:
     transformers = pytest.importorskip("transformers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers.logging.set_verbosity_error()
