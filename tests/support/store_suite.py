@@ -148,8 +148,8 @@ for i in range(100):
 print("done")
 """
 
-#: One node of a ``torchrun`` job of NODE_RANKS ranks a node: for each ``[job_id, medians]``
-#: given, it stores its ranks' runs (rank ``node * NODE_RANKS + k`` with ``medians[k]``).
+#: One node of a two-node ``torchrun`` job: for each ``[job_id, medians]`` given, it stores its
+#: ranks' runs (rank ``node * len(medians) + k`` with ``medians[k]``, of ``2 * len(medians)``).
 NODE = """
 import json, sys
 sys.path.insert(0, "tests/support")
@@ -166,7 +166,6 @@ for job, medians in jobs:
         entry.rank, entry.world_size, entry.job_id = rank, 2 * len(medians), job
         store.add(entry, session=f"node{node}")
 """
-NODE_RANKS = 2
 
 
 def nodes(db, jobs_of_node: dict[int, list]) -> None:
