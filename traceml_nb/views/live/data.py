@@ -213,12 +213,9 @@ def _carried_shares(
         timed = ~np.isnan(phases).any(axis=1) & (rest_ns > 0)
         out[timed] = np.clip(phases[timed] / rest_ns[timed, None], 0.0, 1.0)
     # the index of the latest timed row at or before each row (-1: none yet)
-    latest = np.maximum.accumulate(np.where(timed, np.arange(n), -1)) if n else np.empty(0, int)
-    filled = out[np.maximum(latest, 0)] if n else out
-    if carry is not None:
-        filled[latest < 0] = carry
-    else:
-        filled[latest < 0] = NAN
+    latest = np.maximum.accumulate(np.where(timed, np.arange(n), -1))
+    filled = out[np.maximum(latest, 0)]
+    filled[latest < 0] = NAN if carry is None else carry
     return filled
 
 
