@@ -143,6 +143,48 @@ def test_a_statement_the_server_never_answers_is_given_up_and_not_asked_again(ho
     assert Store(url).count() == 1  # nothing half-written
 
 
+def test_a_connection_cut_mid_statement_is_not_asked_again(holder):
+    """The server ends our connection while a write waits (an administrator's
+    ``pg_terminate_backend``, as a restart does): one line, and the same store does not ask
+    again."""
+    import threading
+
+    url, other = holder
+    other.execute("BEGIN")
+    other.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")  # the write waits here
+    store = Store(url)
+
+    def cut() -> None:  # a third client: the holder's transaction sees one snapshot of stats
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as admin:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                pids = admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'traceml_nb' "
+                    "AND wait_event_type = 'Lock'"
+                ).fetchall()
+                if pids:
+                    admin.execute("SELECT pg_terminate_backend(%s)", pids[0])
+                    return
+                time.sleep(0.02)
+
+    cutter = threading.Thread(target=cut)
+    cutter.start()
+    try:
+        with pytest.raises(StoreError) as info:
+            store.add(make_run("held"))
+    finally:
+        cutter.join()
+        other.execute("COMMIT")
+    assert "\n" not in str(info.value) and "stayed locked" not in str(info.value)
+    started = time.perf_counter()
+    with pytest.raises(StoreError, match=re.escape(str(info.value))):
+        store.rows()  # not asked again
+    assert time.perf_counter() - started < 0.5
+    assert Store(url).count() == 1  # a new store asks, and the server is there
+
+
 def test_a_full_disk_and_a_lock_on_the_server_are_said_as_such():
     """The server's own error classes, as psycopg raises them (a real full disk:
     test_store_full_disk.py; a real lock: above)."""

@@ -47,8 +47,9 @@ KEEPALIVES = {
 }
 #: Seconds a store that could not reach its server answers with that failure at once.
 RECONNECT_AFTER_S = 30.0
-#: The SQLSTATEs of a server that stopped answering: a statement timeout, a lost connection.
-_NOT_ANSWERING = ("57014", "08")
+#: The SQLSTATEs of a server that stopped answering: a statement timeout, a server shutting
+#: down, a lost connection (libpq's own errors, a connection lost among them, have none).
+_NOT_ANSWERING = ("57014", "57P", "08")
 #: The advisory lock a migration holds (any number the team's other programs do not use).
 MIGRATION_LOCK = 0x7472_6163_656D_6C  # "traceml"
 #: The extra to install for a server store.
@@ -109,7 +110,6 @@ class PostgresBackend:
         self.timeout_s = timeout_s
         self._secret = password_of(self._url)
         self._down: tuple[float, str] | None = None  # (until, why): the server's last failure
-        self._conn: Any = None  # the connection in use
         self.errors: tuple[type[BaseException], ...] = ()
 
     def __repr__(self) -> str:
@@ -138,11 +138,9 @@ class PostgresBackend:
             self._down = (time.monotonic() + RECONNECT_AFTER_S, self.explain(exc))
             raise StoreError(self._down[1]) from None
         self._down = None
-        self._conn = conn
         try:
             yield _Connection(conn)
         finally:
-            self._conn = None
             conn.close()
 
     def failed(self, exc: BaseException) -> str:
@@ -150,8 +148,8 @@ class PostgresBackend:
         lost) is not asked again for ``RECONNECT_AFTER_S``."""
         why = self.explain(exc)
         state = getattr(exc, "sqlstate", None) or ""
-        broken = self._conn is not None and self._conn.broken
-        if state.startswith(_NOT_ANSWERING) or broken:
+        lost = not state and isinstance(exc, _psycopg().OperationalError)
+        if state.startswith(_NOT_ANSWERING) or lost:
             self._down = (time.monotonic() + RECONNECT_AFTER_S, why)
         return why
 
