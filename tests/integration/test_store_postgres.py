@@ -152,7 +152,7 @@ def test_a_connection_cut_mid_statement_is_not_asked_again(holder):
     url, other = holder
     other.execute("BEGIN")
     other.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")  # the write waits here
-    store = Store(url)
+    store = Store(url, timeout_s=60)  # the lock waits until the cut, however busy the machine
 
     def cut() -> None:  # a third client: the holder's transaction sees one snapshot of stats
         import psycopg
@@ -222,7 +222,9 @@ def test_credentials_appear_in_no_output(postgres_cluster, monkeypatch, capsys):
         ("export", "--store", without),
     ):
         done = cli(*args, env=env)
-        assert done.returncode in (0, 2, 3), done.stderr
+        # any of the gate's answers (three short real runs on a loaded machine may read
+        # slower); what this test asks is what the output shows, and that nothing crashed
+        assert done.returncode in (0, 1, 2, 3) and "Traceback" not in done.stderr, done.stderr
         seen += [done.stdout, done.stderr]
     # wrong credentials: one line saying so
     for bad in (postgres_cluster.url(name, SECRET_USER, "not-" + SECRET_PASSWORD), without):
