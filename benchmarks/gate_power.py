@@ -208,6 +208,7 @@ class Sizes:
     ab_decisions: int
     ab_identical_decisions: int  #: identical A/B decisions, quiet (the false alarms' count)
     check_jobs: int
+    check_identical_jobs: int  #: identical check decisions, quiet (the false alarms' count)
     baseline_jobs: int
     busy_decisions: int
     busy_jobs: int
@@ -230,6 +231,7 @@ class Sizes:
             ab_decisions=ab_decisions,
             ab_identical_decisions=pick(args.ab_identical_decisions, ab_decisions, ab_decisions),
             check_jobs=check_jobs,
+            check_identical_jobs=pick(args.check_identical_jobs, check_jobs, check_jobs),
             baseline_jobs=pick(args.baseline_jobs, 2, 5),
             busy_decisions=pick(args.busy_decisions, 1, 2),
             busy_jobs=pick(args.busy_jobs, check_jobs, check_jobs),
@@ -403,23 +405,27 @@ class Study:
         }
 
     def part(self, gate: str, load: str, counts: dict[str, int]) -> None:
-        """``counts[case]`` decisions of each case, interleaved while each case has some left."""
+        """``counts[case]`` decisions of each case, spread evenly over the part: the i-th of n
+        at (i + 1/2)/n of the way, so cases of unequal counts meet the machine's drift alike."""
         decide = self.ab_decision if gate == "ab" else self.check_decision
-        for i in range(max(counts.values(), default=0)):
-            for case, n in counts.items():
-                if i >= n:
-                    continue
-                d = decide(case, load)
-                self.decisions.append(d)
-                if self.progress is not None:
-                    with self.progress.open("a") as f:
-                        f.write(json.dumps(d, default=str) + "\n")
-                rounds = f", {d['rounds']} rounds" if d.get("rounds") else ""
-                change = f", {d['change']:+.1%}" if d["change"] is not None else ""
-                log(
-                    f"{gate} {load} {case} {i + 1}/{n}: exit {d['exit']}{change}{rounds}, "
-                    f"{d['wall_s']:.0f} s"
-                )
+        order = sorted(
+            ((i + 0.5) / n, k, i, case)
+            for k, (case, n) in enumerate(counts.items())
+            for i in range(n)
+        )
+        for _, _, i, case in order:
+            n = counts[case]
+            d = decide(case, load)
+            self.decisions.append(d)
+            if self.progress is not None:
+                with self.progress.open("a") as f:
+                    f.write(json.dumps(d, default=str) + "\n")
+            rounds = f", {d['rounds']} rounds" if d.get("rounds") else ""
+            change = f", {d['change']:+.1%}" if d["change"] is not None else ""
+            log(
+                f"{gate} {load} {case} {i + 1}/{n}: exit {d['exit']}{change}{rounds}, "
+                f"{d['wall_s']:.0f} s"
+            )
 
 
 def run_study(study: Study, parts: list[str], busy_env: dict[str, str]) -> dict[str, Any]:
@@ -432,7 +438,8 @@ def run_study(study: Study, parts: list[str], busy_env: dict[str, str]) -> dict[
         study.build_baseline()
     if "check" in parts:
         n = sizes.check_jobs
-        study.part("check", "quiet", {IDENTICAL: n, PLUS10: n, PLUS20: n})
+        n0 = sizes.check_identical_jobs
+        study.part("check", "quiet", {IDENTICAL: n0, PLUS10: n, PLUS20: n})
     if "busy-ab" in parts or "busy-check" in parts:
         busy = study.children.start([sys.executable, "-c", "while True: pass"], busy_env, study.tmp)
         busy_pid = busy.pid
@@ -511,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--check-jobs", type=int, help="judged check jobs of each case, quiet (default 15)"
+    )
+    parser.add_argument(
+        "--check-identical-jobs",
+        type=int,
+        help="identical check decisions, quiet machine (default: --check-jobs)",
     )
     parser.add_argument(
         "--baseline-jobs", type=int, help="jobs in the check's baseline store (default 5)"
