@@ -60,6 +60,29 @@ def floor_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     """The bare-wrapper floor's optimizer side: an empty global post-step hook."""
 
 
+def keeping_floor(kept: list[Any]) -> tuple[Callable[..., Any], Callable[..., None]]:
+    """The floor that keeps its clocks: ``(wrap, hook)``, a ``__next__`` wrapper maker whose
+    wrapper appends ``(t_enter, t_exit)`` to ``kept`` and a global post-step hook that appends
+    the step's clock; the least any instrumentation that keeps what it reads can cost (every
+    cold line it touches, the list's slot, the tuple, the integers, costs on a cold cache)."""
+    clock = time.perf_counter_ns
+    append = kept.append
+
+    def wrap(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def __next__(it: Any) -> Any:
+            t_enter = clock()
+            batch = original(it)
+            append((t_enter, clock()))
+            return batch
+
+        return __next__
+
+    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        append(clock())
+
+    return wrap, hook
+
+
 def _plumbing_wrap(self: StepTracer, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def __next__(it: Any) -> Any:
         return original(it)
@@ -103,7 +126,9 @@ class ColdHotPath:
     ``fetch`` is ``next()``, ``step`` the end of the optimizer's step; ``*_plain`` the plain
     medians, ``*_added`` traced minus plain. ``added`` (per step, both calls) and ``floor_added``
     (the same for the bare-wrapper floor) with their 95% intervals; ``over_floor``: traced
-    minus floor, per step, with its interval (what our hot path costs beyond the floor)."""
+    minus floor, per step, with its interval (what our hot path costs beyond the floor);
+    ``keeping_*`` and ``over_keeping*`` the same for the floor that keeps its clocks
+    (:func:`keeping_floor`), the one the budget reads."""
 
     eviction: str  #: what ran before each timed call (``workloads.EVICTIONS``)
     samples: int  #: timed calls of each variant
@@ -122,9 +147,15 @@ class ColdHotPath:
     over_floor: float
     over_floor_lo: float
     over_floor_hi: float
+    keeping_added: float
+    keeping_lo: float
+    keeping_hi: float
+    over_keeping: float
+    over_keeping_lo: float
+    over_keeping_hi: float
 
 
-COLD_VARIANTS = ("plain", "floor", "traced")
+COLD_VARIANTS = ("plain", "floor", "keeping floor", "traced")
 
 
 #: Untimed calls after each switch of variant (see :func:`cold_hot_path_cost`).
@@ -136,9 +167,11 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
     ``workloads.trivial_next`` and a real optimizer whose step does nothing, of which the end
     of torch's step wrapper is timed (``workloads.after_step``: the post-step hook loop, where
     a global hook runs). Before each timed call the caches are evicted (``workloads.evictor``).
-    Rounds of three blocks of ``block`` calls each, one block a variant in an order that
+    Rounds of four blocks of ``block`` calls each, one block a variant in an order that
     rotates from round to round: plain; the bare-wrapper floor (:func:`floor_wrap` and
-    :func:`floor_hook`); traced, ``hooks.install`` with a run's tracer. Fifty untimed calls
+    :func:`floor_hook`); the floor that keeps its clocks (:func:`keeping_floor`); traced,
+    ``hooks.install`` with a run's tracer (``uninstall(pause=True)`` between its blocks, so
+    its phase sampling goes on as in one long run). Fifty untimed calls
     follow each switch: installing changes the iterator classes, which invalidates the
     interpreter's specialised attribute reads of their objects until it has re-specialised
     them (a run patches the class once, at its start). The run has a reader attached
@@ -153,6 +186,9 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
     step: dict[str, list[list[float]]] = {v: [] for v in COLD_VARIANTS}
     real_next = _BaseDataLoaderIter.__dict__["__next__"]
     floor_next = floor_wrap(trivial_next)
+    kept: list[Any] = []
+    keeping_wrap, keeping_hook = keeping_floor(kept)
+    keeping_next = keeping_wrap(trivial_next)
     _BaseDataLoaderIter.__next__ = trivial_next  # type: ignore[method-assign]
     run = traceml_nb.Run("bench-cold", sample=False, device="cpu")
     floor_handle = None
@@ -167,11 +203,12 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
                 optimizer.step()
             for b in range(len(COLD_VARIANTS) * max(1, samples // block)):
                 variant = COLD_VARIANTS[(b + b // len(COLD_VARIANTS)) % len(COLD_VARIANTS)]
-                hooks.uninstall()
+                hooks.uninstall(pause=True)
                 if floor_handle is not None:
                     floor_handle.remove()
                     floor_handle = None
                 tracer.process()  # what the last block logged, untimed
+                kept.clear()
                 _BaseDataLoaderIter.__next__ = trivial_next  # type: ignore[method-assign]
                 if variant == "traced":
                     hooks.install(tracer)
@@ -179,6 +216,9 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
                 elif variant == "floor":
                     _BaseDataLoaderIter.__next__ = floor_next  # type: ignore[method-assign]
                     floor_handle = optim_mod.register_optimizer_step_post_hook(floor_hook)
+                elif variant == "keeping floor":
+                    _BaseDataLoaderIter.__next__ = keeping_next  # type: ignore[method-assign]
+                    floor_handle = optim_mod.register_optimizer_step_post_hook(keeping_hook)
                 for _ in range(SWITCH_WARMUP_CALLS):
                     next(it)
                     after_step(optimizer)
@@ -219,6 +259,8 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
     traced = in_us(median_difference(total["plain"], total["traced"]))
     floor = in_us(median_difference(total["plain"], total["floor"]))
     over = in_us(median_difference(total["floor"], total["traced"]))
+    keeping = in_us(median_difference(total["plain"], total["keeping floor"]))
+    over_keeping = in_us(median_difference(total["keeping floor"], total["traced"]))
     return ColdHotPath(
         eviction,
         sum(len(b) for b in total["traced"]),
@@ -231,4 +273,6 @@ def cold_hot_path_cost(eviction: str, samples: int, block: int = 20) -> ColdHotP
         added(step, "floor"),
         *floor,
         *over,
+        *keeping,
+        *over_keeping,
     )

@@ -267,7 +267,8 @@ def interleaved_cost(
     drift cancels); the loader's iterator carries on across blocks. One run lasts the whole
     loop, with ``monitor`` its samplers (10 Hz) and the headless live view too, running
     through the plain blocks as well; ``hooks.install`` with the run's tracer before each
-    traced block, ``hooks.uninstall`` after it, so the tracer lives as in a long run: its log
+    traced block, ``hooks.uninstall(pause=True)`` after it, so the tracer lives as in a long
+    run (its phase instruments resume where their sampling stood, the model found once): its log
     grows over the traced blocks and the live view's thread segments it at each tick (without
     a view the loop does, every ``PROCESS_EVENTS`` events: left in the medians, timed apart as
     ``StepTracer.processing_ns``). The first two steps of every block (plain too) are not
@@ -291,7 +292,7 @@ def interleaved_cost(
         if live_view is not None:
             view = live_view(run, display=False)
             view.start()
-        hooks.uninstall()  # the first block is plain
+        hooks.uninstall(pause=True)  # the first block is plain
         for block in range(2 * pairs):
             traced = block % 4 in (1, 2)
             if traced:
@@ -323,7 +324,7 @@ def interleaved_cost(
                             counted.append((len(fetch_ns) - 1, block // 2))
             finally:
                 if traced:
-                    hooks.uninstall()
+                    hooks.uninstall(pause=True)
             whole[traced].append(steps)
             calls[traced].append(inside)
         loop_ns, reader_ns = tracer.processing_ns, tracer.reader_processing_ns

@@ -23,7 +23,7 @@ EVICTIONS = ("after writing 24 MB", "after writing 64 MB", "after conv step")
 VERDICT_KEYS = {
     "added_us:bare loop",
     "added_us:tiny MLP",
-    "over_floor_us:small conv net",
+    "over_keeping_floor_us:small conv net",
     *(f"profiler_ratio:{loop}" for loop in LOOPS),
     "sampler_idle_pct",
     "sampler_steady_pct",
@@ -54,10 +54,12 @@ def _check_cold_hot_path(text: str, cold: list[dict]) -> None:
     for eviction in EVICTIONS:
         assert f"  {eviction}: next() " in text
     assert " floor); " in text and "traced over the floor" in text
+    assert "over the keeping floor" in text
     assert [c["eviction"] for c in cold] == ["24 MB", "64 MB", "conv step"]
     for c in cold:  # ours beside the bare-wrapper floor, and the difference the budget reads
         assert {"added", "added_lo", "added_hi", "floor_added", "floor_lo", "floor_hi"} <= set(c)
         assert {"over_floor", "over_floor_lo", "over_floor_hi", "samples"} <= set(c)
+        assert {"keeping_added", "over_keeping", "over_keeping_lo", "over_keeping_hi"} <= set(c)
 
 
 @pytest.mark.timeout(HANG_GUARD_S)

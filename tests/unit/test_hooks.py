@@ -17,7 +17,8 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 import traceml_nb
 from traceml_nb.engine.instrument import hooks
 from traceml_nb.engine.instrument.step_phases import FIRST_SKIP
-from traceml_nb.engine.record import FLAG_OPTIMIZER_STEP
+from traceml_nb.engine.instrument.tracer import StepTracer
+from traceml_nb.engine.record import FLAG_OPTIMIZER_STEP, RunRecord
 
 
 def _loader(n: int = 400, batch: int = 4) -> DataLoader:
@@ -197,3 +198,73 @@ def test_a_wrapper_stacked_on_ours_is_left_alone_and_ours_goes_inert() -> None:
     finally:
         _BaseDataLoaderIter.__next__ = ORIGINAL_NEXT
     assert Optimizer.__dict__["step"] is not None
+
+
+def _instruments(model) -> dict:
+    """What of ours is in torch now: the fetch, the global hooks, the model's, the backward."""
+    return {
+        "next": _BaseDataLoaderIter.__dict__["__next__"] is not ORIGINAL_NEXT,
+        "post": len(optim_mod._global_optimizer_post_hooks),
+        "pre": len(optim_mod._global_optimizer_pre_hooks),
+        "module": len(torch.nn.modules.module._global_forward_pre_hooks)
+        + len(torch.nn.modules.module._global_forward_hooks),
+        "model": len(model._forward_pre_hooks) + len(model._forward_hooks),
+        "backward": torch.autograd.backward is not ORIGINAL_BACKWARD,
+    }
+
+
+NOTHING = {"next": False, "post": 0, "pre": 0, "module": 0, "model": 0, "backward": False}
+
+
+def test_a_paused_install_takes_everything_away_and_resumes_the_phase_sampling_where_it_stood() -> (
+    None
+):
+    model, opt = _model_and_opt()
+    it = iter(_loader())
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            x, y = next(it)
+            _step(model, opt, x, y)
+
+    with traceml_nb.Run("pause", sample=False) as run:
+        steps(2)  # the model is found in the first step, and the second is not sampled
+        phases = hooks._installed.phases
+        countdown = phases.countdown
+        assert phases.models and not phases.sampling and countdown > 1
+        hooks.uninstall(pause=True)
+        assert _instruments(model) == NOTHING
+        steps(3)  # plain steps, outside the run
+        hooks.install(run.tracer)
+        run.tracer.active = True
+        assert hooks._installed.phases is phases and phases.countdown == countdown
+        assert _instruments(model)["module"] == 0  # the model is not sought again
+        steps(countdown)  # the sample starts at the schedule's step end, as in one long run
+        assert phases.sampling and _instruments(model)["model"] == 2
+        hooks.uninstall(pause=True)
+        assert _instruments(model) == NOTHING  # a pause mid-sample takes the sample's hooks too
+        hooks.install(run.tracer)
+        run.tracer.active = True
+        assert _instruments(model)["model"] == 2 and _instruments(model)["backward"]
+        steps(2)
+    assert _instruments(model) == NOTHING and hooks._paused is None
+    assert not phases.models  # the run's end dropped what the pause kept
+
+
+def test_a_pause_kept_for_one_tracer_is_dropped_when_another_installs() -> None:
+    model, opt = _model_and_opt()
+    x, y = torch.randn(4, 8), torch.zeros(4).long()
+    with traceml_nb.Run("first", sample=False) as first:
+        _step(model, opt, x, y)
+        kept = hooks._installed.phases
+        hooks.uninstall(pause=True)
+        other = StepTracer(RunRecord())
+        hooks.install(other)
+        try:
+            assert hooks._installed.phases is not kept
+            assert not kept.models  # removed: the first tracer's model is not held
+        finally:
+            hooks.uninstall()
+        hooks.install(first.tracer)  # the first tracer again: new instruments
+        assert hooks._installed.phases is not kept
+    assert _instruments(model) == NOTHING and hooks._paused is None

@@ -99,7 +99,7 @@ def _blocks(
 
     clock = time.perf_counter_ns
     inside: dict[bool, list[list[float]]] = {False: [], True: []}
-    hooks.uninstall()  # the first block is plain
+    hooks.uninstall(pause=True)  # the first block is plain
     for block in range(2 * pairs):
         traced = block % 4 in (1, 2)
         if traced:
@@ -119,7 +119,7 @@ def _blocks(
                     times.append((t1 - t0) + (t3 - t2))
         finally:
             if traced:
-                hooks.uninstall()
+                hooks.uninstall(pause=True)
         inside[traced].append(times)
     return inside
 

@@ -42,6 +42,9 @@ class _Installed:
 
 
 _installed: _Installed | None = None
+#: the phase instruments of a tracer whose hooks were taken away with ``uninstall(pause=True)``:
+#: its next ``install`` resumes them
+_paused: tuple[StepTracer, StepPhases] | None = None
 
 
 def _iter_class() -> Any:
@@ -55,16 +58,22 @@ def install(
 ) -> None:
     """Start feeding ``tracer`` (and ``window``, while it is not done; ``flops``, which counts
     one step's FLOPs)."""
-    global _installed
+    global _installed, _paused
     import torch.optim.optimizer as optim_mod
 
     cls = _iter_class()
     original = cls.__dict__["__next__"]
     wrapper = tracer.wrap_next(original)
+    kept, _paused = _paused, None
+    if kept is not None and kept[0] is not tracer:
+        kept[1].remove()
     # on CUDA the phases need CUDA events at their boundaries, not recorded yet: none there
     phases = None
     if tracer.gpu is None:
-        phases = StepPhases(tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS)
+        if kept is not None and kept[0] is tracer:
+            phases = kept[1]
+        else:
+            phases = StepPhases(tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS)
         phases.install()
     listeners = [x for x in (phases, flops) if x is not None]
     handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook(listeners))
@@ -132,17 +141,26 @@ def marker(window: ProfileWindow | None) -> None:
         _tell(window, _installed, "marker")
 
 
-def uninstall() -> list[str]:
-    """Stop feeding the tracer and put back what was there. Safe to call twice."""
-    global _installed
+def uninstall(pause: bool = False) -> list[str]:
+    """Stop feeding the tracer and put back what was there. Safe to call twice. With ``pause``
+    the phase instruments keep the models found and where their sampling stands, and the
+    tracer's next :func:`install` resumes them (the benchmarks' traced blocks, which stand for
+    one long run); without it, whatever a pause kept is dropped too."""
+    global _installed, _paused
     installed, _installed = _installed, None
+    if not pause and _paused is not None:
+        _paused[1].remove()
+        _paused = None
     if installed is None:
         return []
     notes: list[str] = []
     installed.tracer.deactivate()  # what the wrapper still logs is dropped, wherever it is
     installed.tracer.on_stop = None
     installed.hook_handle.remove()
-    if installed.phases is not None:
+    if installed.phases is not None and pause:
+        installed.phases.pause()
+        _paused = (installed.tracer, installed.phases)
+    elif installed.phases is not None:
         installed.phases.remove()
     if installed.window_handle is not None:
         installed.window_handle.remove()

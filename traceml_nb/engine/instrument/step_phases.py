@@ -160,6 +160,8 @@ class StepPhases:
         self._sample_step = WholeStep()
         self._ends = 0  #: optimizer step ends seen in this sample (bounded: MAX_SAMPLE_ENDS)
         self._installed = False
+        #: after :meth:`pause`: were the models still sought (None: not paused)
+        self._paused: bool | None = None
         self._warning_filter: Any = None  #: the filter holding COMPILE_WARNING back, while seeking
         self._handles: list[Any] = []  #: the hooks in place while sampling
         self._watching: list[Any] = []  #: the global module hooks, while the model is sought
@@ -174,9 +176,12 @@ class StepPhases:
 
     # --- on and off --------------------------------------------------------------------------
     def install(self) -> None:
-        """Start: sampling on, and the global module hooks seek the model."""
+        """Start: sampling on, and the global module hooks seek the model. After
+        :meth:`pause`, resume instead, where the sampling stood."""
+        if self._paused is not None:
+            self._resume()
+            return
         import torch
-        import torch.nn.modules.module as module_mod
 
         self._installed = True
         clock = self.clock
@@ -207,13 +212,42 @@ class StepPhases:
             forward_ends,
         )
         self._backward = backward
+        self._watch()
+        self._sample(True)
+
+    def pause(self) -> None:
+        """Take every instrument away and keep the models found and where the sampling stands:
+        :meth:`install` resumes from there. The benchmarks' interleaved blocks (plain, traced,
+        ...) stand for one long run this way; a run's end is :meth:`remove`."""
+        if not self._installed:
+            return
+        self._paused = bool(self._watching)
+        for handle in self._watching + self._handles:
+            handle.remove()
+        self._watching, self._handles = [], []
+        self._let_warnings_through()
+        self._stack = []
+        self._put_back_backward()
+        self.clock.depth = 0
+
+    def _resume(self) -> None:
+        seeking, self._paused = self._paused, None
+        self.clock.thread = threading.get_ident()
+        if seeking:
+            self._watch()
+        if self.sampling:
+            self._put_in_place()
+
+    def _watch(self) -> None:
+        """The global module hooks that seek the model, and the compile warning held back."""
+        import torch.nn.modules.module as module_mod
+
         self._watching = [
             module_mod.register_module_forward_pre_hook(self._seek_pre),
             _forward_hook(module_mod, self._seek_post),
         ]
         warnings.filterwarnings("ignore", COMPILE_WARNING, UserWarning)
         self._warning_filter = warnings.filters[0]
-        self._sample(True)
 
     def optimizer_step_ended(self, optimizer: Any) -> None:
         """The tracer's hook, at an optimizer step's end (when :attr:`countdown` ran out, or
@@ -253,25 +287,35 @@ class StepPhases:
         return skip
 
     def _sample(self, on: bool) -> None:
-        import torch
-        import torch.optim.optimizer as optim_mod
-
         if self._watching and not on:
             self._settle()
         self.sampling = on
         self.clock.log.append((SAMPLING, on))
-        if not on:
-            for handle in self._handles:
-                handle.remove()
-            self._handles = []
-            if torch.autograd.backward is self._backward:
-                torch.autograd.backward = self._original_backward
-            self.clock.depth = 0  # a phase left open (a step() that raised) ends with the sample
+        if on:
+            self._put_in_place()
             return
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._put_back_backward()
+        self.clock.depth = 0  # a phase left open (a step() that raised) ends with the sample
+
+    def _put_in_place(self) -> None:
+        """The sampled step's instruments: the optimizer pre-step hook, the models' hooks (unless
+        the global ones still seek them), the backward's wrapper."""
+        import torch
+        import torch.optim.optimizer as optim_mod
+
         self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._optimizer_starts))
         if not self._watching:
             self._add_model_hooks()
         torch.autograd.backward = self._backward
+
+    def _put_back_backward(self) -> None:
+        import torch
+
+        if self._backward is not None and torch.autograd.backward is self._backward:
+            torch.autograd.backward = self._original_backward
 
     # --- seeking the model -------------------------------------------------------------------
     def _seek_pre(self, module: Any, args: Any) -> None:
@@ -339,8 +383,6 @@ class StepPhases:
     # --- the end -----------------------------------------------------------------------------
     def remove(self) -> None:
         """Put back what :meth:`install` changed; what is left open logs nothing."""
-        import torch
-
         for handle in self._watching + self._handles:
             handle.remove()
         self._watching, self._handles = [], []
@@ -348,9 +390,9 @@ class StepPhases:
         self._stack = []
         self.models = {}
         self._has_parameters = {}
-        if self._backward is not None and torch.autograd.backward is self._backward:
-            torch.autograd.backward = self._original_backward
+        self._put_back_backward()
         self._backward = None
+        self._paused = None
         self._installed = False
         self.sampling = False
         self.countdown = 1 << 62
