@@ -6,7 +6,8 @@ import math
 import threading
 
 from traceml_nb.engine.capabilities import Capabilities
-from traceml_nb.engine.record import RunRecord, SampleTable, StepTable
+from traceml_nb.engine.record import RunRecord, SampleTable
+from traceml_nb.engine.step_table import StepTable
 
 
 def test_a_step_row_costs_under_100_bytes() -> None:

@@ -24,8 +24,8 @@ from traceml_nb.engine.record import (
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
     RunRecord,
-    StepTable,
 )
+from traceml_nb.engine.step_table import StepTable
 from traceml_nb.views.diagnosis_words import diagnosis_words
 
 

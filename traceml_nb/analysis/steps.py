@@ -33,15 +33,12 @@ from ..engine.record import (
     FLAG_OPTIMIZER_STEP,
     FLAG_PROFILED,
     FLAG_TRUNCATED,
-    PHASE_COLUMNS,
-    PHASE_WIDTH,
     SOURCE_MARKER,
     SOURCE_OPTIMIZER,
     LoaderInfo,
     RecordSnapshot,
-    StepColumns,
-    StepTable,
 )
+from ..engine.step_table import PHASE_COLUMNS, PHASE_WIDTH, StepColumns, StepTable
 from .findings import PhaseSummary
 
 

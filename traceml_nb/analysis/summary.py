@@ -18,8 +18,8 @@ from ..engine.record import (
     FLAG_PROFILED,
     LoaderInfo,
     RecordSnapshot,
-    StepColumns,
 )
+from ..engine.step_table import StepColumns
 from .findings import Summary
 from .peak_flops import utilisation
 from .samples import Reading, Window

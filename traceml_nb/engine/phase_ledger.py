@@ -12,7 +12,7 @@ if they were on again by then: part of it was not timed).
 from __future__ import annotations
 
 from .events import FORWARD, Phase, Sampling
-from .record import PHASE_WIDTH
+from .step_table import PHASE_WIDTH
 
 #: A step's mark: the totals when it began and the times the instruments had been turned off;
 #: () for a step that began with them off.

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ..record import StepTable
+from ..step_table import StepTable
 
 #: The stream is looked up again at every this many fetches of an iterator (a power of two:
 #: the check is a mask of the iterator's own batch count), besides its first fetch of an epoch.

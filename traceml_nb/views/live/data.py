@@ -21,7 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...analysis.steps import StepRule, rule_of
-from ...engine.record import PHASE_COLUMNS, RecordSnapshot, StepColumns
+from ...engine.record import RecordSnapshot
+from ...engine.step_table import PHASE_COLUMNS, StepColumns
 
 NAN = float("nan")
 
