@@ -135,10 +135,12 @@ class Phase(_Event):
     the outer one and logs nothing of its own."""
 
     __slots__ = ()
-    _fields = ("phase", "t_start_ns", "t_end_ns")
+    _fields = ("phase", "t_start_ns", "t_end_ns", "gpu_start", "gpu_end")
     phase: int = _field(1, "FORWARD, BACKWARD or OPTIMIZER")
     t_start_ns: int = _field(2, "when it started")
     t_end_ns: int = _field(3, "when it ended")
+    gpu_start: Any = _field(4, "CUDA event recorded at its start (None off CUDA, or if it failed)")
+    gpu_end: Any = _field(5, "CUDA event recorded at its end")
 
 
 class Sampling(_Event):

@@ -7,16 +7,25 @@ from which its phases are told when it ends.
 Pure and torch-free. A step gets phases when it began while the instruments were on, unless an
 optimizer step other than the one that turned them off ran in it after they had been off (even
 if they were on again by then: part of it was not timed).
+
+On CUDA each phase also carries two events (its start and end on the user's stream), read only
+once the GPU is past them: the ledger keeps the phases' events in order, each with a sequence
+number, until a step that ends claims those logged since it began (:meth:`gpu_of_step`); the
+others are let go of.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from .events import FORWARD, Phase, Sampling
 from .step_table import PHASE_WIDTH
 
-#: A step's mark: the totals when it began and the times the instruments had been turned off;
-#: () for a step that began with them off.
+#: A step's mark: the totals when it began, the times the instruments had been turned off and
+#: the GPU phases logged so far; () for a step that began with them off.
 Mark = tuple[int, ...]
+#: A phase's events: ``(phase, start event, end event)``.
+GpuPhase = tuple[int, Any, Any]
 
 
 class PhaseLedger:
@@ -29,22 +38,28 @@ class PhaseLedger:
         self._turned_off = False  #: off, by the optimizer step whose end comes next
         self._offs = 0  #: times they were turned off
         self._copy_from = -1  #: the last fetch's return, until a forward starts after it
+        #: the phases' CUDA events no step claimed yet, ``(sequence number, *GpuPhase)``
+        self._gpu: list[tuple[int, int, Any, Any]] = []
+        self._gpu_seq = 0  #: GPU phases logged so far
 
     def mark(self) -> Mark:
         """The mark of a step that begins now."""
-        return (*self.totals, self._offs) if self.sampling else ()
+        return (*self.totals, self._offs, self._gpu_seq) if self.sampling else ()
 
     def fetched(self, t_exit_ns: int) -> None:
         """A batch arrived: the input copy runs until the next forward starts."""
         self._copy_from = t_exit_ns
 
     def phase(self, ev: Phase) -> None:
-        _, phase, t_start, t_end = ev
+        _, phase, t_start, t_end, gpu_start, gpu_end = ev
         totals = self.totals
         if phase == FORWARD and self._copy_from >= 0:
             totals[0] += max(0, t_start - self._copy_from)
             self._copy_from = -1
         totals[phase + 1] += t_end - t_start
+        if gpu_start is not None or gpu_end is not None:
+            self._gpu.append((self._gpu_seq, phase, gpu_start, gpu_end))
+            self._gpu_seq += 1
 
     def turned(self, ev: Sampling) -> None:
         self.sampling = ev[1]
@@ -56,7 +71,7 @@ class PhaseLedger:
     def still_timed(self, mark: Mark) -> Mark:
         """At an optimizer step, the mark of a step still open: () once part of it went
         untimed (call :meth:`optimizer_stepped` after every open step's mark was looked at)."""
-        if mark and not self._turned_off and mark[-1] != self._offs:
+        if mark and not self._turned_off and mark[PHASE_WIDTH] != self._offs:
             return ()
         return mark
 
@@ -70,3 +85,29 @@ class PhaseLedger:
             return None
         copy, forward, backward, optimizer = self.totals
         return (copy - mark[0], forward - mark[1], backward - mark[2], optimizer - mark[3])
+
+    @property
+    def gpu_pending(self) -> bool:
+        """Phases' CUDA events wait to be claimed or let go of."""
+        return bool(self._gpu)
+
+    def gpu_of_step(self, mark: Mark) -> tuple[tuple[GpuPhase, ...] | None, list[Any]]:
+        """At the end of a step begun with ``mark``: ``(its GPU phases, the events no step will
+        read)``. The step claims the phases logged since it began, if it has phases and each of
+        them has both events (else None); every other event waiting is let go of. ``mark`` ()
+        lets go of them all."""
+        waiting, self._gpu = self._gpu, []
+        if not waiting:
+            return None, []
+        first = mark[PHASE_WIDTH + 1] if mark else self._gpu_seq
+        claimed = tuple((p, s, e) for seq, p, s, e in waiting if seq >= first)
+        whole = bool(claimed) and all(s is not None and e is not None for _, s, e in claimed)
+        kept = claimed if whole else ()
+        gone = [
+            ev
+            for seq, p, s, e in waiting
+            if not (kept and seq >= first)
+            for ev in (s, e)
+            if ev is not None
+        ]
+        return (kept or None), gone

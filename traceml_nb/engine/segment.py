@@ -54,7 +54,7 @@ from .events import (
     OptimizerStep,
 )
 from .optimizer_info import optimizer_info
-from .phase_ledger import Mark, PhaseLedger
+from .phase_ledger import GpuPhase, Mark, PhaseLedger
 from .record import (
     FLAG_EPOCH_START,
     FLAG_INTERLEAVED,
@@ -68,11 +68,14 @@ from .record import (
 )
 
 #: Receives, each time rows are written, the steps closed since the last time whose fetches
-#: carried CUDA events, as ``(row, gpu_enter, gpu_exit, next_gpu_enter)``, and the events the
-#: segmenter let go of since (it hands none of them to a later step: the events of a closed
-#: step, of an exhausting fetch, of a fetch it does not count), each as ``(k, event)``: it was
-#: let go of after the first ``k`` of those steps were closed, and no later one holds it.
-GpuSink = Callable[[list[tuple[int, Any, Any, Any]], list[tuple[int, Any]]], None]
+#: carried CUDA events, as ``(row, gpu_enter, gpu_exit, next_gpu_enter, gpu_phases)`` (the
+#: step's phases' events, :meth:`~.phase_ledger.PhaseLedger.gpu_of_step`, or None), and the
+#: events the segmenter let go of since (it hands none of them to a later step: the events of
+#: a closed step, of an exhausting fetch, of a fetch it does not count, of phases no step
+#: claimed), each as ``(k, event)``: it was let go of after the first ``k`` of those steps were
+#: closed, and no later one holds it.
+GpuStep = tuple[int, Any, Any, Any, tuple[GpuPhase, ...] | None]
+GpuSink = Callable[[list[GpuStep], list[tuple[int, Any]]], None]
 
 
 def counted_size(batch_size: int, samples: int, number: int) -> int:
@@ -162,7 +165,7 @@ class StepSegmenter:
         self._last_batch = -1
         self._rows: list[tuple[int, int, int, int, int, int]] = []
         self._row_phases: list[tuple[int, int, int, int] | None] = []
-        self._gpu: list[tuple[int, Any, Any, Any]] = []
+        self._gpu: list[GpuStep] = []
         self._gpu_done: list[tuple[int, Any]] = []  #: CUDA events let go of, for the sink
         #: by event kind (an event's first item)
         self._handlers: dict[int, Callable[[Any], None]] = {
@@ -414,9 +417,14 @@ class StepSegmenter:
             else:
                 info.rows_without_step += 1
         self._row(st.start, end - st.start, st.wait, st.batch, st.slot, flags, st.phase_mark)
-        if st.gpu_enter is not None and next_gpu is not None and self._gpu_sink is not None:
-            row = len(self.record.steps) + len(self._rows) - 1  # its index, once written
-            self._gpu.append((row, st.gpu_enter, st.gpu_exit, next_gpu))
+        if self._gpu_sink is not None:
+            phases, gone = self._phases.gpu_of_step(st.phase_mark)
+            if st.gpu_enter is not None and next_gpu is not None:
+                row = len(self.record.steps) + len(self._rows) - 1  # its index, once written
+                self._gpu.append((row, st.gpu_enter, st.gpu_exit, next_gpu, phases))
+            elif phases is not None:
+                gone += [ev for _, start, end_ in phases for ev in (start, end_)]
+            self._let_go(*gone)
         st.start = -1
         if st.inside:
             st.inside.clear()
@@ -447,7 +455,10 @@ class StepSegmenter:
         self._row_phases.append(self._phases.of_step(phase_mark))
 
     def _flush(self) -> None:
-        """Write the queued rows in one go, then hand the GPU figures of those rows on."""
+        """Write the queued rows in one go, then hand the GPU figures of those rows on (and the
+        phases' events, when no loader's step is open to claim them: a loop without one)."""
+        if not self._open and self._phases.gpu_pending:
+            self._let_go(*self._phases.gpu_of_step(())[1])
         if self._rows:
             self.record.steps.extend(self._rows, self._row_phases)
             self._rows = []

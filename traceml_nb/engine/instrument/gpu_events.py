@@ -23,6 +23,10 @@ processed:
   between are recorded on the stream found then. A change of the current stream in the middle
   of an epoch is therefore seen within :data:`STREAM_CHECK_EVERY` fetches; the current stream
   is the calling thread's, and the one looked up is that of the thread that fetches.
+* **Phases.** On the steps whose phases were timed (:mod:`.step_phases`), each phase's start
+  and end events come with the step: its GPU time is the elapsed time between them, the input
+  copy's from the batch's arrival (the fetch's exit event) to the first forward's start
+  (``StepTable.set_gpu_phases``); the phases' events go back to the pool once read.
 * **Polling.** Steps are resolved when the log is processed (many steps at once), a few steps
   behind, with ``Event.query()`` (non-blocking): from the oldest step on, one query per step
   that is resolved and at most one that answers "not yet" per processing (events on one
@@ -40,7 +44,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ..step_table import StepTable
+from ..events import FORWARD
+from ..step_table import PHASE_WIDTH, StepTable
 
 #: The stream is looked up again at every this many fetches of an iterator (a power of two:
 #: the check is a mask of the iterator's own batch count), besides its first fetch of an epoch.
@@ -79,7 +84,8 @@ class EventPool:
             self.free.append(event)
 
 
-Step = tuple[int, EventLike, EventLike, EventLike]  #: (row, enter, exit, next enter)
+#: (row, enter, exit, next enter, the phases' ``(phase, start, end)`` events or None)
+Step = tuple[int, EventLike, EventLike, EventLike, tuple[tuple[int, Any, Any], ...] | None]
 
 
 class GpuStallTimer:
@@ -152,7 +158,7 @@ class GpuStallTimer:
 
     # --- processing: whichever thread processes the log ------------------------------------
     def take(self, steps: list[Step], released: Iterable[tuple[int, EventLike]]) -> None:
-        """Queue the closed ``steps`` (``(row, enter, exit, next enter)``) for resolution, note
+        """Queue the closed ``steps`` (``(row, enter, exit, next enter, phases)``) for resolution, note
         the events the segmenter let go of (``(k, event)``: no step after the first ``k`` of
         ``steps`` holds it), and resolve what the GPU has already finished."""
         before = self._queued
@@ -177,7 +183,7 @@ class GpuStallTimer:
             self._resolve(pending.popleft())
 
     def _resolve(self, item: Step) -> None:
-        row, enter, exit_, next_enter = item
+        row, enter, exit_, next_enter, phases = item
         self._done += 1
         try:
             stall = max(0.0, enter.elapsed_time(exit_))
@@ -186,6 +192,27 @@ class GpuStallTimer:
             self.resolved += 1
         except Exception:  # an event from a reset device: leave the row unavailable
             self.errors += 1
+            return
+        if phases is not None:
+            self._resolve_phases(row, exit_, phases)
+
+    def _resolve_phases(self, row: int, arrival: EventLike, phases: Any) -> None:
+        """The GPU time of each of the step's phases, ms (the copy: from ``arrival`` to the first
+        forward's start; NaN without a forward); their events go back to the pool."""
+        times = [0.0] * PHASE_WIDTH
+        try:
+            starts = [start for phase, start, _ in phases if phase == FORWARD]
+            times[0] = max(0.0, arrival.elapsed_time(starts[0])) if starts else float("nan")
+            for phase, start, end in phases:
+                times[phase + 1] += max(0.0, start.elapsed_time(end))
+        except Exception:  # as above: the row keeps no GPU phases, the events are not reused
+            self.errors += 1
+            return
+        self._steps.set_gpu_phases(row, times)
+        put = self.pool.put
+        for _, start, end in phases:
+            put(start)
+            put(end)
 
     def _recycle(self) -> None:
         """Put back into the pool the events let go of whose steps are all done."""

@@ -4,7 +4,7 @@
   replaced by the tracer's wrapper (:meth:`~.tracer.StepTracer.wrap_next`).
 * A global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``)
   reports every ``optimizer.step()``.
-* The phase instruments (:mod:`.step_phases`; off CUDA), on a sample of the steps: module forward hooks
+* The phase instruments (:mod:`.step_phases`; on CUDA with events), on a sample of the steps: module forward hooks
   (global ones until the model is found, then the model's own), a wrapper of
   ``torch.autograd.backward`` and a global optimizer pre-step hook; the tracer's post-step hook
   ends their optimizer phase.
@@ -35,7 +35,7 @@ class _Installed:
     original_next: Any
     wrapper: Any  #: the tracer's wrapper
     hook_handle: Any
-    phases: StepPhases | None  #: None on CUDA
+    phases: StepPhases
     #: the wrapper installed on top of the tracer's while a profile window counts (else None)
     gate: Any = None
     window_handle: Any = None
@@ -67,21 +67,18 @@ def install(
     kept, _paused = _paused, None
     if kept is not None and kept[0] is not tracer:
         kept[1].remove()
-    # on CUDA the phases need CUDA events at their boundaries, not recorded yet: none there
-    phases = None
-    if tracer.gpu is None:
-        if kept is not None and kept[0] is tracer:
-            phases = kept[1]
-        else:
-            phases = StepPhases(tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS)
-        phases.install()
+    if kept is not None and kept[0] is tracer:
+        phases = kept[1]
+    else:  # on CUDA with an event at each phase boundary, for the phases' GPU time
+        gpu_mark = tracer.gpu.mark if tracer.gpu is not None else None
+        phases = StepPhases(tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS, gpu_mark)
+    phases.install()
     listeners = [x for x in (phases, flops) if x is not None]
     handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook(listeners))
 
     def stop() -> None:  # tracing stopped on an error: no more optimizer steps, no phases
         handle.remove()
-        if phases is not None:
-            phases.remove()
+        phases.remove()
 
     tracer.on_stop = stop
     installed = _Installed(tracer, original, wrapper, handle, phases)
@@ -157,10 +154,10 @@ def uninstall(pause: bool = False) -> list[str]:
     installed.tracer.deactivate()  # what the wrapper still logs is dropped, wherever it is
     installed.tracer.on_stop = None
     installed.hook_handle.remove()
-    if installed.phases is not None and pause:
+    if pause:
         installed.phases.pause()
         _paused = (installed.tracer, installed.phases)
-    elif installed.phases is not None:
+    else:
         installed.phases.remove()
     if installed.window_handle is not None:
         installed.window_handle.remove()

@@ -91,7 +91,10 @@ def _forward_hook(target: Any, hook: Callable[..., None]) -> Any:
 
 class PhaseClock:
     """The phase open on the training thread, nested calls counted: :meth:`start` and :meth:`end`
-    come in pairs; the outermost pair logs one :class:`~traceml_nb.engine.events.Phase`."""
+    come in pairs; the outermost pair logs one :class:`~traceml_nb.engine.events.Phase`. With
+    ``gpu_mark`` (on CUDA: the stall timer's :meth:`~.gpu_events.GpuStallTimer.mark`, which
+    records a pooled event on the user's stream and returns it, None if that failed) the
+    outermost pair also records a CUDA event at each end, for the phase's GPU time."""
 
     def __init__(
         self,
@@ -99,11 +102,14 @@ class PhaseClock:
         clock: Callable[[], int],
         check: Callable[[], None],
         max_log: int,
+        gpu_mark: Callable[[], Any] | None = None,
     ):
         self.log = log
         self.clock = clock
         self.check = check  #: processes the log when it holds over ``max_log`` events
         self.max_log = max_log
+        self.gpu_mark = gpu_mark
+        self.gpu_start: Any = None  #: the open phase's start event (None off CUDA)
         self.thread = threading.get_ident()  #: the training thread; -1 once removed
         #: True while ``torch.compile`` traces the call (torch's own check)
         self.compiling = compiling_check()
@@ -119,6 +125,8 @@ class PhaseClock:
             return
         self.depth = 1
         self.phase = phase
+        if self.gpu_mark is not None:
+            self.gpu_start = self.gpu_mark()
         self.t_start = self.clock()
 
     def end(self) -> None:
@@ -126,9 +134,12 @@ class PhaseClock:
             return
         self.depth -= 1
         if not self.depth:
+            t_end = self.clock()
+            gpu_end = self.gpu_mark() if self.gpu_mark is not None else None
             log = self.log
-            log.append((PHASE, self.phase, self.t_start, self.clock()))
+            log.append((PHASE, self.phase, self.t_start, t_end, self.gpu_start, gpu_end))
             self.phase = -1
+            self.gpu_start = None
             if len(log) > self.max_log:  # a loop with neither a DataLoader nor an optimizer
                 self.check()
 
@@ -143,8 +154,9 @@ class StepPhases:
         clock: Callable[[], int],
         check: Callable[[], None],
         max_log: int,
+        gpu_mark: Callable[[], Any] | None = None,
     ):
-        self.clock = PhaseClock(log, clock, check, max_log)
+        self.clock = PhaseClock(log, clock, check, max_log, gpu_mark)
         #: the time between samples, ns (read from the module when the run starts)
         self.interval_ns = int(SAMPLE_INTERVAL_S * 1e9)
         self._off_at_ns = 0  #: when the sampling last turned off (clock)

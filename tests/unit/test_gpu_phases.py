@@ -1,0 +1,137 @@
+"""The phases' GPU time from CUDA events, on a simulated GPU timeline (``fake_cuda``): a real
+model, autograd and optimizer whose forward, backward and step queue known GPU work; real hooks,
+tracer, segmenter and ledger. Only the events are fakes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from fake_cuda import FakeTimeline
+from torch.utils.data import DataLoader, TensorDataset
+
+import traceml_nb
+from traceml_nb.engine.events import BACKWARD, FORWARD, OPTIMIZER, PHASE
+from traceml_nb.engine.instrument import step_phases
+from traceml_nb.engine.instrument.tracer import CHECK_EVERY
+from traceml_nb.engine.options import Backends
+from traceml_nb.engine.phase_ledger import PhaseLedger
+
+#: GPU work each phase queues, ms
+COPY_MS, FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS = 2.0, 3.0, 6.0, 1.0
+
+
+class Queued(torch.autograd.Function):
+    """Identity whose forward and backward queue GPU work on the timeline."""
+
+    @staticmethod
+    def forward(ctx, x, timeline: FakeTimeline):  # type: ignore[override]
+        timeline.launch(FORWARD_MS)
+        ctx.timeline = timeline
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        ctx.timeline.launch(BACKWARD_MS)
+        return grad, None
+
+
+class Model(torch.nn.Module):
+    def __init__(self, timeline: FakeTimeline) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+        self.timeline = timeline
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Queued.apply(self.linear(x), self.timeline)
+
+
+class QueuedSGD(torch.optim.SGD):
+    def __init__(self, params, timeline: FakeTimeline) -> None:
+        super().__init__(params, lr=0.01)
+        self.timeline = timeline
+
+    def step(self, closure=None):  # type: ignore[override]
+        self.timeline.launch(OPTIMIZER_MS)
+        return super().step(closure)
+
+
+@pytest.fixture(autouse=True)
+def often(monkeypatch) -> None:
+    monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 0.0)  # every other step sampled
+    monkeypatch.setattr(step_phases, "FIRST_SKIP", 1)
+
+
+def _train(timeline: FakeTimeline, steps: int, host_ms: float) -> traceml_nb.Run:
+    model = Model(timeline)
+    opt = QueuedSGD(model.parameters(), timeline)
+    loader = DataLoader(TensorDataset(torch.randn(steps * 4, 4)), batch_size=4)
+    backends = Backends(event_factory=timeline.event, stream_getter=timeline.current_stream)
+    with traceml_nb.Run("gpu-phases", sample=False, backends=backends) as run:
+        for (x,) in loader:
+            timeline.launch(COPY_MS)  # what ``x.cuda()`` queues
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            timeline.host(host_ms)
+    return run
+
+
+@pytest.mark.parametrize("host_ms", [0.5, 30.0], ids=["gpu-bound", "host-bound"])
+def test_each_phase_gets_the_gpu_time_it_queued(host_ms: float) -> None:
+    timeline = FakeTimeline()
+    run = _train(timeline, 40, host_ms)
+    cols = run.record.steps.snapshot()
+    gpu = np.column_stack(
+        [cols.gpu_copy_ms, cols.gpu_forward_ms, cols.gpu_backward_ms, cols.gpu_optimizer_ms]
+    )
+    host = np.column_stack([cols.copy_ns, cols.forward_ns, cols.backward_ns, cols.optimizer_ns])
+    timed = np.isfinite(gpu).all(axis=1)
+    assert timed.sum() >= 10
+    truth = [COPY_MS, FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS]
+    assert gpu[timed] == pytest.approx(np.tile(truth, (timed.sum(), 1)))
+    # GPU phases only where the host phases were timed, and beside them
+    assert not (timed & ~np.isfinite(host).all(axis=1)).any()
+    assert timeline.syncs == 1  # no synchronisation per step: the one at the run's end
+
+
+def test_the_phases_events_go_back_to_the_pool() -> None:
+    # the GPU keeps up: the steps resolve a few behind whenever the log is processed (every
+    # CHECK_EVERY fetches without a reader), and their events go back
+    short, long = FakeTimeline(), FakeTimeline()
+    _train(short, 3 * CHECK_EVERY, 30.0)
+    _train(long, 10 * CHECK_EVERY, 30.0)
+    assert long.created == short.created  # warm: the longer run makes no more events
+    assert long.records > 3 * long.created
+    assert long.unread_rerecords == 0  # every phase's events read before they were reused
+
+
+def test_a_phase_whose_event_failed_leaves_its_step_without_gpu_phases() -> None:
+    ledger = PhaseLedger()
+    ledger.turned((0, True))
+    mark = ledger.mark()
+    ledger.phase((PHASE, FORWARD, 10, 20, "s1", "e1"))
+    ledger.phase((PHASE, BACKWARD, 20, 40, "s2", None))  # its end event could not be recorded
+    phases, gone = ledger.gpu_of_step(mark)
+    assert phases is None and sorted(gone) == ["e1", "s1", "s2"]
+    ledger.phase((PHASE, OPTIMIZER, 40, 45, "s3", "e3"))
+    mark_after = ledger.mark()
+    ledger.phase((PHASE, FORWARD, 50, 60, "s4", "e4"))
+    phases, gone = ledger.gpu_of_step(mark_after)  # claims what came after its start
+    assert phases == ((FORWARD, "s4", "e4"),) and gone == ["s3", "e3"]
+    assert not ledger.gpu_pending
+
+
+def test_off_cuda_the_phases_carry_no_events_and_no_gpu_columns() -> None:
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with traceml_nb.Run("cpu-phases", sample=False) as run:
+        for (x,) in DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=4):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+    cols = run.record.steps.snapshot()
+    assert any(math.isfinite(v) for v in cols.forward_ns)
+    assert all(math.isnan(v) for v in cols.gpu_forward_ms)
