@@ -13,11 +13,14 @@ from fake_cuda import FakeTimeline
 from torch.utils.data import DataLoader, TensorDataset
 
 import traceml_nb
+from traceml_nb.analysis.pipeline import analyze
+from traceml_nb.analysis.steps import StepRule
 from traceml_nb.engine.events import BACKWARD, FORWARD, OPTIMIZER, PHASE
 from traceml_nb.engine.instrument import step_phases
 from traceml_nb.engine.instrument.tracer import CHECK_EVERY
 from traceml_nb.engine.options import Backends
 from traceml_nb.engine.phase_ledger import PhaseLedger
+from traceml_nb.views.live.data import StepRows
 
 #: GPU work each phase queues, ms
 COPY_MS, FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS = 2.0, 3.0, 6.0, 1.0
@@ -48,14 +51,20 @@ class Model(torch.nn.Module):
         return Queued.apply(self.linear(x), self.timeline)
 
 
-class QueuedSGD(torch.optim.SGD):
+class QueuedSGD(torch.optim.Optimizer):
+    """Plain SGD whose step queues GPU work (its own step: torch hooks it once)."""
+
     def __init__(self, params, timeline: FakeTimeline) -> None:
-        super().__init__(params, lr=0.01)
+        super().__init__(params, {"lr": 0.01})
         self.timeline = timeline
 
+    @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
         self.timeline.launch(OPTIMIZER_MS)
-        return super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"])
 
 
 @pytest.fixture(autouse=True)
@@ -135,3 +144,57 @@ def test_off_cuda_the_phases_carry_no_events_and_no_gpu_columns() -> None:
     cols = run.record.steps.snapshot()
     assert any(math.isfinite(v) for v in cols.forward_ns)
     assert all(math.isnan(v) for v in cols.gpu_forward_ms)
+
+
+@pytest.mark.parametrize("host_ms", [0.5, 30.0], ids=["gpu-bound", "host-bound"])
+def test_the_report_gives_the_gpu_time_of_each_phase_and_the_gpu_stall_as_the_wait(
+    host_ms: float,
+) -> None:
+    run = _train(FakeTimeline(), 60, host_ms)
+    summary = analyze(run.record, run.capabilities, warmup=2).summary
+    assert summary.phases_on_gpu
+    medians = [
+        summary.copy_ms_median,
+        summary.forward_ms_median,
+        summary.backward_ms_median,
+        summary.optimizer_ms_median,
+    ]
+    assert medians == pytest.approx([COPY_MS, FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS])
+    shares = summary.phase_shares
+    assert sum(shares.values()) == pytest.approx(1.0)
+    gpu_ms = COPY_MS + FORWARD_MS + BACKWARD_MS + OPTIMIZER_MS
+    if host_ms < gpu_ms:  # the GPU is the limit: its phases fill the steps, it never waits
+        assert shares["data_wait"] == pytest.approx(0.0, abs=0.01)
+        assert shares["backward"] == pytest.approx(BACKWARD_MS / gpu_ms, rel=0.1)
+    else:  # the host is: the GPU waits after each step, its phases are a part of the step
+        assert shares["backward"] == pytest.approx(BACKWARD_MS / host_ms, rel=0.01)
+        assert shares["other"] == pytest.approx((host_ms - gpu_ms) / host_ms, rel=0.01)
+
+
+def test_without_a_dataloader_the_gpu_phases_are_unavailable_and_say_why() -> None:
+    timeline = FakeTimeline()
+    model = Model(timeline)
+    opt = QueuedSGD(model.parameters(), timeline)
+    backends = Backends(event_factory=timeline.event, stream_getter=timeline.current_stream)
+    x = torch.randn(4, 4)
+    with traceml_nb.Run("no-loader", sample=False, backends=backends) as run:
+        for _ in range(30):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            timeline.host(20.0)
+    summary = analyze(run.record, run.capabilities, warmup=2).summary
+    assert not summary.phases_on_gpu and summary.forward_ms_median is None
+    assert "DataLoader" in summary.unavailable["forward_ms_median"]
+    pool = run.tracer.gpu.pool  # the phases' events no step claimed went back to the pool
+    assert pool.created == len(pool.free) > 0
+
+
+def test_the_live_chart_splits_the_rest_in_the_gpu_timelines_proportions() -> None:
+    run = _train(FakeTimeline(), 40, 30.0)
+    rows = StepRows.of_rule(run.record.steps.snapshot(), StepRule("dataloader", (0,)))
+    shares = rows.phase_shares()
+    truth = np.array([COPY_MS, FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS]) / 30.0  # span: 30 ms
+    known = ~np.isnan(shares).any(axis=1)
+    assert known[-10:].all()  # carried forward between the sampled steps
+    assert shares[known] == pytest.approx(np.tile(truth, (known.sum(), 1)))

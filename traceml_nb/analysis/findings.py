@@ -86,7 +86,8 @@ class Summary:
     tensor_active_median_pct: float | None = None
     dram_bw_median_pct: float | None = None
     #: where the steady steps went (:mod:`traceml_nb.analysis.step_anatomy`): the median input
-    #: copy, forward, backward, optimizer step and rest of the loop, ms (host clocks)...
+    #: copy, forward, backward, optimizer step and rest of the loop, ms (host clocks; GPU time
+    #: when ``phases_on_gpu``)...
     copy_ms_median: float | None = None
     forward_ms_median: float | None = None
     backward_ms_median: float | None = None
@@ -95,6 +96,8 @@ class Summary:
     #: ...and each part's share of the steps' time, 0..1, by part (data_wait, copy, forward,
     #: backward, optimizer, other; they sum to 1); empty where the phases were not measured
     phase_shares: dict[str, float] = field(default_factory=dict)
+    #: the phases are GPU time (CUDA events), their data wait the GPU's stall for the batch
+    phases_on_gpu: bool = False
     #: steps the FLOP count slowed, left out of the statistics
     flop_counted_steps: int = 0
     #: floating-point operations of one training step (a multiply-add counts 2), counted once

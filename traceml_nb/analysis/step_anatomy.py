@@ -2,6 +2,12 @@
 optimizer's step and the rest of the loop (:mod:`traceml_nb.engine.instrument.step_phases`
 times them), as each one's median over the steady steps and its share of their time.
 
+Off a GPU the phases are host time. On a GPU every part is on the GPU timeline (the host's
+time in a forward is the kernels' launch, not their work): a step is the GPU's stall for its
+batch (a host wait the GPU spent computing the previous step is no part of it) and its span,
+from the batch's arrival to the next fetch; the phases are GPU time (CUDA events at their
+boundaries) and the rest is the span less the phases.
+
 The medians say what a typical step spends in each part; they need not add up to the median
 step. The shares do add up: each part's time summed over the steps whose phases are known,
 divided by those steps' time.
@@ -25,9 +31,10 @@ NO_PHASES = (
     "no forward of a module holding parameters, no backward and no optimizer step were seen in "
     "the steady steps"
 )
-ON_GPU = (
-    "on a GPU the phases need CUDA events at their boundaries, not recorded yet: host clocks "
-    "would time the kernel launches, not the GPU's work"
+NO_GPU_PHASES = (
+    "no steady step had its phases timed on the GPU: the phases' CUDA events are read with a "
+    "DataLoader's steps (steps told by optimizer steps or markers, as a trainer's are, carry "
+    "none), and host clocks would time the kernel launches, not the GPU's work"
 )
 
 
@@ -41,15 +48,23 @@ class StepAnatomy:
 
 
 def step_anatomy(
-    wall_ms: np.ndarray, wait_ms: np.ndarray, phase_ms: np.ndarray, *, on_gpu: bool = False
+    wall_ms: np.ndarray,
+    wait_ms: np.ndarray,
+    phase_ms: np.ndarray,
+    *,
+    gpu: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> StepAnatomy:
     """The anatomy of the steps whose ``wall_ms``, ``wait_ms`` and ``phase_ms`` (a row each,
-    ``PHASES`` columns, NaN where a row has none) are given."""
-    if on_gpu:
-        return StepAnatomy(why=ON_GPU)
+    ``PHASES`` columns, NaN where a row has none) are given; on a GPU, ``gpu`` is the steps'
+    ``(phases on the GPU timeline, GPU stall, GPU span)``, ms, NaN where unresolved, and the
+    anatomy is theirs."""
+    if gpu is not None:
+        phase_ms, stall, span = gpu
+        wall_ms, wait_ms = stall + span, stall  # NaN where either is unresolved
     known = np.isfinite(phase_ms).all(axis=1) if len(phase_ms) else np.zeros(0, bool)
+    known &= np.isfinite(wall_ms)
     if not known.any():
-        return StepAnatomy(why=NO_PHASES)
+        return StepAnatomy(why=NO_PHASES if gpu is None else NO_GPU_PHASES)
     wall, wait, phases = wall_ms[known], wait_ms[known], phase_ms[known]
     other = np.maximum(0.0, wall - wait - phases.sum(axis=1))
     medians = {name: float(np.median(phases[:, i])) for i, name in enumerate(PHASES)}

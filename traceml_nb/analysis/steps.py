@@ -38,7 +38,13 @@ from ..engine.record import (
     LoaderInfo,
     RecordSnapshot,
 )
-from ..engine.step_table import PHASE_COLUMNS, PHASE_WIDTH, StepColumns, StepTable
+from ..engine.step_table import (
+    GPU_PHASE_COLUMNS,
+    PHASE_COLUMNS,
+    PHASE_WIDTH,
+    StepColumns,
+    StepTable,
+)
 from .findings import PhaseSummary
 
 
@@ -106,9 +112,13 @@ class StepSelection:
     batch: np.ndarray  #: -1 where the batch size could not be read
     gpu_stall_ms: np.ndarray  #: NaN while pending or unavailable
     flags: np.ndarray
+    #: GPU time from the batch's arrival to the next fetch, NaN while pending or unavailable
+    gpu_span_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: each step's input copy, forward, backward and optimizer time (the record's
     #: ``PHASE_COLUMNS``, a column each), ms; NaN in a row without phases
     phase_ms: np.ndarray = field(default_factory=lambda: np.zeros((0, PHASE_WIDTH)))
+    #: the same phases on the GPU timeline (``GPU_PHASE_COLUMNS``), ms; NaN where none
+    gpu_phase_ms: np.ndarray = field(default_factory=lambda: np.zeros((0, PHASE_WIDTH)))
 
     @property
     def source(self) -> StepSource:
@@ -152,8 +162,12 @@ def select_rows(snapshot: RecordSnapshot) -> StepSelection:
         batch=_np(cols.batch, "i4")[mask],
         gpu_stall_ms=_np(cols.gpu_stall_ms, "f4")[mask].astype(np.float64),
         flags=flags,
+        gpu_span_ms=_np(cols.gpu_span_ms, "f4")[mask].astype(np.float64),
         phase_ms=np.column_stack(
             [_np(getattr(cols, name), "f8")[mask] / 1e6 for name in PHASE_COLUMNS]
+        ).reshape(-1, PHASE_WIDTH),
+        gpu_phase_ms=np.column_stack(
+            [_np(getattr(cols, name), "f8")[mask] for name in GPU_PHASE_COLUMNS]
         ).reshape(-1, PHASE_WIDTH),
     )
 

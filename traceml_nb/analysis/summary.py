@@ -56,9 +56,11 @@ class Measurements:
     wall_ms: np.ndarray  #: steady steps
     wait_ms: np.ndarray
     stall_ms: np.ndarray  #: GPU input stall, NaN where unresolved
+    span_ms: np.ndarray  #: GPU time from the batch's arrival to the next fetch, NaN likewise
     #: input copy, forward, backward and optimizer time of the steady steps (a column each,
     #: ``step_anatomy.PHASES``), NaN where a step has none
     phase_ms: np.ndarray
+    gpu_phase_ms: np.ndarray  #: the same phases on the GPU timeline (CUDA events), NaN where none
     start_s: np.ndarray
     flags: np.ndarray
     host: Window
@@ -186,7 +188,9 @@ def measure(
         wall_ms=wall,
         wait_ms=sel.wait_ms[steady],
         stall_ms=stall,
+        span_ms=sel.gpu_span_ms[steady],
         phase_ms=sel.phase_ms[steady],
+        gpu_phase_ms=sel.gpu_phase_ms[steady],
         start_s=start_s,
         flags=sel.flags[steady],
         host=host,
@@ -316,7 +320,13 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
     else:
         workers_cpu = reading("workers_cpu_median_pct", m.host_readings["workers_cpu_pct"])
 
-    anatomy = step_anatomy(wall, wait, m.phase_ms, on_gpu=m.gpu_in_use)
+    on_gpu = m.gpu_in_use
+    anatomy = step_anatomy(
+        wall,
+        wait,
+        m.phase_ms,
+        gpu=(m.gpu_phase_ms, m.stall_ms, m.span_ms) if on_gpu else None,
+    )
     medians: dict[str, Any] = {
         name: anatomy.medians_ms.get(part) for part, name in MEDIAN_FIELDS.items()
     }
@@ -370,5 +380,6 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         dram_bw_median_pct=reading("dram_bw_median_pct", m.gpm["dram_bw_median_pct"]),
         unavailable=unavailable,
         phase_shares=anatomy.shares,
+        phases_on_gpu=on_gpu and bool(anatomy.shares),
         **medians,
     )

@@ -99,7 +99,7 @@ def _sm_activity(s: Summary, v: float) -> str:
 
 def _step_phases(s: Summary, v: float) -> str:
     """``copy 1.06 ms (7%), forward 4.14 ms (28%), …``: each timed part's median and its
-    share of the steps' time."""
+    share of the steps' time (``GPU time: …`` where they were timed on the GPU)."""
     parts = []
     for part, field in MEDIAN_FIELDS.items():
         value = getattr(s, field)
@@ -107,7 +107,7 @@ def _step_phases(s: Summary, v: float) -> str:
             share = s.phase_shares.get(part)
             beside = f" ({fmt_share(share)})" if _finite(share) else ""
             parts.append(f"{part} {fmt_ms(value)}{beside}")
-    return ", ".join(parts)
+    return ("GPU time: " if s.phases_on_gpu else "") + ", ".join(parts)
 
 
 def _flops(s: Summary, v: float) -> str:

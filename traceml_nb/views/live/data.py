@@ -22,7 +22,7 @@ import numpy as np
 
 from ...analysis.steps import StepRule, rule_of
 from ...engine.record import RecordSnapshot
-from ...engine.step_table import PHASE_COLUMNS, StepColumns
+from ...engine.step_table import GPU_PHASE_COLUMNS, PHASE_COLUMNS, StepColumns
 
 NAN = float("nan")
 
@@ -171,10 +171,15 @@ class StepRows:
         rows = cls(
             column(cols.start_ns), column(cols.wall_ns), column(cols.wait_ns), column(cols.batch)
         )
+        if len(cols) and np.isfinite(np.asarray(cols.gpu_span_ms, np.float64)).any():
+            # on a GPU: the proportions of the GPU timeline (the host's are kernel launches)
+            names, rest = GPU_PHASE_COLUMNS, column(cols.gpu_span_ms, np.float64)
+        else:
+            names, rest = PHASE_COLUMNS, rows.wall_ns - rows.wait_ns
         phases = np.stack(
-            [column(getattr(cols, name), np.float64) for name in PHASE_COLUMNS], axis=1
-        ).reshape(len(rows), len(PHASE_COLUMNS))
-        rows.shares = _carried_shares(phases, rows.wall_ns - rows.wait_ns, carry)
+            [column(getattr(cols, name), np.float64) for name in names], axis=1
+        ).reshape(len(rows), len(names))
+        rows.shares = _carried_shares(phases, rest, carry)
         return rows
 
     def __len__(self) -> int:
@@ -206,8 +211,8 @@ class StepRows:
 def _carried_shares(
     phases: np.ndarray, rest_ns: np.ndarray, carry: np.ndarray | None
 ) -> np.ndarray:
-    """Each row's phases (``phases``, ns, NaN rows untimed) as shares of its ``rest_ns``,
-    carried forward from the latest timed row (``carry`` before the first)."""
+    """Each row's phases (``phases``, NaN rows untimed) as shares of its ``rest_ns`` (the same
+    unit), carried forward from the latest timed row (``carry`` before the first)."""
     n = len(rest_ns)
     out = np.full((n, len(PHASE_COLUMNS)), NAN)
     with np.errstate(divide="ignore", invalid="ignore"):
