@@ -9,7 +9,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -246,7 +246,7 @@ class StepTable:
 
 
 def _sparse_columns(
-    rows_col: array, values_col: array, dtype: type, start: int, n: int
+    rows_col: array, values_col: array, dtype: Any, start: int, n: int
 ) -> list[array]:
     """Rows ``start..start+n`` of the :data:`PHASE_WIDTH` columns kept for the rows listed in
     ``rows_col`` (ascending; their values ``PHASE_WIDTH`` a row in ``values_col``, of numpy
@@ -257,9 +257,8 @@ def _sparse_columns(
     lo, hi = bisect_left(rows, start), bisect_left(rows, start + n)
     values = np.full((n, PHASE_WIDTH), np.nan)
     if hi > lo:
-        known = np.frombuffer(values_col[lo * PHASE_WIDTH : hi * PHASE_WIDTH], dtype).reshape(
-            hi - lo, PHASE_WIDTH
-        )
+        kept = values_col[lo * PHASE_WIDTH : hi * PHASE_WIDTH]
+        known: np.ndarray = np.frombuffer(kept, dtype).reshape(hi - lo, PHASE_WIDTH)
         values[np.frombuffer(rows[lo:hi], np.int64) - start] = known
     return [_typed("d", np.ascontiguousarray(values[:, i])) for i in range(PHASE_WIDTH)]
 
