@@ -5,6 +5,7 @@ tracer, segmenter and ledger. Only the events are fakes."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -198,3 +199,17 @@ def test_the_live_chart_splits_the_rest_in_the_gpu_timelines_proportions() -> No
     known = ~np.isnan(shares).any(axis=1)
     assert known[-10:].all()  # carried forward between the sampled steps
     assert shares[known] == pytest.approx(np.tile(truth, (known.sum(), 1)))
+
+
+def test_the_mfu_on_a_gpu_is_over_the_gpu_timelines_step() -> None:
+    """A GPU-bound loop on the simulated timeline, its FLOP count as a T4 in fp16 would give:
+    the achieved FLOP/s are the step's FLOPs over its 12 ms on the GPU, the MFU against 65."""
+    run = _train(FakeTimeline(), 60, 0.5)
+    count = run.record.flops
+    assert count is not None and count.flops
+    flops = 3.9e11  # 65 TFLOP/s for 12 ms: 50% of the T4's fp16 peak in 12 ms steps
+    run.record.flops = replace(count, flops=flops, by_dtype={"fp16": flops}, device="Tesla T4")
+    summary = analyze(run.record, run.capabilities, warmup=2).summary
+    gpu_ms = COPY_MS + FORWARD_MS + BACKWARD_MS + OPTIMIZER_MS
+    assert summary.achieved_tflops == pytest.approx(flops / (gpu_ms / 1e3) / 1e12)
+    assert summary.mfu == pytest.approx(0.5) and summary.mfu_peak_tflops == 65.0

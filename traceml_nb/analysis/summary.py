@@ -238,8 +238,9 @@ def _flop_figures(
     snapshot: RecordSnapshot, m: Measurements, unavailable: dict[str, str]
 ) -> dict[str, Any]:
     """The FLOPs per step, their shares by precision, the FLOP/s they make over the median
-    rest of the steady steps, the MFU and the peak it is against (:mod:`.peak_flops`); each
-    missing one with why in ``unavailable``."""
+    rest of the steady steps (the step less its data wait; on a GPU its span on the GPU
+    timeline, from the batch's arrival to the next fetch, where resolved), the MFU and the peak
+    it is against (:mod:`.peak_flops`); each missing one with why in ``unavailable``."""
     count = snapshot.flops
     flops = float(count.flops) if count is not None and count.flops is not None else None
     achieved = None
@@ -247,7 +248,8 @@ def _flop_figures(
         why = count.why if count is not None else "the run counted no FLOPs"
         unavailable["flops_per_step"] = unavailable["achieved_tflops"] = why
     elif m.steady:
-        compute_ms = float(np.median(m.wall_ms - m.wait_ms))
+        spans = m.span_ms[np.isfinite(m.span_ms)] if m.gpu_in_use else m.span_ms[:0]
+        compute_ms = float(np.median(spans if len(spans) else m.wall_ms - m.wait_ms))
         achieved = flops / (compute_ms / 1e3) / 1e12 if compute_ms > 0 else None
     if achieved is None and "achieved_tflops" not in unavailable:
         unavailable["achieved_tflops"] = NO_STEPS
