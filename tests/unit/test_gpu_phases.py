@@ -213,3 +213,13 @@ def test_the_mfu_on_a_gpu_is_over_the_gpu_timelines_step() -> None:
     gpu_ms = COPY_MS + FORWARD_MS + BACKWARD_MS + OPTIMIZER_MS
     assert summary.achieved_tflops == pytest.approx(flops / (gpu_ms / 1e3) / 1e12)
     assert summary.mfu == pytest.approx(0.5) and summary.mfu_peak_tflops == 65.0
+
+
+def test_while_a_cuda_graph_is_captured_the_phases_record_no_event(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    timeline = FakeTimeline()
+    run = _train(timeline, 20, 30.0)
+    cols = run.record.steps.snapshot()
+    assert any(math.isfinite(v) for v in cols.forward_ns)  # the host phases, as ever
+    assert all(math.isnan(v) for v in cols.gpu_forward_ms)
+    assert timeline.records <= 2 * 21  # the fetches' events only

@@ -70,8 +70,9 @@ def install(
     if kept is not None and kept[0] is tracer:
         phases = kept[1]
     else:  # on CUDA with an event at each phase boundary, for the phases' GPU time
-        gpu_mark = tracer.gpu.mark if tracer.gpu is not None else None
-        phases = StepPhases(tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS, gpu_mark)
+        phases = StepPhases(
+            tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS, _phase_mark(tracer)
+        )
     phases.install()
     listeners = [x for x in (phases, flops) if x is not None]
     handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook(listeners))
@@ -89,6 +90,28 @@ def install(
         )
     cls.__next__ = installed.gate or wrapper
     _installed = installed
+
+
+def _phase_mark(tracer: StepTracer) -> Any:
+    """What records a phase boundary's CUDA event (None off CUDA): the stall timer's ``mark``,
+    recording nothing while the current stream captures a CUDA graph (a timing event cannot be
+    captured, and a failed call would break the user's capture)."""
+    gpu = tracer.gpu
+    if gpu is None:
+        return None
+    try:
+        import torch
+
+        capturing = torch.cuda.is_current_stream_capturing
+        capturing()
+    except Exception:  # a CPU build of torch (the tests' simulated GPU): nothing captures
+        return gpu.mark
+    mark = gpu.mark
+
+    def mark_unless_capturing() -> Any:
+        return None if capturing() else mark()
+
+    return mark_unless_capturing
 
 
 def _gate(window: ProfileWindow, wrapper: Any, installed: _Installed) -> Any:
