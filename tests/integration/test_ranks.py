@@ -98,6 +98,9 @@ def assert_rank_1_straggles(res, out_dir):
     assert ranks.samples_per_s == pytest.approx(by_rank[0].samples_per_s + by_rank[1].samples_per_s)
     assert ranks.reported == (0, 1)
     assert res.summary.total_steps == rank_fns.BATCHES
+    # the rank's phases travel with its rows (a CPU rank's host phases): the report has them
+    assert res.summary.forward_ms_median is not None and res.summary.phase_shares
+    assert sum(res.summary.phase_shares.values()) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("launcher", ["spawn", "fork"])

@@ -18,6 +18,7 @@ Where the wrapper cannot be used (under spawn, an ``fn`` that does not pickle), 
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -30,6 +31,7 @@ from .capabilities import Capabilities
 from .contracts import RunStatus
 from .rank_record import RankRecord
 from .record import LoaderInfo, RecordSnapshot, RunRecord
+from .step_table import PHASE_COLUMNS, StepColumns
 
 #: Seconds between two sends of a rank's new rows: what a rank killed mid-run loses at most.
 SEND_INTERVAL_S = 0.25
@@ -159,11 +161,13 @@ class _Sender:
                 strict=True,
             )
         )
+        phases = [None] * len(rows) if _uses_cuda() else _host_phases(cols)
         loaders = [info.to_dict() for info in snap.loaders]
         counters = (snap.optimizer_steps, snap.markers, dict(snap.first_fetch_wait_ns))
         for k in range(0, max(len(rows), 1), ROWS_PER_MESSAGE):
             chunk = rows[k : k + ROWS_PER_MESSAGE]
-            self._send(("rows", self.rank, chunk, loaders, counters))
+            part = phases[k : k + ROWS_PER_MESSAGE]
+            self._send(("rows", self.rank, chunk, loaders, counters, part))
             if not self.broken:
                 self.sent += len(chunk)
 
@@ -189,6 +193,24 @@ class _Sender:
             pass
         finally:
             _close(self.writer)
+
+
+def _uses_cuda() -> bool:
+    """This rank's process has initialised CUDA: its model runs on a GPU (a rank's run watches
+    the host only)."""
+    import torch
+
+    return bool(torch.cuda.is_initialized())
+
+
+def _host_phases(cols: StepColumns) -> list[tuple[int, int, int, int] | None]:
+    """Each row's host phases (``PHASE_COLUMNS``, ns), None where it has none. A rank on a GPU
+    sends none (:func:`_uses_cuda`): its host phases would time the kernels' launch."""
+    copy, forward, backward, optimizer = (getattr(cols, name) for name in PHASE_COLUMNS)
+    return [
+        None if math.isnan(c) else (int(c), int(f), int(b), int(o))
+        for c, f, b, o in zip(copy, forward, backward, optimizer, strict=True)
+    ]
 
 
 def _lost(rec: RankRecord) -> None:
@@ -377,8 +399,8 @@ class RankEngine:
             if kind == "start":
                 _, _, rec.pid, rec.record.t0_wall, rec.record.t0_ns = message
             elif kind == "rows":
-                _, _, rows, loaders, counters = message
-                rec.record.steps.extend(rows)
+                _, _, rows, loaders, counters, phases = message
+                rec.record.steps.extend(rows, phases)
                 rec.record.loaders = [LoaderInfo(**info) for info in loaders]
                 optimizer_steps, markers, first_fetch = counters
                 rec.record.optimizer_steps = optimizer_steps
