@@ -50,7 +50,7 @@ class StepTable:
     ``forward_ns`` ``backward_ns`` ``optimizer_ns``  host time inside the model's forward, the
                   autograd backward and the optimizer's ``step()``
                   (:mod:`traceml_nb.engine.instrument.step_phases`); ``NaN`` in a row
-                  without phases (a step that was not sampled, a rank's row)
+                  without phases (a step that was not sampled, a row of a rank on a GPU)
     ``gpu_copy_ms`` ... ``gpu_optimizer_ms``  the same phases on the GPU timeline, ms (CUDA
                   events at their boundaries; the copy from the batch's arrival to the first
                   forward's start); ``NaN`` in a row without them (off CUDA, not sampled,
