@@ -576,6 +576,65 @@ def test_the_self_check_lists_every_check_once() -> None:
 
     names = [name for name, _check, _needs in CHECKS]
     assert names == [
-        "env", "stall", "nvml", "gpm", "sampler", "samplercpu", "mapping", "hostcost", "overhead",
+        "env", "stall", "nvml", "gpm", "sampler", "samplercpu", "mapping", "hostcost", "anatomy",
+        "overhead",
     ]  # fmt: skip
     assert all(len(name) <= 10 for name in names)  # the table's column
+
+
+def test_the_anatomy_checks_hand_count_and_its_rules_on_both_sides() -> None:
+    """The FLOPs by hand are FlopCounterMode's for the same stack (run here on the CPU); each
+    rule of the verdict on both sides of its tolerance."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from traceml_nb.selfcheck.anatomy_check import (
+        FLOP_TOLERANCE,
+        MFU_TOLERANCE,
+        MIN_TIMED_STEPS,
+        PHASE_NAMES,
+        PHASE_SLACK_MS,
+        PHASE_TOLERANCE,
+        AnatomyFigures,
+        hand_flops,
+        judge_anatomy,
+    )
+
+    layers: list = []
+    for _ in range(3):
+        layers += [torch.nn.Linear(16, 16), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers)
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randn(8, 16)).float().pow(2).mean().backward()
+    assert counter.get_total_flops() == hand_flops(8, 16, 3)
+
+    hand = {name: 10.0 for name in PHASE_NAMES}
+
+    def figures(**changes) -> AnatomyFigures:
+        base = dict(
+            flops=1e12, hand_flops=1e12, mfu=0.5, hand_mfu=0.5, timed_steps=MIN_TIMED_STEPS,
+            phases_ms=dict(hand), hand_phases_ms=dict(hand),
+        )  # fmt: skip
+        return AnatomyFigures(**{**base, **changes})
+
+    assert judge_anatomy(figures()) == []
+    assert judge_anatomy(figures(flops=1e12 * (1 + FLOP_TOLERANCE * 0.99))) == []
+    assert judge_anatomy(figures(flops=1e12 * (1 + FLOP_TOLERANCE * 1.01)))
+    assert judge_anatomy(figures(flops=None))
+    assert judge_anatomy(figures(mfu=0.5 * (1 - MFU_TOLERANCE * 0.99))) == []
+    assert judge_anatomy(figures(mfu=0.5 * (1 - MFU_TOLERANCE * 1.01)))
+    assert judge_anatomy(figures(mfu=None))
+    assert judge_anatomy(figures(mfu=None, hand_mfu=None)) == []  # a GPU with no tabled peak
+    assert judge_anatomy(figures(timed_steps=MIN_TIMED_STEPS - 1))
+    near = {**hand, "backward": 10.0 * (1 + PHASE_TOLERANCE * 0.99)}
+    far = {**hand, "backward": 10.0 * (1 + PHASE_TOLERANCE * 1.01)}
+    assert judge_anatomy(figures(phases_ms=near)) == []
+    assert judge_anatomy(figures(phases_ms=far)) == [
+        "backward 11.010 ms on the GPU, by hand 10.000 ms"
+    ]
+    tiny = {**hand, "copy": 0.01}
+    assert judge_anatomy(figures(phases_ms={**tiny, "copy": 0.01 + PHASE_SLACK_MS * 0.99},
+                                 hand_phases_ms=tiny)) == []  # fmt: skip
+    assert judge_anatomy(figures(phases_ms={**tiny, "copy": 0.01 + PHASE_SLACK_MS * 1.2},
+                                 hand_phases_ms=tiny))  # fmt: skip
+    assert judge_anatomy(figures(phases_ms={}))  # no timed phase at all fails

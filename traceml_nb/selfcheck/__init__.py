@@ -17,6 +17,8 @@ module each:
                in this process and in children (:mod:`.mapping_child`).
 ``hostcost``   (:mod:`.host_cost`) the host time the tracer adds to a step of a host-bound GPU
                loop, from interleaved blocks (at most 5 us), and its event pool's reuse.
+``anatomy``    (:mod:`.anatomy_check`) a step's phases on the GPU against CUDA events of its
+               own, and the MFU of a loop whose FLOPs are known by hand.
 ``overhead``   (:mod:`.overhead`) what the tracer and the monitor add to a training loop.
 
 :mod:`.report` holds the result type, the table, the budget and the watchdog; :mod:`.cli` the

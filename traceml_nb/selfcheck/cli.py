@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from .anatomy_check import check_anatomy
 from .environment_check import check_environment
 from .gpm_check import check_gpm
 from .host_cost import check_host_cost
@@ -44,6 +45,7 @@ CHECKS: list[tuple[str, Callable[[Budget], CheckResult], float]] = [
     ("samplercpu", check_sampler_cpu, 12),
     ("mapping", check_mapping, 30),
     ("hostcost", check_host_cost, 15),
+    ("anatomy", check_anatomy, 15),
     ("overhead", check_overhead, 20),
 ]
 
