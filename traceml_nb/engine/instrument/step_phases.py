@@ -1,7 +1,9 @@
 """Where a step goes: the model's forward, the backward and the optimizer's step, timed on the
 training thread with the tracer's clock and logged as :class:`~traceml_nb.engine.events.Phase`
 events (the segmenter adds each to the step it falls in, and times the input copy: from a
-batch's arrival to the first forward after it).
+batch's arrival to the first forward after it). On CUDA each phase also records a CUDA event at
+its start and its end (:class:`PhaseClock`), from which its GPU time is read once the GPU is past
+them (:mod:`.gpu_events`).
 
 **A sample of the steps.** Hooks on a module make every call of it take torch's slower path,
 and putting them in place and taking them away costs tens of microseconds: over the budget of
