@@ -158,9 +158,9 @@ class GpuStallTimer:
 
     # --- processing: whichever thread processes the log ------------------------------------
     def take(self, steps: list[Step], released: Iterable[tuple[int, EventLike]]) -> None:
-        """Queue the closed ``steps`` (``(row, enter, exit, next enter, phases)``) for resolution, note
-        the events the segmenter let go of (``(k, event)``: no step after the first ``k`` of
-        ``steps`` holds it), and resolve what the GPU has already finished."""
+        """Queue the closed ``steps`` (``(row, enter, exit, next enter, phases)``) for
+        resolution, note the events the segmenter let go of (``(k, event)``: no step after the
+        first ``k`` of ``steps`` holds it), and resolve what the GPU has already finished."""
         before = self._queued
         self._pending.extend(steps)
         self._queued += len(steps)

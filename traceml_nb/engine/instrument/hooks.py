@@ -4,10 +4,10 @@
   replaced by the tracer's wrapper (:meth:`~.tracer.StepTracer.wrap_next`).
 * A global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``)
   reports every ``optimizer.step()``.
-* The phase instruments (:mod:`.step_phases`; on CUDA with events), on a sample of the steps: module forward hooks
-  (global ones until the model is found, then the model's own), a wrapper of
-  ``torch.autograd.backward`` and a global optimizer pre-step hook; the tracer's post-step hook
-  ends their optimizer phase.
+* The phase instruments (:mod:`.step_phases`; on CUDA with an event at each boundary), on a
+  sample of the steps: module forward hooks (global ones until the model is found, then the
+  model's own), a wrapper of ``torch.autograd.backward`` and a global optimizer pre-step hook;
+  the tracer's post-step hook ends their optimizer phase.
 
 With a profile window (``%%traceml --profile N``, :mod:`.profiler`), the fetch's wrapper and
 one more optimizer post-step hook tell the window of each step boundary until the window has
