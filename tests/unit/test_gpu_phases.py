@@ -22,6 +22,7 @@ from traceml_nb.engine.instrument.tracer import CHECK_EVERY
 from traceml_nb.engine.options import Backends
 from traceml_nb.engine.phase_ledger import PhaseLedger
 from traceml_nb.views.live.data import StepRows
+from traceml_nb.views.text import _step_phases
 
 #: GPU work each phase queues, ms
 COPY_MS, FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS = 2.0, 3.0, 6.0, 1.0
@@ -163,6 +164,7 @@ def test_the_report_gives_the_gpu_time_of_each_phase_and_the_gpu_stall_as_the_wa
     assert medians == pytest.approx([COPY_MS, FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS])
     shares = summary.phase_shares
     assert sum(shares.values()) == pytest.approx(1.0)
+    assert _step_phases(summary, 0.0).startswith("GPU time: copy 2 ms (")
     gpu_ms = COPY_MS + FORWARD_MS + BACKWARD_MS + OPTIMIZER_MS
     if host_ms < gpu_ms:  # the GPU is the limit: its phases fill the steps, it never waits
         assert shares["data_wait"] == pytest.approx(0.0, abs=0.01)
