@@ -27,7 +27,9 @@ from traceml_nb.selfcheck.paired_stats import Estimate, paired_added, paired_dif
 BUDGET_ADDED_US = 5.0  #: median added host time per step, bare loop and tiny MLP, us
 #: hot path after a conv step, beyond the floor that keeps its clocks (``keeping_floor``), us
 BUDGET_OVER_KEEPING_FLOOR_US = 2.0
-BUDGET_PROFILER_RATIO = 50.0  #: torch.profiler must add at least this many times more (30 until 12-04)
+BUDGET_PROFILER_RATIO = (
+    50.0  #: torch.profiler must add at least this many times more (30 until 12-04)
+)
 BUDGET_SAMPLER_CORE_PCT = 1.0  #: sampler thread CPU, % of one core at 10 Hz
 BUDGET_VIEW_PCT = 1.0  #: live view CPU, % of the run time at its default rate
 BUDGET_BYTES_PER_STEP = 100.0
