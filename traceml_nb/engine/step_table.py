@@ -255,11 +255,12 @@ def _sparse_columns(
 
     rows = rows_col[:]  # one atomic copy; each index is written after its values
     lo, hi = bisect_left(rows, start), bisect_left(rows, start + n)
+    if hi == lo:  # none (the GPU phases off CUDA, rows between samples): NaN, made cheaply
+        return [array("d", [NAN]) * n for _ in range(PHASE_WIDTH)]
     values = np.full((n, PHASE_WIDTH), np.nan)
-    if hi > lo:
-        kept = values_col[lo * PHASE_WIDTH : hi * PHASE_WIDTH]
-        known: np.ndarray = np.frombuffer(kept, dtype).reshape(hi - lo, PHASE_WIDTH)
-        values[np.frombuffer(rows[lo:hi], np.int64) - start] = known
+    kept = values_col[lo * PHASE_WIDTH : hi * PHASE_WIDTH]
+    known: np.ndarray = np.frombuffer(kept, dtype).reshape(hi - lo, PHASE_WIDTH)
+    values[np.frombuffer(rows[lo:hi], np.int64) - start] = known
     return [_typed("d", np.ascontiguousarray(values[:, i])) for i in range(PHASE_WIDTH)]
 
 
