@@ -15,6 +15,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+#: torch's intra-op threads, for this process and every kernel, rank and job the tests start.
+#: With one thread per core, a core taken by other work on the machine stalls each parallel
+#: region: a 10 ms CPU step then takes 60-80 ms (the demo 69 s instead of 16 s with one core
+#: busy). One thread keeps the suite's time and noise the same on a quiet and a busy machine;
+#: a test that is about threads sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: For the whole session (module fixtures, kernels and servers started by tests inherit it):
 #: never the user's ``~/.local/share/traceml_nb``.

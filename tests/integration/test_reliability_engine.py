@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import threading
 import tracemalloc
 
@@ -147,8 +148,26 @@ def test_several_dataloaders_in_turn() -> None:
     assert all(info.is_training for info in run.record.loaders)
 
 
+def _resident_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.M).group(1))
+
+
+def _reset_peak_resident() -> bool:
+    """Start the process's peak resident memory (``VmHWM``) over from what it holds now (Linux
+    4.0 on); False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def test_a_million_fast_steps_keep_memory_bounded() -> None:
-    """1,000,000 synthetic steps through the real tracer: the record stays far under 150 MB."""
+    """1,000,000 synthetic steps through the real tracer: the process's peak resident memory
+    grows far less than 150 MB (the record itself under 100 bytes a step). The peak is the
+    kernel's own (tracemalloc made the test 5x slower, and sees only what Python allocates)."""
 
     class It:
         _index_sampler = object()
@@ -162,18 +181,18 @@ def test_a_million_fast_steps_keep_memory_bounded() -> None:
 
     rec = RunRecord()
     tracer = StepTracer(rec)
-    tracemalloc.start()
-    try:
-        fetch = tracer.wrap_next(next_fn)
-        for _ in range(1_000_000):
-            fetch(it)
-        tracer.close()
-        current, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    gc.collect()
+    if not _reset_peak_resident():
+        pytest.skip("the peak resident memory cannot be reset here (/proc/self/clear_refs)")
+    before = _resident_kib("VmRSS")
+    fetch = tracer.wrap_next(next_fn)
+    for _ in range(1_000_000):
+        fetch(it)
+    tracer.close()
+    peak_growth = (_resident_kib("VmHWM") - before) * 1024
     assert len(rec.steps) == 1_000_000
     assert rec.nbytes / len(rec.steps) < 100
-    assert peak < 150 * 2**20, f"peak {peak / 2**20:.0f} MB"
+    assert peak_growth < 150 * 2**20, f"peak {peak_growth / 2**20:.0f} MB"
 
 
 def test_two_hundred_consecutive_runs_do_not_grow() -> None:

@@ -251,38 +251,36 @@ def test_fuzzed_arguments_give_a_usage_error_or_a_valid_run(ip, tokens):
         assert ip.user_ns["fuzz_ran"] == []
 
 
-#: IPython keeps every displayed output in its own history (``HistoryOutput``), ours (the
-#: report, ~4 KB of text) like any other cell's: that is IPython's memory, not a leak of ours.
-IPYTHON_OUTPUT_HISTORY = [
-    tracemalloc.Filter(False, "*/IPython/core/displaypub.py", all_frames=True),
-    tracemalloc.Filter(False, "*/IPython/core/formatters.py", all_frames=True),
-]
-
-
 #: Runs of a cell the memory test makes, and the bytes a run may leave beyond what a plain cell
 #: leaves IPython (256 KiB over 200 runs before; the same per run over fewer, faster runs).
 LEAK_RUNS = 120
 LEAK_BYTES_PER_RUN = 256 * 1024 // 200
 
 
+def _forget_displayed_outputs(ip) -> None:
+    """IPython keeps every displayed output in its own history (``HistoryOutput``), ours (the
+    report, ~4 KB of text) like any other cell's: IPython's memory, not a leak of ours."""
+    ip.history_manager.outputs.clear()
+
+
 def _growth_over_runs(ip, cell: str) -> tuple[int, int]:
     """(bytes still allocated after ``LEAK_RUNS`` runs of ``cell``, after clearing our history
-    too), leaving out IPython's record of displayed outputs."""
+    too), IPython's record of displayed outputs let go of first."""
 
     def traced() -> int:
-        snap = tracemalloc.take_snapshot().filter_traces(IPYTHON_OUTPUT_HISTORY)
-        return sum(stat.size for stat in snap.statistics("filename"))
+        _forget_displayed_outputs(ip)
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
 
+    _forget_displayed_outputs(ip)
     gc.collect()
-    tracemalloc.start(10)
+    tracemalloc.start()  # one frame: ten made a traced run 5x slower
     try:
         base = traced()
         for _ in range(LEAK_RUNS):
             assert ip.run_cell(cell, silent=True).success
-        gc.collect()
         with_history = traced()
         session_history().clear()
-        gc.collect()
         without_history = traced()
     finally:
         tracemalloc.stop()
