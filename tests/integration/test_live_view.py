@@ -709,7 +709,8 @@ def test_a_view_that_cannot_start_notes_why_and_raises_nothing(monkeypatch):
 
 def test_running_verdict_comes_from_the_analysis_at_most_once_a_second(monkeypatch):
     import traceml_nb.analysis as analysis_pkg
-    from traceml_nb.analysis.findings import TEXT, Analysis, Diagnosis, Finding
+    from traceml_nb.analysis.findings import TEXT, Diagnosis, Finding
+    from traceml_nb.analysis.pipeline import Analysis
 
     calls: list[float] = []
 

@@ -166,7 +166,8 @@ def test_the_rerun_suggestion_on_both_sides_of_its_rules():
 
 
 def test_the_report_shows_the_gpu_profile():
-    from traceml_nb.analysis.findings import Analysis, Diagnosis, Finding
+    from traceml_nb.analysis.findings import Diagnosis, Finding
+    from traceml_nb.analysis.pipeline import Analysis
     from traceml_nb.engine.capabilities import Capabilities
     from traceml_nb.views.html import render_html
     from traceml_nb.views.report_content import ReportContent, RunMeta

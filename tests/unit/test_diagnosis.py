@@ -14,7 +14,7 @@ from traceml_nb.analysis import analyze
 from traceml_nb.analysis.advice import Change, loader_changes, more_workers, worker_target
 from traceml_nb.analysis.diagnosis import BATCHED_INDEXING
 from traceml_nb.analysis.diagnosis_facts import confidence
-from traceml_nb.analysis.findings import Analysis, Diagnosis, Finding
+from traceml_nb.analysis.findings import Diagnosis, Finding
 from traceml_nb.analysis.input_bound import (
     CAUSE_CPU_SATURATED,
     CAUSE_FIRST_EPOCH,
@@ -24,6 +24,7 @@ from traceml_nb.analysis.input_bound import (
     CAUSE_UNKNOWN,
     TUNE_HINT,
 )
+from traceml_nb.analysis.pipeline import Analysis
 from traceml_nb.analysis.profile_summary import PROFILE_SUGGESTION
 from traceml_nb.analysis.thresholds import (
     CONFIDENT_STEPS,

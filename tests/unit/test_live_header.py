@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
-from traceml_nb.analysis.findings import Analysis
+from traceml_nb.analysis.pipeline import Analysis
 from traceml_nb.analysis.thresholds import MIN_STEADY_STEPS
 from traceml_nb.views.live.charts import header_html
 from traceml_nb.views.live.verdict import RunningVerdict, collecting_text

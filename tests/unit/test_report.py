@@ -11,8 +11,9 @@ import pytest
 from builders import make_summary
 
 from traceml_nb.analysis import compare
-from traceml_nb.analysis.findings import Analysis, Diagnosis, Evidence, Finding, Summary
+from traceml_nb.analysis.findings import Diagnosis, Evidence, Finding, Summary
 from traceml_nb.analysis.input_bound import CAUSE_TOO_FEW_WORKERS
+from traceml_nb.analysis.pipeline import Analysis
 from traceml_nb.engine.capabilities import Capabilities
 from traceml_nb.engine.run import NO_CUDA
 from traceml_nb.views.chart import MAX_BARS, step_chart_svg

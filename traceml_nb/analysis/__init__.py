@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ..engine.contracts import VERDICTS
 from .comparison import Comparison, ComparisonRow, compare
-from .findings import Analysis, Diagnosis, Evidence, PhaseSummary, Summary
-from .pipeline import analyze
+from .findings import Diagnosis, Evidence, PhaseSummary, Summary
+from .pipeline import Analysis, analyze
 from .steps import select_steps, step_rule
 from .warmup import detect_warmup
 

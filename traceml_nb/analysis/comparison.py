@@ -10,7 +10,7 @@ where the steps themselves cannot tell, the verdict is inconclusive.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -173,7 +173,11 @@ def _median(run: RunLike, values: np.ndarray) -> float | None:
 
 
 def _relative_row(
-    label: str, a: float | None, b: float | None, text: Any, higher_is: str
+    label: str,
+    a: float | None,
+    b: float | None,
+    text: Callable[[float | None], str],
+    higher_is: str,
 ) -> ComparisonRow:
     """A row whose delta is a relative change; ``higher_is`` good/bad/neutral."""
     if a is None or b is None or a <= 0:
@@ -187,7 +191,11 @@ def _relative_row(
 
 
 def _points_row(
-    label: str, a: float | None, b: float | None, text: Any, higher_is: str
+    label: str,
+    a: float | None,
+    b: float | None,
+    text: Callable[[float | None], str],
+    higher_is: str,
 ) -> ComparisonRow:
     """A row of two percentages (0..100) whose delta is in percentage points."""
     if a is None or b is None:

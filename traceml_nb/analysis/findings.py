@@ -252,26 +252,6 @@ class Diagnosis:
 
 
 @dataclass
-class Analysis:
-    """The summary and the diagnosis of one run, with what they were computed from (not
-    serialised): ``selection``, the run's steps (:class:`~.steps.StepSelection`), and
-    ``steady_step_ms``, the steady steps' times (ms, in step order) for comparisons."""
-
-    summary: Summary
-    diagnosis: Diagnosis
-    selection: Any = field(default=None, repr=False, compare=False)
-    steady_step_ms: Any = field(default=None, repr=False, compare=False)
-    #: the ``--profile`` capture's summary (:class:`~.profile.ProfileSummary`; None: not asked)
-    profile: Any = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"summary": self.summary.to_dict(), "diagnosis": self.diagnosis.to_dict()}
-        if self.profile is not None:
-            out["profile"] = self.profile.to_dict()
-        return out
-
-
-@dataclass
 class IdleCost:
     """What a run's idle accelerator time cost.
 

@@ -1,20 +1,50 @@
-"""``analyze``: record → summary → diagnosis, one pure function."""
+"""``analyze``: record → summary → diagnosis, one pure function, and what it returns (:class:`Analysis`)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from ..engine.capabilities import Capabilities
 from ..engine.record import RecordSnapshot, RunRecord
 from .diagnosis import diagnose
-from .findings import Analysis, Finding
+from .findings import Diagnosis, Finding, Summary
 from .profile_summary import (
     PROFILE_SUGGESTION,
     SUGGESTED_PROFILE_STEPS,
+    ProfileSummary,
     profile_cause,
     suggests_profile,
     summarize_profile,
 )
+from .steps import StepSelection
 from .summary import measure, summarize
 from .warmup import WarmupSpec
+
+
+@dataclass
+class Analysis:
+    """The summary and the diagnosis of one run, with what they were computed from (not
+    serialised): ``selection``, the run's steps (:class:`~.steps.StepSelection`), and
+    ``steady_step_ms``, the steady steps' times (ms, in step order) for comparisons."""
+
+    summary: Summary
+    diagnosis: Diagnosis
+    selection: StepSelection | None = field(default=None, repr=False, compare=False)
+    steady_step_ms: np.ndarray | None = field(default=None, repr=False, compare=False)
+    #: the ``--profile`` capture's summary (None: not asked)
+    profile: ProfileSummary | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "summary": self.summary.to_dict(),
+            "diagnosis": self.diagnosis.to_dict(),
+        }
+        if self.profile is not None:
+            out["profile"] = self.profile.to_dict()
+        return out
 
 
 def analyze(

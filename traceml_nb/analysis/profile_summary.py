@@ -16,6 +16,7 @@ import numpy as np
 from ..engine.profile_capture import PYTHON_OP, OpTotals, ProfileCapture
 from ..engine.record import FLAG_INTERLEAVED, FLAG_PROFILED
 from .findings import Finding, Summary
+from .steps import StepSelection
 from .thresholds import (
     GPU_BUSY_PCT,
     LAUNCH_BOUND_IDLE_SHARE,
@@ -139,7 +140,7 @@ def gpu_idle_share(kernels: list[tuple[float, float]], span_us: float) -> float 
     return max(0.0, 1.0 - busy / span_us)
 
 
-def _loader_share_steps(selection: Any) -> float | None:
+def _loader_share_steps(selection: StepSelection | None) -> float | None:
     """Our data wait share over the profiled steps (None without them)."""
     if selection is None or not len(selection):
         return None
@@ -150,10 +151,12 @@ def _loader_share_steps(selection: Any) -> float | None:
 
 
 def summarize_profile(
-    capture: ProfileCapture | None, selection: Any = None, has_loader: bool = True
+    capture: ProfileCapture | None,
+    selection: StepSelection | None = None,
+    has_loader: bool = True,
 ) -> ProfileSummary | None:
     """The :class:`ProfileSummary` of ``capture`` (None: no profile was asked for);
-    ``selection``: the run's steps (:class:`~.steps.StepSelection`), for our own data wait
+    ``selection``: the run's steps, for our own data wait
     share beside the profiler's."""
     if capture is None:
         return None

@@ -15,10 +15,11 @@ from typing import Any
 
 from ..engine.capabilities import Capabilities
 from ..engine.rank_record import RankRecord
-from .findings import Analysis, Summary
+from .findings import Summary
 from .formatting import fmt_ms, fmt_share
-from .pipeline import analyze
+from .pipeline import Analysis, analyze
 from .thresholds import STRAGGLER_MIN_WAIT_MS, STRAGGLER_STEP_FACTOR, STRAGGLER_WAIT_SHARE_MARGIN
+from .warmup import WarmupSpec
 
 #: Why the time in collectives is not shown per rank.
 COLLECTIVES_UNAVAILABLE = (
@@ -265,7 +266,7 @@ def summarize_ranks(figures: Sequence[RankFigures]) -> RanksSummary:
 
 
 def analyze_ranks(
-    ranks: Sequence[RankRecord], warmup: Any = "auto"
+    ranks: Sequence[RankRecord], warmup: WarmupSpec = "auto"
 ) -> tuple[RanksSummary, dict[tuple[int, int], Analysis]]:
     """Every rank's record analysed as a run of its own, and the ranks side by side; the
     analyses by ``(launch, rank)``."""

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.noise import Noise, RunPoint, estimate_noise, is_busy
 from ..analysis.thresholds import BASELINE_RUNS
 from .environment import hardware_class
 from .history import History, RunEntry, stable_name
+
+if TYPE_CHECKING:
+    from .store import Store
 
 #: The kinds of baseline (:attr:`Baseline.kind`).
 PINNED, SAME, EARLIER = "pinned", "same configuration", "earlier configuration"
@@ -86,7 +89,7 @@ STORE_LOOKBACK = 200
 def choose_baseline(
     entry: RunEntry,
     history: History | None,
-    store: Any,
+    store: Store | None,
     *,
     any_hardware: bool = False,
     before: int | None = None,
@@ -135,7 +138,7 @@ def choose_baseline(
 
 
 def machine_points(
-    entry: RunEntry, history: History | None, store: Any, *, before: int | None = None
+    entry: RunEntry, history: History | None, store: Store | None, *, before: int | None = None
 ) -> list[RunPoint]:
     """Every run of ``entry``'s hardware class the noise model may learn from: the store's
     (all names; older than store id ``before`` when given) and this session's that are not

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.comparison import Comparison
-from ..analysis.findings import Analysis, IdleCost, Summary
+from ..analysis.findings import IdleCost, Summary
+from ..analysis.pipeline import Analysis
 from ..analysis.stragglers import RanksSummary
 from ..engine.record import RecordSnapshot
 from ..engine.run import Run
@@ -197,6 +198,8 @@ def result_of(
     if run.device_kind == "cuda":
         usable = run.capabilities.ok("gpu_events")
         device = f"cuda:{run.cuda_index}" + ("" if usable else ", not available")
+    selection = analysis.selection
+    assert selection is not None, "analyze() keeps the steps it chose"
     return RunResult(
         name=run.name,
         status=entry.status,
@@ -206,7 +209,7 @@ def result_of(
         summary=analysis.summary,
         diagnosis=analysis.diagnosis,
         capabilities=run.capabilities,
-        steps=step_arrays(concluded.snapshot, analysis.selection, analysis.summary.warmup_steps),
+        steps=step_arrays(concluded.snapshot, selection, analysis.summary.warmup_steps),
         samples=sample_columns(concluded.snapshot),
         device=device,
         comparison=compared.previous,

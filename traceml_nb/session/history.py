@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.configuration import Configuration, configuration_of
-from ..analysis.findings import Analysis, Diagnosis, Summary
+from ..analysis.findings import Diagnosis, Summary
+from ..analysis.pipeline import Analysis
 from ..analysis.thresholds import MAX_STORED_STEPS
 from ..engine.contracts import END_STATUSES, EndStatus
 from .environment import hardware_class
@@ -268,7 +269,7 @@ def entry_from(run_like: Run, analysis: Analysis) -> RunEntry:
         elapsed_s=float(getattr(run_like, "elapsed_s", 0.0)),
         summary=analysis.summary,
         diagnosis=analysis.diagnosis,
-        step_ms=downsample(analysis.steady_step_ms),
+        step_ms=[] if analysis.steady_step_ms is None else downsample(analysis.steady_step_ms),
         loaders=[info.to_dict() for info in run_like.record.loaders],
         named=named,
         rank=getattr(run_like, "rank", None),

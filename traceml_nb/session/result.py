@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Protocol
 
 from ..analysis.comparison import Comparison
-from ..analysis.findings import Analysis, Diagnosis, IdleCost, Summary
+from ..analysis.findings import Diagnosis, IdleCost, Summary
 from ..analysis.formatting import fmt_ms
+from ..analysis.pipeline import Analysis
 from ..analysis.profile_summary import ProfileSummary
 from ..analysis.steps import StepSelection
 from ..analysis.stragglers import RanksSummary

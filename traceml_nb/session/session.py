@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..engine.options import RunOptions
 from ..engine.run import Run
@@ -33,6 +34,12 @@ from .conclusion import (
 from .history import History, RunEntry
 from .result import Renderer, RunResult
 from .store_place import lost_with_the_runtime
+
+if TYPE_CHECKING:
+    from ..analysis.comparison import Comparison
+    from ..tune.predict import TuneResult
+    from .baselines import Baseline
+    from .store import Store
 
 
 class Session:
@@ -63,7 +70,7 @@ class Session:
         self.id = uuid.uuid4().hex[:12]  #: this session's id in the store
         self.last_write_s: float | None = None  #: seconds the last store write took
         #: the tunings of this session (``%traceml tune``), oldest first, at most MAX_TUNINGS
-        self.tunings: list[Any] = []
+        self.tunings: list[TuneResult] = []
         #: the stores this session has said go with the runtime (Colab, Kaggle), by path
         self.place_noted: set[str] = set()
 
@@ -73,7 +80,7 @@ class Session:
         return Run(name, session=self, **options)
 
     # --- the store --------------------------------------------------------------------------
-    def store(self, option: str | os.PathLike[str] | bool | None = None) -> Any:
+    def store(self, option: str | os.PathLike[str] | bool | None = None) -> Store | None:
         """The :class:`~.store.Store` runs go to (``option`` as ``--store``/``--no-store``
         give it, else this session's), or None when storing is off."""
         from .store import Store, resolve_store_path
@@ -86,8 +93,8 @@ class Session:
         return Store(path, create_dir=not explicit)
 
     def baseline_for(
-        self, entry: RunEntry, store: Any = None, *, any_hardware: bool = False
-    ) -> Any:
+        self, entry: RunEntry, store: Store | None = None, *, any_hardware: bool = False
+    ) -> Baseline:
         """The :class:`~.baselines.Baseline` of ``entry`` (:func:`~.baselines.choose_baseline`:
         its pinned runs, else the runs of its configuration, else those of the configuration
         before it; from the store when the run has a stable name and the store can be read,
@@ -156,7 +163,7 @@ class Session:
         *,
         run: Run | None = None,
         log_steps: bool | None = None,
-        render: Any = None,
+        render: Callable[[RunResult], str] | None = None,
     ) -> list[str]:
         """Log ``result`` to the experiment trackers (:mod:`.trackers`) that ``log_to`` names,
         else ``run``'s, else this session's, else ``TRACEML_NB_LOG_TO``; the lines saying what
@@ -183,7 +190,7 @@ class Session:
         return lines
 
     # --- tuning -----------------------------------------------------------------------------
-    def tune(self, ref: int | str | None = None, **options: Any) -> Any:
+    def tune(self, ref: int | str | None = None, **options: Any) -> TuneResult:
         """Tune the training DataLoader of run ``ref`` (default: the latest run) and keep the
         tuning (:func:`traceml_nb.tune.of_run.tune_run`; ``options``, ``loader`` and
         ``namespace`` among them, as it takes them). ``LookupError`` saying why when there is
@@ -204,7 +211,7 @@ class Session:
             return None
         return prediction_for(entry, self.tunings, self.history.same_cell(entry))
 
-    def _comparisons(self, entry: RunEntry, target: Any) -> Compared:
+    def _comparisons(self, entry: RunEntry, target: Store | None) -> Compared:
         """The run against its baseline, its previous run and its best run
         (:func:`~.conclusion.compare_with_earlier`)."""
         return compare_with_earlier(entry, self.history, self.baseline_for(entry, target), target)
@@ -222,7 +229,7 @@ class Session:
         return pair(self.history, before, after)
 
     def compare_refs(
-        self, before: int | str, after: int | str, *, store: Any = None
+        self, before: int | str, after: int | str, *, store: Store | None = None
     ) -> tuple[RunEntry, RunEntry, str]:
         """Like :meth:`pair`, where a ref may also be a stored run, ``@17`` (read from
         ``store``, default :meth:`store`; :func:`~.refs.resolve_pair`)."""
@@ -232,7 +239,7 @@ class Session:
         target = store if store is not None or not stored else self.store()
         return resolve_pair(self.history, before, after, target)
 
-    def compare(self, before: int | str, after: int | str) -> Any:
+    def compare(self, before: int | str, after: int | str) -> Comparison:
         """Run ``after`` against run ``before`` (numbers or names, as :meth:`pair` takes
         them)."""
         from ..analysis import compare as compare_runs

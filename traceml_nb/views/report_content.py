@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..analysis.findings import Analysis
+from ..analysis.pipeline import Analysis
 from ..analysis.profile_summary import ProfileSummary
 from ..analysis.stragglers import RanksSummary
 from ..engine.capabilities import Capabilities

@@ -11,7 +11,7 @@ near a threshold does not flip from one tick to the next, while a run that reall
 
 from __future__ import annotations
 
-from ...analysis.findings import Analysis
+from ...analysis.pipeline import Analysis
 from ...analysis.thresholds import MIN_STEADY_STEPS
 from ..diagnosis_words import sentence
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from bokeh.models import ColumnDataSource
 
-from ...analysis.findings import Analysis
+from ...analysis.pipeline import Analysis
 from ...analysis.thresholds import MIN_STEADY_STEPS
 from ...engine.capabilities import Capabilities
 from ...engine.record import RecordSnapshot
