@@ -50,7 +50,9 @@ def fit(loader, model=None, opt=None, stop_after: int | None = None) -> int:
 
 
 def test_an_exception_inside_a_worker_reaches_the_user_unchanged() -> None:
-    loader = DataLoader(FailingDataset(), batch_size=4, num_workers=2)
+    # one worker: torch takes 5 s per worker to shut down a loader whose worker raised (its
+    # join timeout), traced or not, once the iterator is collected
+    loader = DataLoader(FailingDataset(), batch_size=4, num_workers=1)
     with pytest.raises(ValueError, match="corrupt image at index 21"):
         with traceml_nb.Run("worker-error", sample=True) as run:
             fit(loader)
