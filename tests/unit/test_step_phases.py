@@ -323,6 +323,35 @@ def test_the_sampling_keeps_to_its_interval_at_the_steps_pace(monkeypatch) -> No
     assert ons == 2 + (1000 - 2 - step_phases.FIRST_SKIP - 1) // 51
 
 
+def test_after_the_early_samples_the_sampling_spaces_out(monkeypatch) -> None:
+    """One step in every EARLY_SAMPLE_INTERVAL_S until EARLY_SAMPLES were timed, then one in
+    every SAMPLE_INTERVAL_S (steps of 1 ms: every 51st step, then every 201st)."""
+    monkeypatch.setattr(step_phases, "EARLY_SAMPLE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 0.2)
+    now = [0]
+    log: list = []
+    phases = StepPhases(log, lambda: now[0], lambda: None, 1 << 20)
+    optimizer = object()
+    phases.install()
+    on_at: list[int] = []
+    try:
+        for step in range(12_000):
+            now[0] += 1_000_000
+            phases.countdown -= 1
+            if phases.countdown <= 0:
+                was_on = phases.sampling
+                phases.optimizer_step_ended(optimizer)
+                if phases.sampling and not was_on:
+                    on_at.append(step)
+    finally:
+        phases.remove()
+    gaps = [b - a for a, b in zip(on_at, on_at[1:], strict=False)]
+    early = step_phases.EARLY_SAMPLES
+    assert phases.samples == len(on_at) + 1  # and the first step's, at install
+    assert set(gaps[2 : early - 2]) == {51}
+    assert set(gaps[early + 1 :]) == {201}
+
+
 def test_a_step_inside_a_step_of_the_same_optimizer_is_one_optimizer_phase() -> None:
     log: list = []
     phases = StepPhases(log, time.perf_counter_ns, lambda: None, 1 << 20)

@@ -32,7 +32,8 @@ from .results import FAIL, PASS, Budget, CheckResult
 ANATOMY_LAYERS = 4
 ANATOMY_WIDTH = 4096
 ANATOMY_BATCH = 4096
-#: Steps whose phases the run must have timed (it times one step in every SAMPLE_INTERVAL_S).
+#: Steps whose phases the run must have timed (fewer than EARLY_SAMPLES: it times one step in
+#: every EARLY_SAMPLE_INTERVAL_S).
 MIN_TIMED_STEPS = 8
 FLOP_TOLERANCE = 0.05  #: the run's FLOPs a step against the hand count, relative
 MFU_TOLERANCE = 0.10  #: the run's MFU against the hand MFU, relative
@@ -136,11 +137,11 @@ def check_anatomy(budget: Budget) -> CheckResult:
     torch = torch_module()
     from ..analysis.peak_flops import peak_for
     from ..analysis.pipeline import analyze
-    from ..engine.instrument.step_phases import SAMPLE_INTERVAL_S
+    from ..engine.instrument.step_phases import EARLY_SAMPLE_INTERVAL_S
 
     _, warm, _ = _measure(torch, 6)  # compiles the kernels; times a step
     step_ms = statistics.median(warm[k][0].elapsed_time(warm[k + 1][0]) for k in range(1, 5))
-    wanted_s = 3 * MIN_TIMED_STEPS * SAMPLE_INTERVAL_S
+    wanted_s = 3 * MIN_TIMED_STEPS * EARLY_SAMPLE_INTERVAL_S
     steps = max(40, min(5000, math.ceil(wanted_s * 1e3 / max(step_ms, 1e-3))))
     if not budget.allows(steps * step_ms / 1e3 * 1.5 + 5):
         steps = 40

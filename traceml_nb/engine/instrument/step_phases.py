@@ -8,7 +8,8 @@ them (:mod:`.gpu_events`).
 **A sample of the steps.** Hooks on a module make every call of it take torch's slower path,
 and putting them in place and taking them away costs tens of microseconds: over the budget of
 a sub-millisecond step if paid on every one. So the phases are timed on the first step and
-then on one step in about every :data:`SAMPLE_INTERVAL_S` of training: the instruments are put
+then on one step in about every :data:`EARLY_SAMPLE_INTERVAL_S` of training, and every
+:data:`SAMPLE_INTERVAL_S` once :data:`EARLY_SAMPLES` were taken: the instruments are put
 in place at an optimizer step's end and taken away at the same optimizer's next one (where a
 GAN's other optimizer stepped in between, at the one after), and each switch is logged
 (:class:`~traceml_nb.engine.events.Sampling`), so the segmenter gives phases to the steps that
@@ -47,11 +48,16 @@ from typing import Any, cast
 from ..events import BACKWARD, FORWARD, OPTIMIZER, PHASE, SAMPLING
 from .whole_step import WholeStep
 
-#: The phases are timed on about one step in this much training time, s (and on the first):
-#: a sample costs about 70 us on the 2-core VM (the tiny MLP's step with the hooks, and the
-#: hooks put in place and taken away), so at most 0.15% of the run's time; a 0.8 ms step is
-#: sampled once in about 60, a step of 50 ms or more every other step.
-SAMPLE_INTERVAL_S = 0.05
+#: The phases are timed on the first step, then on about one step in this much training time,
+#: s, until :data:`EARLY_SAMPLES` steps were timed (so that a run of a few seconds, the demo's,
+#: still times a few dozen)...
+EARLY_SAMPLE_INTERVAL_S = 0.05
+EARLY_SAMPLES = 32
+#: ...and from then on one step in this much, s. A sample costs about 70 us on the 2-core VM
+#: (the tiny MLP's step with the hooks, and the hooks put in place and taken away), and makes
+#: the steps around it slower too: sampled every 0.05 s, the tiny MLP's median step (0.8 ms)
+#: grew by 4-6 us more than sampled every 0.2 s (benchmarks/README.md, 2026-12-05).
+SAMPLE_INTERVAL_S = 0.2
 #: Optimizer steps skipped after the first sample, before the steps' pace is known.
 FIRST_SKIP = 4
 #: A sample ends after this many optimizer step ends whatever it waits for (an optimizer's
@@ -159,8 +165,11 @@ class StepPhases:
         gpu_mark: Callable[[], Any] | None = None,
     ):
         self.clock = PhaseClock(log, clock, check, max_log, gpu_mark)
-        #: the time between samples, ns (read from the module when the run starts)
+        #: the time between samples, ns, and before :data:`EARLY_SAMPLES` were taken (read from
+        #: the module when the run starts; never more than the later one)
         self.interval_ns = int(SAMPLE_INTERVAL_S * 1e9)
+        self.early_interval_ns = int(min(EARLY_SAMPLE_INTERVAL_S, SAMPLE_INTERVAL_S) * 1e9)
+        self.samples = 0  #: the samples taken (the sampling turned on)
         self._off_at_ns = 0  #: when the sampling last turned off (clock)
         self._skipped = 0  #: the optimizer steps it stayed off for since
         self._last_on_ns = 0  #: when it last turned on (clock)
@@ -290,13 +299,15 @@ class StepPhases:
             self._ends += 1
 
     def _skip(self) -> int:
-        """Optimizer steps to stay off for: about :attr:`interval_ns` at the pace of the steps
-        skipped last time (the first time, :data:`FIRST_SKIP`)."""
+        """Optimizer steps to stay off for: about :attr:`early_interval_ns`, then
+        :attr:`interval_ns`, at the pace of the steps skipped last time (the first time,
+        :data:`FIRST_SKIP`)."""
         now = self.clock.clock()
         skip = FIRST_SKIP
         if self._skipped and self._off_at_ns:
             per_step = (self._last_on_ns - self._off_at_ns) / self._skipped
-            skip = max(1, min(1 << 20, round(self.interval_ns / max(per_step, 1.0))))
+            interval = self.early_interval_ns if self.samples < EARLY_SAMPLES else self.interval_ns
+            skip = max(1, min(1 << 20, round(interval / max(per_step, 1.0))))
         self._off_at_ns, self._skipped = now, skip
         return skip
 
@@ -306,6 +317,7 @@ class StepPhases:
         self.sampling = on
         self.clock.log.append((SAMPLING, on))
         if on:
+            self.samples += 1
             self._put_in_place()
             return
         for handle in self._handles:
