@@ -722,7 +722,10 @@ def _train_and_evaluate(reader: bool) -> traceml_nb.Run:
 
         def read() -> None:
             with run.reading():
-                while not stop.is_set():
+                # a read every half millisecond: a reader that never lets go of the GIL makes
+                # each step wait out the switch interval (60-120 s instead of 2 s with one torch
+                # thread), which a live view's few reads a second never do
+                while not stop.wait(0.0005):
                     run.snapshot()
                     len(run.record.steps.snapshot().wall_ns)
 
