@@ -117,7 +117,9 @@ def _whole_number(option: str, value: object, low: int, high: int) -> str:
     return ""
 
 
-def _fail(name: str, why: str, max_slowdown: float, path: str | None, status: str = ERROR) -> Any:
+def _fail(
+    name: str, why: str, max_slowdown: float, path: str | None, status: str = ERROR
+) -> CheckResult:
     return CheckResult(EXIT_NO_VERDICT, status, name, why, max_slowdown, path)
 
 

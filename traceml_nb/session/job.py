@@ -20,6 +20,7 @@ from typing import Any
 
 from ..analysis.findings import Summary
 from ..analysis.stragglers import RankFigures, RanksSummary, summarize_ranks
+from ..engine.run import Run
 from .result import JobRank
 
 #: Seconds each rank waits for the other ranks at the gather (creating our gloo group, then
@@ -35,7 +36,7 @@ GATHER_TIMEOUT_S = 30.0
 NOT_GATHERED = "the job's ranks were not gathered"
 
 
-def job_rank(run: Any) -> JobRank | None:
+def job_rank(run: Run) -> JobRank | None:
     """The run's place in a job (its ``RANK`` and ``WORLD_SIZE``), or None: not a rank of a
     job, or a run that launched ranks itself (the notebook's: its report is theirs)."""
     rank, world = getattr(run, "rank", None), getattr(run, "world_size", None)
