@@ -36,6 +36,7 @@ from .baselines import SAME, across_sessions, choose_baseline, machine_points, n
 from .environment import hardware_class
 from .history import RunEntry
 from .store import Store, StoreEmpty, StoreError, resolve_store_path
+from .store_rows import StoredRow
 from .stored_jobs import StoredJob, job_of, run_hardware, split_jobs, steady_steps, step_median_ms
 
 EXIT_OK, EXIT_REGRESSION, EXIT_NO_VERDICT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
@@ -201,18 +202,15 @@ def check(
             unjudged = _unjudged_job(name, job, max_slowdown, path)
             if unjudged is not None:
                 return unjudged
-            candidate = job.slowest
+            slowest = job.slowest
+            assert slowest is not None  # a job without one was not judged, just above
+            candidate = slowest
         hardware = None if any_hardware else hardware_class(candidate.environment)
         kind = SAME
         if against == "baseline":
+            for_baseline = first if job is None else candidate
             baseline, units, skipped, kind = _baseline(
-                target,
-                name,
-                first if job is None else candidate,
-                job,
-                hardware,
-                any_hardware,
-                baseline_runs,
+                target, name, for_baseline, job, hardware, any_hardware, baseline_runs
             )
         else:
             text = str(against).strip().lstrip("@")
@@ -416,7 +414,7 @@ def _baseline(
         runs = target.baseline(name, hardware=hardware, before=candidate.stored_id, k=k, alone=True)
         runs = [r for r in runs if r.stored_id != candidate.stored_id]
         return (*_stand_for_jobs(target, runs, exclude=job), "pinned")
-    kept: list[StoredJob] = []
+    kept: list[tuple[StoredJob[StoredRow], StoredRow]] = []  # a job and its slowest rank
     skipped = []
     for other in split_jobs(target.job_rows(name)):
         slowest = other.slowest
@@ -431,11 +429,11 @@ def _baseline(
         elif slowest is None or steady_steps(slowest) < 2:
             skipped.append(f"{other.label()} has a rank without steady steps")
         else:
-            kept.append(other)
+            kept.append((other, slowest))
     kept = kept[-k:]
-    by_id = {r.stored_id: r for r in target.entries([j.slowest.id for j in kept])}
-    units: list[StoredJob | None] = [*kept]
-    return [by_id[j.slowest.id] for j in kept], units, skipped, SAME
+    by_id = {r.stored_id: r for r in target.entries([row.id for _, row in kept])}
+    units: list[StoredJob | None] = [unit for unit, _ in kept]
+    return [by_id[row.id] for _, row in kept], units, skipped, SAME
 
 
 def _stand_for_jobs(
@@ -446,7 +444,7 @@ def _stand_for_jobs(
     out: list[RunEntry] = []
     units: list[StoredJob | None] = []
     skipped: list[str] = []
-    jobs: dict[str, list[StoredJob]] = {}
+    jobs: dict[str, list[StoredJob[RunEntry]]] = {}
     for run in runs:
         if run.job_id is None:
             out.append(run)
@@ -458,13 +456,14 @@ def _stand_for_jobs(
         unit = job_of(jobs[key], run.id)
         if unit is None or any(u is unit for u in units):
             continue
+        slowest = unit.slowest
         if exclude is not None and set(unit.ids) & set(exclude.ids):
             skipped.append(f"@{run.id} is a rank of the job being checked")
-        elif unit.partial_reasons() or unit.slowest is None:
+        elif unit.partial_reasons() or slowest is None:
             why = "; ".join(unit.partial_reasons()) or "a rank without steady steps"
             skipped.append(f"@{run.id} is a rank of {unit.label()}, which is partial ({why})")
         else:
-            out.append(unit.slowest)
+            out.append(slowest)
             units.append(unit)
     return out, units, skipped
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..analysis.formatting import fmt_ms
 from ..analysis.stragglers import RankFigures, slowest_rank
@@ -39,6 +39,9 @@ SLOWEST_RANK_TIE = 0.01
 
 #: A rank's stored run: in full (:class:`RunEntry`) or as the store lists it (:class:`StoredRow`).
 StoredRun = RunEntry | StoredRow
+#: The kind of run a :class:`StoredJob` holds: a job read in full holds :class:`RunEntry`, one
+#: read from the store's listing :class:`StoredRow`, never both.
+R = TypeVar("R", RunEntry, StoredRow)
 
 
 def _store_id(run: StoredRun) -> int:
@@ -87,12 +90,12 @@ def run_hardware(run: StoredRun) -> str:
 
 
 @dataclass
-class StoredJob:
+class StoredJob(Generic[R]):
     """The stored runs of one ``torchrun`` job of one name (``runs``: :class:`RunEntry` or
     :class:`~.store_rows.StoredRow`, in rank order, one run a rank)."""
 
     job_id: str
-    runs: list[StoredRun]
+    runs: list[R]
 
     @property
     def ids(self) -> list[int]:
@@ -116,7 +119,7 @@ class StoredJob:
         return [k for k in range(self.world_size) if k not in stored]
 
     @property
-    def failed(self) -> list[StoredRun]:
+    def failed(self) -> list[R]:
         """The ranks' runs that did not complete (failed or interrupted)."""
         return [r for r in self.runs if r.status != "completed"]
 
@@ -126,7 +129,7 @@ class StoredJob:
         return not self.failed and not self.missing_ranks and len(self.runs) == self.world_size
 
     @property
-    def slowest(self) -> Any:
+    def slowest(self) -> R | None:
         """The rank's run the job is judged by
         (:func:`~traceml_nb.analysis.stragglers.slowest_rank`, the rule of the report and the live
         header, ranks within ``SLOWEST_RANK_TIE`` of the longest median tied). None when a rank
@@ -208,12 +211,12 @@ class StoredJob:
         return ", ".join(parts)
 
 
-def split_jobs(runs: Sequence[StoredRun]) -> list[StoredJob]:
+def split_jobs(runs: Sequence[R]) -> list[StoredJob[R]]:
     """The runs of one name that belong to jobs (``job_id`` set), as jobs in the order of
     their first stored run: the runs of one job id in store order, a new job where a rank
     already seen stores again (see the module docstring)."""
-    jobs: list[StoredJob] = []
-    current: dict[str, StoredJob] = {}
+    jobs: list[StoredJob[R]] = []
+    current: dict[str, StoredJob[R]] = {}
     for run in sorted(runs, key=_store_id):
         job_id = run.job_id
         if job_id is None:
@@ -228,6 +231,6 @@ def split_jobs(runs: Sequence[StoredRun]) -> list[StoredJob]:
     return jobs
 
 
-def job_of(jobs: list[StoredJob], run_id: int) -> StoredJob | None:
+def job_of(jobs: list[StoredJob[R]], run_id: int) -> StoredJob[R] | None:
     """The job of ``jobs`` that holds the run ``run_id``."""
     return next((j for j in jobs if run_id in j.ids), None)
