@@ -4,9 +4,9 @@ exit codes, its cleanup after Ctrl-C and SIGTERM, and its text, markdown and JUn
 
 Each run of the training script is a fresh Python process importing torch (2-7 s on a busy
 2-core machine; it makes no ``torch.optim`` optimizer, whose first construction imports torch's
-compiler, another 1-2 s), so the gates here use few rounds and ~60 steps of ~6 ms. The slowdown of the
-regression case is added compute (matrix products, ~2.5x the step), which a loaded machine only
-makes larger; nothing here times anything against the clock.
+compiler, another 1-2 s), so the gates here use few rounds and ~60 steps of ~6 ms. The slowdown
+of the regression case is added compute (matrix products, ~2.5x the step), which a loaded
+machine only makes larger; nothing here times anything against the clock.
 """
 
 from __future__ import annotations

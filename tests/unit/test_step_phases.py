@@ -301,21 +301,33 @@ def test_a_loop_with_neither_a_loader_nor_an_optimizer_keeps_its_log_bounded() -
     assert len(log) == 49  # removed: nothing more is logged
 
 
-def test_the_sampling_keeps_to_its_interval_at_the_steps_pace(monkeypatch) -> None:
-    monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 0.05)
+def _one_ms_steps(steps: int) -> tuple[StepPhases, list, list[int]]:
+    """``steps`` optimizer steps of 1 ms on a made-up clock, each ended by the tracer's
+    optimizer hook as it calls the phases (its countdown): the phases (removed after), their
+    log, and the steps at which the sampling turned on (not the first step's, at install)."""
     now = [0]
     log: list = []
     phases = StepPhases(log, lambda: now[0], lambda: None, 1 << 20)
     optimizer = object()
     phases.install()
+    on_at: list[int] = []
     try:
-        for _ in range(1000):  # steps of 1 ms: the tracer's optimizer hook at each one's end
+        for step in range(steps):
             now[0] += 1_000_000
             phases.countdown -= 1
             if phases.countdown <= 0:
+                was_on = phases.sampling
                 phases.optimizer_step_ended(optimizer)
+                if phases.sampling and not was_on:
+                    on_at.append(step)
     finally:
         phases.remove()
+    return phases, log, on_at
+
+
+def test_the_sampling_keeps_to_its_interval_at_the_steps_pace(monkeypatch) -> None:
+    monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 0.05)
+    _, log, _ = _one_ms_steps(1000)
     turns = [on for kind, on in log if kind == SAMPLING]
     assert turns[:4] == [True, False, True, False]
     ons = turns.count(True)
@@ -328,23 +340,7 @@ def test_after_the_early_samples_the_sampling_spaces_out(monkeypatch) -> None:
     every SAMPLE_INTERVAL_S (steps of 1 ms: every 51st step, then every 201st)."""
     monkeypatch.setattr(step_phases, "EARLY_SAMPLE_INTERVAL_S", 0.05)
     monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 0.2)
-    now = [0]
-    log: list = []
-    phases = StepPhases(log, lambda: now[0], lambda: None, 1 << 20)
-    optimizer = object()
-    phases.install()
-    on_at: list[int] = []
-    try:
-        for step in range(12_000):
-            now[0] += 1_000_000
-            phases.countdown -= 1
-            if phases.countdown <= 0:
-                was_on = phases.sampling
-                phases.optimizer_step_ended(optimizer)
-                if phases.sampling and not was_on:
-                    on_at.append(step)
-    finally:
-        phases.remove()
+    phases, _, on_at = _one_ms_steps(12_000)
     gaps = [b - a for a, b in zip(on_at, on_at[1:], strict=False)]
     early = step_phases.EARLY_SAMPLES
     assert phases.samples == len(on_at) + 1  # and the first step's, at install

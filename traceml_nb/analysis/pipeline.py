@@ -1,4 +1,5 @@
-"""``analyze``: record → summary → diagnosis, one pure function, and what it returns (:class:`Analysis`)."""
+"""``analyze``: record → summary → diagnosis, one pure function; :class:`Analysis`, what it
+returns."""
 
 from __future__ import annotations
 
