@@ -140,10 +140,14 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
         assert prediction is not None and prediction.recommended
         if attempt == 0:  # the loop closed: the comparison shows the prediction beside it
             assert prediction.predicted_ms == pytest.approx(tuning.predicted_ms)
-            assert "%traceml tune of #1 quickstart predicted" in headline(fixed.comparison)
+            beside = next(c for c in fixed.comparisons if c.comparison is fixed.comparison)
+            assert beside.prediction is prediction  # beside the comparison with the previous run
+            assert "%traceml tune of #1 quickstart predicted" in headline(
+                beside.comparison, beside.prediction
+            )
             assert any(
                 r.label.startswith("step time predicted by %traceml tune")
-                for r in rows(fixed.comparison)
+                for r in rows(beside.comparison, beside.prediction)
             )
             assert "%traceml tune of #1 quickstart predicted" in out
         # the prediction is for the compute the tuned run had; made again for the compute this

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .findings import Changes
 from .formatting import fmt_share
@@ -195,9 +195,26 @@ def steal_sentence(share: float | None, baseline: float | None) -> str | None:
     return f"{_steal_phrase(share)} ({fmt_share(baseline)} during the baseline)"
 
 
+class RunSetup(Protocol):
+    """What :func:`what_changed` reads of a run (a history entry,
+    :class:`~traceml_nb.session.history.RunEntry`)."""
+
+    @property
+    def source(self) -> str | None: ...  # the cell's text
+
+    @property
+    def loaders(self) -> list[dict[str, Any]]: ...  # LoaderInfo.to_dict() each
+
+    @property
+    def environment(self) -> dict[str, Any]: ...  # capture_environment(), {} when not captured
+
+    @property
+    def load(self) -> dict[str, Any]: ...  # ``other_cpu_share``, ``steal_share``
+
+
 def what_changed(
-    before: Any,
-    after: Any,
+    before: RunSetup | None,
+    after: RunSetup | None,
     *,
     verdict: str | None = None,
     baseline_load_share: float | None = None,
@@ -205,11 +222,11 @@ def what_changed(
 ) -> Changes:
     """What differs from run ``before`` (the latest baseline run) to run ``after``: both have
     ``source``, ``loaders`` (dicts), ``environment`` and ``load`` (``other_cpu_share``,
-    ``steal_share``). ``baseline_load_share`` and ``baseline_steal_share`` (default:
+    ``steal_share``; None: a run not known, nothing said of it). ``baseline_load_share`` and ``baseline_steal_share`` (default:
     ``before``'s) are the baseline's load; ``verdict`` the comparison's ("slower" lets the
     summary say whose slowdown it is)."""
-    before_load = getattr(before, "load", None) or {}
-    after_load = getattr(after, "load", None) or {}
+    before_load = before.load if before is not None else {}
+    after_load = after.load if after is not None else {}
     base_load = (
         baseline_load_share
         if baseline_load_share is not None
@@ -221,12 +238,10 @@ def what_changed(
     share = after_load.get("other_cpu_share")
     steal = after_load.get("steal_share")
     changes = Changes(
-        code=source_diff(getattr(before, "source", None), getattr(after, "source", None)),
-        settings=loader_changes(
-            list(getattr(before, "loaders", []) or []), list(getattr(after, "loaders", []) or [])
-        ),
+        code=source_diff(before.source if before else None, after.source if after else None),
+        settings=loader_changes(before.loaders if before else [], after.loaders if after else []),
         environment=environment_changes(
-            getattr(before, "environment", None) or {}, getattr(after, "environment", None) or {}
+            before.environment if before else {}, after.environment if after else {}
         ),
         load=load_sentence(share, base_load),
         load_share=share,

@@ -76,9 +76,6 @@ class Comparison:
     no_steady_ids: list[int] = field(default_factory=list)
     #: the noise model saw a change, but the step-level bootstrap interval includes none
     steps_overlap: bool = False
-    #: what a tuning predicted for the candidate's loader settings
-    #: (:class:`~traceml_nb.tune.prediction.Prediction`, set by the session)
-    prediction: Any = None
     #: the run-to-run noise the verdict was judged against
     noise: Noise | None = None
     #: the verdict's figures: the change, its bounds, how many more runs would decide
@@ -117,7 +114,6 @@ class Comparison:
             "after_ms": self.after_ms,
             "no_steady_ids": list(self.no_steady_ids),
             "steps_overlap": self.steps_overlap,
-            "prediction": self.prediction.to_dict() if self.prediction is not None else None,
             "noise": self.noise.to_dict() if self.noise is not None else None,
             "judgement": self.judgement.to_dict() if self.judgement is not None else None,
             "after_busy": self.after_busy,

@@ -17,9 +17,21 @@ themselves; the segmenter names them by ``id()``, which is only reused once an o
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 from .record import LoaderInfo
+
+
+class EventLike(Protocol):
+    """A CUDA event as the instruments use one (``torch.cuda.Event(enable_timing=True)``, or a
+    test's simulated one): recorded on a stream, queried without blocking, timed against
+    another, ms."""
+
+    def record(self, stream: Any = None) -> None: ...
+    def query(self) -> bool: ...
+    def elapsed_time(self, end_event: Any) -> float: ...
+    def synchronize(self) -> None: ...
+
 
 #: The kind of a logged event: the first item of its tuple.
 FETCH, EXHAUSTED, OPTIMIZER_STEP, MARKER, EPOCH_STARTED, ITERATOR_STARTED, PHASE, SAMPLING = range(
@@ -62,8 +74,8 @@ class Fetch(_Event):
         "samples in the batch as read from it; -1 when they could not be read, or were not: a "
         "loader whose sizes the segmenter counts (IteratorStarted.batch_size)",
     )
-    gpu_enter: Any = _field(6, "CUDA event recorded at the entry (None off CUDA)")
-    gpu_exit: Any = _field(7, "CUDA event recorded at the exit")
+    gpu_enter: EventLike | None = _field(6, "CUDA event recorded at the entry (None off CUDA)")
+    gpu_exit: EventLike | None = _field(7, "CUDA event recorded at the exit")
 
 
 class Exhausted(_Event):
@@ -73,7 +85,7 @@ class Exhausted(_Event):
     _fields = ("iterator", "t_enter_ns", "gpu_enter")
     iterator: Any = _field(1, "the iterator")
     t_enter_ns: int = _field(2, "when __next__ was entered")
-    gpu_enter: Any = _field(3, "CUDA event recorded at the entry (None off CUDA)")
+    gpu_enter: EventLike | None = _field(3, "CUDA event recorded at the entry (None off CUDA)")
 
 
 class OptimizerStep(_Event):
@@ -139,8 +151,10 @@ class Phase(_Event):
     phase: int = _field(1, "FORWARD, BACKWARD or OPTIMIZER")
     t_start_ns: int = _field(2, "when it started")
     t_end_ns: int = _field(3, "when it ended")
-    gpu_start: Any = _field(4, "CUDA event recorded at its start (None off CUDA, or if it failed)")
-    gpu_end: Any = _field(5, "CUDA event recorded at its end")
+    gpu_start: EventLike | None = _field(
+        4, "CUDA event recorded at its start (None off CUDA, or if it failed)"
+    )
+    gpu_end: EventLike | None = _field(5, "CUDA event recorded at its end")
 
 
 class Sampling(_Event):

@@ -16,16 +16,14 @@ others are let go of.
 
 from __future__ import annotations
 
-from typing import Any
-
-from .events import FORWARD, Phase, Sampling
+from .events import FORWARD, EventLike, Phase, Sampling
 from .step_table import PHASE_WIDTH
 
 #: A step's mark: the totals when it began, the times the instruments had been turned off and
 #: the GPU phases logged so far; () for a step that began with them off.
 Mark = tuple[int, ...]
 #: A phase's events: ``(phase, start event, end event)``.
-GpuPhase = tuple[int, Any, Any]
+GpuPhase = tuple[int, EventLike, EventLike]
 
 
 class PhaseLedger:
@@ -39,7 +37,7 @@ class PhaseLedger:
         self._offs = 0  #: times they were turned off
         self._copy_from = -1  #: the last fetch's return, until a forward starts after it
         #: the phases' CUDA events no step claimed yet, ``(sequence number, *GpuPhase)``
-        self._gpu: list[tuple[int, int, Any, Any]] = []
+        self._gpu: list[tuple[int, int, EventLike, EventLike]] = []
         self._gpu_seq = 0  #: GPU phases logged so far
 
     def mark(self) -> Mark:
@@ -91,7 +89,7 @@ class PhaseLedger:
         """Phases' CUDA events wait to be claimed or let go of."""
         return bool(self._gpu)
 
-    def gpu_of_step(self, mark: Mark) -> tuple[tuple[GpuPhase, ...] | None, list[Any]]:
+    def gpu_of_step(self, mark: Mark) -> tuple[tuple[GpuPhase, ...] | None, list[EventLike]]:
         """At the end of a step begun with ``mark``: ``(its GPU phases, the events no step will
         read)``. The step claims the phases logged since it began, if it has phases and each of
         them has both events (else None); every other event waiting is let go of. ``mark`` ()

@@ -47,6 +47,7 @@ from .events import (
     PHASE,
     SAMPLING,
     Event,
+    EventLike,
     Exhausted,
     Fetch,
     IteratorStarted,
@@ -74,8 +75,8 @@ from .record import (
 #: a closed step, of an exhausting fetch, of a fetch it does not count, of phases no step
 #: claimed), each as ``(k, event)``: it was let go of after the first ``k`` of those steps were
 #: closed, and no later one holds it.
-GpuStep = tuple[int, Any, Any, Any, tuple[GpuPhase, ...] | None]
-GpuSink = Callable[[list[GpuStep], list[tuple[int, Any]]], None]
+GpuStep = tuple[int, EventLike, EventLike, EventLike, tuple[GpuPhase, ...] | None]
+GpuSink = Callable[[list[GpuStep], list[tuple[int, EventLike]]], None]
 
 
 def counted_size(batch_size: int, samples: int, number: int) -> int:
@@ -119,8 +120,8 @@ class _Loader:
         self.flags = 0
         self.inside: set[int] = set()  #: slots of the other loaders fetched inside the open step
         self.last_optimizer_ns = -1  #: the last optimizer step inside the open step
-        self.gpu_enter: Any = None
-        self.gpu_exit: Any = None
+        self.gpu_enter: EventLike | None = None
+        self.gpu_exit: EventLike | None = None
         self.since_optimizer = 0  #: fetches since the last optimizer step
         self.first_fetch_ns = -1  #: when the loader's first fetch of the run was entered
         #: the phase totals when the open step began, () when it began unsampled
@@ -166,7 +167,7 @@ class StepSegmenter:
         self._rows: list[tuple[int, int, int, int, int, int]] = []
         self._row_phases: list[tuple[int, int, int, int] | None] = []
         self._gpu: list[GpuStep] = []
-        self._gpu_done: list[tuple[int, Any]] = []  #: CUDA events let go of, for the sink
+        self._gpu_done: list[tuple[int, EventLike]] = []  #: CUDA events let go of, for the sink
         #: by event kind (an event's first item)
         self._handlers: dict[int, Callable[[Any], None]] = {
             FETCH: self._fetch,
@@ -398,7 +399,9 @@ class StepSegmenter:
         self._marker_phase_mark = self._phases.mark()
 
     # --- rows --------------------------------------------------------------------------------
-    def _close(self, st: _Loader, t_end_ns: int, next_gpu: Any, *, truncated: bool) -> None:
+    def _close(
+        self, st: _Loader, t_end_ns: int, next_gpu: EventLike | None, *, truncated: bool
+    ) -> None:
         """Write ``st``'s open step as a row, ending at ``t_end_ns``."""
         flags = st.flags
         if st.inside and any(not self._by_slot[slot].info.is_training for slot in st.inside):
@@ -419,9 +422,10 @@ class StepSegmenter:
         self._row(st.start, end - st.start, st.wait, st.batch, st.slot, flags, st.phase_mark)
         if self._gpu_sink is not None:
             phases, gone = self._phases.gpu_of_step(st.phase_mark)
-            if st.gpu_enter is not None and next_gpu is not None:
+            enter, exit_ = st.gpu_enter, st.gpu_exit
+            if enter is not None and exit_ is not None and next_gpu is not None:
                 row = len(self.record.steps) + len(self._rows) - 1  # its index, once written
-                self._gpu.append((row, st.gpu_enter, st.gpu_exit, next_gpu, phases))
+                self._gpu.append((row, enter, exit_, next_gpu, phases))
             elif phases is not None:
                 gone += [ev for _, start, end_ in phases for ev in (start, end_)]
             self._let_go(*gone)
@@ -433,7 +437,7 @@ class StepSegmenter:
         st.gpu_enter = st.gpu_exit = None
         del self._open[st.slot]
 
-    def _let_go(self, *events: Any) -> None:
+    def _let_go(self, *events: EventLike | None) -> None:
         """The segmenter holds ``events`` no longer (handed on after the steps queued so far)."""
         if self._gpu_sink is not None:
             closed = len(self._gpu)

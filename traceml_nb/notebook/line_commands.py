@@ -12,11 +12,17 @@ import argparse
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from IPython.core.error import UsageError
 
 from ..session import Session
+
+if TYPE_CHECKING:
+    from ..session.store import Store
+    from ..tune.predict import TuneResult
+
+_Number = TypeVar("_Number", int, float)
 
 LINE_HELP = """\
 %traceml: the runs measured in this kernel session.
@@ -124,7 +130,7 @@ def _cmd_baseline(session: Session, name: str, *args: str) -> None:
         raise UsageError(f"%traceml baseline: {exc}") from None
 
 
-def _exists(store: Any) -> bool:
+def _exists(store: Store) -> bool:
     return bool(store.exists())
 
 
@@ -190,10 +196,10 @@ def _cmd_clear(session: Session) -> None:
 
 # --- %traceml tune ----------------------------------------------------------------------------
 class _TuneParser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # never exit the kernel
+    def error(self, message: str) -> NoReturn:  # never exit the kernel
         raise UsageError(f"{self.format_usage().strip()}\n%traceml tune: {message}")
 
-    def exit(self, status: int = 0, message: str | None = None) -> Any:
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         raise _HelpShown(message or "")
 
 
@@ -218,8 +224,8 @@ def _positive_list(text: str) -> list[int]:
     return values
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
+def _positive(kind: Callable[[str], _Number]) -> Callable[[str], _Number]:
+    def parse(text: str) -> _Number:
         try:
             value = kind(text)
         except ValueError:
@@ -287,7 +293,9 @@ class _Context:
     shell: Any
 
 
-def run_tuning(shell: Any, session: Session, ref: int | str | None = None, **options: Any) -> Any:
+def run_tuning(
+    shell: Any, session: Session, ref: int | str | None = None, **options: Any
+) -> TuneResult:
     """Tune run ``ref``'s DataLoader with a live table under the cell; returns the result.
     ``options``: ``loader`` (a variable name), ``out`` (a variable name), and the tuner's."""
     from ..engine.run import active_run

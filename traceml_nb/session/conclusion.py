@@ -58,6 +58,13 @@ class Compared:
     best: Comparison | None = None
     comparisons: list[LabelledComparison] = field(default_factory=list)
 
+    def put_prediction(self, prediction: Prediction | None) -> None:
+        """Put a tuning's ``prediction`` for this run beside its comparison with the previous
+        run (nowhere when there is no such comparison)."""
+        for item in self.comparisons:
+            if item.comparison is self.previous:
+                item.prediction = prediction
+
 
 @dataclass
 class Stored:

@@ -7,11 +7,9 @@ run with id N.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .environment import hardware_class
 from .history import History, RunEntry
-from .store import StoreError
+from .store import Store, StoreError
 
 
 def pair(history: History, before: int | str, after: int | str) -> tuple[RunEntry, RunEntry, str]:
@@ -37,7 +35,7 @@ def pair(history: History, before: int | str, after: int | str) -> tuple[RunEntr
 
 
 def resolve_pair(
-    history: History, before: int | str, after: int | str, store: Any
+    history: History, before: int | str, after: int | str, store: Store | None
 ) -> tuple[RunEntry, RunEntry, str]:
     """Like :func:`pair`, where a ref may also be a stored run, ``@17`` (read from ``store``,
     None: storing is off); the note says when the two runs are on different hardware
@@ -54,7 +52,7 @@ def resolve_pair(
     return first, second, note
 
 
-def _resolve(history: History, ref: int | str, store: Any) -> RunEntry:
+def _resolve(history: History, ref: int | str, store: Store | None) -> RunEntry:
     text = str(ref).strip()
     if not text.startswith("@"):
         return history.get(text)
@@ -63,7 +61,7 @@ def _resolve(history: History, ref: int | str, store: Any) -> RunEntry:
     if not text[1:].isdigit():
         raise KeyError(f"{text!r} is not a stored run id (@ and a number)")
     try:
-        entry: RunEntry = store.get(int(text[1:]))
+        entry = store.get(int(text[1:]))
     except StoreError as exc:
         raise KeyError(str(exc)) from None
     return entry

@@ -200,10 +200,13 @@ def _plain(value: Any) -> Any:
 
 @dataclass
 class LabelledComparison:
-    """A comparison with an earlier run; ``title`` names it, e.g. ``previous run #1 baseline``."""
+    """A comparison with an earlier run; ``title`` names it, e.g. ``previous run #1 baseline``;
+    ``prediction``: what a tuning of an earlier run of the cell predicted for this run's loader
+    settings, shown beside the comparison with the previous run (None elsewhere)."""
 
     title: str
     comparison: Comparison
+    prediction: Prediction | None = None
 
 
 @dataclass

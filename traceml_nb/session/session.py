@@ -126,8 +126,7 @@ class Session:
                     f"comparisons with earlier runs unavailable ({type(exc).__name__}: {exc})"
                 )
         prediction = self.prediction_for(entry)
-        if prediction is not None and compared.previous is not None:
-            compared.previous.prediction = prediction
+        compared.put_prediction(prediction)
         stored = persist(entry, target, self.id)
         if stored.note:
             run.capabilities.note(stored.note)

@@ -10,11 +10,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from .find import candidate_of, find_loader, namer, training_loader_info
+from .recorded_run import RecordedRun
 from .tuner import TuneResult, tune
 
 
 def tune_run(
-    entry: Any,
+    entry: RecordedRun,
     *,
     loader: Any = None,
     namespace: Mapping[str, Any] | None = None,

@@ -28,6 +28,7 @@ from typing import Any
 from ..analysis.formatting import fmt_ms, fmt_s, signed_pct
 from .candidates import Candidate
 from .constants import EARLY_DROP_FACTOR, WITHIN_BEST_SHARE
+from .recorded_run import RecordedRun
 
 MEASURING = "measuring"
 MEASURED = "measured"
@@ -228,7 +229,7 @@ class TuneResult:
     batches_cap: int | None = None
     loader_name: str | None = None  #: the tuned loader's variable name, when known
     #: the session's entry of the tuned run (the comparison of a rerun finds the tuning by it)
-    cell_entry: Any = field(default=None, repr=False, compare=False)
+    cell_entry: RecordedRun | None = field(default=None, repr=False, compare=False)
 
     @property
     def saving_share(self) -> float | None:

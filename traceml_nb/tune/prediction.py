@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .constants import COMPUTE_CHANGE_SHARE
+from .predict import TuneResult, predict_for_compute_ms
+from .recorded_run import RecordedRun
 
 
 @dataclass(frozen=True)
@@ -53,20 +55,21 @@ class Prediction:
         return {**asdict(self), "error_share": self.error_share}
 
 
-def prediction_for(entry: Any, tunings: Sequence[Any], earlier: Sequence[Any]) -> Prediction | None:
-    """What the latest tuning of one of ``earlier`` (the runs of ``entry``'s cell before it,
-    :class:`~traceml_nb.session.history.RunEntry`) predicted for ``entry``'s loader settings,
-    the recommended candidate first; None when no tuning measured them."""
+def prediction_for(
+    entry: RecordedRun, tunings: Sequence[TuneResult], earlier: Sequence[RecordedRun]
+) -> Prediction | None:
+    """What the latest tuning of one of ``earlier`` (the runs of ``entry``'s cell before it)
+    predicted for ``entry``'s loader settings, the recommended candidate first; None when no
+    tuning measured them."""
     from .candidates import same_settings
     from .find import training_loader_info
-    from .predict import predict_for_compute_ms
 
     info = training_loader_info(entry.loaders)
     measured = entry.summary.step_ms_median
     if info is None or measured is None:
         return None
     for tuning in reversed(tunings):
-        tuned = getattr(tuning, "cell_entry", None)
+        tuned = tuning.cell_entry
         if tuned is None or not any(e is tuned for e in earlier):
             continue
         ordered = sorted(tuning.measurements, key=lambda m: m.candidate != tuning.recommended)

@@ -73,9 +73,10 @@ STEPS_OVERLAP = (
 )
 
 
-def headline(comparison: Comparison) -> str:
+def headline(comparison: Comparison, prediction: Prediction | None = None) -> str:
     """``step time 31.8 ms → 12.4 ms (−61%, faster, beyond the run-to-run noise (…))``, or why
-    the step time is not comparable; then what a tuning predicted, where one did."""
+    the step time is not comparable; then what a tuning predicted (``prediction``), where one
+    did."""
     c = comparison
     if c.judgement is None or c.step_ratio is None:
         missing = [f"#{i}" for i in c.no_steady_ids]
@@ -91,8 +92,8 @@ def headline(comparison: Comparison) -> str:
         )
     if c.significant and c.phase_shift is not None and c.phase_shift.moved:
         text += f"; {where_it_moved(c.phase_shift)}"
-    if c.prediction is not None:
-        text += f"; {prediction_sentence(c.prediction)}"
+    if prediction is not None:
+        text += f"; {prediction_sentence(prediction)}"
     return text
 
 
@@ -109,9 +110,9 @@ def where_it_moved(shift: PhaseShift) -> str:
     return moved
 
 
-def rows(comparison: Comparison) -> list[ComparisonRow]:
-    """The comparison's table, with the rows of a tuning's prediction after its own."""
-    extra = prediction_rows(comparison.prediction) if comparison.prediction is not None else []
+def rows(comparison: Comparison, prediction: Prediction | None = None) -> list[ComparisonRow]:
+    """The comparison's table, with the rows of a tuning's ``prediction`` after its own."""
+    extra = prediction_rows(prediction) if prediction is not None else []
     return [*comparison.rows, *extra]
 
 

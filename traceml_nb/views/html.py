@@ -11,6 +11,7 @@ from html import escape
 from ..analysis.comparison import Comparison
 from ..analysis.formatting import fmt_s
 from ..analysis.profile_summary import ProfileSummary
+from ..tune.prediction import Prediction
 from . import profile_section as profile_view
 from .chart import step_chart_svg
 from .comparison_words import headline
@@ -73,9 +74,11 @@ def _direction_style(direction: str | None) -> str:
     return ""
 
 
-def comparison_html(title: str, comp: Comparison) -> str:
+def comparison_html(title: str, comp: Comparison, prediction: Prediction | None = None) -> str:
+    """``title: headline``, what changed and the rows of ``comp`` (and of a tuning's
+    ``prediction``)."""
     rows = []
-    for label, before, after, delta, direction in comparison_rows(comp):
+    for label, before, after, delta, direction in comparison_rows(comp, prediction):
         rows.append(
             f'<tr><td style="{_TD}">{escape(str(label))}</td>'
             f'<td style="{_TD}">{escape(format_value(before))}</td>'
@@ -100,7 +103,7 @@ def comparison_html(title: str, comp: Comparison) -> str:
         )
     return (
         f'<div style="margin-top:6px">{head}<b>{escape(title)}</b>: '
-        f'<span style="{_direction_style(comp.verdict)}">{escape(headline(comp))}</span>'
+        f'<span style="{_direction_style(comp.verdict)}">{escape(headline(comp, prediction))}</span>'
         f"{changed}{table}</div>"
     )
 
@@ -143,7 +146,10 @@ def render_html(report: ReportContent) -> str:
         out.append(f"<div>{escape(report.cost_text)}</div>")
     if report.ranks is not None:
         out.append(ranks_html(report.ranks))
-    out.extend(comparison_html(f"vs {item.title}", item.comparison) for item in report.comparisons)
+    out.extend(
+        comparison_html(f"vs {item.title}", item.comparison, item.prediction)
+        for item in report.comparisons
+    )
     if report.chart is not None and report.chart.wall_ms:
         out.append(f'<div style="margin-top:6px">{step_chart_svg(report.chart)}</div>')
     metrics = "".join(

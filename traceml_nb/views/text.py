@@ -18,6 +18,7 @@ from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_
 from ..analysis.profile_summary import ProfileSummary
 from ..analysis.step_anatomy import MEDIAN_FIELDS
 from ..engine.capabilities import Capabilities
+from ..tune.prediction import Prediction
 from . import profile_section as profile_view
 from .comparison_words import headline
 from .comparison_words import rows as comparison_rows
@@ -308,7 +309,7 @@ def render_text(report: ReportContent) -> str:
     if report.ranks is not None:
         lines += ranks_text(report.ranks)
     for item in report.comparisons:
-        lines += comparison_head(f"vs {item.title}", item.comparison)
+        lines += comparison_head(f"vs {item.title}", item.comparison, item.prediction)
     lines += _metrics_text(metric_lines(summary, report.capabilities))
     lines += [f"  {p.name}: {p.batches:,} batches, {fmt_s(p.total_s)}" for p in summary.phases]
     if report.profile is not None:
@@ -333,19 +334,22 @@ def profile_text(profile: ProfileSummary) -> list[str]:
 
 
 # --- %traceml history and %traceml compare -----------------------------------------------------
-def comparison_lines(comparison: Comparison) -> list[str]:
-    """A comparison's rows as ``label: before → after (delta)`` lines."""
+def comparison_lines(comparison: Comparison, prediction: Prediction | None = None) -> list[str]:
+    """A comparison's rows (and a tuning's ``prediction``'s) as ``label: before → after (delta)``
+    lines."""
     out = []
-    for label, before, after, delta, _direction in comparison_rows(comparison):
+    for label, before, after, delta, _direction in comparison_rows(comparison, prediction):
         change = f"{format_value(before)} \u2192 {format_value(after)} ({format_value(delta)})"
         out.append(f"  {label}: {change}")
     return out
 
 
-def comparison_head(title: str, comparison: Comparison) -> list[str]:
+def comparison_head(
+    title: str, comparison: Comparison, prediction: Prediction | None = None
+) -> list[str]:
     """The note (e.g. across hardware classes), ``title: headline``, and what changed."""
     out = [comparison.note] if getattr(comparison, "note", "") else []
-    out.append(f"{title}: {headline(comparison)}")
+    out.append(f"{title}: {headline(comparison, prediction)}")
     changes = list(getattr(comparison, "changes", []) or [])
     if changes:
         out.append(f"  what changed: {changes[0]}")

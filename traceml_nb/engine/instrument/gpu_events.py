@@ -42,9 +42,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
-from ..events import FORWARD
+from ..events import FORWARD, EventLike
 from ..step_table import PHASE_WIDTH, StepTable
 
 #: The stream is looked up again at every this many fetches of an iterator (a power of two:
@@ -54,13 +54,6 @@ STREAM_CHECK_MASK = STREAM_CHECK_EVERY - 1
 #: A pool keeps at most this many free events; more are left to the garbage collector (a run
 #: whose GPU ran far behind had many events out at once).
 POOL_MAX_FREE = 4096
-
-
-class EventLike(Protocol):
-    def record(self, stream: Any = None) -> None: ...
-    def query(self) -> bool: ...
-    def elapsed_time(self, end_event: Any) -> float: ...
-    def synchronize(self) -> None: ...
 
 
 class EventPool:
@@ -85,7 +78,9 @@ class EventPool:
 
 
 #: (row, enter, exit, next enter, the phases' ``(phase, start, end)`` events or None)
-Step = tuple[int, EventLike, EventLike, EventLike, tuple[tuple[int, Any, Any], ...] | None]
+Step = tuple[
+    int, EventLike, EventLike, EventLike, tuple[tuple[int, EventLike, EventLike], ...] | None
+]
 
 
 class GpuStallTimer:

@@ -20,9 +20,11 @@ dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..events import EventLike
 from .flop_count import FlopWindow
 from .profiler import ProfileWindow
 from .step_phases import StepPhases
@@ -92,7 +94,7 @@ def install(
     _installed = installed
 
 
-def _phase_mark(tracer: StepTracer) -> Any:
+def _phase_mark(tracer: StepTracer) -> Callable[[], EventLike | None] | None:
     """What records a phase boundary's CUDA event (None off CUDA): the stall timer's ``mark``,
     recording nothing while the current stream captures a CUDA graph (a timing event cannot be
     captured, and a failed call would break the user's capture)."""
@@ -108,7 +110,7 @@ def _phase_mark(tracer: StepTracer) -> Any:
         return gpu.mark
     mark = gpu.mark
 
-    def mark_unless_capturing() -> Any:
+    def mark_unless_capturing() -> EventLike | None:
         return None if capturing() else mark()
 
     return mark_unless_capturing

@@ -45,7 +45,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
-from ..events import BACKWARD, FORWARD, OPTIMIZER, PHASE, SAMPLING
+from ..events import BACKWARD, FORWARD, OPTIMIZER, PHASE, SAMPLING, EventLike
 from .whole_step import WholeStep
 
 #: The phases are timed on the first step, then on about one step in this much training time,
@@ -110,14 +110,14 @@ class PhaseClock:
         clock: Callable[[], int],
         check: Callable[[], None],
         max_log: int,
-        gpu_mark: Callable[[], Any] | None = None,
+        gpu_mark: Callable[[], EventLike | None] | None = None,
     ):
         self.log = log
         self.clock = clock
         self.check = check  #: processes the log when it holds over ``max_log`` events
         self.max_log = max_log
         self.gpu_mark = gpu_mark
-        self.gpu_start: Any = None  #: the open phase's start event (None off CUDA)
+        self.gpu_start: EventLike | None = None  #: the open phase's start event (None off CUDA)
         self.thread = threading.get_ident()  #: the training thread; -1 once removed
         #: True while ``torch.compile`` traces the call (torch's own check)
         self.compiling = compiling_check()
@@ -162,7 +162,7 @@ class StepPhases:
         clock: Callable[[], int],
         check: Callable[[], None],
         max_log: int,
-        gpu_mark: Callable[[], Any] | None = None,
+        gpu_mark: Callable[[], EventLike | None] | None = None,
     ):
         self.clock = PhaseClock(log, clock, check, max_log, gpu_mark)
         #: the time between samples, ns, and before :data:`EARLY_SAMPLES` were taken (read from
