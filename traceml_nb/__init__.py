@@ -14,10 +14,15 @@ reporting to the kernel's session when it is given none.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 from .engine import run as _run
 from .engine.run import RunAlreadyActiveError, active_run, step
+
+if TYPE_CHECKING:
+    from .session import Session
+    from .views.check_report import CheckReport
 
 __version__ = "0.1.0"
 __all__ = [
@@ -47,7 +52,7 @@ class Run(_run.Run):
     """The measurement engine (:class:`traceml_nb.engine.run.Run`), as a context manager; given no
     ``session``, its :meth:`result` reports to the kernel's (:func:`default_session`)."""
 
-    def default_session(self) -> Any:
+    def default_session(self) -> Session:
         from .api import default_session
 
         return default_session()
@@ -56,13 +61,13 @@ class Run(_run.Run):
 def check(
     name: str,
     *,
-    store: Any = None,
+    store: str | os.PathLike[str] | None = None,
     max_slowdown: float | None = None,
     against: str | int = "baseline",
     any_hardware: bool = False,
     runs: int = 1,
     baseline_runs: int | None = None,
-) -> Any:
+) -> CheckReport:
     """The CI gate as an API (``python -m traceml_nb check``): the latest stored run of
     ``name`` (the latest ``runs`` of them, together) against its baseline. Returns a
     :class:`~traceml_nb.views.check_report.CheckReport`: ``exit_code`` (0 no regression, 1

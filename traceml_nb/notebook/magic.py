@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -50,6 +50,10 @@ from .cell_options import (
     profile_steps_arg,
     warmup_arg,
 )
+
+if TYPE_CHECKING:  # imported when a view starts (bokeh with the live one)
+    from ..views.live.handle import HandleView
+    from ..views.live.view import LiveView
 
 
 # --- the magics --------------------------------------------------------------------------------
@@ -250,7 +254,13 @@ class TraceMLMagics(Magics):
             raise
         self._finish(run, view, options, None)
 
-    def _finish(self, run: Run, view: Any, options: CellOptions, exc: BaseException | None) -> None:
+    def _finish(
+        self,
+        run: Run,
+        view: LiveView | HandleView | None,
+        options: CellOptions,
+        exc: BaseException | None,
+    ) -> None:
         """Stop the run and the view, then report and record the run, whatever happened."""
         __tracebackhide__ = True  # noqa: F841
         try:
@@ -331,7 +341,7 @@ class TraceMLMagics(Magics):
         dispatch(self.session, self.shell, line)
 
 
-def start_live_view(run: Run, view_option: str, frontend: Frontend) -> Any:
+def start_live_view(run: Run, view_option: str, frontend: Frontend) -> LiveView | HandleView | None:
     """Start the live view the option and the frontend call for; ``None`` for no view.
 
     A view that fails to start is noted in the run's capabilities and the run goes on.
@@ -339,7 +349,7 @@ def start_live_view(run: Run, view_option: str, frontend: Frontend) -> Any:
     kind = choose_live_view(view_option, frontend)
     if kind == "none":
         return None
-    view: Any = None
+    view: LiveView | HandleView | None = None
     try:
         if kind == "live":
             note = prepare_widgets(frontend)
@@ -356,6 +366,7 @@ def start_live_view(run: Run, view_option: str, frontend: Frontend) -> Any:
             from ..views.live.handle import HandleView
 
             view = HandleView(run)
+        assert view is not None, kind  # "live" or "html" here
         view.start()
     except Exception as exc:
         run.capabilities.note(f"live view failed to start: {type(exc).__name__}: {exc}")

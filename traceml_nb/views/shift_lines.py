@@ -4,7 +4,6 @@ and the outputs of ``python -m traceml_nb check --history`` (text, markdown, JUn
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..analysis.findings import Changes
 from ..analysis.formatting import fmt_ms, fmt_share, signed_pct
@@ -145,7 +144,7 @@ class HistoryCheckReport(GateReport):
             lines.append("")
         return "\n".join(lines)
 
-    def _as_check(self) -> Any:
+    def _as_check(self) -> CheckReport:
         """The same verdict as ``check``'s report, whose JUnit writer it reuses."""
         from ..session.check import CheckResult
 
