@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from os import PathLike
 from typing import Any
 
+from .events import EventLike
+
 
 @dataclass(frozen=True)
 class Backends:
@@ -18,7 +20,7 @@ class Backends:
     torch's own)."""
 
     nvml: Any = None
-    event_factory: Callable[[], Any] | None = None
+    event_factory: Callable[[], EventLike] | None = None
     stream_getter: Callable[[], Any] | None = None
 
 

@@ -474,7 +474,7 @@ class Run:
         return self._collector.busy_s if self._collector is not None else 0.0
 
     @property
-    def tracer(self) -> Any:
+    def tracer(self) -> StepTracer | None:
         """The run's :class:`~traceml_nb.engine.instrument.tracer.StepTracer` (None before the start):
         its ``processing_ns`` and ``reader_processing_ns`` say what segmenting the steps cost."""
         return self._tracer

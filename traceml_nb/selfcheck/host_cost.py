@@ -142,12 +142,17 @@ def check_host_cost(budget: Budget) -> CheckResult:
     run.start()
     try:
         tracer = run.tracer
+        assert tracer is not None, "a started run has its tracer"
         timer = tracer.gpu
-        inside = _blocks(loop, tracer, HOST_COST_PAIRS, HOST_COST_BLOCK_STEPS)
-        processing_ns = tracer.processing_ns
+        if timer is not None:
+            inside = _blocks(loop, tracer, HOST_COST_PAIRS, HOST_COST_BLOCK_STEPS)
+            processing_ns = tracer.processing_ns
     finally:
         run.stop()
         gc.enable()
+    if timer is None:
+        why = run.capabilities.why("gpu_events")
+        return CheckResult("hostcost", FAIL, f"the run has no CUDA event timing: {why}", {})
     torch.cuda.synchronize()
     traced_steps = HOST_COST_PAIRS * (HOST_COST_BLOCK_STEPS + 2)
     calls = median_difference(inside[False], inside[True])

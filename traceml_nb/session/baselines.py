@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..analysis.noise import Noise, RunPoint, estimate_noise, is_busy
 from ..analysis.thresholds import BASELINE_RUNS
@@ -57,7 +57,7 @@ def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int) -> list[RunEntry
     return runs[-k:]
 
 
-def _same_key(entry: RunEntry, any_hardware: bool) -> Any:
+def _same_key(entry: RunEntry, any_hardware: bool) -> str | list[tuple[str, str]]:
     """What two runs of one configuration share: the key, or with ``any_hardware`` (the
     hardware class crossed on request) every part but the hardware."""
     config = entry.configuration
