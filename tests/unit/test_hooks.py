@@ -229,7 +229,7 @@ def test_a_paused_install_takes_everything_away_and_resumes_the_phase_sampling_w
 
     with traceml_nb.Run("pause", sample=False) as run:
         steps(2)  # the model is found in the first step, and the second is not sampled
-        phases = hooks._installed.phases
+        phases, hook = hooks._installed.phases, hooks._installed.hook
         countdown = phases.countdown
         assert phases.models and not phases.sampling and countdown > 1
         hooks.uninstall(pause=True)
@@ -238,6 +238,7 @@ def test_a_paused_install_takes_everything_away_and_resumes_the_phase_sampling_w
         hooks.install(run.tracer)
         run.tracer.active = True
         assert hooks._installed.phases is phases and phases.countdown == countdown
+        assert hooks._installed.hook is hook  # its countdown to the phases goes on
         assert _instruments(model)["module"] == 0  # the model is not sought again
         steps(countdown)  # the sample starts at the schedule's step end, as in one long run
         assert phases.sampling and _instruments(model)["model"] == 2

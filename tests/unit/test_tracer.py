@@ -802,3 +802,44 @@ def test_a_bug_in_our_processing_stops_the_tracing_not_the_training(monkeypatch,
     assert run.record.loaders[0].fetches <= 300
     result = run.result()  # the partial run still gives a report
     assert result is not None
+
+
+class _Listener:
+    """A listener of the optimizer hook that is told every ``every`` steps and notes the steps
+    at which the hook looked at it at all."""
+
+    def __init__(self, every: int, clock: list[int]) -> None:
+        self.every, self.clock = every, clock
+        self._countdown = 1
+        self.looked: list[int] = []
+        self.told: list[int] = []
+
+    @property
+    def countdown(self) -> int:
+        if not self.looked or self.looked[-1] != self.clock[0]:
+            self.looked.append(self.clock[0])
+        return self._countdown
+
+    @countdown.setter
+    def countdown(self, value: int) -> None:
+        self._countdown = value
+
+    def optimizer_step_ended(self, optimizer: object) -> None:
+        self.told.append(self.clock[0])
+        self._countdown = self.every
+
+
+def test_the_optimizer_hook_looks_at_its_listeners_only_when_the_least_countdown_runs_out() -> None:
+    """Each listener is told at the step its own countdown runs out, as if counted down every
+    step; in between the hook touches none of them (a step after a cache-evicting one then
+    pays for no listener's object)."""
+    from traceml_nb.engine.instrument.tracer import StepTracer
+    from traceml_nb.engine.record import RunRecord
+
+    step = [0]
+    every3, every5 = _Listener(3, step), _Listener(5, step)
+    hook = StepTracer(RunRecord()).optimizer_hook([every3, every5])
+    for step[0] in range(1, 16):
+        hook(None, (), {})
+    assert every3.told == [1, 4, 7, 10, 13] and every5.told == [1, 6, 11]
+    assert every3.looked == every5.looked == [1, 4, 6, 7, 10, 11, 13]

@@ -30,12 +30,15 @@ from .profiler import ProfileWindow
 from .step_phases import StepPhases
 from .tracer import READER_MAX_EVENTS, StepTracer
 
+OptimizerHook = Callable[[Any, Any, Any], None]
+
 
 @dataclass
 class _Installed:
     tracer: StepTracer
     original_next: Any
     wrapper: Any  #: the tracer's wrapper
+    hook: OptimizerHook  #: the tracer's optimizer post-step hook
     hook_handle: Any
     phases: StepPhases
     #: the wrapper installed on top of the tracer's while a profile window counts (else None)
@@ -43,10 +46,18 @@ class _Installed:
     window_handle: Any = None
 
 
+@dataclass
+class _Paused:
+    """What ``uninstall(pause=True)`` keeps of a tracer's hooks for its next ``install``: the
+    phase instruments, and the optimizer hook, whose countdown to its listeners goes on."""
+
+    tracer: StepTracer
+    phases: StepPhases
+    hook: OptimizerHook
+
+
 _installed: _Installed | None = None
-#: the phase instruments of a tracer whose hooks were taken away with ``uninstall(pause=True)``:
-#: its next ``install`` resumes them
-_paused: tuple[StepTracer, StepPhases] | None = None
+_paused: _Paused | None = None
 
 
 def _iter_class() -> Any:
@@ -59,7 +70,8 @@ def install(
     tracer: StepTracer, window: ProfileWindow | None = None, flops: FlopWindow | None = None
 ) -> None:
     """Start feeding ``tracer`` (and ``window``, while it is not done; ``flops``, which counts
-    one step's FLOPs)."""
+    one step's FLOPs). After ``uninstall(pause=True)`` of the same tracer, its phase
+    instruments and optimizer hook resume (``flops`` is then the first install's)."""
     global _installed, _paused
     import torch.optim.optimizer as optim_mod
 
@@ -67,24 +79,25 @@ def install(
     original = cls.__dict__["__next__"]
     wrapper = tracer.wrap_next(original)
     kept, _paused = _paused, None
-    if kept is not None and kept[0] is not tracer:
-        kept[1].remove()
-    if kept is not None and kept[0] is tracer:
-        phases = kept[1]
+    if kept is not None and kept.tracer is not tracer:
+        kept.phases.remove()
+        kept = None
+    if kept is not None:
+        phases, hook = kept.phases, kept.hook
     else:  # on CUDA with an event at each phase boundary, for the phases' GPU time
         phases = StepPhases(
             tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS, _phase_mark(tracer)
         )
+        hook = tracer.optimizer_hook([x for x in (phases, flops) if x is not None])
     phases.install()
-    listeners = [x for x in (phases, flops) if x is not None]
-    handle = optim_mod.register_optimizer_step_post_hook(tracer.optimizer_hook(listeners))
+    handle = optim_mod.register_optimizer_step_post_hook(hook)
 
     def stop() -> None:  # tracing stopped on an error: no more optimizer steps, no phases
         handle.remove()
         phases.remove()
 
     tracer.on_stop = stop
-    installed = _Installed(tracer, original, wrapper, handle, phases)
+    installed = _Installed(tracer, original, wrapper, hook, handle, phases)
     if window is not None:
         installed.gate = _gate(window, wrapper, installed)
         installed.window_handle = optim_mod.register_optimizer_step_post_hook(
@@ -171,7 +184,7 @@ def uninstall(pause: bool = False) -> list[str]:
     global _installed, _paused
     installed, _installed = _installed, None
     if not pause and _paused is not None:
-        _paused[1].remove()
+        _paused.phases.remove()
         _paused = None
     if installed is None:
         return []
@@ -181,7 +194,7 @@ def uninstall(pause: bool = False) -> list[str]:
     installed.hook_handle.remove()
     if pause:
         installed.phases.pause()
-        _paused = (installed.tracer, installed.phases)
+        _paused = _Paused(installed.tracer, installed.phases, installed.hook)
     else:
         installed.phases.remove()
     if installed.window_handle is not None:

@@ -58,7 +58,9 @@ T = TypeVar("T")
 
 class StepEndListener(Protocol):
     """Told of an optimizer step's end by the tracer's hook once its ``countdown`` (optimizer
-    steps, decremented by the hook) runs out; it sets the countdown again."""
+    steps) runs out; it sets the countdown again. The hook counts down to the least of its
+    listeners' countdowns and only then brings each down by the steps since, so a listener
+    sets its countdown when told, or raises it, and never lowers it in between."""
 
     countdown: int
 
@@ -146,18 +148,26 @@ class StepTracer:
         self, listeners: Sequence[StepEndListener] = ()
     ) -> Callable[[Any, Any, Any], None]:
         """A global optimizer post-step hook that logs each step; each of ``listeners`` (the
-        phase instruments, the FLOP count) is told first when its countdown runs out."""
+        phase instruments, the FLOP count) is told first when its countdown runs out. The
+        listeners are looked at only then: the hook counts down on its own in between (a step
+        that touches no object of theirs costs a microsecond less after a step that evicted
+        the caches)."""
         tracer = self
         clock = self.clock
         log = self.log
         append = log.append
         told = tuple(listeners)
+        due = owed = 1  # steps until the least countdown runs out, and that countdown when seen
 
         def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-            for listener in told:
-                listener.countdown -= 1
-                if listener.countdown <= 0:
-                    listener.optimizer_step_ended(optimizer)
+            nonlocal due, owed
+            due -= 1
+            if due <= 0:
+                for listener in told:
+                    listener.countdown -= owed
+                    if listener.countdown <= 0:
+                        listener.optimizer_step_ended(optimizer)
+                due = owed = max(1, min((x.countdown for x in told), default=1 << 62))
             append((OPTIMIZER_STEP, optimizer, clock()))
             if len(log) > READER_MAX_EVENTS:
                 tracer.check()
