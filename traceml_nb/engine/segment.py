@@ -252,8 +252,9 @@ class StepSegmenter:
         st.flags = FLAG_EPOCH_START if first else 0
         st.gpu_enter = gpu_enter
         st.gpu_exit = gpu_exit
-        st.phase_mark = self._phases.mark()
-        self._phases.fetched(t_exit)
+        ledger = self._phases
+        st.phase_mark = ledger.mark() if ledger.sampling else ()
+        ledger.fetched(t_exit)
         open_steps[slot] = st
         self._current = st
         self._wait_total += wait
@@ -296,9 +297,12 @@ class StepSegmenter:
         self.record.optimizer_steps += 1
         ledger = self._phases
         for st in self._open.values():
-            st.phase_mark = ledger.still_timed(st.phase_mark)
-        self._optimizer_phase_mark = ledger.still_timed(self._optimizer_phase_mark)
-        self._marker_phase_mark = ledger.still_timed(self._marker_phase_mark)
+            if st.phase_mark:  # (a step without phases keeps none)
+                st.phase_mark = ledger.still_timed(st.phase_mark)
+        if self._optimizer_phase_mark:
+            self._optimizer_phase_mark = ledger.still_timed(self._optimizer_phase_mark)
+        if self._marker_phase_mark:
+            self._marker_phase_mark = ledger.still_timed(self._marker_phase_mark)
         ledger.optimizer_stepped()
         if self._phase is not None:
             self._end_phase(t_ns)
@@ -331,7 +335,7 @@ class StepSegmenter:
                 self._optimizer_row(t_ns)
             self._optimizer_prev_ns = t_ns
             self._optimizer_wait_mark = self._wait_total
-            self._optimizer_phase_mark = self._phases.mark()
+            self._optimizer_phase_mark = ledger.mark() if ledger.sampling else ()
             self._fetched_since_optimizer.clear()
             self._epoch_started_since_optimizer = False
 
@@ -428,13 +432,12 @@ class StepSegmenter:
                 self._gpu.append((row, enter, exit_, next_gpu, phases))
             elif phases is not None:
                 gone += [ev for _, start, end_ in phases for ev in (start, end_)]
-            self._let_go(*gone)
+            self._let_go(*gone, enter, exit_)
+            st.gpu_enter = st.gpu_exit = None
         st.start = -1
         if st.inside:
             st.inside.clear()
         st.last_optimizer_ns = -1
-        self._let_go(st.gpu_enter, st.gpu_exit)
-        st.gpu_enter = st.gpu_exit = None
         del self._open[st.slot]
 
     def _let_go(self, *events: EventLike | None) -> None:
@@ -456,7 +459,7 @@ class StepSegmenter:
         """Queue one row (times relative to the run start), its phases those logged since the
         totals were ``phase_mark`` (none: ``()``); :meth:`_flush` writes it."""
         self._rows.append((start_ns - self._t0, wall_ns, wait_ns, batch, source, flags))
-        self._row_phases.append(self._phases.of_step(phase_mark))
+        self._row_phases.append(self._phases.of_step(phase_mark) if phase_mark else None)
 
     def _flush(self) -> None:
         """Write the queued rows in one go, then hand the GPU figures of those rows on (and the
