@@ -78,7 +78,9 @@ class Sizes:
             cold_samples=(30, 20, 10) if q else (2000, 1000, 800),
             cold_block=5 if q else 20,
             sampler_s=0.3 if q else 3.0,
-            steady_s=0.5 if q else 3.0,
+            # three times the live view's SETTLE_S (5 s), when it sends whole series rather than
+            # streams: a 3 s run measured that start alone, not the steady state
+            steady_s=0.5 if q else 15.0,
             import_runs=1 if q else 7,
         )
 
