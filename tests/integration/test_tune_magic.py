@@ -138,13 +138,12 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
         assert fixed.diagnosis.verdict != "input-bound", fixed.diagnosis.title
         prediction = fixed.prediction
         assert prediction is not None and prediction.recommended
+        beside = next(c for c in fixed.comparisons if c.comparison is fixed.comparison)
+        assert beside.prediction is prediction  # beside the comparison with the previous run
+        said = headline(beside.comparison, beside.prediction)
         if attempt == 0:  # the loop closed: the comparison shows the prediction beside it
             assert prediction.predicted_ms == pytest.approx(tuning.predicted_ms)
-            beside = next(c for c in fixed.comparisons if c.comparison is fixed.comparison)
-            assert beside.prediction is prediction  # beside the comparison with the previous run
-            assert "%traceml tune of #1 quickstart predicted" in headline(
-                beside.comparison, beside.prediction
-            )
+            assert "%traceml tune of #1 quickstart predicted" in said
             assert any(
                 r.label.startswith("step time predicted by %traceml tune")
                 for r in rows(beside.comparison, beside.prediction)
@@ -166,12 +165,12 @@ def test_quickstart_tune_recommends_and_the_rerun_runs_as_predicted(ip, tuned, c
         # a rerun whose model ran within COMPUTE_CHANGE_SHARE of the tuned run's compute is
         # held to the original prediction: the must-show itself; one past it says so, and
         # gives the prediction for its own compute
-        changed = "the model's own compute changed too" in headline(fixed.comparison)
-        assert changed is (abs(drift) > COMPUTE_CHANGE_SHARE), headline(fixed.comparison)
+        changed = "the model's own compute changed too" in said
+        assert changed is (abs(drift) > COMPUTE_CHANGE_SHARE), said
         if not changed:
             assert measured == pytest.approx(tuning.predicted_ms, rel=0.15)
             return
-        assert f"it is {fmt_ms(again)} (measured" in headline(fixed.comparison)
+        assert f"it is {fmt_ms(again)} (measured" in said
     # Every rerun's model computed more than COMPUTE_CHANGE_SHARE faster or slower than the
     # tuned run's: on some machines moving the loading off the main process changes the
     # model's own speed (CI once: 35.9 ms a step after in-process loading, 26.7-29.4 ms in all
