@@ -222,9 +222,9 @@ def what_changed(
 ) -> Changes:
     """What differs from run ``before`` (the latest baseline run) to run ``after``: both have
     ``source``, ``loaders`` (dicts), ``environment`` and ``load`` (``other_cpu_share``,
-    ``steal_share``; None: a run not known, nothing said of it). ``baseline_load_share`` and ``baseline_steal_share`` (default:
-    ``before``'s) are the baseline's load; ``verdict`` the comparison's ("slower" lets the
-    summary say whose slowdown it is)."""
+    ``steal_share``; None: a run not known, nothing said of it). ``baseline_load_share`` and
+    ``baseline_steal_share`` (default: ``before``'s) are the baseline's load; ``verdict`` the
+    comparison's ("slower" lets the summary say whose slowdown it is)."""
     before_load = before.load if before is not None else {}
     after_load = after.load if after is not None else {}
     base_load = (

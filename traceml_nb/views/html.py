@@ -101,9 +101,10 @@ def comparison_html(title: str, comp: Comparison, prediction: Prediction | None 
         changed = f"<div>What changed: {escape(changes[0])}</div>" + (
             f'<ul style="margin:0 0 0 18px;padding:0">{items}</ul>' if items else ""
         )
+    said = escape(headline(comp, prediction))
     return (
         f'<div style="margin-top:6px">{head}<b>{escape(title)}</b>: '
-        f'<span style="{_direction_style(comp.verdict)}">{escape(headline(comp, prediction))}</span>'
+        f'<span style="{_direction_style(comp.verdict)}">{said}</span>'
         f"{changed}{table}</div>"
     )
 

@@ -28,9 +28,7 @@ from ..events import EventLike
 from .flop_count import FlopWindow
 from .profiler import ProfileWindow
 from .step_phases import StepPhases
-from .tracer import READER_MAX_EVENTS, StepTracer
-
-OptimizerHook = Callable[[Any, Any, Any], None]
+from .tracer import READER_MAX_EVENTS, OptimizerHook, StepTracer
 
 
 @dataclass

@@ -54,6 +54,8 @@ CHECK_EVERY = 256
 READER_MAX_EVENTS = 8192
 
 T = TypeVar("T")
+#: A global optimizer post-step hook: called with ``(optimizer, args, kwargs)``.
+OptimizerHook = Callable[[Any, Any, Any], None]
 
 
 class StepEndListener(Protocol):
@@ -144,9 +146,7 @@ class StepTracer:
         __next__.__doc__ = getattr(original, "__doc__", None)
         return __next__
 
-    def optimizer_hook(
-        self, listeners: Sequence[StepEndListener] = ()
-    ) -> Callable[[Any, Any, Any], None]:
+    def optimizer_hook(self, listeners: Sequence[StepEndListener] = ()) -> OptimizerHook:
         """A global optimizer post-step hook that logs each step; each of ``listeners`` (the
         phase instruments, the FLOP count) is told first when its countdown runs out. The
         listeners are looked at only then: the hook counts down on its own in between (after
