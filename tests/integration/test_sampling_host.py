@@ -86,12 +86,15 @@ TOLERANCE_S = 0.04
 def no_stray_children():
     """These tests count this process's children exactly. DataLoader workers of an earlier
     test can still be alive here: IPython keeps the last traceback, whose frames hold the
-    loader's iterator (a plain cell does the same). End them, so that the counts start at 0."""
-    gc.collect()
-    for child in psutil.Process().children():
-        with contextlib.suppress(psutil.Error):
-            child.terminate()
-    psutil.wait_procs(psutil.Process().children(), timeout=5)
+    loader's iterator (a plain cell does the same). End them, so that the counts start at 0;
+    and only then collect (a full collection of the suite's heap takes up to a second late in
+    the suite, where most tests here start with no child at all)."""
+    if psutil.Process().children():
+        gc.collect()
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                child.terminate()
+        psutil.wait_procs(psutil.Process().children(), timeout=5)
     yield
 
 
