@@ -33,6 +33,8 @@ def traceml_shell(setup: str, *, torch_threads: int | None = 1) -> Iterator[Inte
         torch.set_num_threads(threads)
         shell.run_line_magic("unload_ext", "traceml_nb")
         shell.reset(new_session=False)
+        # the last error's frames hold its cell's objects: in sys and where %debug finds them
+        shell.InteractiveTB.tb = None
         for name in ("last_type", "last_value", "last_traceback", "last_exc"):
-            if hasattr(sys, name):  # the last error's frames hold its cell's objects
+            if hasattr(sys, name):
                 setattr(sys, name, None)

@@ -1,7 +1,10 @@
-"""The leak check itself can fail."""
+"""The leak check itself can fail; the shared test shell lets go of what a test left in it."""
 
+import gc
 import threading
+import weakref
 
+from ipython_shell import traceml_shell
 from leakcheck import ORIGINAL_NEXT, force_clean, leak_report
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -51,3 +54,24 @@ def test_a_thread_left_running_fails_the_test_that_left_it_and_no_later_one():
     finally:
         stop.set()
         t.join()
+
+
+def test_the_shared_shell_lets_go_of_a_tests_objects_and_its_last_error():
+    """IPython's test shell is one for the whole suite: what a test's cells made must not live
+    on in its namespace, nor in the last error's frames (every later collection of the suite's
+    heap would walk it)."""
+    setup = "import weakref\nclass Kept:\n    pass\nkept = Kept()\nrefs = []"
+    failing = (
+        "def fail():\n"
+        "    held = Kept()  # only this frame holds it\n"
+        "    refs.append(weakref.ref(held))\n"
+        "    raise ValueError('on purpose')\n"
+        "fail()"
+    )
+    with traceml_shell(setup) as shell:
+        refs = shell.user_ns["refs"]
+        refs.append(weakref.ref(shell.user_ns["kept"]))
+        assert not shell.run_cell(failing).success
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
+    assert "kept" not in shell.user_ns
