@@ -23,7 +23,7 @@ fi
 # images, some notebook hosts) every process that imports it would compile it again (~0.15 s).
 compiled=(traceml_nb)
 if [[ "$extras" == *test* ]]; then compiled+=(tests benchmarks); fi
-.venv/bin/python -m compileall -q "${compiled[@]}" >/dev/null
+.venv/bin/python -m compileall -q "${compiled[@]}"
 # the kernel that notebooks and tests run in is this venv's python
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (traceml_nb)" >/dev/null
 
