@@ -492,6 +492,31 @@ def test_a_loader_with_persistent_workers_starts_its_epochs_over_on_one_iterator
     assert run.record.loaders[0].epochs == 2
 
 
+def test_an_epoch_start_processed_before_its_fetch_keeps_what_it_logged() -> None:
+    """The wrapper looks at its log between an epoch's start and its first fetch (a loop that
+    makes a new iterator every few batches processes it there), so the two can be processed
+    apart: the epoch's samples and what iterates the loader are still those logged at its
+    start, not read again later."""
+    from traceml_nb.engine.events import EPOCH_STARTED, EXHAUSTED, FETCH
+    from traceml_nb.engine.instrument.tracer import StepTracer
+    from traceml_nb.engine.record import RunRecord
+
+    it = iter(DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=4))  # 10 samples now
+    tracer = StepTracer(RunRecord())
+    tracer.log.append((EPOCH_STARTED, it, 6, "transformers"))  # 6 when the epoch started
+    tracer.process()
+    tracer.log += [
+        (FETCH, it, 1, 100, 150, -1, None, None),
+        (FETCH, it, 2, 200, 250, -1, None, None),
+    ]
+    tracer.process()
+    tracer.log.append((EXHAUSTED, it, 300, None))
+    tracer.close()
+    (info,) = tracer.record.loaders
+    assert info.driver == "transformers"
+    assert list(tracer.record.steps.batch) == [4, 2]
+
+
 def test_optimizer_steps_counted_after_the_first_loader_step_keep_their_place() -> None:
     """Once a loader has closed a step the hook only counts; each count is applied where it
     happened: two optimizers a step (GAN style), an extra step after the epoch, and an
@@ -777,7 +802,8 @@ def test_a_bug_in_our_processing_stops_the_tracing_not_the_training(monkeypatch,
     real = StepSegmenter._fetch
 
     def broken_later(self, event):
-        if self.record.loaders[0].fetches >= 300:
+        loaders = self.record.loaders  # (the fetch announces its loader: none at the first)
+        if loaders and loaders[0].fetches >= 300:
             raise RuntimeError("a bug of ours")
         real(self, event)
 

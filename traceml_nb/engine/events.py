@@ -108,7 +108,8 @@ class Marker(_Event):
 class EpochStarted(_Event):
     """An iterator's first batch of an epoch is about to be logged: how many samples its
     sampler holds now (a sampler's length may change between epochs); logged by the
-    training thread, read by the tracer (the segmenter sees an :class:`IteratorStarted`)."""
+    training thread, kept by the segmenter for that fetch, which has the tracer announce the
+    iterator (an :class:`IteratorStarted`) with these fields."""
 
     __slots__ = ()
     _fields = ("iterator", "samples", "driver")

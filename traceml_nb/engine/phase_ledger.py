@@ -33,9 +33,13 @@ class PhaseLedger:
         #: copy, forward, backward and optimizer time so far (the record's PHASE_COLUMNS), ns
         self.totals = [0] * PHASE_WIDTH
         self.sampling = False  #: the instruments are on: a step that begins gets a mark
-        self._turned_off = False  #: off, by the optimizer step whose end comes next
+        #: off, by the optimizer step whose end comes next; the segmenter sets it False once it
+        #: has looked at every open step's mark at that step (:meth:`still_timed`)
+        self.turned_off = False
         self._offs = 0  #: times they were turned off
-        self._copy_from = -1  #: the last fetch's return, until a forward starts after it
+        #: the last fetch's return, until a forward starts after it (the segmenter sets it at
+        #: each fetch: the input copy runs from there to the next forward's start)
+        self.copy_from = -1
         #: the phases' CUDA events no step claimed yet, ``(sequence number, *GpuPhase)``
         self._gpu: list[tuple[int, int, EventLike, EventLike]] = []
         self._gpu_seq = 0  #: GPU phases logged so far
@@ -44,16 +48,12 @@ class PhaseLedger:
         """The mark of a step that begins now."""
         return (*self.totals, self._offs, self._gpu_seq) if self.sampling else ()
 
-    def fetched(self, t_exit_ns: int) -> None:
-        """A batch arrived: the input copy runs until the next forward starts."""
-        self._copy_from = t_exit_ns
-
     def phase(self, ev: Phase) -> None:
         _, phase, t_start, t_end, gpu_start, gpu_end = ev
         totals = self.totals
-        if phase == FORWARD and self._copy_from >= 0:
-            totals[0] += max(0, t_start - self._copy_from)
-            self._copy_from = -1
+        if phase == FORWARD and self.copy_from >= 0:
+            totals[0] += max(0, t_start - self.copy_from)
+            self.copy_from = -1
         totals[phase + 1] += t_end - t_start
         if gpu_start is not None or gpu_end is not None:
             self._gpu.append((self._gpu_seq, phase, gpu_start, gpu_end))
@@ -61,21 +61,17 @@ class PhaseLedger:
 
     def turned(self, ev: Sampling) -> None:
         self.sampling = ev[1]
-        self._turned_off = not self.sampling
+        self.turned_off = not self.sampling
         if not self.sampling:
-            self._copy_from = -1
+            self.copy_from = -1
             self._offs += 1
 
     def still_timed(self, mark: Mark) -> Mark:
         """At an optimizer step, the mark of a step still open: () once part of it went
-        untimed (call :meth:`optimizer_stepped` after every open step's mark was looked at)."""
-        if mark and not self._turned_off and mark[PHASE_WIDTH] != self._offs:
+        untimed (set :attr:`turned_off` False after every open step's mark was looked at)."""
+        if mark and not self.turned_off and mark[PHASE_WIDTH] != self._offs:
             return ()
         return mark
-
-    def optimizer_stepped(self) -> None:
-        """The optimizer step that turned the instruments off has been seen."""
-        self._turned_off = False
 
     def of_step(self, mark: Mark) -> tuple[int, int, int, int] | None:
         """The phases of a step that ends now, begun with ``mark`` (None: it has none)."""

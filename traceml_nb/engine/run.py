@@ -425,6 +425,13 @@ class Run:
             return self.record.snapshot(start_row, samples=samples)
         return tracer.read(lambda: self.record.snapshot(start_row, samples=samples))
 
+    def catch_up(self) -> None:
+        """Turn what the run has logged so far into step rows now, on the calling thread: a
+        reader about to copy the whole record (:meth:`snapshot`) whose copy's time it counts
+        apart from the engine's work."""
+        if self._tracer is not None:
+            self._tracer.process()
+
     @contextmanager
     def reading(self) -> Iterator[None]:
         """For a thread that calls :meth:`snapshot` regularly while the run goes on (a live

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .events import (
+    EPOCH_STARTED,
     EXHAUSTED,
     FETCH,
     ITERATOR_STARTED,
@@ -46,6 +47,7 @@ from .events import (
     OPTIMIZER_STEP,
     PHASE,
     SAMPLING,
+    EpochStarted,
     Event,
     EventLike,
     Exhausted,
@@ -54,6 +56,7 @@ from .events import (
     Marker,
     OptimizerStep,
 )
+from .open_steps import IteratorCount, LoaderSteps
 from .optimizer_info import optimizer_info
 from .phase_ledger import GpuPhase, Mark, PhaseLedger
 from .record import (
@@ -77,75 +80,40 @@ from .record import (
 #: closed, and no later one holds it.
 GpuStep = tuple[int, EventLike, EventLike, EventLike, tuple[GpuPhase, ...] | None]
 GpuSink = Callable[[list[GpuStep], list[tuple[int, EventLike]]], None]
-
-
-def counted_size(batch_size: int, samples: int, number: int) -> int:
-    """Samples in batch ``number`` (from 1) of an epoch of ``samples`` batched by
-    ``batch_size`` (a loader whose sizes are counted:
-    :func:`traceml_nb.engine.instrument.loader.counted_batch_size`): ``batch_size`` for every batch
-    but the epoch's last, which holds what is left. Where ``samples`` is unknown (-1: the
-    sampler has no length) every batch counts as full; the segmenter makes the epoch's last
-    one unknown when the epoch ends."""
-    if samples < 0:
-        return batch_size
-    left = samples - (number - 1) * batch_size
-    return min(batch_size, left) if left > 0 else -1
-
-
-class _Loader:
-    """One loader's open step and counters."""
-
-    __slots__ = (
-        "slot",
-        "info",
-        "start",
-        "wait",
-        "batch",
-        "flags",
-        "inside",
-        "last_optimizer_ns",
-        "gpu_enter",
-        "gpu_exit",
-        "since_optimizer",
-        "first_fetch_ns",
-        "phase_mark",
-    )
-
-    def __init__(self, slot: int, info: LoaderInfo) -> None:
-        self.slot = slot
-        self.info = info
-        self.start = -1  #: entry of the open step's fetch, -1 while no step is open
-        self.wait = 0
-        self.batch = -1
-        self.flags = 0
-        self.inside: set[int] = set()  #: slots of the other loaders fetched inside the open step
-        self.last_optimizer_ns = -1  #: the last optimizer step inside the open step
-        self.gpu_enter: EventLike | None = None
-        self.gpu_exit: EventLike | None = None
-        self.since_optimizer = 0  #: fetches since the last optimizer step
-        self.first_fetch_ns = -1  #: when the loader's first fetch of the run was entered
-        #: the phase totals when the open step began, () when it began unsampled
-        self.phase_mark: Mark = ()
+#: Announces an iterator whose fetch the segmenter meets while it does not know it, or while
+#: its batch count has fallen (a new epoch, or a new iterator that took a dead one's id):
+#: called with the iterator and its :class:`~.events.EpochStarted` fields ``(samples,
+#: driver)`` when one was logged for it since, else None (it started before the run); returns
+#: the :class:`~.events.IteratorStarted` to apply before the fetch.
+Announcer = Callable[[Any, "tuple[int, str | None] | None"], IteratorStarted]
 
 
 class StepSegmenter:
     """Turns events into step rows of ``record`` (see the module docstring for the rules).
 
     Feed it the events in the order they were logged; :meth:`finish` closes what the run's end
-    left open. Not thread-safe: its owner serialises the calls.
+    left open. Not thread-safe: its owner serialises the calls. An iterator is known from its
+    :class:`~.events.IteratorStarted`; with an ``announce`` (:data:`Announcer`), a fetch of an
+    iterator not known, or whose batch count fell, has it announced first.
     """
 
-    def __init__(self, record: RunRecord, gpu_sink: GpuSink | None = None) -> None:
+    def __init__(
+        self,
+        record: RunRecord,
+        gpu_sink: GpuSink | None = None,
+        announce: Announcer | None = None,
+    ) -> None:
         self.record = record
         self._t0 = record.t0_ns
         self._gpu_sink = gpu_sink
-        self._loaders: dict[int, _Loader] = {}  #: by loader key
-        self._by_slot: dict[int, _Loader] = {}
-        #: by id() of the iterator: its loader, and the batch size and epoch's samples its sizes
-        #: are counted with (0: they are read)
-        self._iterators: dict[int, tuple[_Loader, int, int]] = {}
-        self._open: dict[int, _Loader] = {}  #: loaders with an open step, by slot
-        self._current: _Loader | None = None  #: the loader fetched last
+        self._announce = announce
+        self._loaders: dict[int, LoaderSteps] = {}  #: by loader key
+        self._by_slot: dict[int, LoaderSteps] = {}
+        self._iterators: dict[int, IteratorCount] = {}  #: by id() of the iterator
+        #: by id() of an iterator: the EpochStarted fields logged for its next fetch
+        self._starting: dict[int, tuple[int, str | None]] = {}
+        self._open: dict[int, LoaderSteps] = {}  #: loaders with an open step, by slot
+        self._current: LoaderSteps | None = None  #: the loader fetched last
         self._after_optimizer = True  #: the next fetch begins a step
         self._lead_optimizer: int | None = None
         self._optimizers_seen: set[int] = set()  #: ``id()`` of each optimizer recorded
@@ -155,7 +123,7 @@ class StepSegmenter:
         self._epoch_started_since_optimizer = False
         self._trained = False  #: an optimizer step has run
         self._rows_needed: bool | None = None  #: optimizer rows needed, once it is decided
-        self._phase: _Loader | None = None  #: the loader whose phase runs (see ``phase_ns``)
+        self._phase: LoaderSteps | None = None  #: the loader whose phase runs (see ``phase_ns``)
         self._phase_start_ns = 0
         self._marker_prev_ns = 0
         self._marker_wait_mark = 0
@@ -169,10 +137,11 @@ class StepSegmenter:
         self._gpu: list[GpuStep] = []
         self._gpu_done: list[tuple[int, EventLike]] = []  #: CUDA events let go of, for the sink
         #: by event kind (an event's first item)
-        self._handlers: dict[int, Callable[[Any], None]] = {
+        self._handlers: dict[int, Callable[[Any], object]] = {
             FETCH: self._fetch,
             OPTIMIZER_STEP: self._optimizer_step,
             ITERATOR_STARTED: self._iterator_started,
+            EPOCH_STARTED: self._epoch_started,
             EXHAUSTED: self._exhausted,
             MARKER: self._marker,
             PHASE: self._phases.phase,
@@ -196,36 +165,53 @@ class StepSegmenter:
         self._end_phase(t_end_ns)
         try:
             for st in list(self._open.values()):
-                self._close(st, t_end_ns, None, truncated=True)
+                self._close(st, t_end_ns, None, True)
         finally:
             self._flush()
 
     # --- events ------------------------------------------------------------------------------
-    def _iterator_started(self, ev: IteratorStarted) -> None:
+    def _iterator_started(self, ev: IteratorStarted) -> IteratorCount:
         _, iterator, loader, settings, batch_size, samples = ev
         st = self._loaders.get(loader)
         if st is None:
             slot = len(self.record.loaders)
-            if settings is None or slot >= MAX_LOADERS:
-                self._iterators.pop(id(iterator), None)
-                return  # past MAX_LOADERS: counted nowhere rather than mislabelled
-            settings.slot = slot
-            st = _Loader(slot, settings)
-            self.record.loaders.append(settings)
-            self._loaders[loader] = st
-            self._by_slot[slot] = st
-        self._iterators[id(iterator)] = (st, batch_size, samples)
+            if settings is not None and slot < MAX_LOADERS:
+                settings.slot = slot
+                st = LoaderSteps(slot, settings)
+                self.record.loaders.append(settings)
+                self._loaders[loader] = st
+                self._by_slot[slot] = st
+            # else: past MAX_LOADERS, counted nowhere rather than mislabelled
+        known = self._iterators[id(iterator)] = IteratorCount(st, batch_size, samples)
+        return known
+
+    def _epoch_started(self, ev: EpochStarted) -> None:
+        self._starting[id(ev[1])] = (ev[2], ev[3])
+
+    def _starts(self, iterator: Any, key: int, known: IteratorCount | None) -> IteratorCount | None:
+        """A fetch of ``iterator`` that the segmenter does not know, or whose count fell:
+        announced, if there is an announcer (else as it was)."""
+        if self._announce is None:
+            return known
+        return self._iterator_started(self._announce(iterator, self._starting.pop(key, None)))
 
     def _fetch(self, ev: Fetch) -> None:
         _, iterator, number, t_enter, t_exit, size, gpu_enter, gpu_exit = ev
-        known = self._iterators.get(id(iterator))
-        if known is None:
+        key = id(iterator)
+        known = self._iterators.get(key)
+        if known is None or number <= known.last:
+            known = self._starts(iterator, key, known)
+            if known is None:
+                self._let_go(gpu_enter, gpu_exit)
+                return
+        known.last = number
+        st = known.loader
+        if st is None:
             self._let_go(gpu_enter, gpu_exit)
             return  # a loader past MAX_LOADERS
-        st, per_batch, samples = known
-        batch = counted_size(per_batch, samples, number) if per_batch else size
+        batch = known.batch(number, size)
         if st.start >= 0:
-            self._close(st, t_enter, gpu_enter, truncated=False)
+            self._close(st, t_enter, gpu_enter, False)
         wait = t_exit - t_enter
         info = st.info
         info.fetches += 1
@@ -254,14 +240,14 @@ class StepSegmenter:
         st.gpu_exit = gpu_exit
         ledger = self._phases
         st.phase_mark = ledger.mark() if ledger.sampling else ()
-        ledger.fetched(t_exit)
+        ledger.copy_from = t_exit  # the input copy runs until the next forward starts
         open_steps[slot] = st
         self._current = st
         self._wait_total += wait
         self._last_batch = batch
 
     def _first_fetches(
-        self, st: _Loader, info: LoaderInfo, first: bool, t_enter: int, wait: int
+        self, st: LoaderSteps, info: LoaderInfo, first: bool, t_enter: int, wait: int
     ) -> None:
         """What a fetch counts when it is the loader's first of the run, begins an epoch, or
         comes before the run's first optimizer step."""
@@ -274,7 +260,7 @@ class StepSegmenter:
         if not self._trained:
             info.fetches_before_training += 1
 
-    def _change_phase(self, st: _Loader, t_enter: int) -> None:
+    def _change_phase(self, st: LoaderSteps, t_enter: int) -> None:
         """A fetch of ``st`` after another loader's phase, or of a loader no optimizer step has
         followed yet: the phase away from training ends, or begins (see ``LoaderInfo.phase_ns``)."""
         if self._phase is not None:
@@ -284,12 +270,14 @@ class StepSegmenter:
 
     def _exhausted(self, ev: Exhausted) -> None:
         _, iterator, t_enter, gpu_enter = ev
-        known = self._iterators.pop(id(iterator), None)
-        if known is not None and known[0].start >= 0:
-            st, per_batch, samples = known
-            if per_batch and samples < 0:
+        key = id(iterator)
+        known = self._iterators.pop(key, None)
+        self._starting.pop(key, None)
+        st = known.loader if known is not None else None
+        if st is not None and st.start >= 0:
+            if known.per_batch and known.samples < 0:  # type: ignore[union-attr]
                 st.batch = -1  # the epoch's last batch, of a sampler without a length: unknown
-            self._close(st, t_enter, gpu_enter, truncated=False)
+            self._close(st, t_enter, gpu_enter, False)
         self._let_go(gpu_enter)  # the end of the step it closed, the start of none
 
     def _optimizer_step(self, ev: OptimizerStep) -> None:
@@ -303,7 +291,7 @@ class StepSegmenter:
             self._optimizer_phase_mark = ledger.still_timed(self._optimizer_phase_mark)
         if self._marker_phase_mark:
             self._marker_phase_mark = ledger.still_timed(self._marker_phase_mark)
-        ledger.optimizer_stepped()
+        ledger.turned_off = False  # the optimizer step that turned them off has been seen
         if self._phase is not None:
             self._end_phase(t_ns)
         self._trained = True
@@ -325,18 +313,21 @@ class StepSegmenter:
                         st.last_optimizer_ns = t_ns
                 st.since_optimizer = 0
         key = id(optimizer)
-        if key not in self._optimizers_seen:
-            self._optimizers_seen.add(key)
-            self.record.optimizers.append(optimizer_info(optimizer))
-        if self._lead_optimizer is None:
-            self._lead_optimizer = key
-        if key == self._lead_optimizer:
+        lead = self._lead_optimizer
+        if key != lead:  # (the lead optimizer was recorded at its first step)
+            if key not in self._optimizers_seen:
+                self._optimizers_seen.add(key)
+                self.record.optimizers.append(optimizer_info(optimizer))
+            if lead is None:
+                lead = self._lead_optimizer = key
+        if key == lead:
             if self._rows_needed is not False and self._optimizer_rows_needed():
                 self._optimizer_row(t_ns)
             self._optimizer_prev_ns = t_ns
             self._optimizer_wait_mark = self._wait_total
             self._optimizer_phase_mark = ledger.mark() if ledger.sampling else ()
-            self._fetched_since_optimizer.clear()
+            if self._fetched_since_optimizer:
+                self._fetched_since_optimizer.clear()
             self._epoch_started_since_optimizer = False
 
     def _optimizer_rows_needed(self) -> bool:
@@ -404,11 +395,12 @@ class StepSegmenter:
 
     # --- rows --------------------------------------------------------------------------------
     def _close(
-        self, st: _Loader, t_end_ns: int, next_gpu: EventLike | None, *, truncated: bool
+        self, st: LoaderSteps, t_end_ns: int, next_gpu: EventLike | None, truncated: bool
     ) -> None:
         """Write ``st``'s open step as a row, ending at ``t_end_ns``."""
         flags = st.flags
-        if st.inside and any(not self._by_slot[slot].info.is_training for slot in st.inside):
+        inside = st.inside
+        if inside and any(not self._by_slot[slot].info.is_training for slot in inside):
             flags |= FLAG_INTERLEAVED
         end = t_end_ns
         if truncated:
@@ -423,9 +415,13 @@ class StepSegmenter:
                 info.epoch_first_rows_without_step += 1
             else:
                 info.rows_without_step += 1
-        self._row(st.start, end - st.start, st.wait, st.batch, st.slot, flags, st.phase_mark)
+        began = st.start
+        mark = st.phase_mark
+        # (_row, inlined)
+        self._rows.append((began - self._t0, end - began, st.wait, st.batch, st.slot, flags))
+        self._row_phases.append(self._phases.of_step(mark) if mark else None)
         if self._gpu_sink is not None:
-            phases, gone = self._phases.gpu_of_step(st.phase_mark)
+            phases, gone = self._phases.gpu_of_step(mark)
             enter, exit_ = st.gpu_enter, st.gpu_exit
             if enter is not None and exit_ is not None and next_gpu is not None:
                 row = len(self.record.steps) + len(self._rows) - 1  # its index, once written
@@ -435,8 +431,8 @@ class StepSegmenter:
             self._let_go(*gone, enter, exit_)
             st.gpu_enter = st.gpu_exit = None
         st.start = -1
-        if st.inside:
-            st.inside.clear()
+        if inside:
+            inside.clear()
         st.last_optimizer_ns = -1
         del self._open[st.slot]
 

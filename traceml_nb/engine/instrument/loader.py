@@ -75,7 +75,7 @@ def counted_batch_size(it: Any) -> int:
     batch costs far more with the caches cold after a model's step. A custom collate, a custom
     batch sampler or an iterable dataset can yield other sizes: their batches are read
     (:func:`batch_size_of`). The wrapper (:meth:`.tracer.StepTracer.wrap_next`) makes the same
-    decision on every fetch; the segmenter counts (:func:`traceml_nb.engine.segment.counted_size`).
+    decision on every fetch; the segmenter counts (:meth:`traceml_nb.engine.open_steps.IteratorCount.batch`).
     """
     from torch.utils.data import BatchSampler, default_collate
 

@@ -6,8 +6,8 @@ The hot path, a fetch, reads two clocks and the iterator's batch count and appen
 (:func:`~.loader.counted_batch_size`); an optimizer step appends one more. On CUDA a fetch also
 records two pooled CUDA events (:mod:`.gpu_events`).
 Everything else happens later, many events at a time, on whichever thread processes the log:
-iterators new to the run or starting an epoch over are announced with their loader's settings,
-and the segmenter writes the rows. Who processes:
+the segmenter writes the rows, and has the tracer announce each iterator new to the run or
+starting an epoch over, with its loader's settings. Who processes:
 
 * with a reader attached (:meth:`StepTracer.attach_reader`: the live view, which asks for fresh
   rows before each of its updates), the reader's thread; the training thread only past
@@ -27,17 +27,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ..events import (
-    EPOCH_STARTED,
-    EXHAUSTED,
-    FETCH,
-    MARKER,
-    OPTIMIZER_STEP,
-    IteratorStarted,
-)
+from ..events import EPOCH_STARTED, EXHAUSTED, FETCH, MARKER, OPTIMIZER_STEP, IteratorStarted
 from ..record import RunRecord
 from ..segment import StepSegmenter
 from .gpu_events import GpuStallTimer
@@ -97,9 +90,9 @@ class StepTracer:
         self.reader_processing_ns = 0
         #: called once if the tracing stops on an error (the hooks take the optimizer hook back)
         self.on_stop: Callable[[], None] | None = None
-        self._segmenter = StepSegmenter(record, gpu.take if gpu is not None else None)
-        #: id of each iterator announced to the segmenter -> its last batch count
-        self._iterators: dict[int, int] = {}
+        self._segmenter = StepSegmenter(
+            record, gpu.take if gpu is not None else None, announce=self._announce
+        )
         #: loader key -> its batch sampler, held so that no other object takes its id
         self._loaders: dict[int, Any] = {}
 
@@ -252,39 +245,21 @@ class StepTracer:
         del log[:n]  # what another thread appended meanwhile stays, in order
         pending = iter(logged)
         try:
-            self._segmenter.feed(self._events(pending))
+            self._segmenter.feed(pending)
         except BaseException:
             log[:0] = list(pending)
             raise
 
-    def _events(self, logged: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
-        """The logged events, each fetch of an iterator that is new to the run or starts its
-        epoch over (its batch count fell: a new iterator that took a dead one's id starts at 1
-        too) announced first."""
-        iterators = self._iterators
-        starting: dict[int, tuple[int, str | None]] = {}  # iterator id -> its EPOCH_STARTED
-        for item in logged:
-            kind = item[0]
-            if kind == EPOCH_STARTED:
-                starting[id(item[1])] = (item[2], item[3])
-                continue
-            if kind == FETCH:
-                it, number = item[1], item[2]
-                key = id(it)
-                last = iterators.get(key)
-                if last is None or number <= last:
-                    samples, driver = starting.pop(key, (None, None))
-                    if samples is None:  # it started before the run: its epoch is this one
-                        samples = epoch_samples(it._index_sampler) if counted_batch_size(it) else -1
-                    yield self._announce(it, samples, driver)
-                iterators[key] = number
-            elif kind == EXHAUSTED:
-                iterators.pop(id(item[1]), None)
-            yield item
-
-    def _announce(self, it: Any, samples: int, driver: str | None) -> IteratorStarted:
-        """``it`` starts an epoch of ``samples`` samples (-1 unknown), or is new to the run:
-        with its loader's settings (and what iterates it) the first time that loader is seen."""
+    def _announce(self, it: Any, starting: tuple[int, str | None] | None) -> IteratorStarted:
+        """The segmenter meets a fetch of ``it`` new to the run or starting its epoch over;
+        ``starting``: the ``(samples, driver)`` logged when its epoch started, None if it
+        started before the run (its epoch is this one). With its loader's settings (and what
+        iterates it) the first time that loader is seen."""
+        if starting is None:
+            samples = epoch_samples(it._index_sampler) if counted_batch_size(it) else -1
+            driver = None
+        else:
+            samples, driver = starting
         loader = id(it._index_sampler)
         settings = None
         if loader not in self._loaders:
@@ -330,4 +305,3 @@ class StepTracer:
                 self.deactivate()
                 self.log.clear()
                 self._loaders.clear()  # a sampler holds its dataset
-                self._iterators.clear()

@@ -1,0 +1,75 @@
+"""What the step segmenter (:mod:`traceml_nb.engine.segment`) keeps while a run goes on: each
+loader's open step and counters, and each iterator's batch count and how its batches are
+counted."""
+
+from __future__ import annotations
+
+from .events import EventLike
+from .phase_ledger import Mark
+from .record import LoaderInfo
+
+
+class LoaderSteps:
+    """One loader's open step and counters."""
+
+    __slots__ = (
+        "slot",
+        "info",
+        "start",
+        "wait",
+        "batch",
+        "flags",
+        "inside",
+        "last_optimizer_ns",
+        "gpu_enter",
+        "gpu_exit",
+        "since_optimizer",
+        "first_fetch_ns",
+        "phase_mark",
+    )
+
+    def __init__(self, slot: int, info: LoaderInfo) -> None:
+        self.slot = slot
+        self.info = info
+        self.start = -1  #: entry of the open step's fetch, -1 while no step is open
+        self.wait = 0
+        self.batch = -1
+        self.flags = 0
+        self.inside: set[int] = set()  #: slots of the other loaders fetched inside the open step
+        self.last_optimizer_ns = -1  #: the last optimizer step inside the open step
+        self.gpu_enter: EventLike | None = None
+        self.gpu_exit: EventLike | None = None
+        self.since_optimizer = 0  #: fetches since the last optimizer step
+        self.first_fetch_ns = -1  #: when the loader's first fetch of the run was entered
+        #: the phase totals when the open step began, () when it began unsampled
+        self.phase_mark: Mark = ()
+
+
+class IteratorCount:
+    """An iterator the segmenter was told of (an :class:`~.events.IteratorStarted`): its
+    loader's steps (None: a loader past ``MAX_LOADERS``, counted nowhere), the batch size
+    ``per_batch`` and the epoch's ``samples`` (-1 unknown) its batches are counted with (0:
+    their sizes are read: :func:`traceml_nb.engine.instrument.loader.counted_batch_size`), and
+    its batch count at its last fetch."""
+
+    __slots__ = ("loader", "per_batch", "samples", "last")
+
+    def __init__(self, loader: LoaderSteps | None, per_batch: int, samples: int) -> None:
+        self.loader = loader
+        self.per_batch = per_batch
+        self.samples = samples
+        self.last = 0
+
+    def batch(self, number: int, read: int) -> int:
+        """Samples in batch ``number`` (from 1) of the epoch, ``read`` being the size the
+        fetch read off the batch (-1: not read). Counted, ``per_batch`` for every batch but
+        the epoch's last, which holds what is left; where ``samples`` is unknown (the sampler
+        has no length) every batch counts as full, and the segmenter makes the epoch's last
+        one unknown when the epoch ends."""
+        per_batch = self.per_batch
+        if not per_batch:
+            return read
+        if self.samples < 0:
+            return per_batch
+        left = self.samples - (number - 1) * per_batch
+        return (per_batch if per_batch < left else left) if left > 0 else -1
