@@ -878,6 +878,26 @@ def _spin(cpu_s: float) -> None:
         pass
 
 
+def test_a_verdict_tick_counts_the_engines_work_as_reading_not_as_its_own(monkeypatch):
+    """The verdict's tick copies the whole record; the rows are brought up to date first, and
+    that time is the engine's (``reading_s``), not the view's own, which paces its ticks."""
+    with traceml_nb.Run("verdict-reading", sample=False) as run:
+        original_catch_up = run.catch_up
+
+        def slow_catch_up():
+            _spin(0.2)
+            original_catch_up()
+
+        run.catch_up = slow_catch_up
+        view = LiveView(run, display=False, settle_s=0)
+        view.start(background=False)
+        train(0.3)
+        assert view.tick(final=True)  # the last tick always has the verdict
+    assert view.error is None, run.capabilities.notes
+    assert view.reading_s >= 0.2
+    assert view.busy_s - view.reading_s < 0.2
+
+
 @pytest.mark.parametrize("slow", ["drawing", "reading"])
 def test_the_view_spaces_its_ticks_by_its_own_work_not_by_the_engines(monkeypatch, slow):
     """20 ms of the view's own CPU a tick puts the next one off by MAX_TICK_S; the same time
@@ -899,6 +919,14 @@ def test_the_view_spaces_its_ticks_by_its_own_work_not_by_the_engines(monkeypatc
             return original_snapshot(*args, **kwargs)
 
         run.snapshot = slow_snapshot
+        original_catch_up = run.catch_up
+
+        def slow_catch_up():  # the rows brought up to date before the verdict's copy
+            if slow == "reading":
+                _spin(0.02)
+            original_catch_up()
+
+        run.catch_up = slow_catch_up
         view = LiveView(run, display=False)
         started = time.monotonic()
         view.start()

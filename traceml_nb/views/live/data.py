@@ -97,29 +97,35 @@ def bucket_size(rows: int, max_points: int = MAX_POINTS) -> int:
 
 
 def bucket_medians(values: np.ndarray, k: int, *, partial: bool) -> np.ndarray:
-    """Median of each run of ``k`` values (``NaN`` ignored; ``NaN`` where none was measured).
+    """Median of each run of ``k`` values (``NaN`` ignored; ``NaN`` where none was measured),
+    along the last axis: ``values`` is one series, or several as rows (one call for all of
+    them costs about what one series does).
 
     Only whole buckets unless ``partial``, which makes the remainder a last, shorter bucket.
     """
     values = np.asarray(values, dtype=np.float64)
-    whole = len(values) // k
-    tail = len(values) - whole * k if partial else 0
-    out = np.full(whole + (1 if tail else 0), NAN)
+    lead = values.shape[:-1]
+    n = values.shape[-1]
+    whole = n // k
+    tail = n - whole * k if partial else 0
+    out = np.full((*lead, whole + (1 if tail else 0)), NAN)
     if whole:
-        grid = values[: whole * k].reshape(whole, k)
+        grid = values[..., : whole * k].reshape(*lead, whole, k)
+        head = out[..., :whole]  # (a view: written in place)
         if k == 1:
-            out[:whole] = grid[:, 0]
+            head[...] = grid[..., 0]
         else:
-            out[:whole] = np.median(grid, axis=1)  # NaN where a bucket has a NaN...
+            head[...] = np.median(grid, axis=-1)  # NaN where a bucket has a NaN...
             gaps = np.isnan(grid)
-            partly = gaps.any(axis=1) & ~gaps.all(axis=1)
+            partly = gaps.any(axis=-1) & ~gaps.all(axis=-1)
             if partly.any():  # ...so those are redone without their NaN (all-NaN stay NaN)
-                out[:whole][partly] = np.nanmedian(grid[partly], axis=1)
+                head[partly] = np.nanmedian(grid[partly], axis=-1)
     if tail:
-        rest = values[whole * k :]
-        rest = rest[~np.isnan(rest)]
-        if len(rest):
-            out[-1] = float(np.median(rest))
+        for row in np.ndindex(*lead):  # (one series: the one row ())
+            rest = values[row][whole * k :]
+            rest = rest[~np.isnan(rest)]
+            if len(rest):
+                out[row][-1] = float(np.median(rest))
     return out
 
 
@@ -275,19 +281,21 @@ def bin_steps(
     parts = shares * rest_ms[:, None]
     known = ~np.isnan(shares).any(axis=1)
     other_ms = np.where(known, rest_ms - np.nan_to_num(parts).sum(axis=1), rest_ms)
+    medians = bucket_medians(
+        np.vstack([wait_ms, rest_ms, wall_ms, parts.T, np.maximum(other_ms, 0.0)]),
+        k,
+        partial=partial,
+    )
     data = {
         "step": first_step + (lo + hi + 1) / 2,  # middle of the bucket's steps, 1-based
         "t_s": (rows.start_ns[last] + rows.wall_ns[last]) / 1e9,
-        "wait_ms": bucket_medians(wait_ms, k, partial=partial),
-        "compute_ms": bucket_medians(rest_ms, k, partial=partial),
-        "step_ms": bucket_medians(wall_ms, k, partial=partial),
+        "wait_ms": medians[0],
+        "compute_ms": medians[1],
+        "step_ms": medians[2],
         "samples_per_s": samples_per_s.astype(np.float64),
         "steps_per_s": steps_per_s.astype(np.float64),
-        **{
-            name: bucket_medians(parts[:, j], k, partial=partial)
-            for j, name in enumerate(PHASE_FIELDS)
-        },
-        "other_ms": bucket_medians(np.maximum(other_ms, 0.0), k, partial=partial),
+        **{name: medians[3 + j] for j, name in enumerate(PHASE_FIELDS)},
+        "other_ms": medians[3 + len(PHASE_FIELDS)],
     }
     return data, used
 
