@@ -165,7 +165,7 @@ class StepSegmenter:
         self._end_phase(t_end_ns)
         try:
             for st in list(self._open.values()):
-                self._close(st, t_end_ns, None, True)
+                self._close(st, t_end_ns, None, truncated=True)
         finally:
             self._flush()
 
@@ -188,8 +188,10 @@ class StepSegmenter:
     def _epoch_started(self, ev: EpochStarted) -> None:
         self._starting[id(ev[1])] = (ev[2], ev[3])
 
-    def _starts(self, iterator: Any, key: int, known: IteratorCount | None) -> IteratorCount | None:
-        """A fetch of ``iterator`` that the segmenter does not know, or whose count fell:
+    def _announced(
+        self, iterator: Any, key: int, known: IteratorCount | None
+    ) -> IteratorCount | None:
+        """The iterator of a fetch that the segmenter does not know, or whose count fell,
         announced, if there is an announcer (else as it was)."""
         if self._announce is None:
             return known
@@ -200,7 +202,7 @@ class StepSegmenter:
         key = id(iterator)
         known = self._iterators.get(key)
         if known is None or number <= known.last:
-            known = self._starts(iterator, key, known)
+            known = self._announced(iterator, key, known)
             if known is None:
                 self._let_go(gpu_enter, gpu_exit)
                 return
@@ -211,7 +213,7 @@ class StepSegmenter:
             return  # a loader past MAX_LOADERS
         batch = known.batch(number, size)
         if st.start >= 0:
-            self._close(st, t_enter, gpu_enter, False)
+            self._close(st, t_enter, gpu_enter, truncated=False)
         wait = t_exit - t_enter
         info = st.info
         info.fetches += 1
@@ -273,11 +275,10 @@ class StepSegmenter:
         key = id(iterator)
         known = self._iterators.pop(key, None)
         self._starting.pop(key, None)
-        st = known.loader if known is not None else None
-        if st is not None and st.start >= 0:
-            if known.per_batch and known.samples < 0:  # type: ignore[union-attr]
-                st.batch = -1  # the epoch's last batch, of a sampler without a length: unknown
-            self._close(st, t_enter, gpu_enter, False)
+        if known is not None and known.loader is not None and known.loader.start >= 0:
+            if known.per_batch and known.samples < 0:
+                known.loader.batch = -1  # the epoch's last batch, of a sampler without a length
+            self._close(known.loader, t_enter, gpu_enter, truncated=False)
         self._let_go(gpu_enter)  # the end of the step it closed, the start of none
 
     def _optimizer_step(self, ev: OptimizerStep) -> None:
@@ -395,7 +396,7 @@ class StepSegmenter:
 
     # --- rows --------------------------------------------------------------------------------
     def _close(
-        self, st: LoaderSteps, t_end_ns: int, next_gpu: EventLike | None, truncated: bool
+        self, st: LoaderSteps, t_end_ns: int, next_gpu: EventLike | None, *, truncated: bool
     ) -> None:
         """Write ``st``'s open step as a row, ending at ``t_end_ns``."""
         flags = st.flags
@@ -417,7 +418,7 @@ class StepSegmenter:
                 info.rows_without_step += 1
         began = st.start
         mark = st.phase_mark
-        # (_row, inlined)
+        # what _row does, written out: a step's close runs once a step
         self._rows.append((began - self._t0, end - began, st.wait, st.batch, st.slot, flags))
         self._row_phases.append(self._phases.of_step(mark) if mark else None)
         if self._gpu_sink is not None:
