@@ -17,7 +17,7 @@ from leakcheck import ORIGINAL_BACKWARD
 from torch.utils.data import DataLoader, TensorDataset
 
 import traceml_nb
-from traceml_nb.analysis.step_anatomy import PARTS, PHASES, step_anatomy
+from traceml_nb.analysis.step_anatomy import NO_PHASES, PARTS, PHASES, step_anatomy
 from traceml_nb.analysis.steps import StepSelection, select_rows
 from traceml_nb.engine.events import FORWARD, OPTIMIZER, PHASE, SAMPLING
 from traceml_nb.engine.instrument import step_phases
@@ -185,6 +185,27 @@ def test_an_evaluation_has_a_forward_and_no_backward_or_optimizer_step() -> None
     assert sampled.all()  # without an optimizer step, every step (and no FLOP count)
     assert np.median(phases[:, 1]) == pytest.approx(truth.median("forward", sampled), rel=TOLERANCE)
     assert (phases[:, 2] == 0).all() and (phases[:, 3] == 0).all()
+
+
+@pytest.mark.parametrize("loop", ["no model", "an optimizer step alone"])
+def test_a_loop_that_calls_no_model_has_its_phases_unavailable_not_zero(loop) -> None:
+    """Without an optimizer the phases stay on every step, and a loop that calls no model (it
+    only iterates its loader) has nothing of a model to time: its phases are unavailable, not
+    four zeros. An optimizer's step alone is a phase, and the anatomy stands."""
+    weight = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([weight], lr=0.1)
+    with traceml_nb.Run("no model", sample=False) as run:
+        for (x,) in DataLoader(TensorDataset(torch.zeros(400, 2)), batch_size=4):
+            if loop == "an optimizer step alone":
+                weight.grad = x.sum().reshape(1)
+                opt.step()
+    steps = _steps(run)
+    anatomy = step_anatomy(steps.wall_ms, steps.wait_ms, steps.phase_ms)
+    if loop == "no model":
+        assert np.isfinite(steps.phase_ms).all()  # timed on every step, at zero
+        assert anatomy.why == NO_PHASES and not anatomy.shares
+    else:
+        assert anatomy.why == "" and anatomy.medians_ms["optimizer"] > 0
 
 
 def test_two_models_with_an_optimizer_each_and_a_model_called_twice_are_one_step() -> None:
