@@ -75,6 +75,22 @@ def test_bucket_medians_ignore_unmeasured_values():
     assert len(bucket_medians(np.array([]), 4, partial=True)) == 0
 
 
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("partial", [False, True])
+def test_bucket_medians_of_several_series_are_each_series_own(k, partial):
+    """The step chart's series go in one call, as rows: each row's medians are the ones it
+    gets alone, NaN buckets, partly measured buckets and the partial tail included."""
+    rng = np.random.default_rng(k)
+    series = rng.random((5, 45))
+    series[rng.random((5, 45)) < 0.25] = NAN
+    series[2, 8:16] = NAN  # a bucket (of k = 8) measured nowhere
+    together = bucket_medians(series, k, partial=partial)
+    alone = [bucket_medians(row, k, partial=partial) for row in series]
+    assert together.shape == (5, len(alone[0]))
+    for row, expected in zip(together, alone, strict=True):
+        np.testing.assert_array_equal(row, expected)  # (NaN where NaN)
+
+
 def test_recent_rate():
     assert recent_rate([]) is None
     assert recent_rate([(1.0, 10)]) is None
