@@ -4,6 +4,9 @@ and each case without a count says why."""
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -11,8 +14,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import traceml_nb
 from traceml_nb.analysis import analyze
+from traceml_nb.analysis.steps import select_rows
 from traceml_nb.engine import flop_capture
 from traceml_nb.engine.instrument import flop_count
+from traceml_nb.engine.record import FLAG_FLOP_COUNTED
 
 
 def _model() -> torch.nn.Module:
@@ -65,6 +70,23 @@ def test_the_count_is_flop_counter_mode_on_the_same_step_and_that_step_is_left_o
     compute_s = summary.compute_ms_median / 1e3  # the median rest of the steady steps
     assert summary.achieved_tflops == pytest.approx(count.flops / compute_s / 1e12)
     assert summary.mfu is None and "CPU" in summary.unavailable["mfu"]
+
+
+def test_a_long_end_of_the_step_before_the_count_does_not_make_it_counted() -> None:
+    """The count opens at an optimizer step's end; what the loop does after that step (here a
+    30 ms sleep, as a busy machine's preemption there would be) is the end of a step that began
+    before the count: only the step that began inside the count is left out."""
+    model = _model()
+    opt = torch.optim.Adam(model.parameters())
+    with traceml_nb.Run("flops", sample=False) as run:
+        for i, (x, y) in enumerate(_loader()):
+            _step(model, opt, x, y)
+            if i == flop_count.COUNT_AFTER_STEPS - 1:  # the count has just opened
+                time.sleep(0.03)
+    selection = select_rows(run.record.snapshot())
+    counted = np.flatnonzero(selection.flags & FLAG_FLOP_COUNTED)
+    assert list(counted) == [flop_count.COUNT_AFTER_STEPS]  # the step after the sleep's
+    assert selection.wall_ms[flop_count.COUNT_AFTER_STEPS - 1] >= 30  # the sleep's own step
 
 
 def test_a_loop_without_an_optimizer_step_has_no_count_and_says_why() -> None:

@@ -135,8 +135,8 @@ def _np(col: array, dtype: str) -> np.ndarray:
 
 def select_rows(snapshot: RecordSnapshot) -> StepSelection:
     """The steps of ``snapshot`` as arrays; the steps that overlap the profiler's window
-    (``RecordSnapshot.profile``) carry ``FLAG_PROFILED``, those that overlap the FLOP count's
-    (``RecordSnapshot.flops``) for half their time or more ``FLAG_FLOP_COUNTED``."""
+    (``RecordSnapshot.profile``) carry ``FLAG_PROFILED``, those that began inside the FLOP
+    count's (``RecordSnapshot.flops``) ``FLAG_FLOP_COUNTED``."""
     cols = snapshot.steps
     rule = rule_of(snapshot)
     mask = rule.mask(cols)
@@ -150,10 +150,12 @@ def select_rows(snapshot: RecordSnapshot) -> StepSelection:
         flags = flags | np.where(profiled, FLAG_PROFILED, 0).astype("u1")
     counted = snapshot.flops.window_ns if snapshot.flops is not None else None
     if counted is not None:
+        # The count opens at an optimizer step's end, so the step it covers begins inside it
+        # (a loader's fetch, a marker, or that optimizer step, logged after the count opened);
+        # the step before it only ends inside, however long its end took on a busy machine.
         begin, end = counted
-        overlap = np.minimum(start_ns + wall_ns, end) - np.maximum(start_ns, begin)
-        mostly = overlap * 2 >= np.maximum(wall_ns, 1)  # the step the count covered
-        flags = flags | np.where(mostly, FLAG_FLOP_COUNTED, 0).astype("u1")
+        inside = (start_ns >= begin) & (start_ns < end)
+        flags = flags | np.where(inside, FLAG_FLOP_COUNTED, 0).astype("u1")
     return StepSelection(
         rule=rule,
         start_s=start_ns / 1e9,

@@ -17,7 +17,7 @@ ENDED = "the run ended during the step whose FLOPs were being counted"
 class FlopCount:
     """What the counting found: ``flops`` per step (floating-point operations, a multiply-add
     counting 2, as FlopCounterMode counts), ``window_ns`` when it counted (ns from the run
-    start; the step it covers for the most part is left out), or ``why`` there is no count.
+    start; the steps that began inside it are left out), or ``why`` there is no count.
 
     ``by_dtype``: the same FLOPs by the precision they ran in, as the peak table names them
     (``"fp32"``, ``"tf32"``: float32 on tensor cores where torch allows it, ``"fp16"``,

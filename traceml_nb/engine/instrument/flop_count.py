@@ -3,7 +3,7 @@
 from the end of an optimizer step to the same optimizer's next end, or where another optimizer
 stepped in between, a GAN's, to the one after), after :data:`COUNT_AFTER_STEPS` optimizer steps (past the first steps' one-off work). The
 counting slows the step it counts (every operator goes through a Python dispatch mode), so the
-step it covers for the most part is left out of the statistics, as profiled steps are
+step that began inside it is left out of the statistics, as profiled steps are
 (:attr:`~traceml_nb.engine.flop_capture.FlopCount.window_ns`).
 
 The counter also adds each operator's FLOPs to the precision it ran in (its first tensor's dtype;
