@@ -65,9 +65,9 @@ def step_anatomy(
     known &= np.isfinite(wall_ms)
     if not known.any():
         return StepAnatomy(why=NO_PHASES if gpu is None else NO_GPU_PHASES)
-    if not phase_ms[known].any():  # timed, and nothing ran to time: a loop without a model
-        return StepAnatomy(why=NO_PHASES)
     wall, wait, phases = wall_ms[known], wait_ms[known], phase_ms[known]
+    if not phases.any():  # timed, and nothing ran to time: a loop without a model
+        return StepAnatomy(why=NO_PHASES)
     other = np.maximum(0.0, wall - wait - phases.sum(axis=1))
     medians = {name: float(np.median(phases[:, i])) for i, name in enumerate(PHASES)}
     medians["other"] = float(np.median(other))

@@ -22,7 +22,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -258,21 +259,20 @@ class LiveView:
                 own_s = (self.busy_s - busy_s) - (self.reading_s - reading_s)
                 wait = tick_wait_s(own_s, self.tick_s, self.max_duty)
 
-    def _catch_up(self) -> None:
-        """The run's step log turned into rows now (``reading_s``)."""
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """The block's thread CPU counts as the engine's work of turning the log into rows
+        (``reading_s``), not the view's own."""
         c0 = time.thread_time()
         try:
-            self.run.catch_up()
+            yield
         finally:
             self.reading_s += time.thread_time() - c0
 
     def _read_rows(self, row: int) -> RecordSnapshot:
         """The run's step rows from ``row`` on, brought up to date first (``reading_s``)."""
-        c0 = time.thread_time()
-        try:
+        with self._reading():
             return self.run.snapshot(row, samples=False)
-        finally:
-            self.reading_s += time.thread_time() - c0
 
     def tick(self, *, final: bool = False) -> bool:
         """One update (``final``: the last, after the run); False (and the error noted) when it
@@ -305,7 +305,8 @@ class LiveView:
         # first, so that the engine's work is counted as such (``reading_s``), not as the view's.
         snapshot = None
         if self._analysis_due(final):
-            self._catch_up()
+            with self._reading():
+                self.run.catch_up()
             snapshot = self.run.snapshot()
         with widget.batch():
             upd = self.step_series.update(final=final, snapshot=snapshot)
