@@ -332,3 +332,36 @@ def test_price_parsing():
             parse_prices(bad)
     assert gpu_price("Tesla T4", "garbage")[1] == PRICE_SOURCE  # a bad setting is ignored
     assert gpu_price(None) is None
+
+
+# --- how a baseline names its runs --------------------------------------------------------------
+def test_a_baseline_with_a_gap_names_only_its_own_runs():
+    """The demo's second session: the runs of its configuration are @1 and @3 (@2 is the
+    other DataLoader setting), which a range @1–@3 would claim too."""
+    from traceml_nb.analysis.formatting import fmt_run_span
+    from traceml_nb.session.baselines import SAME
+    from traceml_nb.session.check import subject
+    from traceml_nb.session.conclusion import baseline_title
+    from traceml_nb.views.check_words import baseline_words
+
+    def stored(stored_id: int):
+        run = make_run("q", seed=stored_id)
+        run.stored_id, run.origin, run.session_id = stored_id, "store", "earlier"
+        return run
+
+    entry = make_run("q", seed=9)
+    assert baseline_title(entry, [stored(1), stored(3)], SAME) == (
+        "baseline: 2 runs of this configuration of 'q' (@1, @3), from an earlier session"
+    )
+    assert baseline_title(entry, [stored(i) for i in (2, 3, 4)], SAME).endswith(
+        "(@2\u2013@4), from an earlier session"
+    )
+    assert baseline_words([stored(1), stored(3)], [None, None]) == "2 runs @1, @3"  # the gate's
+    assert fmt_run_span([("@", 1), ("@", 2), ("@", 3), ("@", 5), ("#", 6), ("#", 7)]) == (
+        "@1\u2013@3, @5, #6\u2013#7"
+    )
+    assert fmt_run_span([("@", 4)]) == "@4"
+    # the gate's latest runs of a name, between which another name's runs were stored
+    assert subject("q", stored(14), None, [stored(10), stored(14)], [stored(12)]) == (
+        "'q' @10, @12, @14 (its latest 3 runs; @12 left out: it ran on a busy machine)"
+    )

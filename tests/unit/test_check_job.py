@@ -248,7 +248,7 @@ def test_a_run_alone_is_compared_with_runs_alone_only(tmp_path):
     assert result.exit_code == 0, said(result)
     assert [r.stored_id for r in result.baseline] == [1, 4, 7]
     assert result.job is None and result.baseline_jobs == [None, None, None]
-    assert said(result).startswith(f"OK: 'train' @{latest} against its baseline, 3 runs @1\u2013@7")
+    assert said(result).startswith(f"OK: 'train' @{latest} against its baseline, 3 runs @1, @4, @7")
     assert result.to_dict()["job"] is None
 
 

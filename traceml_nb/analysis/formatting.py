@@ -3,6 +3,8 @@ history table all use these (one place, so that 1500 ms reads "1.5 s" wherever i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 MINUS = "\u2212"  #: the typographic minus sign used in deltas
 
 
@@ -16,6 +18,31 @@ def fmt_ms(ms: float | None) -> str:
     if abs(ms) >= 100:
         return f"{ms:.0f} ms"
     return f"{ms:.3g} ms"
+
+
+def fmt_run_span(labels: Sequence[tuple[str, int | None]]) -> str:
+    """Runs named by ``(prefix, number)`` (``("@", 3)``: stored run 3; ``("#", 2)``: run 2 of
+    the session), in order, as a span that names no run it does not hold: consecutive numbers
+    of one prefix as a range, the rest listed: ``@3``, ``@3–@7``, ``@1, @3``,
+    ``@1–@3, @5``."""
+    parts: list[str] = []
+    i = 0
+    while i < len(labels):
+        j = i
+        while (
+            j + 1 < len(labels)
+            and labels[j + 1][0] == labels[i][0]
+            and _follows(labels[j + 1][1], labels[j][1])
+        ):
+            j += 1
+        first, last = labels[i], labels[j]
+        parts.append(f"{first[0]}{first[1]}" + (f"–{last[0]}{last[1]}" if j > i else ""))
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _follows(number: int | None, before: int | None) -> bool:
+    return number is not None and before is not None and number == before + 1
 
 
 def fmt_s(seconds: float) -> str:

@@ -29,6 +29,7 @@ from ..analysis.attribution import what_changed
 from ..analysis.baseline import compare_with_baseline, is_regression
 from ..analysis.comparison import Comparison
 from ..analysis.configuration import changed_parts
+from ..analysis.formatting import fmt_run_span
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.noise import RunPoint, estimate_noise, is_busy, log_mean_ms
 from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
@@ -334,8 +335,8 @@ def subject(
         return f"{name!r} {job.label()}"
     every = sorted([*(candidates or []), *(left_out or [])], key=lambda r: r.stored_id or 0)
     if len(every) > 1:
-        first, last = every[0].stored_id, every[-1].stored_id
-        text = f"{name!r} @{first}\u2013@{last} (its latest {len(every)} runs"
+        span = fmt_run_span([("@", r.stored_id) for r in every])
+        text = f"{name!r} {span} (its latest {len(every)} runs"
         if left_out:
             ids = " ".join(f"@{r.stored_id}" for r in left_out)
             they = "it" if len(left_out) == 1 else "they"

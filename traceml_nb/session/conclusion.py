@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.comparison import Comparison
 from ..analysis.findings import IdleCost, Summary
+from ..analysis.formatting import fmt_run_span
 from ..analysis.pipeline import Analysis
 from ..analysis.stragglers import RanksSummary
 from ..engine.record import RecordSnapshot
@@ -259,7 +260,7 @@ def baseline_title(
     (pinned runs: ``the pinned baseline``)."""
     from .baselines import EARLIER, PINNED, SAME
 
-    labels = [f"@{r.stored_id}" if r.origin == "store" else f"#{r.id}" for r in baseline]
+    labels = [("@", r.stored_id) if r.origin == "store" else ("#", r.id) for r in baseline]
     earlier = [r for r in baseline if r.session_id is not None and r.session_id != entry.session_id]
     where = ", from an earlier session" if earlier and len(earlier) == len(baseline) else ""
     runs = "1 run" if len(baseline) == 1 else f"{len(baseline)} runs"
@@ -272,8 +273,7 @@ def baseline_title(
         what = f"the pinned {runs}"
     else:
         what = runs
-    span = labels[0] if len(labels) == 1 else f"{labels[0]}\u2013{labels[-1]}"
-    return f"baseline: {what} of {entry.name!r} ({span}){where}"
+    return f"baseline: {what} of {entry.name!r} ({fmt_run_span(labels)}){where}"
 
 
 def rank_analysis(

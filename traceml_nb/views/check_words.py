@@ -8,7 +8,13 @@ this configuration); the gate is set to catch a slowdown of 10%.``
 
 from __future__ import annotations
 
-from ..analysis.formatting import fmt_confidence, fmt_ms, signed_pct, signed_pct_fine
+from ..analysis.formatting import (
+    fmt_confidence,
+    fmt_ms,
+    fmt_run_span,
+    signed_pct,
+    signed_pct_fine,
+)
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.judge import SLOWER
 from ..analysis.noise import log_mean_ms
@@ -97,7 +103,7 @@ def baseline_words(baseline: list[RunEntry], units: list[StoredJob | None]) -> s
         unit = units[0]
         return f"run {ids[0]}" if unit is None else unit.label()
     if not jobs:
-        return f"{len(ids)} runs {ids[0]}\u2013{ids[-1]}"
+        return f"{len(ids)} runs {fmt_run_span([('@', r.stored_id) for r in baseline])}"
     alone = len(ids) - jobs
     counted = [f"{jobs} job{'s' if jobs != 1 else ''}"]
     if alone:
