@@ -880,6 +880,35 @@ def test_the_view_thread_turns_the_step_log_into_rows_not_the_training_loop(monk
     assert run.tracer.max_log == PROCESS_EVENTS  # the view has stopped: the loop's own trigger
 
 
+def test_a_loop_faster_than_the_ticks_still_leaves_its_log_to_the_view():
+    """Ticks paced to ``MAX_TICK_S`` (a view whose drawing is slow for its duty cap) and a loop
+    whose log would pass ``READER_MAX_EVENTS`` in that time (the training loop would segment
+    it itself): the view's thread turns it into rows every ``READ_EVERY_S`` between ticks,
+    ~2,000 events each, so the loop never does."""
+    from traceml_nb.engine.instrument.tracer import READER_MAX_EVENTS
+
+    loader = DataLoader(range(10_000_000), batch_size=None)  # a fetch costs microseconds
+    with traceml_nb.Run("fast reader", sample=False) as run:
+        view = LiveView(run, display=False, settle_s=0, max_duty=1e-9)
+        view.start()
+        fetches, deadline = 0, time.monotonic() + 2 * MAX_TICK_S + 0.5
+        started = time.monotonic()
+        for _ in loader:  # READER_MAX_EVENTS in under a second, paced by sleeps
+            fetches += 1
+            if not fetches % 200:
+                time.sleep(0.02)
+            if time.monotonic() > deadline:
+                break
+        rate = fetches / (time.monotonic() - started)
+        loop_processing_ns = run.tracer.processing_ns
+        ticks = view.ticks
+    view.stop()
+    assert rate * MAX_TICK_S > READER_MAX_EVENTS  # without the reads, the loop would segment
+    assert ticks <= 3, ticks  # ...between two ticks
+    assert loop_processing_ns == 0
+    assert view.reading_s > 0 and len(run.record.steps) == fetches
+
+
 def test_a_tick_that_costs_more_puts_the_next_one_off_within_bounds():
     assert tick_wait_s(0.0, 0.5) == 0.5
     assert tick_wait_s(0.5 * VIEW_MAX_DUTY, 0.5) == 0.5  # within the duty: the usual rate

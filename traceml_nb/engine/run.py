@@ -427,8 +427,9 @@ class Run:
 
     def catch_up(self) -> None:
         """Turn what the run has logged so far into step rows now, on the calling thread: a
-        reader about to copy the whole record (:meth:`snapshot`) whose copy's time it counts
-        apart from the engine's work."""
+        reader keeping up between its reads (so that the training loop never has to), or about
+        to copy the whole record (:meth:`snapshot`) and counting the copy's time apart from the
+        engine's work."""
         if self._tracer is not None:
             self._tracer.process()
 

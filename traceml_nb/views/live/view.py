@@ -8,7 +8,8 @@
     view.stop()            # joins the thread, sends the final points
 
 Cost rules: one writer thread; at most 4 ticks per second, fewer when the view's own work
-would take more than ``VIEW_MAX_DUTY`` of a core (a slow machine); each tick
+would take more than ``VIEW_MAX_DUTY`` of a core (a slow machine), the step log turned into
+rows every ``READ_EVERY_S`` in between, whatever the pace; each tick
 reads only the rows added since the last one, turns them into at most one update per chart
 source (:mod:`.data`: batched, downsampled, bounded) and sends *all* of the tick's
 changes as one Bokeh ``PATCH-DOC`` message (three comm messages), so the frontend gets at
@@ -54,6 +55,11 @@ DEFAULT_TICK_S = 0.5
 #: the view within its budget, 1% of the run (benchmarks/README.md).
 VIEW_MAX_DUTY = 0.004
 MAX_TICK_S = 2.0  #: ...so that the charts never stand still longer than this
+#: Between ticks the view's thread has the run's step log turned into rows this often, so that
+#: the training loop never has to (it does once its log holds ``READER_MAX_EVENTS``, 8,192
+#: events: within ``MAX_TICK_S`` that is any loop past ~2,000 steps a second; within this
+#: interval, past ~16,000).
+READ_EVERY_S = 0.25
 ANALYSIS_MIN_INTERVAL_S = 1.0  #: the running verdict is recomputed at most once a second
 ANALYSIS_MAX_DUTY = 0.002  #: ...and takes at most this share of one core
 ANALYSIS_MAX_ERRORS = 3  #: consecutive analysis failures after which the verdict is dropped
@@ -251,13 +257,23 @@ class LiveView:
     # --- the writer thread ----------------------------------------------------------------------
     def _loop(self) -> None:
         with self.run.reading():  # this thread asks for the step rows: the loop only logs
-            wait = min(self.tick_s, MIN_TICK_S)  # the first points as soon as allowed
-            while not self._stop_event.wait(wait):
+            due = time.monotonic() + min(self.tick_s, MIN_TICK_S)  # the first points soon
+            while not self._stop_event.wait(min(max(0.0, due - time.monotonic()), READ_EVERY_S)):
+                if time.monotonic() < due:
+                    self._catch_up()
+                    continue
                 busy_s, reading_s = self.busy_s, self.reading_s
                 if not self.tick():
                     return
                 own_s = (self.busy_s - busy_s) - (self.reading_s - reading_s)
-                wait = tick_wait_s(own_s, self.tick_s, self.max_duty)
+                due = time.monotonic() + tick_wait_s(own_s, self.tick_s, self.max_duty)
+
+    def _catch_up(self) -> None:
+        """Between ticks: the run's step log turned into rows now (``reading_s``)."""
+        c0 = time.thread_time()
+        with self._reading():
+            self.run.catch_up()
+        self.busy_s += time.thread_time() - c0
 
     @contextmanager
     def _reading(self) -> Iterator[None]:
