@@ -164,7 +164,7 @@ def test_nothing_tells_input_from_compute():
 def test_input_bound_share_both_sides():
     d = cpu_run(INPUT_BOUND_SHARE).diagnosis
     assert d.verdict == "input-bound"
-    assert said(d).title == "Input-bound: the training loop waits for data 15% of the time"
+    assert said(d).title == "Input-bound: the training loop waits for data 15% of step time"
     d = cpu_run(INPUT_BOUND_SHARE - 0.001).diagnosis
     assert d.verdict == "compute-bound"
     assert said(d).title == (
@@ -299,7 +299,7 @@ def test_strong_factor_and_confident_steps_both_sides():
 def test_gpu_input_bound_too_few_workers_colab():
     d = gpu_run(0.44, 51.0).diagnosis
     assert d.verdict == "input-bound"
-    assert said(d).title == "Input-bound: the GPU waits for data 44% of the time"
+    assert said(d).title == "Input-bound: the GPU waits for data 44% of step time"
     assert d.cause == CAUSE_TOO_FEW_WORKERS
     assert said(d).advice[0] == (
         "Change the training DataLoader: num_workers=0 \u2192 num_workers=2, pin_memory=True, "
@@ -343,7 +343,7 @@ def test_gpu_stall_decides_not_the_host_wait():
 def test_gpu_run_without_cuda_events_falls_back_on_data_wait():
     d = gpu_run(0.44, 51.0, caps=gpu_capabilities(events=False)).diagnosis
     assert d.verdict == "input-bound"
-    assert said(d).title == "Input-bound: the training loop waits for data 44% of the time"
+    assert said(d).title == "Input-bound: the training loop waits for data 44% of step time"
     assert d.confidence == "medium"  # one level lower: indirect evidence
     assert said(d).also[0] == (
         "GPU input stalls were not measured (CUDA events failed): judged on host data wait, "

@@ -49,7 +49,7 @@ def test_every_cause_has_words_and_every_old_cause_sentence_maps_to_a_cause():
 def test_a_diagnosis_stored_as_sentences_reads_and_shows_as_it_was_stored():
     stored = {
         "verdict": "input-bound",
-        "title": "Input-bound: the training loop waits for data 60% of the time",
+        "title": "Input-bound: the training loop waits for data 60% of step time",
         "confidence": "high",
         "cause": "too few DataLoader workers",
         "profiled_cause": None,

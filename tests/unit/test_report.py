@@ -83,7 +83,7 @@ def make_report(meta: RunMeta | None = None, summary: Summary | None = None, **c
 
 EXPECTED_TEXT = """\
 traceml report: "baseline" completed in 63.2 s, 200 steps (5 warm-up, 195 measured)
-Verdict: input-bound (high confidence): Input-bound: the training loop waits for data 44% of the time
+Verdict: input-bound (high confidence): Input-bound: the training loop waits for data 44% of step time
   cause: too few DataLoader workers
 Evidence:
   - data wait: 44% of step time (139 ms per step)
@@ -196,7 +196,7 @@ def test_html_is_well_formed_and_has_the_chart_and_no_script():
     assert "script" not in checker.seen
     text = " ".join(checker.text)
     assert "input-bound" in text
-    assert "Input-bound: the training loop waits for data 44% of the time" in text
+    assert "Input-bound: the training loop waits for data 44% of step time" in text
     assert f"unavailable ({CPU_ONLY})" in text
     assert "Data waits took 44% of this run (27.8 s of 63.2 s)" in text
     assert "Change the training DataLoader: num_workers=0 → num_workers=4, pin_memory=True" in text

@@ -177,7 +177,7 @@ def test_the_payload_has_the_measured_figures_and_says_why_the_others_are_missin
     assert "- traceml/gpu_util_median_pct: no CUDA device in this run, CPU only" in p.text
     assert (
         "**Verdict: input-bound** (high confidence): Input-bound: the training loop waits for "
-        "data 40% of the time"
+        "data 40% of step time"
     ) in p.text
     assert "Saving: Data waits took 40% of this run (0.6 s of 1.5 s)" in p.text
     # the run's own 3 steps, not the evaluation batch; the GPU stall series has no value

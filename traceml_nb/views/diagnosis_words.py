@@ -227,7 +227,7 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
     ),
     "input-bound": lambda f: (
         f"Input-bound: {'the GPU waits' if f['input_kind'] == 'gpu' else 'the training loop waits'}"
-        f" for data {fmt_share(f['input_share'])} of the time"
+        f" for data {fmt_share(f['input_share'])} of step time"
     ),
     "throttled": lambda f: (
         f"Throttled: steps take {f['slowdown']:.2f}\u00d7 as long while the GPU clock is reduced "
