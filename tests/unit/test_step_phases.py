@@ -208,6 +208,37 @@ def test_a_loop_that_calls_no_model_has_its_phases_unavailable_not_zero(loop) ->
         assert anatomy.why == "" and anatomy.medians_ms["optimizer"] > 0
 
 
+@pytest.mark.parametrize("batches", ["tensor slices", "a DataLoader"])
+def test_the_input_copy_is_unavailable_without_a_dataloader_not_zero(batches) -> None:
+    """The copy runs from a DataLoader batch's arrival to the forward: a loop that slices its
+    tensors shows no arrival, so its copy is unavailable (the slicing is in "other"), not
+    0 ms; the same loop over a DataLoader has its copy measured."""
+    from traceml_nb.analysis import analyze
+    from traceml_nb.analysis.step_anatomy import NO_COPY
+
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(2048, 8)
+    if batches == "a DataLoader":
+        source = (x for (x,) in DataLoader(TensorDataset(data), batch_size=16))
+    else:
+        source = (data[i : i + 16] for i in range(0, len(data), 16))
+    with traceml_nb.Run("copy", sample=False) as run:
+        for x in source:
+            model(x * 2.0).sum().backward()
+            opt.step()
+    summary = analyze(run.snapshot(), run.capabilities).summary
+    assert summary.forward_ms_median is not None and summary.forward_ms_median > 0
+    if batches == "tensor slices":
+        assert summary.copy_ms_median is None
+        assert summary.unavailable["copy_ms_median"] == NO_COPY
+        assert "copy" not in summary.phase_shares
+        assert sum(summary.phase_shares.values()) == pytest.approx(1.0)
+    else:
+        assert summary.copy_ms_median is not None and summary.copy_ms_median > 0
+        assert "copy_ms_median" not in summary.unavailable
+
+
 def test_two_models_with_an_optimizer_each_and_a_model_called_twice_are_one_step() -> None:
     generator, critic = Model(), Model()
     opt_g, opt_c = (SlowSGD(m.parameters(), lr=0.01) for m in (generator, critic))

@@ -31,6 +31,12 @@ NO_PHASES = (
     "no forward of a module holding parameters, no backward and no optimizer step were seen in "
     "the steady steps"
 )
+#: The input copy runs from a DataLoader batch's arrival to the forward: a loop that iterates
+#: none shows no arrival, and whatever makes or moves its batches is timed as "other".
+NO_COPY = (
+    "no DataLoader was iterated: a batch's arrival is not seen, so making or moving the batch "
+    "is timed as the rest of the step"
+)
 NO_GPU_PHASES = (
     "no steady step had its phases timed on the GPU: the phases' CUDA events are read with a "
     "DataLoader's steps (steps told by optimizer steps or markers, as a trainer's are, carry "

@@ -23,7 +23,7 @@ from ..engine.step_table import StepColumns
 from .findings import Summary
 from .peak_flops import utilisation
 from .samples import Reading, Window
-from .step_anatomy import MEDIAN_FIELDS, step_anatomy
+from .step_anatomy import MEDIAN_FIELDS, NO_COPY, step_anatomy
 from .steps import StepSelection, phases, select_rows, training_loader
 from .warmup import WarmupSpec, detect_warmup
 
@@ -335,6 +335,10 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
     for part, name in MEDIAN_FIELDS.items():
         if part not in anatomy.medians_ms:
             unavailable[name] = anatomy.why if n else NO_STEPS
+    if not has_loader and anatomy.shares:  # the copy was never started, not measured at 0
+        medians["copy_ms_median"] = None
+        unavailable["copy_ms_median"] = NO_COPY
+        anatomy.shares.pop("copy", None)
     median = p10 = p90 = mean = None
     if n:
         median, p10, p90 = (float(v) for v in np.percentile(wall, [50, 10, 90]))
