@@ -189,6 +189,28 @@ def test_a_measured_zero_is_shown_as_zero():
     assert lines["data wait share"] == "0%"
 
 
+def test_a_phase_in_a_quarter_of_the_steps_is_its_time_there_and_how_often_not_0_ms():
+    """Gradient accumulation over 4 batches: the optimizer steps on one step in four, so its
+    median over the steps is 0 ms beside a share of 12%, which read as a contradiction."""
+    summary = make_summary(optimizer_ms_median=0.0, occasional_phases={"optimizer": [0.25, 14.0]})
+    lines = {m.label: m.text for m in metric_lines(summary, make_capabilities())}
+    assert lines["step phases (median, share)"] == (
+        "copy 3.2 ms (1%), forward 52 ms (17%), backward 98 ms (31%), "
+        "optimizer 14 ms in 25% of the steps (4%), other 9.5 ms (3%)"
+    )
+
+
+def test_a_copy_not_measured_is_said_beside_the_phases_that_were():
+    from traceml_nb.analysis.step_anatomy import NO_COPY
+
+    summary = make_summary(copy_ms_median=None, unavailable={"copy_ms_median": NO_COPY})
+    lines = {m.label: m.text for m in metric_lines(summary, make_capabilities())}
+    assert lines["step phases (median, share)"] == (
+        "forward 52 ms (17%), backward 98 ms (31%), optimizer 14 ms (4%), other 9.5 ms (3%); "
+        f"copy unavailable ({NO_COPY})"
+    )
+
+
 def test_html_is_well_formed_and_has_the_chart_and_no_script():
     markup = render_html(make_report())
     checker = parse_html(markup)

@@ -208,6 +208,23 @@ def test_a_loop_that_calls_no_model_has_its_phases_unavailable_not_zero(loop) ->
         assert anatomy.why == "" and anatomy.medians_ms["optimizer"] > 0
 
 
+def test_a_phase_in_fewer_than_half_of_the_steps_is_told_with_how_often_it_ran() -> None:
+    """The optimizer on one step in four (gradient accumulation): its median over the steps
+    is 0, and the anatomy says it ran in a quarter of them, for its median there; a phase on
+    half of the steps has a median of its own and is not occasional."""
+    n = 8
+    wall = np.full(n, 10.0)
+    wait = np.full(n, 1.0)
+    phases = np.zeros((n, len(PHASES)))
+    phases[:, PHASES.index("forward")] = 3.0
+    phases[3::4, PHASES.index("optimizer")] = 2.0  # steps 4 and 8
+    phases[1::2, PHASES.index("backward")] = 4.0  # every other step
+    anatomy = step_anatomy(wall, wait, phases)
+    assert anatomy.medians_ms["optimizer"] == 0.0
+    assert anatomy.occasional == {"optimizer": (0.25, 2.0)}
+    assert anatomy.medians_ms["backward"] == 2.0  # half of the steps: a median of its own
+
+
 @pytest.mark.parametrize("batches", ["tensor slices", "a DataLoader"])
 def test_the_input_copy_is_unavailable_without_a_dataloader_not_zero(batches) -> None:
     """The copy runs from a DataLoader batch's arrival to the forward: a loop that slices its

@@ -51,6 +51,10 @@ class StepAnatomy:
     medians_ms: dict[str, float] = field(default_factory=dict)  #: by PHASES and "other"
     shares: dict[str, float] = field(default_factory=dict)  #: by PARTS, 0..1, summing to 1
     why: str = ""
+    #: by PHASES, a phase that ran in fewer than half of the steps (its median is 0, as with
+    #: gradient accumulation's optimizer step): ``(share of the steps it ran in, 0..1, its
+    #: median over those steps, ms)``
+    occasional: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def step_anatomy(
@@ -81,4 +85,9 @@ def step_anatomy(
     sums = [float(wait.sum()), *(float(x) for x in phases.sum(axis=0)), float(other.sum())]
     scale = max(total, sum(sums))  # parts of a step never add up past the step
     shares = {part: (x / scale if scale > 0 else 0.0) for part, x in zip(PARTS, sums, strict=True)}
-    return StepAnatomy(medians, shares)
+    occasional = {}
+    for i, name in enumerate(PHASES):
+        ran = phases[:, i] > 0
+        if medians[name] == 0 and ran.any():
+            occasional[name] = (float(ran.mean()), float(np.median(phases[ran, i])))
+    return StepAnatomy(medians, shares, occasional=occasional)

@@ -386,6 +386,7 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         dram_bw_median_pct=reading("dram_bw_median_pct", m.gpm["dram_bw_median_pct"]),
         unavailable=unavailable,
         phase_shares=anatomy.shares,
+        occasional_phases={k: list(v) for k, v in anatomy.occasional.items()},
         phases_on_gpu=on_gpu and bool(anatomy.shares),
         **medians,
     )
