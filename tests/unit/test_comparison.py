@@ -133,6 +133,30 @@ def test_a_decided_change_says_which_part_of_the_step_moved():
     assert "the other parts" not in headline(compare(before, after))
 
 
+def test_a_phase_in_few_of_the_steps_moves_by_its_time_where_it_ran():
+    """Gradient accumulation: the optimizer steps on one step in four, its median 0 ms in
+    both runs; doubled where it ran (2 -> 4 ms, 0.5 ms a step of a 10 ms step) it moved, and
+    its row says so; the same where it ran, it is steady."""
+    from traceml_nb.analysis.phase_shift import phase_shift
+
+    before, after = entry(1, steps_around(10.0)), entry(2, steps_around(10.5, seed=2))
+    for summary, where in ((before.summary, 2.0), (after.summary, 4.0)):
+        summary.step_ms_median = 10.0
+        summary.copy_ms_median, summary.forward_ms_median = 0.1, 3.0
+        summary.backward_ms_median, summary.optimizer_ms_median = 4.0, 0.0
+        summary.occasional_phases = {"optimizer": [0.25, where]}
+    assert phase_shift(before.summary, after.summary).moved == (("optimizer step", 2.0, 4.0),)
+    rows = {r.label: r for r in compare(before, after).rows}
+    assert rows["optimizer step"] == ComparisonRow(
+        "optimizer step", "2 ms", "4 ms", "+100%", "neutral"
+    )
+    after.summary.occasional_phases = {"optimizer": [0.25, 2.1]}
+    assert "optimizer step" in phase_shift(before.summary, after.summary).steady
+    # +0.4 ms where it ran (+20%) is 0.1 ms a step: under 5% of the step, steady
+    after.summary.occasional_phases = {"optimizer": [0.25, 2.4]}
+    assert "optimizer step" in phase_shift(before.summary, after.summary).steady
+
+
 def test_each_phase_both_runs_timed_is_a_row_that_says_where_the_step_moved():
     before, after = entry(1, steps_around(100.0)), entry(2, steps_around(130.0, seed=2))
     assert not {"forward", "backward"} & {r.label for r in compare(before, after).rows}

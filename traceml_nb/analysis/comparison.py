@@ -21,7 +21,7 @@ from .findings import Diagnosis, Summary
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_share, signed_pct, signed_points
 from .judge import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, Judgement
 from .noise import Noise, estimate_noise, judge_change, log_mean_ms
-from .phase_shift import PhaseShift, phase_shift
+from .phase_shift import PhaseShift, part_ms, phase_shift
 from .thresholds import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -352,22 +352,22 @@ def compare(
     return result
 
 
-#: The phase rows of a comparison: label -> the Summary field of the phase's median.
+#: The phase rows of a comparison: label -> the phase (a part of :data:`.phase_shift.PART_FIELDS`).
 PHASE_ROWS = {
-    "input copy": "copy_ms_median",
-    "forward": "forward_ms_median",
-    "backward": "backward_ms_median",
-    "optimizer step": "optimizer_ms_median",
+    "input copy": "copy",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer step": "optimizer",
 }
 
 
 def _phase_rows(a: Summary, b: Summary) -> list[ComparisonRow]:
     """Which phase of the step moved: a row for each phase both runs timed (medians over
-    their sampled steps; no direction of their own: the step time's verdict is the judgement,
-    these say where it went)."""
+    their sampled steps, where it ran for a phase that ran in few of them; no direction of
+    their own: the step time's verdict is the judgement, these say where it went)."""
     rows = []
-    for label, name in PHASE_ROWS.items():
-        before, after = getattr(a, name), getattr(b, name)
+    for label, part in PHASE_ROWS.items():
+        before, after = part_ms(a, part), part_ms(b, part)
         if before is not None and after is not None:
-            rows.append(_relative_row(label, before, after, fmt_ms, NEUTRAL))
+            rows.append(_relative_row(label, before[0], after[0], fmt_ms, NEUTRAL))
     return rows

@@ -4,7 +4,9 @@ compared, so that a comparison can say "backward +75%, the rest within 10%".
 
 A part *moved* when its median changed by at least ``PHASE_MOVED_SHARE`` of itself **and** by
 at least ``PHASE_MOVED_STEP_SHARE`` of the earlier run's median step: a part of a few
-microseconds that doubles moves nothing that matters.
+microseconds that doubles moves nothing that matters. A phase that ran in fewer than half of
+the steps (gradient accumulation's optimizer step, whose median is 0) is compared by its median
+where it ran, and its time per step by that times how often it ran (:func:`part_ms`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,21 @@ class PhaseShift:
     steady: tuple[str, ...]
 
 
+def part_ms(summary: Summary, part: str) -> tuple[float, float] | None:
+    """A part of the steps (a key of :data:`PART_FIELDS`) as ``(its time where it ran, its
+    time a step)``, ms: its median, both; for a phase that ran in fewer than half of the steps
+    (``Summary.occasional_phases``) its median over the steps it ran in, and that times the
+    share of the steps it ran in. None where it was not timed."""
+    median = getattr(summary, PART_FIELDS[part])
+    if median is None:
+        return None
+    occasional = summary.occasional_phases.get(part)
+    if occasional:
+        ran, where = occasional
+        return float(where), float(where) * float(ran)
+    return float(median), float(median)
+
+
 def phase_shift(before: Summary, after: Summary) -> PhaseShift | None:
     """How the parts of ``after``'s steps differ from ``before``'s; None where the runs do not
     both have their phases timed."""
@@ -37,14 +54,14 @@ def phase_shift(before: Summary, after: Summary) -> PhaseShift | None:
     if not step or before.forward_ms_median is None or after.forward_ms_median is None:
         return None
     moved, steady = [], []
-    for part, field_name in PART_FIELDS.items():
-        a, b = getattr(before, field_name), getattr(after, field_name)
+    for part in PART_FIELDS:
+        a, b = part_ms(before, part), part_ms(after, part)
         if a is None or b is None:
             continue
         name = PART_NAMES.get(part, part)
-        change = abs(b - a)
-        if change >= PHASE_MOVED_SHARE * a and change >= PHASE_MOVED_STEP_SHARE * step:
-            moved.append((name, float(a), float(b)))
+        change, per_step = abs(b[0] - a[0]), abs(b[1] - a[1])
+        if change >= PHASE_MOVED_SHARE * a[0] and per_step >= PHASE_MOVED_STEP_SHARE * step:
+            moved.append((name, a[0], b[0]))
         else:
             steady.append(name)
     moved.sort(key=lambda m: -abs(m[2] - m[1]))
