@@ -259,8 +259,10 @@ class LiveView:
         with self.run.reading():  # this thread asks for the step rows: the loop only logs
             due = time.monotonic() + min(self.tick_s, MIN_TICK_S)  # the first points soon
             while not self._stop_event.wait(min(max(0.0, due - time.monotonic()), READ_EVERY_S)):
-                if time.monotonic() < due:
+                if time.monotonic() < due:  # between ticks: only the reading
+                    c0 = time.thread_time()
                     self._catch_up()
+                    self.busy_s += time.thread_time() - c0
                     continue
                 busy_s, reading_s = self.busy_s, self.reading_s
                 if not self.tick():
@@ -269,11 +271,9 @@ class LiveView:
                 due = time.monotonic() + tick_wait_s(own_s, self.tick_s, self.max_duty)
 
     def _catch_up(self) -> None:
-        """Between ticks: the run's step log turned into rows now (``reading_s``)."""
-        c0 = time.thread_time()
+        """The run's step log turned into rows now (``reading_s``)."""
         with self._reading():
             self.run.catch_up()
-        self.busy_s += time.thread_time() - c0
 
     @contextmanager
     def _reading(self) -> Iterator[None]:
@@ -321,8 +321,7 @@ class LiveView:
         # first, so that the engine's work is counted as such (``reading_s``), not as the view's.
         snapshot = None
         if self._analysis_due(final):
-            with self._reading():
-                self.run.catch_up()
+            self._catch_up()
             snapshot = self.run.snapshot()
         with widget.batch():
             upd = self.step_series.update(final=final, snapshot=snapshot)
