@@ -544,6 +544,34 @@ def test_the_step_chart_stacks_the_phases_once_a_steps_phases_are_timed():
         assert (np.asarray(data[name])[timed] > 0).all(), name
 
 
+def test_a_loop_without_a_dataloader_stacks_its_phases_without_an_input_copy():
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    with traceml_nb.Run("phases-no-loader", interval=0.05) as run:
+        view = LiveView(run, display=False, settle_s=0, max_duty=1.0)
+        view.start()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # batches sliced from tensors: no arrival is seen
+            for i in range(0, 64, 8):
+                loss = ((model(x[i : i + 8]) - y[i : i + 8]) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                time.sleep(0.0005)
+    view.stop()
+    assert view.error is None, run.capabilities.notes
+    charts = view.charts
+    assert charts.phases_shown
+    assert [item.label.value for item in charts.step_fig.legend[0].items if item.visible] == [
+        "data wait",
+        OTHER_LABEL,
+        "forward",
+        "backward",
+        "optimizer",
+    ]
+
+
 def test_a_loop_without_a_model_keeps_the_step_chart_in_two_parts():
     loader = DataLoader(SleepyDataset(400, 0.0005), batch_size=8)
     with traceml_nb.Run("no-model", interval=0.05) as run:

@@ -31,12 +31,14 @@ FIG_WIDTH = 460
 FIG_HEIGHT = 210
 WAIT_COLOR = "#e6550d"
 COMPUTE_COLOR = "#3182bd"
+#: The step chart's legend entry of the input copy (shown once a DataLoader was iterated).
+COPY_LABEL = "input copy"
 #: The step chart's layers, bottom up: (column, legend label, colour). The rest of the step is
 #: "compute" until a step's phases are known, then what the phases leave of it ("other").
 STEP_LAYERS = (
     ("wait_ms", "data wait", WAIT_COLOR),
     ("other_ms", "compute (rest of the step)", COMPUTE_COLOR),
-    ("copy_ms", "input copy", "#969696"),
+    ("copy_ms", COPY_LABEL, "#969696"),
     ("forward_ms", "forward", "#31a354"),
     ("backward_ms", "backward", "#756bb1"),
     ("optimizer_ms", "optimizer", "#e7ba52"),
@@ -137,6 +139,7 @@ class LiveCharts:
         for item in self.step_fig.legend[0].items[2:]:
             item.visible = False  # until a step's phases are known: :meth:`show_phases`
         self.phases_shown = False
+        self.copy_shown = False
 
         self.rate_fig = _figure("Throughput", "seconds since the start", "samples/s")
         self.rate_line = self.rate_fig.line(
@@ -230,17 +233,23 @@ class LiveCharts:
             rows.append(row(gpu_models[1]))
         self.layout = column(self.header, *rows)
 
-    def show_phases(self) -> None:
+    def show_phases(self, copy_seen: bool) -> None:
         """The phases' legend entries, and the rest of the step called what it now is: what
-        the phases leave of it (their areas draw from the first step whose phases are known)."""
-        if self.phases_shown:
-            return
-        self.phases_shown = True
+        the phases leave of it (their areas draw from the first step whose phases are known).
+        The input copy's entry only once a DataLoader was iterated (``copy_seen``): without a
+        batch's arrival no copy is timed, and its band stays empty, not a copy of 0 ms."""
         items = self.step_fig.legend[0].items
-        for item in items:
-            if item.label.value == STEP_LAYERS[1][1]:
-                item.label = value(OTHER_LABEL)
-            item.visible = True
+        if not self.phases_shown:
+            self.phases_shown = True
+            for item in items:
+                if item.label.value == STEP_LAYERS[1][1]:
+                    item.label = value(OTHER_LABEL)
+                item.visible = item.label.value != COPY_LABEL
+        if copy_seen and not self.copy_shown:
+            self.copy_shown = True
+            for item in items:
+                if item.label.value == COPY_LABEL:
+                    item.visible = True
 
     def make_room_for_ranks(self) -> None:
         """Before the first rank's lines: the CPU of this process's children is the ranks' (and
