@@ -210,6 +210,28 @@ def test_the_gpm_figures_are_logged_where_measured():
     assert "traceml/dram_bw_median_pct" in p.skipped  # not measured: left out, never 0
 
 
+def test_a_phase_that_ran_in_few_of_the_steps_is_logged_where_it_ran_not_as_a_median_of_0():
+    result = FakeResult()
+    result.summary.forward_ms_median = 90.0
+    result.summary.optimizer_ms_median = 0.0  # gradient accumulation: one step in four
+    result.summary.occasional_phases = {"optimizer": [0.25, 12.0]}
+    p = build_payload(result, words=diagnosis_words(result.diagnosis))
+    assert p.metrics["traceml/forward_ms_median"] == 90.0
+    assert "traceml/optimizer_ms_median" not in p.metrics  # never a 0 that reads as no time
+    assert p.metrics["traceml/optimizer_ms_median_where_ran"] == 12.0
+    assert p.metrics["traceml/optimizer_ran_share"] == 0.25
+    assert p.skipped["traceml/optimizer_ms_median"].startswith(
+        "the optimizer ran in 25% of the steps, so its median over the steps is 0"
+    )
+    assert "- traceml/optimizer_ms_median: the optimizer ran in 25% of the steps" in p.text
+    # a phase that ran in most steps keeps its median, and nothing is added for it
+    result.summary.occasional_phases = {}
+    result.summary.optimizer_ms_median = 12.0
+    p = build_payload(result)
+    assert p.metrics["traceml/optimizer_ms_median"] == 12.0
+    assert not any("where_ran" in name or "ran_share" in name for name in p.metrics)
+
+
 def test_a_failing_tracker_is_one_line_and_without_a_renderer_the_text_says_so():
     lines = export(FakeResult(), [Target("tensorboard", "/nonexistent/\0bad")])
     (line,) = lines  # the bad directory fails: one line, no exception

@@ -185,6 +185,7 @@ def build_payload(
             metrics[PREFIX + name] = value
     for name in COUNT_METRICS:
         metrics[PREFIX + name] = float(getattr(s, name))
+    _add_occasional_phases(s, metrics, skipped)
     saving = _number(d.saving_bound_share)
     if saving is not None:
         metrics[PREFIX + "saving_bound_share"] = saving
@@ -217,6 +218,24 @@ def build_payload(
         _add_steps(payload, result.steps)
     payload.text = summary_text(result, payload, w)
     return payload
+
+
+def _add_occasional_phases(
+    summary: Any, metrics: dict[str, float], skipped: dict[str, str]
+) -> None:
+    """A phase that ran in fewer than half of the steps (gradient accumulation's optimizer
+    step) has a median of 0 over the steps: it is logged as its median where it ran
+    (``{phase}_ms_median_where_ran``) and how often it ran (``{phase}_ran_share``, 0..1), as the
+    report gives it, and its median over the steps is left out with why."""
+    for phase, (ran, where_ms) in getattr(summary, "occasional_phases", {}).items():
+        median = f"{PREFIX}{phase}_ms_median"
+        metrics.pop(median, None)
+        skipped[median] = (
+            f"the {phase} ran in {ran:.0%} of the steps, so its median over the steps is 0: "
+            f"{PREFIX}{phase}_ms_median_where_ran is its median over the steps it ran in"
+        )
+        metrics[f"{PREFIX}{phase}_ms_median_where_ran"] = float(where_ms)
+        metrics[f"{PREFIX}{phase}_ran_share"] = float(ran)
 
 
 def _add_steps(payload: Payload, steps: Any) -> None:
