@@ -225,6 +225,49 @@ def test_a_phase_in_fewer_than_half_of_the_steps_is_told_with_how_often_it_ran()
     assert anatomy.medians_ms["backward"] == 2.0  # half of the steps: a median of its own
 
 
+@pytest.mark.parametrize("values", [[3.0, 1.0, 2.0], [4.0, 1.0, 3.0, 2.0], [5.0]])
+def test_the_weighted_median_is_numpys_with_equal_weights_and_counts_each_by_its_weight(values):
+    from traceml_nb.analysis.step_anatomy import weighted_median
+
+    v = np.array(values)
+    assert weighted_median(v, np.full(len(v), 0.7)) == np.median(v)
+    if len(v) > 1:
+        heavy = np.where(v == v.min(), 10.0, 1.0)  # the smallest outweighs the rest
+        assert weighted_median(v, heavy) == v.min()
+
+
+def test_a_sampled_cycle_cut_short_by_the_warm_up_does_not_change_how_often_a_phase_ran() -> None:
+    """Accumulation over 4 batches: the optimizer steps in every 4th step. The phases were
+    timed on steps 2-3 (a cycle whose first steps the warm-up took) and 8-11 (a whole one):
+    2 of those 6 steps stepped, 1 in 4 of all the steps did. Weighted by the flag every step
+    has, the anatomy gives the loop's own count (25%) and shares, not the sample's (33%); a
+    loop that steps in every step is left as it is."""
+    n = 12
+    stepped = np.arange(n) % 4 == 3
+    wall = np.where(stepped, 12.0, 10.0)
+    wait = np.full(n, 1.0)
+    phases = np.full((n, len(PHASES)), np.nan)
+    timed = np.isin(np.arange(n), [2, 3, 8, 9, 10, 11])
+    phases[timed] = 0.0
+    phases[timed, PHASES.index("forward")] = 3.0
+    phases[timed & stepped, PHASES.index("optimizer")] = 2.0
+
+    as_sampled = step_anatomy(wall, wait, phases)
+    assert as_sampled.occasional["optimizer"][0] == pytest.approx(2 / 6)
+    weighted = step_anatomy(wall, wait, phases, stepped=stepped)
+    assert weighted.occasional == {"optimizer": (pytest.approx(0.25), 2.0)}
+    per_step = 0.75 * 10.0 + 0.25 * 12.0  # the steps' mean, ms
+    assert weighted.shares["optimizer"] == pytest.approx(0.25 * 2.0 / per_step)
+    assert weighted.shares["forward"] == pytest.approx(3.0 / per_step)
+    assert sum(weighted.shares.values()) == pytest.approx(1.0)
+    assert weighted.medians_ms["other"] == as_sampled.medians_ms["other"] == 6.0
+
+    every = np.ones(n, bool)
+    phases[timed, PHASES.index("optimizer")] = 2.0
+    plain = step_anatomy(wall, wait, phases)
+    assert step_anatomy(wall, wait, phases, stepped=every) == plain
+
+
 @pytest.mark.parametrize("batches", ["tensor slices", "a DataLoader"])
 def test_the_input_copy_is_unavailable_without_a_dataloader_not_zero(batches) -> None:
     """The copy runs from a DataLoader batch's arrival to the forward: a loop that slices its

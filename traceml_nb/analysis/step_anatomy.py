@@ -11,6 +11,14 @@ boundaries) and the rest is the span less the phases.
 The medians say what a typical step spends in each part; they need not add up to the median
 step. The shares do add up: each part's time summed over the steps whose phases are known,
 divided by those steps' time.
+
+The phases are timed on a sample of the steps, from one optimizer step's end to its next, so
+a sample holds whole cycles of gradient accumulation; but the warm-up's steps are left out of
+the statistics, which can cut the first sample's cycle short (its last micro-steps kept, the
+one with the optimizer among them). So the timed steps are weighted by whether an optimizer
+step ran in them (a flag every step has, timed or not): those with one and those without
+count in the proportions of all the steady steps (post-stratification), and "ran in 25% of the
+steps" is the loop's own count, not the sample's.
 """
 
 from __future__ import annotations
@@ -62,12 +70,14 @@ def step_anatomy(
     wait_ms: np.ndarray,
     phase_ms: np.ndarray,
     *,
+    stepped: np.ndarray | None = None,
     gpu: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> StepAnatomy:
     """The anatomy of the steps whose ``wall_ms``, ``wait_ms`` and ``phase_ms`` (a row each,
-    ``PHASES`` columns, NaN where a row has none) are given; on a GPU, ``gpu`` is the steps'
-    ``(phases on the GPU timeline, GPU stall, GPU span)``, ms, NaN where unresolved, and the
-    anatomy is theirs."""
+    ``PHASES`` columns, NaN where a row has none) are given; ``stepped``: whether an optimizer
+    step ran in each of them (None: the timed steps are taken as they are); on a GPU, ``gpu``
+    is the steps' ``(phases on the GPU timeline, GPU stall, GPU span)``, ms, NaN where
+    unresolved, and the anatomy is theirs."""
     if gpu is not None:
         phase_ms, stall, span = gpu
         wall_ms, wait_ms = stall + span, stall  # NaN where either is unresolved
@@ -78,16 +88,50 @@ def step_anatomy(
     wall, wait, phases = wall_ms[known], wait_ms[known], phase_ms[known]
     if not phases.any():  # timed, and nothing ran to time: a loop without a model
         return StepAnatomy(why=NO_PHASES)
+    w = timed_weights(stepped, known) if stepped is not None else None
     other = np.maximum(0.0, wall - wait - phases.sum(axis=1))
-    medians = {name: float(np.median(phases[:, i])) for i, name in enumerate(PHASES)}
-    medians["other"] = float(np.median(other))
-    total = float(wall.sum())
-    sums = [float(wait.sum()), *(float(x) for x in phases.sum(axis=0)), float(other.sum())]
+    medians = {name: weighted_median(phases[:, i], w) for i, name in enumerate(PHASES)}
+    medians["other"] = weighted_median(other, w)
+    weight = np.ones(len(wall)) if w is None else w
+    total = float(weight @ wall)
+    sums = [float(weight @ wait), *(float(x) for x in weight @ phases), float(weight @ other)]
     scale = max(total, sum(sums))  # parts of a step never add up past the step
     shares = {part: (x / scale if scale > 0 else 0.0) for part, x in zip(PARTS, sums, strict=True)}
     occasional = {}
     for i, name in enumerate(PHASES):
         ran = phases[:, i] > 0
         if medians[name] == 0 and ran.any():
-            occasional[name] = (float(ran.mean()), float(np.median(phases[ran, i])))
+            share = float(weight[ran].sum() / weight.sum())
+            occasional[name] = (
+                share,
+                weighted_median(phases[ran, i], None if w is None else w[ran]),
+            )
     return StepAnatomy(medians, shares, occasional=occasional)
+
+
+def timed_weights(stepped: np.ndarray, timed: np.ndarray) -> np.ndarray | None:
+    """The weight of each timed step (``timed``: a mask over the steps) that makes the timed
+    steps with an optimizer step and those without (``stepped``, every step's flag) count in
+    the proportions of all the steps: 1 for each where they already do, None (all 1) where
+    the timed steps hold only one kind and there is nothing to reweight."""
+    p_all = float(stepped.mean())
+    p_timed = float(stepped[timed].mean())
+    if p_timed in (0.0, 1.0) or p_timed == p_all:
+        return None
+    ran = stepped[timed]
+    return np.where(ran, p_all / p_timed, (1.0 - p_all) / (1.0 - p_timed))
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray | None) -> float:
+    """The median of ``values`` (``np.median``'s), each counted by its weight: the value where
+    the weights summed in order pass half of their total, the middle two's mean where they
+    reach it exactly."""
+    if weights is None:
+        return float(np.median(values))
+    order = np.argsort(values, kind="stable")
+    v, cum = values[order], np.cumsum(weights[order])
+    half = cum[-1] / 2
+    i = int(np.searchsorted(cum, half))
+    if np.isclose(cum[i], half) and i + 1 < len(v):
+        return float((v[i] + v[i + 1]) / 2)
+    return float(v[i])

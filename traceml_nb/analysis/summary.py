@@ -15,6 +15,7 @@ from ..engine.record import (
     FLAG_EPOCH_START,
     FLAG_FLOP_COUNTED,
     FLAG_INTERLEAVED,
+    FLAG_OPTIMIZER_STEP,
     FLAG_PROFILED,
     LoaderInfo,
     RecordSnapshot,
@@ -327,6 +328,7 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         wall,
         wait,
         m.phase_ms,
+        stepped=(m.flags & FLAG_OPTIMIZER_STEP) != 0,
         gpu=(m.gpu_phase_ms, m.stall_ms, m.span_ms) if on_gpu else None,
     )
     medians: dict[str, Any] = {
