@@ -24,6 +24,7 @@ from traceml_nb.engine.record import (
     RunRecord,
     SampleTable,
 )
+from traceml_nb.engine.step_table import PhaseRows
 from traceml_nb.views.live.bokeh_patch import BatchedBokehModel
 from traceml_nb.views.live.charts import OTHER_LABEL, OWN_STEP_TITLE, PHASES_STEP_TITLE
 from traceml_nb.views.live.data import (
@@ -148,7 +149,7 @@ def test_bin_steps_splits_the_rest_of_each_step_by_its_latest_timed_phases():
     untimed = [NAN] * 4
     timed = [1 * MS, 2 * MS, 3 * MS, 1 * MS]  # copy, forward, backward, optimizer of 8 ms
     phases = np.array([untimed, timed, untimed, untimed])
-    rows.shares = _carried_shares(phases, rows.wall_ns - rows.wait_ns, None)
+    rows.shares = _carried_shares(PhaseRows.of_dense(phases), rows.wall_ns - rows.wait_ns, None)
     data, used = bin_steps(rows, 0, 1, partial=True, rate_window=1)
     assert used == 4
     # before the first timed step: no phase, the whole rest is "other"
@@ -161,7 +162,7 @@ def test_bin_steps_splits_the_rest_of_each_step_by_its_latest_timed_phases():
     parts = sum(data[name] for name in PHASE_FIELDS) + data["other_ms"]
     assert parts[1:] == pytest.approx(data["compute_ms"][1:])  # the layers add up to the rest
     # what a later read starts from: the shares carried over the last rows
-    carried = _carried_shares(np.array([untimed]), np.array([10 * MS]), rows.shares[-1])
+    carried = _carried_shares(PhaseRows.none(), np.array([10 * MS]), rows.shares[-1])
     assert carried[0] == pytest.approx([1 / 8, 2 / 8, 3 / 8, 1 / 8])
 
 

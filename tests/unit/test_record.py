@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
+
 from traceml_nb.engine.capabilities import Capabilities
-from traceml_nb.engine.record import RunRecord, SampleTable
-from traceml_nb.engine.step_table import StepTable
+from traceml_nb.engine.record import SOURCE_OPTIMIZER, RunRecord, SampleTable
+from traceml_nb.engine.step_table import PhaseRows, StepTable
 
 
 def test_a_step_row_costs_under_100_bytes() -> None:
@@ -28,12 +30,47 @@ def test_the_phases_of_the_few_sampled_rows_are_kept_apart_and_read_back_in_plac
     assert table.nbytes / len(table) < 33  # a sampled row in 60 costs 40 bytes
     for start in (0, 5, 6, 700):
         cols = table.snapshot(start)
-        optimizer = list(cols.optimizer_ns)
+        optimizer = list(cols.phase_column("optimizer_ns"))
         for i, value in enumerate(optimizer, start=start):
             assert value == i if i % 60 == 5 else math.isnan(value)
-        assert [v for v in cols.copy_ns if not math.isnan(v)] == [1.0] * sum(
+        assert [v for v in cols.phase_column("copy_ns") if not math.isnan(v)] == [1.0] * sum(
             1 for i in range(start, 1000) if i % 60 == 5
         )
+
+
+def test_a_snapshot_and_the_analysis_carry_the_phases_of_the_timed_rows_only() -> None:
+    """The phases stay as few as the rows that have them from the table through the snapshot
+    and the analysis' selection: a 100,000-step snapshot with one timed row in 60 holds 1,667
+    rows of phases, not 100,000 rows of NaN (the analysis of a long run once copied 8 dense
+    columns a row, ~12x the record at its peak)."""
+    from traceml_nb.analysis.steps import select_rows
+
+    n = 100_000
+    table = StepTable()
+    rows = [(i, 10, 3, 8, SOURCE_OPTIMIZER, 0) for i in range(n)]  # steps told by the optimizer
+    table.extend(rows, [(1, 2, 3, 4) if i % 60 == 0 else None for i in range(n)])
+    snap = table.snapshot()
+    assert len(snap.phases) == len(range(0, n, 60)) and not len(snap.gpu_phases)
+    assert snap.phases.values.nbytes == 32 * len(snap.phases)
+    assert snap.tail(61).phases.index[0] == 59  # row 120, counted from row 61
+    selection = select_rows(RunRecord(steps=table, optimizer_steps=n).snapshot(samples=False))
+    assert len(selection) == n
+    assert isinstance(selection.phase_ms, PhaseRows)
+    assert len(selection.phase_ms) == len(snap.phases)
+    assert selection.phase_ms.values[0].tolist() == [1e-6, 2e-6, 3e-6, 4e-6]  # ns -> ms
+
+
+def test_phase_rows_taken_at_positions_keep_their_place_among_them() -> None:
+    nan = float("nan")
+    dense = [[nan] * 4, [1.0] * 4, [nan] * 4, [3.0] * 4, [4.0] * 4]
+    phases = PhaseRows.of_dense(dense)
+    assert phases.index.tolist() == [1, 3, 4]
+    taken = phases.take(np.array([0, 3, 4]))  # rows 0, 3 and 4
+    assert taken.index.tolist() == [1, 2] and taken.values[:, 0].tolist() == [3.0, 4.0]
+    assert phases.tail(2).index.tolist() == [1, 2]
+    restored = phases.dense(5)
+    assert [math.isnan(row[0]) for row in restored] == [True, False, True, False, False]
+    assert len(PhaseRows.none().take(np.arange(3))) == 0
 
 
 def test_snapshot_is_a_consistent_copy_while_a_writer_appends() -> None:

@@ -23,6 +23,7 @@ from traceml_nb.engine.events import FORWARD, OPTIMIZER, PHASE, SAMPLING
 from traceml_nb.engine.instrument import step_phases
 from traceml_nb.engine.instrument.step_phases import StepPhases
 from traceml_nb.engine.record import FLAG_FLOP_COUNTED
+from traceml_nb.engine.step_table import PhaseRows
 
 COPY_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, OTHER_S = 0.002, 0.003, 0.004, 0.0025, 0.001
 #: each phase's median within this share of the truth (the issue's bar)
@@ -90,9 +91,14 @@ def _steps(run) -> StepSelection:
     return select_rows(run.record.snapshot(samples=False))
 
 
+def _phase_ms(steps: StepSelection) -> np.ndarray:
+    """The steps' phases, ms, a row a step (NaN in a row without them)."""
+    return steps.phase_ms.dense(len(steps))
+
+
 def _timed(steps: StepSelection) -> np.ndarray:
     """Which steps have phases the analysis reads: timed, and not slowed by the FLOP count."""
-    return np.isfinite(steps.phase_ms).all(axis=1) & ((steps.flags & FLAG_FLOP_COUNTED) == 0)
+    return np.isfinite(_phase_ms(steps)).all(axis=1) & ((steps.flags & FLAG_FLOP_COUNTED) == 0)
 
 
 def test_each_phase_is_within_ten_percent_of_the_truth_and_the_parts_sum_to_the_step() -> None:
@@ -121,14 +127,14 @@ def test_each_phase_is_within_ten_percent_of_the_truth_and_the_parts_sum_to_the_
     assert len(steps) == 30
     # the first step, then every other one after the first skip
     first_skip = step_phases.FIRST_SKIP
-    timed = np.isfinite(steps.phase_ms).all(axis=1)
+    timed = np.isfinite(_phase_ms(steps)).all(axis=1)
     assert list(np.flatnonzero(timed) + 1) == [1, *range(first_skip + 2, 31, 2)]
     sampled = _timed(steps)
     for i, (part, measured) in enumerate(truth.items()):
-        reported = float(np.median(steps.phase_ms[sampled, i]))
+        reported = float(np.median(_phase_ms(steps)[sampled, i]))
         expected = float(np.median(np.asarray(measured)[sampled]))
         assert reported == pytest.approx(expected, rel=TOLERANCE), part
-    wall, wait, phases = steps.wall_ms[sampled], steps.wait_ms[sampled], steps.phase_ms[sampled]
+    wall, wait, phases = steps.wall_ms[sampled], steps.wait_ms[sampled], _phase_ms(steps)[sampled]
     assert (wait + phases.sum(axis=1) <= wall).all()
     anatomy = step_anatomy(steps.wall_ms, steps.wait_ms, steps.phase_ms)
     assert list(anatomy.shares) == list(PARTS)
@@ -146,7 +152,7 @@ def _run_phases(body) -> tuple[np.ndarray, np.ndarray]:
         body()
     steps = _steps(run)
     sampled = _timed(steps)
-    return steps.phase_ms[sampled], sampled
+    return _phase_ms(steps)[sampled], sampled
 
 
 class Truth:
@@ -202,7 +208,7 @@ def test_a_loop_that_calls_no_model_has_its_phases_unavailable_not_zero(loop) ->
     steps = _steps(run)
     anatomy = step_anatomy(steps.wall_ms, steps.wait_ms, steps.phase_ms)
     if loop == "no model":
-        assert np.isfinite(steps.phase_ms).all()  # timed on every step, at zero
+        assert np.isfinite(_phase_ms(steps)).all()  # timed on every step, at zero
         assert anatomy.why == NO_PHASES and not anatomy.shares
     else:
         assert anatomy.why == "" and anatomy.medians_ms["optimizer"] > 0
@@ -219,7 +225,7 @@ def test_a_phase_in_fewer_than_half_of_the_steps_is_told_with_how_often_it_ran()
     phases[:, PHASES.index("forward")] = 3.0
     phases[3::4, PHASES.index("optimizer")] = 2.0  # steps 4 and 8
     phases[1::2, PHASES.index("backward")] = 4.0  # every other step
-    anatomy = step_anatomy(wall, wait, phases)
+    anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases))
     assert anatomy.medians_ms["optimizer"] == 0.0
     assert anatomy.occasional == {"optimizer": (0.25, 2.0)}
     assert anatomy.medians_ms["backward"] == 2.0  # half of the steps: a median of its own
@@ -252,9 +258,9 @@ def test_a_sampled_cycle_cut_short_by_the_warm_up_does_not_change_how_often_a_ph
     phases[timed, PHASES.index("forward")] = 3.0
     phases[timed & stepped, PHASES.index("optimizer")] = 2.0
 
-    as_sampled = step_anatomy(wall, wait, phases)
+    as_sampled = step_anatomy(wall, wait, PhaseRows.of_dense(phases))
     assert as_sampled.occasional["optimizer"][0] == pytest.approx(2 / 6)
-    weighted = step_anatomy(wall, wait, phases, stepped=stepped)
+    weighted = step_anatomy(wall, wait, PhaseRows.of_dense(phases), stepped=stepped)
     assert weighted.occasional == {"optimizer": (pytest.approx(0.25), 2.0)}
     per_step = 0.75 * 10.0 + 0.25 * 12.0  # the steps' mean, ms
     assert weighted.shares["optimizer"] == pytest.approx(0.25 * 2.0 / per_step)
@@ -264,8 +270,9 @@ def test_a_sampled_cycle_cut_short_by_the_warm_up_does_not_change_how_often_a_ph
 
     every = np.ones(n, bool)
     phases[timed, PHASES.index("optimizer")] = 2.0
-    plain = step_anatomy(wall, wait, phases)
-    assert step_anatomy(wall, wait, phases, stepped=every) == plain
+    timed_phases = PhaseRows.of_dense(phases)
+    plain = step_anatomy(wall, wait, timed_phases)
+    assert step_anatomy(wall, wait, timed_phases, stepped=every) == plain
 
 
 @pytest.mark.parametrize("batches", ["tensor slices", "a DataLoader"])

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..engine.step_table import PhaseRows
+
 #: The parts of a step timed by the phase instruments, in the record's ``PHASE_COLUMNS`` order.
 PHASES = ("copy", "forward", "backward", "optimizer")
 #: Every part of a step, in the order of the step: the data wait, the phases, and the rest
@@ -68,27 +70,32 @@ class StepAnatomy:
 def step_anatomy(
     wall_ms: np.ndarray,
     wait_ms: np.ndarray,
-    phase_ms: np.ndarray,
+    phase_ms: PhaseRows,
     *,
     stepped: np.ndarray | None = None,
-    gpu: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    gpu: tuple[PhaseRows, np.ndarray, np.ndarray] | None = None,
 ) -> StepAnatomy:
-    """The anatomy of the steps whose ``wall_ms``, ``wait_ms`` and ``phase_ms`` (a row each,
-    ``PHASES`` columns, NaN where a row has none) are given; ``stepped``: whether an optimizer
-    step ran in each of them (None: the timed steps are taken as they are); on a GPU, ``gpu``
-    is the steps' ``(phases on the GPU timeline, GPU stall, GPU span)``, ms, NaN where
-    unresolved, and the anatomy is theirs."""
+    """The anatomy of the steps whose ``wall_ms`` and ``wait_ms`` are given, with the
+    ``PHASES`` of those that have them in ``phase_ms`` (positions among the steps);
+    ``stepped``: whether an optimizer step ran in each step (None: the timed steps are taken
+    as they are); on a GPU, ``gpu`` is the steps' ``(phases on the GPU timeline, GPU stall,
+    GPU span)``, ms, NaN where unresolved, and the anatomy is theirs."""
     if gpu is not None:
         phase_ms, stall, span = gpu
         wall_ms, wait_ms = stall + span, stall  # NaN where either is unresolved
-    known = np.isfinite(phase_ms).all(axis=1) if len(phase_ms) else np.zeros(0, bool)
-    known &= np.isfinite(wall_ms)
-    if not known.any():
+    rows, values = phase_ms.index, phase_ms.values
+    whole = np.isfinite(values).all(axis=1) & np.isfinite(wall_ms[rows])
+    rows, phases = rows[whole], values[whole]
+    if not len(rows):
         return StepAnatomy(why=NO_PHASES if gpu is None else NO_GPU_PHASES)
-    wall, wait, phases = wall_ms[known], wait_ms[known], phase_ms[known]
     if not phases.any():  # timed, and nothing ran to time: a loop without a model
         return StepAnatomy(why=NO_PHASES)
-    w = timed_weights(stepped, known) if stepped is not None else None
+    wall, wait = wall_ms[rows], wait_ms[rows]
+    w = None
+    if stepped is not None:
+        known = np.zeros(len(wall_ms), bool)
+        known[rows] = True
+        w = timed_weights(stepped, known)
     other = np.maximum(0.0, wall - wait - phases.sum(axis=1))
     medians = {name: weighted_median(phases[:, i], w) for i, name in enumerate(PHASES)}
     medians["other"] = weighted_median(other, w)

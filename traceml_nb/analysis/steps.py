@@ -24,6 +24,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -38,13 +39,7 @@ from ..engine.record import (
     LoaderInfo,
     RecordSnapshot,
 )
-from ..engine.step_table import (
-    GPU_PHASE_COLUMNS,
-    PHASE_COLUMNS,
-    PHASE_WIDTH,
-    StepColumns,
-    StepTable,
-)
+from ..engine.step_table import PhaseRows, StepColumns, StepTable
 from .findings import PhaseSummary
 
 
@@ -114,11 +109,11 @@ class StepSelection:
     flags: np.ndarray
     #: GPU time from the batch's arrival to the next fetch, NaN while pending or unavailable
     gpu_span_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    #: each step's input copy, forward, backward and optimizer time (the record's
-    #: ``PHASE_COLUMNS``, a column each), ms; NaN in a row without phases
-    phase_ms: np.ndarray = field(default_factory=lambda: np.zeros((0, PHASE_WIDTH)))
-    #: the same phases on the GPU timeline (``GPU_PHASE_COLUMNS``), ms; NaN where none
-    gpu_phase_ms: np.ndarray = field(default_factory=lambda: np.zeros((0, PHASE_WIDTH)))
+    #: the input copy, forward, backward and optimizer time (the record's ``PHASE_COLUMNS``),
+    #: ms, of the steps that have them (positions in the selection)
+    phase_ms: PhaseRows = field(default_factory=PhaseRows.none)
+    #: the same phases on the GPU timeline (``GPU_PHASE_COLUMNS``), ms
+    gpu_phase_ms: PhaseRows = field(default_factory=PhaseRows.none)
 
     @property
     def source(self) -> StepSource:
@@ -140,6 +135,7 @@ def select_rows(snapshot: RecordSnapshot) -> StepSelection:
     cols = snapshot.steps
     rule = rule_of(snapshot)
     mask = rule.mask(cols)
+    positions = np.flatnonzero(mask)
     start_ns = _np(cols.start_ns, "i8")[mask]
     wall_ns = _np(cols.wall_ns, "i8")[mask]
     flags = _np(cols.flags, "u1")[mask]
@@ -165,13 +161,13 @@ def select_rows(snapshot: RecordSnapshot) -> StepSelection:
         gpu_stall_ms=_np(cols.gpu_stall_ms, "f4")[mask].astype(np.float64),
         flags=flags,
         gpu_span_ms=_np(cols.gpu_span_ms, "f4")[mask].astype(np.float64),
-        phase_ms=np.column_stack(
-            [_np(getattr(cols, name), "f8")[mask] / 1e6 for name in PHASE_COLUMNS]
-        ).reshape(-1, PHASE_WIDTH),
-        gpu_phase_ms=np.column_stack(
-            [_np(getattr(cols, name), "f8")[mask] for name in GPU_PHASE_COLUMNS]
-        ).reshape(-1, PHASE_WIDTH),
+        phase_ms=_in_ms(cols.phases.take(positions)),
+        gpu_phase_ms=cols.gpu_phases.take(positions),
     )
+
+
+def _in_ms(phases: PhaseRows) -> PhaseRows:
+    return PhaseRows(phases.index, phases.values / 1e6)
 
 
 def select_steps(snapshot: RecordSnapshot) -> tuple[StepColumns, StepSource]:
@@ -179,13 +175,18 @@ def select_steps(snapshot: RecordSnapshot) -> tuple[StepColumns, StepSource]:
     cols = snapshot.steps
     rule = rule_of(snapshot)
     mask = rule.mask(cols)
-    picked = []
+    picked: dict[str, Any] = {}
     for name, code in zip(StepTable.COLUMNS, StepTable.TYPECODES, strict=True):
         values = _np(getattr(cols, name), np.dtype(code).str)[mask]
-        out = array(code)
-        out.frombytes(values.tobytes())
-        picked.append(out)
-    return StepColumns(0, *picked), rule.kind
+        picked[name] = array(code)
+        picked[name].frombytes(values.tobytes())
+    positions = np.flatnonzero(mask)
+    return StepColumns(
+        0,
+        **picked,
+        phases=cols.phases.take(positions),
+        gpu_phases=cols.gpu_phases.take(positions),
+    ), rule.kind
 
 
 def phase_loaders(snapshot: RecordSnapshot, selection: StepSelection) -> dict[int, str]:

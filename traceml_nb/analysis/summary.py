@@ -20,7 +20,7 @@ from ..engine.record import (
     LoaderInfo,
     RecordSnapshot,
 )
-from ..engine.step_table import StepColumns
+from ..engine.step_table import PhaseRows, StepColumns
 from .findings import Summary
 from .peak_flops import utilisation
 from .samples import Reading, Window
@@ -60,8 +60,8 @@ class Measurements:
     span_ms: np.ndarray  #: GPU time from the batch's arrival to the next fetch, NaN likewise
     #: input copy, forward, backward and optimizer time of the steady steps (a column each,
     #: ``step_anatomy.PHASES``), NaN where a step has none
-    phase_ms: np.ndarray
-    gpu_phase_ms: np.ndarray  #: the same phases on the GPU timeline (CUDA events), NaN where none
+    phase_ms: PhaseRows  #: the phases of the steady steps that have them (positions in these)
+    gpu_phase_ms: PhaseRows  #: the same phases on the GPU timeline (CUDA events)
     start_s: np.ndarray
     flags: np.ndarray
     host: Window
@@ -190,8 +190,8 @@ def measure(
         wait_ms=sel.wait_ms[steady],
         stall_ms=stall,
         span_ms=sel.gpu_span_ms[steady],
-        phase_ms=sel.phase_ms[steady],
-        gpu_phase_ms=sel.gpu_phase_ms[steady],
+        phase_ms=sel.phase_ms.take(steady),
+        gpu_phase_ms=sel.gpu_phase_ms.take(steady),
         start_s=start_s,
         flags=sel.flags[steady],
         host=host,

@@ -18,7 +18,6 @@ Where the wrapper cannot be used (under spawn, an ``fn`` that does not pickle), 
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -31,7 +30,7 @@ from .capabilities import Capabilities
 from .contracts import RunStatus
 from .rank_record import RankRecord
 from .record import LoaderInfo, RecordSnapshot, RunRecord
-from .step_table import PHASE_COLUMNS, StepColumns
+from .step_table import StepColumns
 
 #: Seconds between two sends of a rank's new rows: what a rank killed mid-run loses at most.
 SEND_INTERVAL_S = 0.25
@@ -206,11 +205,11 @@ def _uses_cuda() -> bool:
 def _host_phases(cols: StepColumns) -> list[tuple[int, int, int, int] | None]:
     """Each row's host phases (``PHASE_COLUMNS``, ns), None where it has none. A rank on a GPU
     sends none (:func:`_uses_cuda`): its host phases would time the kernels' launch."""
-    copy, forward, backward, optimizer = (getattr(cols, name) for name in PHASE_COLUMNS)
-    return [
-        None if math.isnan(c) else (int(c), int(f), int(b), int(o))
-        for c, f, b, o in zip(copy, forward, backward, optimizer, strict=True)
-    ]
+    phases: list[tuple[int, int, int, int] | None] = [None] * len(cols)
+    timed = cols.phases
+    for row, (c, f, b, o) in zip(timed.index.tolist(), timed.values.tolist(), strict=True):
+        phases[row] = (int(c), int(f), int(b), int(o))
+    return phases
 
 
 def _lost(rec: RankRecord) -> None:

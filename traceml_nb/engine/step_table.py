@@ -61,9 +61,11 @@ class StepTable:
     GPU value is set; the phases, kept for the few rows that have them, are two more arrays each
     (the rows' indices, ascending, and :data:`PHASE_WIDTH` values each), written before their
     rows and each index after its values. Readers get plain typed columns from
-    :meth:`snapshot`.
+    :meth:`snapshot`, and the phases as :class:`PhaseRows`.
     """
 
+    #: The columns a snapshot holds a value of for every row, and their ``array`` typecodes;
+    #: the phases come as :class:`PhaseRows`, for the rows that have them.
     COLUMNS = (
         "start_ns",
         "wall_ns",
@@ -73,10 +75,8 @@ class StepTable:
         "gpu_span_ms",
         "source",
         "flags",
-        *PHASE_COLUMNS,
-        *GPU_PHASE_COLUMNS,
     )
-    TYPECODES = ("q", "q", "q", "i", "f", "f", "B", "B", *"dddd", *"dddd")
+    TYPECODES = ("q", "q", "q", "i", "f", "f", "B", "B")
     WIDTH = 4  #: int64 slots per row in the packed array
 
     def __init__(self) -> None:
@@ -168,8 +168,8 @@ class StepTable:
             self._gpu_column(self._gpu_span, start, n),
             _typed("B", ((meta >> 8) & 0xFF).astype(np.uint8)),
             _typed("B", (meta & 0xFF).astype(np.uint8)),
-            *_sparse_columns(self._phase_rows, self._phase_values, np.int64, start, n),
-            *_sparse_columns(self._gpu_phase_rows, self._gpu_phase_values, np.float64, start, n),
+            _phase_rows(self._phase_rows, self._phase_values, np.int64, start, n),
+            _phase_rows(self._gpu_phase_rows, self._gpu_phase_values, np.float64, start, n),
         )
 
     @staticmethod
@@ -213,55 +213,27 @@ class StepTable:
         return self.snapshot().flags
 
     @property
-    def copy_ns(self) -> array:
-        return self.snapshot().copy_ns
+    def phases(self) -> PhaseRows:
+        return self.snapshot().phases
 
     @property
-    def forward_ns(self) -> array:
-        return self.snapshot().forward_ns
-
-    @property
-    def backward_ns(self) -> array:
-        return self.snapshot().backward_ns
-
-    @property
-    def optimizer_ns(self) -> array:
-        return self.snapshot().optimizer_ns
-
-    @property
-    def gpu_copy_ms(self) -> array:
-        return self.snapshot().gpu_copy_ms
-
-    @property
-    def gpu_forward_ms(self) -> array:
-        return self.snapshot().gpu_forward_ms
-
-    @property
-    def gpu_backward_ms(self) -> array:
-        return self.snapshot().gpu_backward_ms
-
-    @property
-    def gpu_optimizer_ms(self) -> array:
-        return self.snapshot().gpu_optimizer_ms
+    def gpu_phases(self) -> PhaseRows:
+        return self.snapshot().gpu_phases
 
 
-def _sparse_columns(
-    rows_col: array, values_col: array, dtype: Any, start: int, n: int
-) -> list[array]:
-    """Rows ``start..start+n`` of the :data:`PHASE_WIDTH` columns kept for the rows listed in
-    ``rows_col`` (ascending; their values ``PHASE_WIDTH`` a row in ``values_col``, of numpy
-    ``dtype``), as float columns, ``NaN`` where a row has none."""
+def _phase_rows(rows_col: array, values_col: array, dtype: Any, start: int, n: int) -> PhaseRows:
+    """The :class:`PhaseRows` of rows ``start..start+n`` of the :data:`PHASE_WIDTH` columns
+    kept for the rows listed in ``rows_col`` (ascending; their values ``PHASE_WIDTH`` a row in
+    ``values_col``, of numpy ``dtype``)."""
     import numpy as np
 
     rows = rows_col[:]  # one atomic copy; each index is written after its values
     lo, hi = bisect_left(rows, start), bisect_left(rows, start + n)
-    if hi == lo:  # none (the GPU phases off CUDA, rows between samples): NaN, made cheaply
-        return [array("d", [NAN]) * n for _ in range(PHASE_WIDTH)]
-    values = np.full((n, PHASE_WIDTH), np.nan)
+    if hi == lo:  # none (the GPU phases off CUDA, rows between samples)
+        return PhaseRows.none()
     kept = values_col[lo * PHASE_WIDTH : hi * PHASE_WIDTH]
-    known: np.ndarray = np.frombuffer(kept, dtype).reshape(hi - lo, PHASE_WIDTH)
-    values[np.frombuffer(rows[lo:hi], np.int64) - start] = known
-    return [_typed("d", np.ascontiguousarray(values[:, i])) for i in range(PHASE_WIDTH)]
+    values = np.frombuffer(kept, dtype).reshape(hi - lo, PHASE_WIDTH).astype(np.float64)
+    return PhaseRows(np.frombuffer(rows[lo:hi], np.int64) - start, values)
 
 
 def _typed(code: str, values: np.ndarray) -> array:
@@ -270,9 +242,71 @@ def _typed(code: str, values: np.ndarray) -> array:
     return out
 
 
+@dataclass(frozen=True)
+class PhaseRows:
+    """The phases of the rows of a range of steps that have them, kept apart from the columns
+    every row has: the sampled steps, one in tens or thousands in a training loop (every step
+    only in a loop without an optimizer, where the instruments stay on).
+
+    ``index``: each such row's position in the range (int64, ascending); ``values``: its
+    :data:`PHASE_WIDTH` phases a row (float64: host ns, or GPU ms with ``NaN`` for a phase it
+    has not)."""
+
+    index: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def none(cls) -> PhaseRows:
+        import numpy as np
+
+        return cls(np.zeros(0, np.int64), np.zeros((0, PHASE_WIDTH)))
+
+    @classmethod
+    def of_dense(cls, values: Any) -> PhaseRows:
+        """The rows of an ``(n, PHASE_WIDTH)`` array that are not all ``NaN``."""
+        import numpy as np
+
+        dense = np.asarray(values, np.float64).reshape(-1, PHASE_WIDTH)
+        index = np.flatnonzero(~np.isnan(dense).all(axis=1))
+        return cls(index, dense[index])
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def dense(self, n: int) -> np.ndarray:
+        """The phases of all ``n`` rows of the range, ``(n, PHASE_WIDTH)``, ``NaN`` in a row
+        without them: a dense copy, for a check that reads them row by row."""
+        import numpy as np
+
+        out = np.full((n, PHASE_WIDTH), np.nan)
+        out[self.index] = self.values
+        return out
+
+    def tail(self, skip: int) -> PhaseRows:
+        """The rows from position ``skip`` on, their positions counted from there."""
+        if not skip:
+            return self
+        lo = int(self.index.searchsorted(skip))
+        return PhaseRows(self.index[lo:] - skip, self.values[lo:])
+
+    def take(self, positions: np.ndarray) -> PhaseRows:
+        """The rows at ``positions`` (ascending positions in this range, as from
+        ``np.flatnonzero(mask)``), each at its place in ``positions``."""
+        import numpy as np
+
+        if not len(self) or not len(positions):
+            return PhaseRows.none()
+        at = np.searchsorted(positions, self.index)
+        found = at < len(positions)
+        found[found] = positions[at[found]] == self.index[found]
+        return PhaseRows(at[found], self.values[found])
+
+
 @dataclass
 class StepColumns:
-    """An immutable copy of a range of :class:`StepTable` rows (see there for the units)."""
+    """An immutable copy of a range of :class:`StepTable` rows (see there for the units): the
+    columns of :attr:`StepTable.COLUMNS`, a value a row, and the host and GPU phases of the
+    rows that have them (``phases``, ``gpu_phases``: positions in the range)."""
 
     offset: int
     start_ns: array
@@ -283,14 +317,8 @@ class StepColumns:
     gpu_span_ms: array
     source: array
     flags: array
-    copy_ns: array
-    forward_ns: array
-    backward_ns: array
-    optimizer_ns: array
-    gpu_copy_ms: array
-    gpu_forward_ms: array
-    gpu_backward_ms: array
-    gpu_optimizer_ms: array
+    phases: PhaseRows
+    gpu_phases: PhaseRows
 
     def __len__(self) -> int:
         return len(self.flags)
@@ -299,7 +327,19 @@ class StepColumns:
         """The rows from row ``start`` of the table on (``start`` counts from the table's first
         row, as :attr:`offset` does)."""
         skip = max(0, start - self.offset)
+        columns: dict[str, Any] = {name: getattr(self, name)[skip:] for name in StepTable.COLUMNS}
         return StepColumns(
             self.offset + skip,
-            *(getattr(self, name)[skip:] for name in StepTable.COLUMNS),
+            **columns,
+            phases=self.phases.tail(skip),
+            gpu_phases=self.gpu_phases.tail(skip),
         )
+
+    def phase_column(self, name: str) -> array:
+        """One phase of every row (a name of :data:`PHASE_COLUMNS` or
+        :data:`GPU_PHASE_COLUMNS`), ``NaN`` where a row has none: a dense copy, for a check
+        that reads a column; the analysis reads :attr:`phases` as they are."""
+        gpu = name in GPU_PHASE_COLUMNS
+        names = GPU_PHASE_COLUMNS if gpu else PHASE_COLUMNS
+        rows = self.gpu_phases if gpu else self.phases
+        return _typed("d", rows.dense(len(self))[:, names.index(name)].copy())

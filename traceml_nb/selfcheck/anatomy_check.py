@@ -138,6 +138,7 @@ def check_anatomy(budget: Budget) -> CheckResult:
     from ..analysis.peak_flops import peak_for
     from ..analysis.pipeline import analyze
     from ..engine.instrument.step_phases import EARLY_SAMPLE_INTERVAL_S
+    from ..engine.step_table import GPU_PHASE_COLUMNS
 
     _, warm, _ = _measure(torch, 6)  # compiles the kernels; times a step
     step_ms = statistics.median(warm[k][0].elapsed_time(warm[k + 1][0]) for k in range(1, 5))
@@ -148,7 +149,7 @@ def check_anatomy(budget: Budget) -> CheckResult:
     run, events, dtype = _measure(torch, steps)
     summary = analyze(run.record, run.capabilities, warmup=3).summary
     cols = run.record.steps.snapshot()
-    gpu = [cols.gpu_copy_ms, cols.gpu_forward_ms, cols.gpu_backward_ms, cols.gpu_optimizer_ms]
+    gpu = [cols.phase_column(name) for name in GPU_PHASE_COLUMNS]
     timed = [k for k in range(min(len(cols), steps)) if all(math.isfinite(c[k]) for c in gpu)]
     phases, hand_phases = {}, {}
     for i, (name, (a, b)) in enumerate(zip(PHASE_NAMES, PHASE_BOUNDS, strict=True)):

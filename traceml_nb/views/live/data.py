@@ -22,7 +22,7 @@ import numpy as np
 
 from ...analysis.steps import StepRule, rule_of
 from ...engine.record import RecordSnapshot
-from ...engine.step_table import GPU_PHASE_COLUMNS, PHASE_COLUMNS, StepColumns
+from ...engine.step_table import PHASE_COLUMNS, PhaseRows, StepColumns
 
 NAN = float("nan")
 
@@ -179,13 +179,12 @@ class StepRows:
         )
         if len(cols) and np.isfinite(np.asarray(cols.gpu_span_ms, np.float64)).any():
             # on a GPU: the proportions of the GPU timeline (the host's are kernel launches)
-            names, rest = GPU_PHASE_COLUMNS, column(cols.gpu_span_ms, np.float64)
+            timed, rest = cols.gpu_phases, column(cols.gpu_span_ms, np.float64)
         else:
-            names, rest = PHASE_COLUMNS, rows.wall_ns - rows.wait_ns
-        phases = np.stack(
-            [column(getattr(cols, name), np.float64) for name in names], axis=1
-        ).reshape(len(rows), len(names))
-        rows.shares = _carried_shares(phases, rest, carry)
+            timed, rest = cols.phases, rows.wall_ns - rows.wait_ns
+        if keep is not None:
+            timed = timed.take(np.flatnonzero(keep))
+        rows.shares = _carried_shares(timed, rest, carry)
         return rows
 
     def __len__(self) -> int:
@@ -214,16 +213,17 @@ class StepRows:
         self.batch = self.batch[n:]
 
 
-def _carried_shares(
-    phases: np.ndarray, rest_ns: np.ndarray, carry: np.ndarray | None
-) -> np.ndarray:
-    """Each row's phases (``phases``, NaN rows untimed) as shares of its ``rest_ns`` (the same
-    unit), carried forward from the latest timed row (``carry`` before the first)."""
+def _carried_shares(phases: PhaseRows, rest_ns: np.ndarray, carry: np.ndarray | None) -> np.ndarray:
+    """Each row's phases (``phases``: those of the timed rows) as shares of its ``rest_ns``
+    (the same unit), carried forward from the latest timed row (``carry`` before the first)."""
     n = len(rest_ns)
     out = np.full((n, len(PHASE_COLUMNS)), NAN)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        timed = ~np.isnan(phases).any(axis=1) & (rest_ns > 0)
-        out[timed] = np.clip(phases[timed] / rest_ns[timed, None], 0.0, 1.0)
+    rows, values = phases.index, phases.values
+    whole = ~np.isnan(values).any(axis=1) & (rest_ns[rows] > 0)
+    rows, values = rows[whole], values[whole]
+    out[rows] = np.clip(values / rest_ns[rows, None], 0.0, 1.0)
+    timed = np.zeros(n, bool)
+    timed[rows] = True
     # the index of the latest timed row at or before each row (-1: none yet)
     latest = np.maximum.accumulate(np.where(timed, np.arange(n), -1))
     filled = out[np.maximum(latest, 0)]
