@@ -1,11 +1,14 @@
 """A long run: 1,000,000 fast synthetic steps through the real monitor, on the CPU.
 
-    .venv/bin/python benchmarks/long_run.py [--steps N]
+    .venv/bin/python benchmarks/long_run.py [--steps N] [--optimizer]
 
 Reports what a long run costs: the record's memory per step and in total, the process's RSS
-growth, the live view's points held (headless writer running the whole time), and how long
-the end-of-run analysis (``Run.result()``) and the report take. Figures, not assertions: the
-test suite never asserts on time.
+growth, the live view's points held (headless writer running the whole time), how long the
+end-of-run analysis (``Run.result()``) and the report take, and the most memory an analysis
+of the whole record allocates at once (``tracemalloc``'s peak over one more ``analyze`` of a
+snapshot, beside the snapshot's own). ``--optimizer``: an optimizer steps in every step, as
+in training, where the phases are timed on sampled steps (without one, a loop's phases are
+timed on every step). Figures, not assertions: the test suite never asserts on time.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import gc
 import os
 import time
+import tracemalloc
 
 import psutil
 import torch
@@ -30,7 +34,10 @@ from traceml_nb.views.report import Report
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--optimizer", action="store_true", help="an optimizer step a step")
     args = parser.parse_args()
+    weight = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
 
     # batch_size=None: each step fetches one item with no collation, so a step is ~10 µs and
     # the run measures the monitor, not the loader
@@ -45,6 +52,8 @@ def main() -> None:
         total = 0
         for i in loader:
             total += i
+            if args.optimizer:
+                optimizer.step()
         view.stop()
     elapsed = time.perf_counter() - t0
     rss1 = me.memory_info().rss
@@ -55,6 +64,7 @@ def main() -> None:
     html = report._repr_html_()
     text = repr(report)
     report_s = time.perf_counter() - t1
+    snapshot_mib, analysis_mib = _analysis_memory(run)
 
     steps = len(run.record.steps)
     points = None
@@ -76,7 +86,29 @@ def main() -> None:
     print(
         f"analysis + report         {report_s:.2f} s ({len(html) / 1024:.0f} KiB HTML, {len(text) / 1024:.1f} KiB text)"
     )
+    print(
+        f"analysis memory           {analysis_mib:.0f} MiB at its peak, over a snapshot of "
+        f"{snapshot_mib:.0f} MiB"
+    )
     print(f"verdict                   {result.diagnosis.verdict}")
+
+
+def _analysis_memory(run: traceml_nb.Run) -> tuple[float, float]:
+    """MiB a snapshot of the whole record holds, and the most an ``analyze`` of it allocates
+    at once beyond that (what the live view's running verdict allocates on its thread)."""
+    from traceml_nb.analysis import analyze
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        snapshot = run.snapshot()
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        analyze(snapshot, run.capabilities)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return held / 2**20, (peak - held) / 2**20
 
 
 if __name__ == "__main__":
