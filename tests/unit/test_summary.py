@@ -191,6 +191,29 @@ def test_warmup_reported_separately():
     assert (s.warmup_steps, s.steady_steps, s.warmup_s) == (0, 43, 0.0)
 
 
+@pytest.mark.parametrize("gap", [False, True], ids=["consecutive", "an interleaved step"])
+def test_the_steady_steps_are_read_in_place_where_consecutive_and_the_same_either_way(gap):
+    """The steady steps' columns are views of the selection's where the steps are consecutive
+    (no copy of a million-step run's columns); with a step left out between them, a copy;
+    the figures are the same."""
+    from traceml_nb.analysis.summary import measure
+
+    b = RecordBuilder()
+    b.loader()
+    b.steps(1, 400.0, 300.0)  # the warm-up
+    b.steps(20, np.arange(20, 40, dtype=float), 1.0)
+    if gap:
+        b.steps(1, 500.0, 1.0, flags=FLAG_INTERLEAVED)
+    b.steps(20, np.arange(40, 60, dtype=float), 1.0)
+    record = b.finish()
+    m = measure(record.snapshot(), cpu_capabilities())
+    assert m.warmup == 1 and list(m.wall_ms) == list(range(20, 60))
+    assert np.shares_memory(m.wall_ms, m.selection.wall_ms) is not gap
+    assert np.shares_memory(m.flags, m.selection.flags) is not gap
+    s = analyze(record, cpu_capabilities(), cpus_available=2).summary
+    assert s.steady_steps == 40 and s.step_ms_median == pytest.approx(39.5)
+
+
 # --- summary numbers -------------------------------------------------------------------------------
 def test_step_statistics_and_throughput():
     b = RecordBuilder()
