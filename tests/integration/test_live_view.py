@@ -276,6 +276,44 @@ def test_step_series_stays_bounded_over_100k_steps_and_ends_exact():
         np.testing.assert_array_equal(chart.data[name], values, err_msg=name)
 
 
+def test_a_rebuild_in_parts_gives_the_points_of_the_whole_record_at_once(monkeypatch):
+    """A rebuild bins the record ``REBUILD_ROWS`` rows at a time (a long run's rebuild holds
+    one part's steps, not all of them): its points are those of all the steps binned at
+    once, the phases' shares carried across the parts."""
+    import traceml_nb.views.live.data as data_module
+
+    rec = _training_record()
+    n = 20_000
+    rows, phases = [], []
+    t = 0
+    for i in range(n):
+        wall, wait = (10 + i % 7) * MS, (i % 3) * MS
+        rows += [(t, wall, wait, 32, 0, 0), (t, wall, wait, 32, SOURCE_OPTIMIZER, 0)]
+        phases += [(MS, 2 * MS, (i % 5) * MS, MS) if i % 37 == 5 else None, None]
+        t += wall
+    rec.steps.extend(rows, phases)
+    expected, used = bin_steps(
+        StepRows.of_rule(rec.steps.snapshot(0), StepRule("dataloader", (0,))), 0, 16, partial=True
+    )
+    assert used == n
+    read = []
+    of_rule = StepRows.of_rule.__func__
+    monkeypatch.setattr(
+        StepRows,
+        "of_rule",
+        classmethod(lambda cls, c, *a: read.append(len(c)) or of_rule(cls, c, *a)),
+    )
+    monkeypatch.setattr(data_module, "REBUILD_ROWS", 999)
+    series = StepSeries(rec.snapshot, max_points=2000)
+    update = series.update(final=True)
+    assert update is not None and update.replace and series.k == 16
+    assert max(read) == 999 and sum(read) == 2 * n  # the record in parts of 999 rows
+    assert set(update.data) == set(expected)
+    for name, values in expected.items():
+        np.testing.assert_array_equal(update.data[name], values, err_msg=name)
+    assert series.has_phases and series.points == len(expected["step"])
+
+
 def test_step_series_sends_only_new_points_each_tick():
     rec = _training_record()
     series = StepSeries(rec.snapshot)

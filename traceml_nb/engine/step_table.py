@@ -289,6 +289,12 @@ class PhaseRows:
         lo = int(self.index.searchsorted(skip))
         return PhaseRows(self.index[lo:] - skip, self.values[lo:])
 
+    def window(self, lo: int, hi: int) -> PhaseRows:
+        """The rows at positions ``lo..hi`` (``hi`` excluded), their positions counted from
+        ``lo``."""
+        first, last = self.index.searchsorted(lo), self.index.searchsorted(hi)
+        return PhaseRows(self.index[first:last] - lo, self.values[first:last])
+
     def take(self, positions: np.ndarray) -> PhaseRows:
         """The rows at ``positions`` (ascending positions in this range, as from
         ``np.flatnonzero(mask)``), each at its place in ``positions``."""
@@ -333,6 +339,16 @@ class StepColumns:
             **columns,
             phases=self.phases.tail(skip),
             gpu_phases=self.gpu_phases.tail(skip),
+        )
+
+    def window(self, lo: int, hi: int) -> StepColumns:
+        """Rows ``lo..hi`` of these (``hi`` excluded; positions in these, not the table's)."""
+        columns: dict[str, Any] = {name: getattr(self, name)[lo:hi] for name in StepTable.COLUMNS}
+        return StepColumns(
+            self.offset + lo,
+            **columns,
+            phases=self.phases.window(lo, hi),
+            gpu_phases=self.gpu_phases.window(lo, hi),
         )
 
     def phase_column(self, name: str) -> array:

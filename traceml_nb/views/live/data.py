@@ -308,6 +308,9 @@ def bin_samples(cols: Mapping[str, np.ndarray], k: int, *, partial: bool) -> tup
     return out, used
 
 
+#: Rows of the record a rebuild of the step series turns into steps at a time.
+REBUILD_ROWS = 65_536
+
 #: Reads the run's record: step rows from the given row on (``Run.snapshot``).
 SnapshotReader = Callable[[int], RecordSnapshot]
 
@@ -381,20 +384,28 @@ class StepSeries:
         return SeriesUpdate(data, replace=False)
 
     def _rebuild(self, final: bool, snapshot: RecordSnapshot | None) -> SeriesUpdate:
-        """All points again from the whole record (new rule or new bucket size)."""
+        """All points again from the whole record (new rule or new bucket size), its rows
+        binned :data:`REBUILD_ROWS` at a time as the updates bin theirs: a long run's rebuild
+        holds the record's snapshot and one part's steps, not all its steps at once."""
         snap = snapshot if snapshot is not None else self.read(0)
         self.snapshot = snap
-        self.rule = rule_of(snap)
-        self._rows_read = len(snap.steps)
-        rows = StepRows.of_rule(snap.steps, self.rule)
+        self.rule = rule = rule_of(snap)
+        cols = snap.steps
+        self._rows_read = len(cols)
+        self.steps = int(rule.mask(cols).sum()) if len(cols) else 0
+        self.k = bucket_size(self.steps, self.max_points)
         self._carry = None
-        self._keep_carry(rows)
-        self.k = bucket_size(len(rows), self.max_points)
-        self.steps = len(rows)
-        self._pending = rows
+        self._pending = StepRows.empty()
         self._context = 0
         self._binned = 0
-        data = self._bin(final)
+        parts = []
+        for lo in range(0, max(1, len(cols)), REBUILD_ROWS):
+            hi = lo + REBUILD_ROWS
+            new = StepRows.of_rule(cols.window(lo, hi), rule, self._carry)
+            self._keep_carry(new)
+            self._pending.extend(new)
+            parts.append(self._bin(final and hi >= len(cols)))
+        data = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
         self.points = len(data["step"])
         return SeriesUpdate(data, replace=True)
 
