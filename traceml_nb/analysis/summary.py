@@ -58,9 +58,9 @@ class Measurements:
     wait_ms: np.ndarray
     stall_ms: np.ndarray  #: GPU input stall, NaN where unresolved
     span_ms: np.ndarray  #: GPU time from the batch's arrival to the next fetch, NaN likewise
-    #: input copy, forward, backward and optimizer time of the steady steps (a column each,
-    #: ``step_anatomy.PHASES``), NaN where a step has none
-    phase_ms: PhaseRows  #: the phases of the steady steps that have them (positions in these)
+    #: input copy, forward, backward and optimizer time (``step_anatomy.PHASES``), ms, of the
+    #: steady steps that have them (positions among the steady steps)
+    phase_ms: PhaseRows
     gpu_phase_ms: PhaseRows  #: the same phases on the GPU timeline (CUDA events)
     start_s: np.ndarray
     flags: np.ndarray
