@@ -67,7 +67,8 @@ def test_phase_rows_taken_at_positions_keep_their_place_among_them() -> None:
     assert phases.index.tolist() == [1, 3, 4]
     taken = phases.take(np.array([0, 3, 4]))  # rows 0, 3 and 4
     assert taken.index.tolist() == [1, 2] and taken.values[:, 0].tolist() == [3.0, 4.0]
-    assert phases.tail(2).index.tolist() == [1, 2]
+    assert phases.window(2, 5).index.tolist() == [1, 2]
+    assert phases.window(3, 4).values[:, 0].tolist() == [3.0]
     restored = phases.dense(5)
     assert [math.isnan(row[0]) for row in restored] == [True, False, True, False, False]
     assert len(PhaseRows.none().take(np.arange(3))) == 0

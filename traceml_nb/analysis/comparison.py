@@ -21,7 +21,8 @@ from .findings import Diagnosis, Summary
 from .formatting import fmt_mb, fmt_ms, fmt_pct, fmt_rate, fmt_share, signed_pct, signed_points
 from .judge import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, Judgement
 from .noise import Noise, estimate_noise, judge_change, log_mean_ms
-from .phase_shift import PhaseShift, part_ms, phase_shift
+from .phase_shift import PART_NAMES, PhaseShift, part_ms, phase_shift
+from .step_anatomy import PHASES
 from .thresholds import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -352,13 +353,8 @@ def compare(
     return result
 
 
-#: The phase rows of a comparison: label -> the phase (a part of :data:`.phase_shift.PART_FIELDS`).
-PHASE_ROWS = {
-    "input copy": "copy",
-    "forward": "forward",
-    "backward": "backward",
-    "optimizer step": "optimizer",
-}
+#: The phase rows of a comparison: label (as the comparison names the part) -> the phase.
+PHASE_ROWS = {PART_NAMES.get(phase, phase): phase for phase in PHASES}
 
 
 def _phase_rows(a: Summary, b: Summary) -> list[ComparisonRow]:

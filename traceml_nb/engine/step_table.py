@@ -282,13 +282,6 @@ class PhaseRows:
         out[self.index] = self.values
         return out
 
-    def tail(self, skip: int) -> PhaseRows:
-        """The rows from position ``skip`` on, their positions counted from there."""
-        if not skip:
-            return self
-        lo = int(self.index.searchsorted(skip))
-        return PhaseRows(self.index[lo:] - skip, self.values[lo:])
-
     def window(self, lo: int, hi: int) -> PhaseRows:
         """The rows at positions ``lo..hi`` (``hi`` excluded), their positions counted from
         ``lo``."""
@@ -332,14 +325,7 @@ class StepColumns:
     def tail(self, start: int) -> StepColumns:
         """The rows from row ``start`` of the table on (``start`` counts from the table's first
         row, as :attr:`offset` does)."""
-        skip = max(0, start - self.offset)
-        columns: dict[str, Any] = {name: getattr(self, name)[skip:] for name in StepTable.COLUMNS}
-        return StepColumns(
-            self.offset + skip,
-            **columns,
-            phases=self.phases.tail(skip),
-            gpu_phases=self.gpu_phases.tail(skip),
-        )
+        return self.window(max(0, start - self.offset), len(self))
 
     def window(self, lo: int, hi: int) -> StepColumns:
         """Rows ``lo..hi`` of these (``hi`` excluded; positions in these, not the table's)."""
