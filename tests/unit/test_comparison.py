@@ -9,10 +9,11 @@ from builders import RecordBuilder, cpu_capabilities
 from traceml_nb.analysis import ComparisonRow, analyze, compare
 from traceml_nb.analysis.comparison import bootstrap_ratio_ci
 from traceml_nb.analysis.findings import Diagnosis, Summary
+from traceml_nb.analysis.judge import Judgement
 from traceml_nb.analysis.noise import Noise
 from traceml_nb.analysis.thresholds import BOOTSTRAP_RESAMPLES, CHANGE_MARGIN
 from traceml_nb.session.history import RunEntry
-from traceml_nb.views.comparison_words import comparison_text, headline
+from traceml_nb.views.comparison_words import band_text, comparison_text, headline
 
 #: a well-known noise: 2% between runs, on 40 degrees of freedom
 KNOWN = Noise(sigma=0.02, df=40.0, own_runs=41, own_df=40.0, own_configs=1, step_ms=100.0)
@@ -180,7 +181,7 @@ def test_the_motivating_comparison():
     assert c.significant
     said = (
         "step time 316 ms \u2192 179 ms (\u221243%, faster, beyond the run-to-run noise "
-        "(\u00b168%: assumed for 316 ms steps until reruns tell))"
+        "(\u221241%/+68%: assumed for 316 ms steps until reruns tell))"
     )
     assert headline(c) == said
     assert (c.before_ms, c.after_ms) == (pytest.approx(316), pytest.approx(179))
@@ -256,8 +257,14 @@ def test_a_change_the_noise_cannot_tell_is_inconclusive_and_says_what_would_deci
     c = compare(entry(1, values), entry(2, [v * 1.15 for v in values]), noise=wide)
     assert c.verdict == "inconclusive" and not c.significant
     assert c.judgement.more_needed is not None and c.judgement.more_needed >= 1
-    assert f"{c.judgement.more_needed} more run" in headline(c)
-    assert "inconclusive: within the run-to-run noise" in headline(c)
+    said = headline(c)
+    assert f"{c.judgement.more_needed} more run" in said
+    assert "inconclusive: 1 run against 1 can tell only a change beyond" in said
+    assert "at a run-to-run noise of 5.0% (assumed for 100 ms steps until reruns tell)" in said
+    several = [entry(i, [v * (1 + 0.01 * i) for v in values]) for i in (1, 2, 3)]
+    c = compare(several[-1], entry(4, [v * 1.15 for v in values]), before=several, noise=wide)
+    assert c.verdict == "inconclusive"
+    assert "inconclusive: 3 runs against 1 can tell only a change beyond" in headline(c)
 
 
 def test_steps_that_overlap_keep_a_run_level_change_inconclusive():
@@ -355,3 +362,18 @@ def test_a_confidence_bound_keeps_one_decimal_below_ten_percent():
     assert signed_pct_fine(0.0996) == "+10%" and signed_pct_fine(0.0994) == "+9.9%"
     assert signed_pct_fine(-0.17) == "\u221217%"
     assert fmt_confidence(0.995) == "99.5%" and fmt_confidence(0.9) == "90%"
+
+
+def test_a_wide_band_is_written_each_way_and_a_narrow_one_as_plus_minus():
+    """The bounds are symmetric in log step time: one run against one at the default noise
+    tells a change below −41% or above +68% (a −43% change is beyond it, where "±68%" would
+    read as if it were within); bands whose two sides differ by less than a percentage point
+    keep "±"."""
+
+    def band(up: float) -> str:
+        return band_text(Judgement(0.0, -up, up, "inconclusive", 0.1, 0.1, 4.0))
+
+    assert band(0.68) == "\u221240%/+68%"
+    assert band(0.11) == "\u22129.9%/+11%"  # sides 1.1 points apart
+    assert band(0.10) == "\u00b110%"  # 0.9 points apart
+    assert band(0.074) == "\u00b17.4%"

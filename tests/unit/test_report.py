@@ -413,15 +413,16 @@ def test_report_shows_the_comparison_with_previous_and_best():
     text = render_text(report)
     faster = (
         "step time 316 ms \u2192 179 ms (\u221243%, faster, beyond the run-to-run noise "
-        "(\u00b168%: assumed for 316 ms steps until reruns tell))"
+        "(\u221241%/+68%: assumed for 316 ms steps until reruns tell))"
     )
     assert f"vs previous run #1 baseline: {faster}" in text
     # +19% against one earlier run, with only the default noise: more runs of this kind cannot
-    # narrow the one earlier run's noise enough to tell
+    # narrow the one earlier run's noise enough to tell; what one run against one can tell is
+    # said apart from the noise, which is many times smaller
     assert (
-        "vs best run #2 fast: step time 150 ms \u2192 179 ms (+19%, inconclusive: within the "
-        "run-to-run noise (\u00b168%: assumed for 150 ms steps until reruns tell); a change this "
-        "small cannot be told at this noise)" in text
+        "vs best run #2 fast: step time 150 ms \u2192 179 ms (+19%, inconclusive: 1 run against 1 "
+        "can tell only a change beyond \u221241%/+68% at a run-to-run noise of 8.0% (assumed for "
+        "150 ms steps until reruns tell); a change this small cannot be told at this noise)" in text
     )
     checker = parse_html(render_html(report))
     joined = " ".join(checker.text)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.comparison import NEUTRAL, Comparison, ComparisonRow
-from ..analysis.formatting import fmt_ms, signed_pct
+from ..analysis.formatting import MINUS, fmt_ms, signed_pct
 from ..analysis.judge import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, Judgement
 from ..analysis.noise import Noise
 from ..analysis.phase_shift import PhaseShift
@@ -46,24 +46,52 @@ def noise_source(noise: Noise, after_busy: bool = False) -> str:
     return " and ".join(parts) + ("," + sessions if sessions else "") + busy
 
 
-def verdict_tail(judgement: Judgement, noise: Noise | None, after_busy: bool = False) -> str:
+def band_text(judgement: Judgement) -> str:
+    """The least change the compared runs can tell at the verdict's confidence, each way:
+    ``±7.4%``, or ``−40%/+68%`` where the two sides differ by a percentage point or more (the
+    bounds are symmetric in log step time, so a wide band is not: −40% is as far down as +68%
+    is up)."""
+    up = judgement.half_width
+    down = 1.0 / (1.0 + up) - 1.0
+    if (up + down) * 100 < 1:
+        return f"\u00b1{fmt_pct_plain(up)}"
+    return f"{MINUS}{fmt_pct_plain(-down)}/+{fmt_pct_plain(up)}"
+
+
+def verdict_tail(
+    judgement: Judgement,
+    noise: Noise | None,
+    after_busy: bool = False,
+    runs: tuple[int, int] = (1, 1),
+) -> str:
     """The words after the change in a headline: ``slower, beyond the run-to-run noise
-    (±7.4%: 5 runs of this configuration)``, ``no significant change: within …``,
-    ``inconclusive: within … ; 3 more runs would decide``."""
-    band = f"\u00b1{fmt_pct_plain(judgement.half_width)}"
-    if noise is not None:
-        band += f": {noise_source(noise, after_busy)}"
+    (±7.4%: 5 runs of this configuration)``, ``no significant change: within …``; an
+    inconclusive verdict says what the runs compared (``runs``: the baseline's and the
+    candidate's count) can tell and the noise apart, since with few runs the first is many
+    times the second: ``inconclusive: 1 run against 1 can tell only a change beyond −40%/+68% at a
+    run-to-run noise of 8.0% (assumed for 18.7 ms steps until reruns tell); 1 more run would
+    decide``."""
+    band = band_text(judgement)
+    source = f": {noise_source(noise, after_busy)}" if noise is not None else ""
     verdict = judgement.verdict
     if verdict in (FASTER, SLOWER):
-        return f"{verdict}, beyond the run-to-run noise ({band})"
+        return f"{verdict}, beyond the run-to-run noise ({band}{source})"
     if verdict == NO_CHANGE:
-        return f"{NO_CHANGE}: within the run-to-run noise ({band})"
+        return f"{NO_CHANGE}: within the run-to-run noise ({band}{source})"
     more = judgement.more_needed
     if more is None:
         decide = "a change this small cannot be told at this noise"
     else:
         decide = f"{more} more run{'s' if more != 1 else ''} would decide"
-    return f"{INCONCLUSIVE}: within the run-to-run noise ({band}); {decide}"
+    before, after = runs
+    tells = f"{before} run{'s' if before != 1 else ''} against {after}"
+    tells += f" can tell only a change beyond {band}"
+    if noise is not None:
+        tells += (
+            f" at a run-to-run noise of {fmt_pct_plain(noise.sigma)} "
+            f"({noise_source(noise, after_busy)})"
+        )
+    return f"{INCONCLUSIVE}: {tells}; {decide}"
 
 
 #: the headline's tail where the noise model saw a change but the runs' own steps overlap
@@ -84,7 +112,9 @@ def headline(comparison: Comparison, prediction: Prediction | None = None) -> st
         text = f"step time not comparable: {' and '.join(missing)} {verb} no steady steps"
     else:
         tail = (
-            STEPS_OVERLAP if c.steps_overlap else verdict_tail(c.judgement, c.noise, c.after_busy)
+            STEPS_OVERLAP
+            if c.steps_overlap
+            else verdict_tail(c.judgement, c.noise, c.after_busy, runs=runs_compared(c))
         )
         text = (
             f"step time {fmt_ms(c.before_ms)} \u2192 {fmt_ms(c.after_ms)} "
@@ -95,6 +125,11 @@ def headline(comparison: Comparison, prediction: Prediction | None = None) -> st
     if prediction is not None:
         text += f"; {prediction_sentence(prediction)}"
     return text
+
+
+def runs_compared(comparison: Comparison) -> tuple[int, int]:
+    """How many runs each side of ``comparison`` is made of (at least one each)."""
+    return max(1, len(comparison.baseline_ids)), max(1, len(comparison.candidate_ids))
 
 
 def where_it_moved(shift: PhaseShift) -> str:
