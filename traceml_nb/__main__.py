@@ -1,6 +1,6 @@
-"""``python -m traceml_nb check``: the CI regression gate on the run store.
+"""``python -m traceml_nb``: the CI gates (check, ab) and stored runs moved between stores.
 
-::
+``python -m traceml_nb check``, the CI regression gate on the run store::
 
     python -m traceml_nb check --name NAME [--store PATH] [--max-slowdown 0.10]
                                [--against baseline|RUN_ID] [--any-hardware] [--runs K]
@@ -28,6 +28,12 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+#: What ``python -m traceml_nb --help`` says the command line is for.
+DESCRIPTION = (
+    "traceml_nb's command line: the CI gates on stored runs (check) and on a base against the "
+    "head in one job (ab), and stored runs moved between stores (export, import). The GPU "
+    "self-check is python -m traceml_nb.selfcheck."
+)
 #: What ``--store`` takes.
 STORE_HELP = (
     "the store: a SQLite file, or a server as postgresql://user@host:port/db "
@@ -51,7 +57,7 @@ def _fraction(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     from .analysis.thresholds import BASELINE_RUNS
 
-    top = argparse.ArgumentParser(prog="python -m traceml_nb", description=__doc__.split("\n")[0])
+    top = argparse.ArgumentParser(prog="python -m traceml_nb", description=DESCRIPTION)
     commands = top.add_subparsers(dest="command", required=True)
     check = commands.add_parser(
         "check",

@@ -112,6 +112,16 @@ def test_usage_errors_exit_2(store):
     assert done.returncode == 2 and "--against must be" in done.stdout
 
 
+def test_the_help_says_what_every_command_is_for():
+    from traceml_nb.__main__ import parser
+
+    top = parser()
+    commands = top._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(commands) == {"check", "ab", "export", "import"}
+    for name in commands:  # the description, printed first by --help, names each one
+        assert re.search(rf"\b{name}\b", top.description or ""), name
+
+
 def test_against_one_stored_run(store):
     store.add(make_run("smoke", step_ms=30.0, seed=13))
     done = cli("check", "--name", "smoke", "--store", store.path, "--against", "@1")
