@@ -557,7 +557,7 @@ def test_host_cost_verdict_both_sides() -> None:
 
     assert judge_host_cost(HOST_COST_BUDGET_US, 0, 48, 3000, 64) == []
     assert judge_host_cost(HOST_COST_BUDGET_US + 0.01, 0, 48, 3000, 64) == [
-        "adds 5.01 us a step (budget 5 us)"
+        "adds 10.01 us a step (budget 10 us)"
     ]
     fetches = 3000
     allowed = fetches // NEW_EVENTS_PER_FETCHES

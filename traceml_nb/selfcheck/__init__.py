@@ -16,7 +16,8 @@ module each:
 ``mapping``    (:mod:`.mapping`) ``CUDA_VISIBLE_DEVICES``: torch index to NVML device by UUID,
                in this process and in children (:mod:`.mapping_child`).
 ``hostcost``   (:mod:`.host_cost`) the host time the tracer adds to a step of a host-bound GPU
-               loop, from interleaved blocks (at most 5 us), and its event pool's reuse.
+               loop, phases timed as in any run, from interleaved blocks (at most 10 us),
+               and its event pool's reuse.
 ``anatomy``    (:mod:`.anatomy_check`) a step's phases on the GPU against CUDA events of its
                own, and the MFU of a loop whose FLOPs are known by hand.
 ``overhead``   (:mod:`.overhead`) what the tracer and the monitor add to a training loop.
