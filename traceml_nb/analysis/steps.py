@@ -41,6 +41,7 @@ from ..engine.record import (
 )
 from ..engine.step_table import PhaseRows, StepColumns, StepTable
 from .findings import PhaseSummary
+from .formatting import fmt_run_span
 
 
 @dataclass(frozen=True)
@@ -212,10 +213,8 @@ def phase_loaders(snapshot: RecordSnapshot, selection: StepSelection) -> dict[in
 
 
 def _slots_text(slots: list[int]) -> str:
-    """``1–4`` for consecutive slots, ``1, 3, 7`` otherwise."""
-    if slots == list(range(slots[0], slots[-1] + 1)):
-        return f"{slots[0]}\u2013{slots[-1]}"
-    return ", ".join(str(slot) for slot in slots)
+    """``1–4`` for consecutive slots, ``1, 3, 7`` or ``1–3, 5`` otherwise."""
+    return fmt_run_span([("", slot) for slot in slots])
 
 
 def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSummary]:
