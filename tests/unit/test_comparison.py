@@ -365,10 +365,9 @@ def test_a_confidence_bound_keeps_one_decimal_below_ten_percent():
 
 
 def test_a_wide_band_is_written_each_way_and_a_narrow_one_as_plus_minus():
-    """The bounds are symmetric in log step time: one run against one at the default noise
-    tells a change below −41% or above +68% (a −43% change is beyond it, where "±68%" would
-    read as if it were within); bands whose two sides differ by less than a percentage point
-    keep "±"."""
+    """The bounds are symmetric in log step time: a band that reaches +68% up reaches −40%
+    down (a −43% change is beyond it, where "±68%" would read as if it were within); bands
+    whose two sides differ by less than a percentage point keep "±"."""
 
     def band(up: float) -> str:
         return band_text(Judgement(0.0, -up, up, "inconclusive", 0.1, 0.1, 4.0))
