@@ -300,6 +300,8 @@ def test_a_shared_pool_serves_the_next_run_without_new_events() -> None:
         drive(tl, tracer, FakeIter(tl, len(steps)), steps)
         tracer.close()
         assert list(rec.steps.gpu_stall_ms) == pytest.approx(timeline_of(steps)[0], abs=1e-6)
+        # every event back once the run ended, none twice (a step's own two go back with it)
+        assert len(pool.free) == pool.created == len({id(ev) for ev in pool.free})
         if run == 0:
             first = pool.created
     assert pool.created == first  # runs 2 and 3 took every event from the pool

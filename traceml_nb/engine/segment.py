@@ -75,9 +75,11 @@ from .record import (
 #: carried CUDA events, as ``(row, gpu_enter, gpu_exit, next_gpu_enter, gpu_phases)`` (the
 #: step's phases' events, :meth:`~.phase_ledger.PhaseLedger.gpu_of_step`, or None), and the
 #: events the segmenter let go of since (it hands none of them to a later step: the events of
-#: a closed step, of an exhausting fetch, of a fetch it does not count, of phases no step
-#: claimed), each as ``(k, event)``: it was let go of after the first ``k`` of those steps were
-#: closed, and no later one holds it.
+#: a step closed without all three of its own, of an exhausting fetch, of a fetch it does not
+#: count, of phases no step claimed), each as ``(k, event)``: it was let go of after the first
+#: ``k`` of those steps were closed, and no later one holds it. A step handed on takes its own
+#: ``gpu_enter`` and ``gpu_exit`` with it: the previous step, which holds its ``gpu_enter`` as
+#: its next, is handed on before it, so the sink frees both once it has read the step.
 GpuStep = tuple[int, EventLike, EventLike, EventLike, tuple[GpuPhase, ...] | None]
 GpuSink = Callable[[list[GpuStep], list[tuple[int, EventLike]]], None]
 #: Announces an iterator whose fetch the segmenter meets while it does not know it, or while
@@ -427,9 +429,12 @@ class StepSegmenter:
             if enter is not None and exit_ is not None and next_gpu is not None:
                 row = len(self.record.steps) + len(self._rows) - 1  # its index, once written
                 self._gpu.append((row, enter, exit_, next_gpu, phases))
-            elif phases is not None:
-                gone += [ev for _, start, end_ in phases for ev in (start, end_)]
-            self._let_go(*gone, enter, exit_)
+                if gone:
+                    self._let_go(*gone)  # the step's own events go with it
+            else:
+                if phases is not None:
+                    gone += [ev for _, start, end_ in phases for ev in (start, end_)]
+                self._let_go(*gone, enter, exit_)
             st.gpu_enter = st.gpu_exit = None
         st.start = -1
         if inside:

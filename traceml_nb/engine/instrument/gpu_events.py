@@ -172,12 +172,16 @@ class GpuStallTimer:
                     return
             except Exception:  # a device error: this step's figures stay unavailable
                 self.errors += 1
-                pending.popleft()
+                _, enter, exit_, _, _ = pending.popleft()
                 self._done += 1
+                self.pool.put(enter)
+                self.pool.put(exit_)
                 continue
             self._resolve(pending.popleft())
 
     def _resolve(self, item: Step) -> None:
+        """Read ``item``'s stall, span and phases, then put its own two events back in the
+        pool (its ``next_enter`` is the next step's own)."""
         row, enter, exit_, next_enter, phases = item
         self._done += 1
         try:
@@ -187,9 +191,12 @@ class GpuStallTimer:
             self.resolved += 1
         except Exception:  # an event from a reset device: leave the row unavailable
             self.errors += 1
-            return
+            phases = None
         if phases is not None:
             self._resolve_phases(row, exit_, phases)
+        put = self.pool.put
+        put(enter)
+        put(exit_)
 
     def _resolve_phases(self, row: int, arrival: EventLike, phases: Any) -> None:
         """The GPU time of each of the step's phases, ms (the copy: from ``arrival`` to the first
