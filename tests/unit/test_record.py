@@ -110,6 +110,21 @@ def test_pending_gpu_values_are_nan_until_filled() -> None:
     assert math.isnan(table.snapshot().gpu_stall_ms[1])
 
 
+def test_gpu_values_of_rows_resolved_after_a_gap_or_again() -> None:
+    table = StepTable()
+    for i in range(5):
+        table.append(i, 5, 1, 4, 0, 0)
+    table.set_gpu(0, 1.0, 2.0)
+    table.set_gpu(3, 4.0, 5.0)  # rows 1 and 2 never resolved
+    table.set_gpu(1, 6.0, 7.0)  # a row before the last one set
+    snap = table.snapshot()
+    stall, span = list(snap.gpu_stall_ms), list(snap.gpu_span_ms)
+    assert stall[:2] == [1.0, 6.0] and span[:2] == [2.0, 7.0]
+    assert math.isnan(stall[2]) and math.isnan(span[2])
+    assert (stall[3], span[3]) == (4.0, 5.0)
+    assert math.isnan(stall[4]) and math.isnan(span[4])  # pending
+
+
 def test_packed_rows_decode_every_field() -> None:
     table = StepTable()
     table.append(10, 20, 5, -1, 254, 8)

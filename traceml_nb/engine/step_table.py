@@ -115,12 +115,19 @@ class StepTable:
         self._rows.extend(packed)
 
     def set_gpu(self, row: int, stall_ms: float, span_ms: float) -> None:
-        """Fill in the GPU figures of ``row`` (resolved later than the row was written)."""
-        for col, value in ((self._gpu_stall, stall_ms), (self._gpu_span, span_ms)):
-            missing = row + 1 - len(col)
-            if missing > 0:
-                col.extend([NAN] * missing)
-            col[row] = value
+        """Fill in the GPU figures of ``row`` (resolved later than the row was written; NaN
+        for the rows before it that were not). The two columns grow together."""
+        stall, span = self._gpu_stall, self._gpu_span
+        missing = row - len(stall)
+        if missing > 0:  # rows resolve in order, mostly one after the other
+            stall.extend([NAN] * missing)
+            span.extend([NAN] * missing)
+        if missing >= 0:
+            stall.append(stall_ms)
+            span.append(span_ms)
+        else:
+            stall[row] = stall_ms
+            span[row] = span_ms
 
     def set_gpu_phases(self, row: int, phases_ms: Sequence[float]) -> None:
         """Fill in the GPU phases of ``row`` (``GPU_PHASE_COLUMNS``, ms; NaN for a phase it has
