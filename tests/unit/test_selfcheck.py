@@ -571,6 +571,46 @@ def test_host_cost_verdict_both_sides() -> None:
     ]
 
 
+def test_the_cuda_calls_of_a_step_are_timed_alone_and_their_events_go_back() -> None:
+    """Two records, a query and two elapsed times a step, on the pool's events; the per-step
+    sum weighs each call as a step makes it; both events are back in the pool after."""
+    from traceml_nb.engine.instrument.gpu_events import EventPool
+    from traceml_nb.selfcheck.host_cost import cuda_calls_per_step
+
+    calls: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0, "synchronize": 0}
+    now = [0]
+
+    def clock() -> int:  # each call below costs a set time, ns, on this clock
+        return now[0]
+
+    class Event:
+        def record(self, stream: object = None) -> None:
+            assert stream == "s"
+            calls["record"] += 1
+            now[0] += 3000
+
+        def query(self) -> bool:
+            calls["query"] += 1
+            now[0] += 500
+            return True
+
+        def elapsed_time(self, other: object) -> float:
+            calls["elapsed_time"] += 1
+            now[0] += 1500
+            return 0.0
+
+        def synchronize(self) -> None:
+            calls["synchronize"] += 1
+
+    pool = EventPool(Event)
+    each = cuda_calls_per_step(pool, "s", reps=50, clock=clock)
+    assert calls == {"record": 100, "query": 50, "elapsed_time": 50, "synchronize": 1}
+    assert each == {"record": 3.0, "query": 0.5, "elapsed_time": 1.5, "per_step": 9.5}
+    assert pool.created == 2 and len(pool.free) == 2
+    assert cuda_calls_per_step(pool, "s", reps=5, clock=clock)["per_step"] == 9.5
+    assert pool.created == 2 and len(pool.free) == 2  # a warm pool: no new event
+
+
 def test_the_self_check_lists_every_check_once() -> None:
     from traceml_nb.selfcheck.cli import CHECKS
 

@@ -24,6 +24,10 @@ must then create next to no event (``EventPool.created``: at most one per
 reach) and look the stream up about once per
 :data:`~traceml_nb.engine.instrument.gpu_events.STREAM_CHECK_EVERY` fetches. The verdict
 (:func:`judge_host_cost`) is a pure function, tested without a GPU.
+
+Beside it, the stall timer's CUDA calls are timed alone (:func:`cuda_calls_per_step`): the
+driver's share of the added time, which no change to our Python takes away (fewer calls a
+step would).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ HOST_COST_PAIRS = 300
 HOST_COST_BLOCK_STEPS = 8
 #: With a warm pool, a run may create at most one event per this many traced fetches.
 NEW_EVENTS_PER_FETCHES = 100
+#: Repetitions of each CUDA call timed alone (:func:`cuda_calls_per_step`).
+CUDA_CALL_REPS = 2000
 
 
 def judge_host_cost(
@@ -95,6 +101,49 @@ class _Loop:
     def compute(self) -> None:
         self.opt.zero_grad(set_to_none=True)
         self.loss(self.model(self.x), self.y).backward()
+
+
+def cuda_calls_per_step(
+    pool: Any, stream: Any, reps: int = CUDA_CALL_REPS, clock: Any = time.perf_counter_ns
+) -> dict[str, float]:
+    """The host time of the CUDA calls the stall timer makes for one step, us, each call timed
+    alone ``reps`` times on two pooled events of ``pool`` recorded on ``stream`` (the GPU
+    idle): ``record`` (a fetch's enter and exit: twice a step), ``query`` (the poll: once a
+    step) and ``elapsed_time`` (the stall and the span: twice a step), medians of the
+    repetitions; ``per_step`` their sum as a step makes them, our Python left out. The events
+    go back to the pool."""
+    free = pool.free
+    first = free.pop() if free else pool.new()
+    second = free.pop() if free else pool.new()
+    record: list[int] = []
+    query: list[int] = []
+    elapsed: list[int] = []
+    try:
+        for _ in range(reps):
+            t0 = clock()
+            first.record(stream)
+            t1 = clock()
+            second.record(stream)
+            record.append(t1 - t0)
+        second.synchronize()
+        for _ in range(reps):
+            t0 = clock()
+            second.query()
+            t1 = clock()
+            first.elapsed_time(second)
+            t2 = clock()
+            query.append(t1 - t0)
+            elapsed.append(t2 - t1)
+    finally:
+        pool.put(first)
+        pool.put(second)
+    each = {
+        "record": statistics.median(record) / 1e3,
+        "query": statistics.median(query) / 1e3,
+        "elapsed_time": statistics.median(elapsed) / 1e3,
+    }
+    each["per_step"] = 2 * each["record"] + each["query"] + 2 * each["elapsed_time"]
+    return each
 
 
 #: Per-block lists of times, ns, by whether the block was traced.
@@ -167,6 +216,7 @@ def check_host_cost(budget: Budget) -> CheckResult:
         why = run.capabilities.why("gpu_events")
         return CheckResult("hostcost", FAIL, f"the run has no CUDA event timing: {why}", {})
     torch.cuda.synchronize()
+    driver = cuda_calls_per_step(pool, torch.cuda.current_stream(index))
     traced_steps = HOST_COST_PAIRS * (HOST_COST_BLOCK_STEPS + 2)
     calls = median_difference(inside[False], inside[True])
     step = median_difference(whole[False], whole[True])
@@ -195,6 +245,7 @@ def check_host_cost(budget: Budget) -> CheckResult:
         "queries": timer.queries,
         "resolved": timer.resolved,
         "errors": timer.errors,
+        "cuda_calls_us": driver,
         "budget_us": HOST_COST_BUDGET_US,
         "problems": problems,
     }
@@ -204,7 +255,9 @@ def check_host_cost(budget: Budget) -> CheckResult:
         f"plain {plain_us:.1f} us inside the calls; the whole step {step.median / 1e3:+.2f} "
         f"[{step.low / 1e3:+.2f}, {step.high / 1e3:+.2f}]); warm pool: {new_events} new events, "
         f"{timer.stream_lookups} stream look-ups for {fetches} fetches, {timer.queries} "
-        f"queries for {timer.resolved} resolved steps"
+        f"queries for {timer.resolved} resolved steps; the stall timer's CUDA calls alone "
+        f"{driver['per_step']:.2f} us a step (2 records of {driver['record']:.2f}, a query of "
+        f"{driver['query']:.2f}, 2 elapsed times of {driver['elapsed_time']:.2f})"
     )
     print("  " + summary, flush=True)
     if problems:
