@@ -103,17 +103,20 @@ BREAKDOWN: dict[str, Any] = {
 }
 
 
-def tracer_breakdown(work: Workload, pairs: int, block_steps: int = 8) -> dict[str, Interleaved]:
+def tracer_breakdown(
+    work: Workload, pairs: int, block_steps: int = 8, settle: bool = True
+) -> dict[str, Interleaved]:
     """The hooks' added time per step with the wrapper's parts switched on one by one
     (``StepTracer.wrap_next`` swapped while the run installs its hooks), each measured by
-    :func:`interleaved_cost` with ``pairs`` block pairs, no samplers or view."""
+    :func:`interleaved_cost` with ``pairs`` block pairs, no samplers or view (``settle``: its
+    traced start first)."""
     real = StepTracer.wrap_next
     out = {}
     try:
         for name, wrap in BREAKDOWN.items():
             StepTracer.wrap_next = wrap or real  # type: ignore[method-assign]
-            interleaved_cost(work, max(2, pairs // 20), block_steps, False, resamples=10)  # warm-up
-            out[name] = interleaved_cost(work, pairs, block_steps, monitor=False)
+            interleaved_cost(work, max(2, pairs // 20), block_steps, False, 10, False)  # warm-up
+            out[name] = interleaved_cost(work, pairs, block_steps, monitor=False, settle=settle)
     finally:
         StepTracer.wrap_next = real  # type: ignore[method-assign]
     return out

@@ -61,6 +61,8 @@ class Sizes:
     sampler_s: float
     steady_s: float
     import_runs: int
+    #: the interleaved blocks start after the run's first phase samples (``methods.SETTLE_MAX_S``)
+    settle: bool
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Sizes:
@@ -82,6 +84,7 @@ class Sizes:
             # streams: a 3 s run measured that start alone, not the steady state
             steady_s=0.5 if q else 15.0,
             import_runs=1 if q else 7,
+            settle=not q,
         )
 
 
@@ -112,7 +115,7 @@ def breakdown(pairs: int, chosen: list[str], sizes: Sizes, json_path: Path | Non
     for name in chosen:
         work = LOOPS[name](300 if name == "conv" else 500)
         log(f"breakdown of {work.name} ...")
-        parts = hot_path.tracer_breakdown(work, pairs, sizes.block_steps)
+        parts = hot_path.tracer_breakdown(work, pairs, sizes.block_steps, sizes.settle)
         data[work.name] = {part: v.__dict__ for part, v in parts.items()}
         print("\n".join(report.breakdown_lines(work.name, parts)), flush=True)
     lines, data["cold_hot_path"] = report.cold_section(cold_hot_path(sizes))
@@ -146,7 +149,7 @@ def benchmark(chosen: list[str], sizes: Sizes, json_path: Path | None) -> int:
         log(f"timing {work.name} ...")
         results = methods.repetitions(work, sizes.conv_reps if conv else sizes.reps, log)
         log(f"  {work.name}: interleaved blocks, {pairs} pairs ...")
-        inter = methods.interleaved_cost(work, pairs, sizes.block_steps)
+        inter = methods.interleaved_cost(work, pairs, sizes.block_steps, settle=sizes.settle)
         log(f"  {work.name}: torch.profiler, interleaved blocks, {sizes.profiler_pairs} pairs ...")
         prof = methods.profiler_interleaved_cost(work, sizes.profiler_pairs, sizes.block_steps)
         lines, data["loops"][work.name] = report.loop_section(

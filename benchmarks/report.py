@@ -68,6 +68,15 @@ def _ratio_text(ratio: float | None) -> str:
     return "n/a (an added time at or below zero: noise)" if ratio is None else f"{ratio:.0f}x"
 
 
+def _settle_text(inter: Interleaved) -> str:
+    if not inter.settle_steps:
+        return "from the run's start, its first phase samples (a one-off) in the blocks"
+    return (
+        f"after a traced start of {inter.settle_steps} steps, in which the run took its first "
+        f"{inter.settle_samples} phase samples (a one-off)"
+    )
+
+
 def profiler_ratio(profiler_us: float, added_us: float) -> float | None:
     """How many times more the profiler adds than we do; None when either adds nothing
     measurable (zero or less, or NaN: the noise is larger than the cost)."""
@@ -152,7 +161,8 @@ def loop_section(
     pct = 100.0 * inter.step_us / inter.plain_step_us
     lines += [
         f"  hot path, interleaved ({inter.pairs} pairs of {inter.block_steps}-step blocks, "
-        f"plain step {inter.plain_step_us:.1f} us; running alongside: {inter.monitor}):",
+        f"plain step {inter.plain_step_us:.1f} us; {_settle_text(inter)}; running alongside: "
+        f"{inter.monitor}):",
         f"    whole step {inter.step_us:+.2f} us [{inter.step_lo:+.2f}, {inter.step_hi:+.2f}] "
         f"= {pct:+.3f}%; inside next() and optimizer.step() {inter.calls_us:+.2f} us "
         f"[{inter.calls_lo:+.2f}, {inter.calls_hi:+.2f}]; our own time in next() "
@@ -420,7 +430,8 @@ def verdict_lines(judged: list[dict[str, str]]) -> list[str]:
 
 # --- the breakdown --------------------------------------------------------------------------------
 def breakdown_lines(name: str, parts: dict[str, Interleaved]) -> list[str]:
-    lines = [f"{name}:"]
+    first = next(iter(parts.values()), None)
+    lines = [f"{name} ({_settle_text(first)}):" if first is not None else f"{name}:"]
     for part, v in parts.items():
         lines.append(
             f"  {part:<34} whole step {v.step_us:+6.2f} [{v.step_lo:+.2f}, {v.step_hi:+.2f}]   "

@@ -144,6 +144,35 @@ def test_tracer_breakdown_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(HANG_GUARD_S)
+def test_the_interleaved_blocks_start_after_the_runs_first_phase_samples() -> None:
+    """The traced start before the blocks lasts until the run took its first samples (three
+    here, for speed), and the fetches it made still line up with the run's step rows: our own
+    time in ``next()`` is measured (it is NaN when they do not)."""
+    snippet = (
+        "import json, methods, workloads\n"
+        "methods.EARLY_SAMPLES = 3\n"
+        "work = workloads.bare_loop(30)\n"
+        "r = methods.interleaved_cost(work, 3, 3, monitor=False, resamples=10)\n"
+        "q = methods.interleaved_cost(work, 3, 3, monitor=False, resamples=10, settle=False)\n"
+        "print(json.dumps([r.settle_steps, r.settle_samples, r.own_next_us,"
+        " q.settle_steps, q.settle_samples, q.own_next_us]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", snippet],
+        capture_output=True,
+        text=True,
+        cwd=ROOT / "benchmarks",
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps, samples, own, unsettled_steps, unsettled_samples, unsettled_own = json.loads(
+        proc.stdout.splitlines()[-1]
+    )
+    assert steps > 0 and samples == 3 and own > 0
+    assert unsettled_steps == unsettled_samples == 0 and unsettled_own > 0
+
+
+@pytest.mark.timeout(HANG_GUARD_S)
 def test_gate_power_quick_check_parts_run_and_leave_nothing_behind(tmp_path: Path) -> None:
     """``benchmarks/gate_power.py --quick`` on its check parts (the A/B parts take minutes even
     when quick), each decision two jobs judged by ``check --runs 2``: real jobs, a baseline
