@@ -571,44 +571,61 @@ def test_host_cost_verdict_both_sides() -> None:
     ]
 
 
-def test_the_cuda_calls_of_a_step_are_timed_alone_and_their_events_go_back() -> None:
-    """Two records, a query and two elapsed times a step, on the pool's events; the per-step
-    sum weighs each call as a step makes it; both events are back in the pool after."""
-    from traceml_nb.engine.instrument.gpu_events import EventPool
-    from traceml_nb.selfcheck.host_cost import cuda_calls_per_step
+def test_the_cuda_calls_are_each_timed_alone_and_a_steps_are_summed_as_the_timer_makes_them(
+    monkeypatch,
+) -> None:
+    """Each call the tracer makes, timed ``n`` times in a row on a simulated CUDA (each call
+    charges a set time to the clock); the stall timer's step: 2 records, a query, 2 elapsed
+    times."""
+    import types
 
-    calls: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0, "synchronize": 0}
+    from traceml_nb.selfcheck import cuda
+    from traceml_nb.selfcheck.host_cost import STALL_TIMER_CALLS, stall_timer_calls_us
+
     now = [0]
-
-    def clock() -> int:  # each call below costs a set time, ns, on this clock
-        return now[0]
+    monkeypatch.setattr(cuda.time, "perf_counter_ns", lambda: now[0])
+    made: list[object] = []
 
     class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            made.append(self)
+
         def record(self, stream: object = None) -> None:
             assert stream == "s"
-            calls["record"] += 1
             now[0] += 3000
 
         def query(self) -> bool:
-            calls["query"] += 1
             now[0] += 500
             return True
 
         def elapsed_time(self, other: object) -> float:
-            calls["elapsed_time"] += 1
             now[0] += 1500
             return 0.0
 
-        def synchronize(self) -> None:
-            calls["synchronize"] += 1
+    def current_stream(device: object = None) -> str:
+        now[0] += 2000
+        return "s"
 
-    pool = EventPool(Event)
-    each = cuda_calls_per_step(pool, "s", reps=50, clock=clock)
-    assert calls == {"record": 100, "query": 50, "elapsed_time": 50, "synchronize": 1}
-    assert each == {"record": 3.0, "query": 0.5, "elapsed_time": 1.5, "per_step": 9.5}
-    assert pool.created == 2 and len(pool.free) == 2
-    assert cuda_calls_per_step(pool, "s", reps=5, clock=clock)["per_step"] == 9.5
-    assert pool.created == 2 and len(pool.free) == 2  # a warm pool: no new event
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(
+            current_stream=current_stream,
+            current_device=lambda: 0,
+            synchronize=lambda: None,
+            Event=Event,
+        )
+    )
+    costs = cuda.cuda_call_costs_us(fake, n=10)
+    assert costs == {
+        "current_stream": 2.0,
+        "new_event_record_free": 3.0,
+        "record_reused_event": 3.0,
+        "query": 0.5,
+        "elapsed_time": 1.5,
+    }
+    assert len(made) == 2 + 10  # the two reused, and one a call of the cold pool's
+    assert STALL_TIMER_CALLS == {"record_reused_event": 2, "query": 1, "elapsed_time": 2}
+    assert stall_timer_calls_us(costs) == 2 * 3.0 + 0.5 + 2 * 1.5
 
 
 def test_the_self_check_lists_every_check_once() -> None:

@@ -25,8 +25,8 @@ reach) and look the stream up about once per
 :data:`~traceml_nb.engine.instrument.gpu_events.STREAM_CHECK_EVERY` fetches. The verdict
 (:func:`judge_host_cost`) is a pure function, tested without a GPU.
 
-Beside it, the stall timer's CUDA calls are timed alone (:func:`cuda_calls_per_step`): the
-driver's share of the added time, which no change to our Python takes away (fewer calls a
+Beside it, the stall timer's CUDA calls a step, each timed alone (:func:`stall_timer_calls_us`):
+the driver's share of the added time, which no change to our Python takes away (fewer calls a
 step would).
 """
 
@@ -37,7 +37,7 @@ import statistics
 import time
 from typing import Any
 
-from .cuda import torch_module
+from .cuda import cuda_call_costs_us, torch_module
 from .paired_stats import median_difference
 from .results import FAIL, PASS, Budget, CheckResult
 
@@ -49,8 +49,10 @@ HOST_COST_PAIRS = 300
 HOST_COST_BLOCK_STEPS = 8
 #: With a warm pool, a run may create at most one event per this many traced fetches.
 NEW_EVENTS_PER_FETCHES = 100
-#: Repetitions of each CUDA call timed alone (:func:`cuda_calls_per_step`).
-CUDA_CALL_REPS = 2000
+#: The CUDA calls the stall timer makes a step: a pooled event recorded at the fetch's entry
+#: and exit, one query (is the step's next fetch done on the GPU?) and two elapsed times (the
+#: stall and the span).
+STALL_TIMER_CALLS = {"record_reused_event": 2, "query": 1, "elapsed_time": 2}
 
 
 def judge_host_cost(
@@ -103,47 +105,10 @@ class _Loop:
         self.loss(self.model(self.x), self.y).backward()
 
 
-def cuda_calls_per_step(
-    pool: Any, stream: Any, reps: int = CUDA_CALL_REPS, clock: Any = time.perf_counter_ns
-) -> dict[str, float]:
-    """The host time of the CUDA calls the stall timer makes for one step, us, each call timed
-    alone ``reps`` times on two pooled events of ``pool`` recorded on ``stream`` (the GPU
-    idle): ``record`` (a fetch's enter and exit: twice a step), ``query`` (the poll: once a
-    step) and ``elapsed_time`` (the stall and the span: twice a step), medians of the
-    repetitions; ``per_step`` their sum as a step makes them, our Python left out. The events
-    go back to the pool."""
-    free = pool.free
-    first = free.pop() if free else pool.new()
-    second = free.pop() if free else pool.new()
-    record: list[int] = []
-    query: list[int] = []
-    elapsed: list[int] = []
-    try:
-        for _ in range(reps):
-            t0 = clock()
-            first.record(stream)
-            t1 = clock()
-            second.record(stream)
-            record.append(t1 - t0)
-        second.synchronize()
-        for _ in range(reps):
-            t0 = clock()
-            second.query()
-            t1 = clock()
-            first.elapsed_time(second)
-            t2 = clock()
-            query.append(t1 - t0)
-            elapsed.append(t2 - t1)
-    finally:
-        pool.put(first)
-        pool.put(second)
-    each = {
-        "record": statistics.median(record) / 1e3,
-        "query": statistics.median(query) / 1e3,
-        "elapsed_time": statistics.median(elapsed) / 1e3,
-    }
-    each["per_step"] = 2 * each["record"] + each["query"] + 2 * each["elapsed_time"]
-    return each
+def stall_timer_calls_us(costs: dict[str, float]) -> float:
+    """The host time of the stall timer's CUDA calls for one step, us, from each call's
+    (:func:`~.cuda.cuda_call_costs_us`): ``STALL_TIMER_CALLS`` of each, our Python left out."""
+    return sum(costs[call] * times for call, times in STALL_TIMER_CALLS.items())
 
 
 #: Per-block lists of times, ns, by whether the block was traced.
@@ -216,7 +181,8 @@ def check_host_cost(budget: Budget) -> CheckResult:
         why = run.capabilities.why("gpu_events")
         return CheckResult("hostcost", FAIL, f"the run has no CUDA event timing: {why}", {})
     torch.cuda.synchronize()
-    driver = cuda_calls_per_step(pool, torch.cuda.current_stream(index))
+    calls_alone = cuda_call_costs_us(torch)
+    stall_calls_us = stall_timer_calls_us(calls_alone)
     traced_steps = HOST_COST_PAIRS * (HOST_COST_BLOCK_STEPS + 2)
     calls = median_difference(inside[False], inside[True])
     step = median_difference(whole[False], whole[True])
@@ -245,7 +211,8 @@ def check_host_cost(budget: Budget) -> CheckResult:
         "queries": timer.queries,
         "resolved": timer.resolved,
         "errors": timer.errors,
-        "cuda_calls_us": driver,
+        "cuda_call_us": calls_alone,
+        "stall_timer_calls_us": stall_calls_us,
         "budget_us": HOST_COST_BUDGET_US,
         "problems": problems,
     }
@@ -256,8 +223,9 @@ def check_host_cost(budget: Budget) -> CheckResult:
         f"[{step.low / 1e3:+.2f}, {step.high / 1e3:+.2f}]); warm pool: {new_events} new events, "
         f"{timer.stream_lookups} stream look-ups for {fetches} fetches, {timer.queries} "
         f"queries for {timer.resolved} resolved steps; the stall timer's CUDA calls alone "
-        f"{driver['per_step']:.2f} us a step (2 records of {driver['record']:.2f}, a query of "
-        f"{driver['query']:.2f}, 2 elapsed times of {driver['elapsed_time']:.2f})"
+        f"{stall_calls_us:.2f} us a step (2 records of {calls_alone['record_reused_event']:.2f}, a "
+        f"query of {calls_alone['query']:.2f}, 2 elapsed times of "
+        f"{calls_alone['elapsed_time']:.2f})"
     )
     print("  " + summary, flush=True)
     if problems:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .cuda import torch_module
+from .cuda import cuda_call_costs_us, torch_module
 from .paired_stats import paired_added
 from .results import FAIL, PASS, Budget, CheckResult
 
@@ -147,35 +147,6 @@ def _time_loop(
             100.0 * float(getattr(view, "busy_s", 0.0)) / max(run.elapsed_s, 1e-9) if view else None
         )
     return out
-
-
-def cuda_call_costs_us(torch: Any, n: int = 2000) -> dict[str, float]:
-    """Host time of the CUDA calls the tracer makes per step, microseconds each."""
-    stream = torch.cuda.current_stream()
-    done_a, done_b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    done_a.record(stream)
-    done_b.record(stream)
-    torch.cuda.synchronize()
-    device = torch.cuda.current_device()
-    calls: dict[str, Callable[[], Any]] = {
-        "current_stream": lambda: torch.cuda.current_stream(device),
-        "new_event_record_free": lambda: torch.cuda.Event(enable_timing=True).record(stream),
-        "record_reused_event": lambda: done_a.record(stream),
-        "query": done_b.query,
-        "elapsed_time": lambda: done_a.elapsed_time(done_b),
-    }
-    costs = {}
-    for name, call in calls.items():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            call()
-        costs[name] = (time.perf_counter_ns() - t0) / n / 1e3
-        torch.cuda.synchronize()
-        if name == "record_reused_event":
-            done_b.record(stream)
-            torch.cuda.synchronize()
-    return costs
 
 
 # --- the check -----------------------------------------------------------------------------------
