@@ -269,3 +269,46 @@ def test_a_pause_kept_for_one_tracer_is_dropped_when_another_installs() -> None:
         hooks.install(first.tracer)  # the first tracer again: new instruments
         assert hooks._installed.phases is not kept
     assert _instruments(model) == NOTHING and hooks._paused is None
+
+
+class _WhatTheWorkerHas(torch.utils.data.Dataset):
+    """Each item: what of the run is installed in the DataLoader worker that made it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import torch.nn.modules.module as module_mod
+
+        assert torch.utils.data.get_worker_info() is not None  # made in a worker
+        return torch.tensor(
+            [
+                len(module_mod._global_forward_pre_hooks) + len(module_mod._global_forward_hooks),
+                len(optim_mod._global_optimizer_pre_hooks),
+                len(optim_mod._global_optimizer_post_hooks),
+                torch.autograd.backward is not ORIGINAL_BACKWARD,
+                _BaseDataLoaderIter.__dict__["__next__"] is not ORIGINAL_NEXT,
+                hooks.is_installed(),
+            ]
+        )
+
+
+def test_a_dataloader_worker_forked_during_the_run_has_none_of_its_hooks() -> None:
+    """Workers are forked when the loop first iterates the loader, before the first optimizer
+    step, when every hook of the run is in place (the global module hooks seeking the model,
+    the optimizer hooks, the backward's wrapper, the fetch's): the worker takes its copy away,
+    else it would run them for every module its dataset calls, as long as it lives."""
+    loader = DataLoader(
+        _WhatTheWorkerHas(), batch_size=4, num_workers=1, multiprocessing_context="fork"
+    )
+    with traceml_nb.Run("fork", sample=False):
+        in_parent = [
+            len(torch.nn.modules.module._global_forward_pre_hooks),
+            len(optim_mod._global_optimizer_pre_hooks),
+            len(optim_mod._global_optimizer_post_hooks),
+            torch.autograd.backward is not ORIGINAL_BACKWARD,
+        ]
+        in_workers = torch.cat(list(loader))
+    assert in_parent == [1, 1, 1, True]  # the run's, in place when the worker was forked
+    assert in_workers.tolist() == [[0, 0, 0, 0, 0, 0]] * 8
+    assert torch.autograd.backward is ORIGINAL_BACKWARD and not hooks.is_installed()
