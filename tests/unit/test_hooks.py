@@ -72,11 +72,14 @@ def test_the_run_installs_one_wrapper_and_one_global_hook_and_removes_both() -> 
     assert on["next"] is not ORIGINAL_NEXT and on["next"].__wrapped__ is ORIGINAL_NEXT
     assert on["next"].__qualname__ == ORIGINAL_NEXT.__qualname__
     assert [h.__name__ for h in on["hooks"]] == ["on_optimizer_step"]
-    # the model was found in the first step: the global module hooks are gone; the phases'
-    # hooks are on for the sampled step, off before it
-    assert on["module_hooks"] == off["module_hooks"] == ({}, {})
+    # the model was found in the first step: the global module hooks that sought it are gone;
+    # the phases' hooks are on for the sampled step, off before it, and none is on the model
+    # at the step boundary: one global pre-hook waits for the model's first call in the step
+    assert off["module_hooks"] == ({}, {})
+    assert [h.__name__ for h in on["module_hooks"][0].values()] == ["_arm"]
+    assert on["module_hooks"][1] == {}
     assert [h.__name__ for h in on["pre_hooks"]] == ["optimizer_step_starts"]
-    assert on["model_hooks"] == (1, 1) and on["backward"].__wrapped__ is ORIGINAL_BACKWARD
+    assert on["model_hooks"] == (0, 0) and on["backward"].__wrapped__ is ORIGINAL_BACKWARD
     assert off["pre_hooks"] == [] and off["model_hooks"] == (0, 0)
     assert off["backward"] is ORIGINAL_BACKWARD
     # everything put back
@@ -241,12 +244,14 @@ def test_a_paused_install_takes_everything_away_and_resumes_the_phase_sampling_w
         assert hooks._installed.hook is hook  # its countdown to the phases goes on
         assert _instruments(model)["module"] == 0  # the model is not sought again
         steps(countdown)  # the sample starts at the schedule's step end, as in one long run
-        assert phases.sampling and _instruments(model)["model"] == 2
+        assert phases.sampling and _instruments(model)["module"] == 1  # waits for the model
         hooks.uninstall(pause=True)
         assert _instruments(model) == NOTHING  # a pause mid-sample takes the sample's hooks too
         hooks.install(run.tracer)
         run.tracer.active = True
-        assert _instruments(model)["model"] == 2 and _instruments(model)["backward"]
+        assert _instruments(model)["module"] == 1 and _instruments(model)["backward"]
+        model(torch.zeros(1, 8))  # its first call in the sampled step: the model's own hooks
+        assert _instruments(model)["module"] == 0 and _instruments(model)["model"] == 2
         steps(2)
     assert _instruments(model) == NOTHING and hooks._paused is None
     assert not phases.models  # the run's end dropped what the pause kept

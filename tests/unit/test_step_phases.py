@@ -178,6 +178,30 @@ class Truth:
         return float(np.median(spent[steps]))
 
 
+def test_a_model_copied_and_saved_at_every_step_boundary_carries_none_of_our_hooks() -> None:
+    """A loop that deep-copies its model (a best-model snapshot) and saves it whole after each
+    optimizer step, as it would without the run: no save fails on our hooks, no copy keeps
+    one, and the sampled steps' forwards are still timed (the model's hooks go on at its first
+    call in a sampled step, never at its boundary)."""
+    import copy
+    import io
+
+    model, loss_fn = Model(), torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    copies = []
+    with traceml_nb.Run("copies", sample=False) as run:
+        for x, y in _loader():
+            loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            torch.save(model, io.BytesIO())  # raised "Can't pickle local object" in a sample
+            copies.append(copy.deepcopy(model))
+    assert not any(c._forward_pre_hooks or c._forward_hooks for c in copies)
+    steps = _steps(run)
+    forward = _phase_ms(steps)[_timed(steps), 1]
+    assert len(forward) >= 10 and (forward >= FORWARD_S * 1e3 * (1 - TOLERANCE)).all()
+
+
 def test_an_evaluation_has_a_forward_and_no_backward_or_optimizer_step() -> None:
     model, truth = Model(), Truth()
 

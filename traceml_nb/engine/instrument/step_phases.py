@@ -21,7 +21,8 @@ throughout.
 called a second time, or a compiled module called), global module forward hooks watch every
 module call and take as the model each module called from outside any other module that holds
 parameters (the loss function holds none); from then on only those modules carry hooks, while
-sampled. Several models (a GAN's two), a model called twice a step and a DDP wrapper are all
+sampled, from their first call in the sampled step (never at the step boundary, where a loop
+copies or saves its model: a deep copy would keep them, a pickle fails on them). Several models (a GAN's two), a model called twice a step and a DDP wrapper are all
 outermost modules; a model first called after that first step is not seen. The backward is
 ``torch.autograd.backward`` (what ``loss.backward()`` calls), wrapped while sampled; the
 optimizer's step starts at a global optimizer pre-step hook and ends in the tracer's post-step
@@ -85,6 +86,11 @@ def compiling_check() -> Callable[[], bool]:
         except ImportError:
             return lambda: False
     return cast(Callable[[], bool], check)
+
+
+def _is_compiled(module: Any) -> bool:
+    """``module`` is the wrapper ``torch.compile(model)`` returns."""
+    return type(module).__name__ == "OptimizedModule"
 
 
 def _forward_hook(target: Any, hook: Callable[..., None]) -> Any:
@@ -187,6 +193,8 @@ class StepPhases:
         self._paused: bool | None = None
         self._warning_filter: Any = None  #: the filter holding COMPILE_WARNING back, while seeking
         self._handles: list[Any] = []  #: the hooks in place while sampling
+        #: the global pre-hook that waits for a model's call while sampling (:meth:`_arm`)
+        self._arming: Any = None
         self._watching: list[Any] = []  #: the global module hooks, while the model is sought
         self._stack: list[bool] = []  #: per module call open: did it start the forward?
         self._has_parameters: dict[int, bool] = {}
@@ -247,7 +255,7 @@ class StepPhases:
         self._paused = bool(self._watching)
         for handle in self._watching + self._handles:
             handle.remove()
-        self._watching, self._handles = [], []
+        self._watching, self._handles, self._arming = [], [], None
         self._let_warnings_through()
         self._stack = []
         self._put_back_backward()
@@ -322,20 +330,43 @@ class StepPhases:
             return
         for handle in self._handles:
             handle.remove()
-        self._handles = []
+        self._handles, self._arming = [], None
         self._put_back_backward()
         self.clock.depth = 0  # a phase left open (a step() that raised) ends with the sample
 
     def _put_in_place(self) -> None:
         """The sampled step's instruments: the optimizer pre-step hook, the models' hooks (unless
-        the global ones still seek them), the backward's wrapper."""
+        the global ones still seek them), the backward's wrapper. An eager model's hooks go on
+        at its first call in the step (:meth:`_arm`), not at the step boundary, where a loop
+        copies or saves its model (``copy.deepcopy(model)``, ``torch.save(model)``: a copy would
+        keep our hooks, and a pickle fails on them); a compiled model's go on at once (a global
+        hook around a compiled call makes torch warn)."""
         import torch
+        import torch.nn.modules.module as module_mod
         import torch.optim.optimizer as optim_mod
 
         self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._optimizer_starts))
-        if not self._watching:
-            self._add_model_hooks()
+        if not self._watching and self.models:
+            if any(_is_compiled(model) for model in self.models.values()):
+                self._add_model_hooks()
+            else:
+                self._arming = module_mod.register_module_forward_pre_hook(self._arm)
+                self._handles.append(self._arming)
         torch.autograd.backward = self._backward
+
+    def _arm(self, module: Any, args: Any) -> None:
+        """A global pre-hook while sampling, until a model is called: its call puts the models'
+        hooks in place (this call's forward started here, ended by the model's post-hook)."""
+        clock = self.clock
+        if id(module) not in self.models or clock.compiling():
+            return
+        if threading.get_ident() != clock.thread:
+            return
+        if self._arming is not None:
+            self._arming.remove()
+            self._arming = None
+        self._add_model_hooks()
+        clock.start(FORWARD)
 
     def _put_back_backward(self) -> None:
         import torch
@@ -350,7 +381,7 @@ class StepPhases:
         stack = self._stack
         # a module torch.compile made: the global hooks go before it traces its module, else
         # the graph it compiles would be compiled again once they are gone
-        compiled = type(module).__name__ == "OptimizedModule"
+        compiled = _is_compiled(module)
         if not stack and self._holds_parameters(module):
             again = id(module) in self.models
             self.models[id(module)] = module
@@ -411,7 +442,7 @@ class StepPhases:
         """Put back what :meth:`install` changed; what is left open logs nothing."""
         for handle in self._watching + self._handles:
             handle.remove()
-        self._watching, self._handles = [], []
+        self._watching, self._handles, self._arming = [], [], None
         self._let_warnings_through()
         self._stack = []
         self.models = {}
