@@ -250,8 +250,13 @@ def test_a_paused_install_takes_everything_away_and_resumes_the_phase_sampling_w
         hooks.install(run.tracer)
         run.tracer.active = True
         assert _instruments(model)["module"] == 1 and _instruments(model)["backward"]
+        during = []  # the model's own hooks on it during its forward (ours, and this one)
+        mine = model.register_forward_hook(lambda *_: during.append(_instruments(model)))
         model(torch.zeros(1, 8))  # its first call in the sampled step: the model's own hooks
-        assert _instruments(model)["module"] == 0 and _instruments(model)["model"] == 2
+        mine.remove()
+        assert during[0]["module"] == 0 and during[0]["model"] == 2 + 1
+        # and off again after it (the loop has trained): the arming hook waits for the next
+        assert _instruments(model)["module"] == 1 and _instruments(model)["model"] == 0
         steps(2)
     assert _instruments(model) == NOTHING and hooks._paused is None
     assert not phases.models  # the run's end dropped what the pause kept

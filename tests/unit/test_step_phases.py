@@ -202,6 +202,33 @@ def test_a_model_copied_and_saved_at_every_step_boundary_carries_none_of_our_hoo
     assert len(forward) >= 10 and (forward >= FORWARD_S * 1e3 * (1 - TOLERANCE)).all()
 
 
+@pytest.mark.parametrize("train_steps", [0, 6, 7])
+def test_an_evaluation_alone_or_after_training_in_the_same_run_leaves_the_model_as_it_was(
+    train_steps,
+) -> None:
+    """Evaluate and save, alone or after training in the same run: an evaluation keeps the
+    phases on throughout (alone, or after a last optimizer step that turned a sample on: one
+    parity of the two), its forwards timed with the model's hooks on during each forward only;
+    between them, and after the loop, a save and a copy see the model as the loop made it."""
+    import copy
+    import io
+
+    model, loss_fn = Model(), torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = list(_loader(8 * train_steps))
+    with traceml_nb.Run("train-then-evaluate", sample=False):
+        for x, y in batches:
+            loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            for x, _ in _loader(32):
+                model(x)
+                torch.save(model, io.BytesIO())
+                assert not copy.deepcopy(model)._forward_hooks
+        torch.save(model, io.BytesIO())
+
+
 def test_an_evaluation_has_a_forward_and_no_backward_or_optimizer_step() -> None:
     model, truth = Model(), Truth()
 
