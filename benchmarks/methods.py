@@ -295,7 +295,7 @@ def interleaved_cost(
 
     With ``settle``, the traced loop first runs alone until the run has taken its first
     ``EARLY_SAMPLES`` phase samples (:mod:`traceml_nb.engine.instrument.step_phases`: one every
-    0.05 s of training at a run's start, a one-off of ~70 us each; on the bare loop 0.3-0.4 us
+    0.05 s of training at a run's start, a one-off of ~70 us each; on the bare loop 0.3-0.5 us
     a step of 4,000 traced steps, all inside that start), at most ``SETTLE_MAX_S``: the blocks
     then time a long run's steady sampling. Its pace still counts the plain blocks' time, so
     they sample about twice as often a traced step as a long run does."""
