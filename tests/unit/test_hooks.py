@@ -255,7 +255,7 @@ def test_a_paused_install_takes_everything_away_and_resumes_the_phase_sampling_w
         model(torch.zeros(1, 8))  # its first call in the sampled step: the model's own hooks
         mine.remove()
         assert during[0]["module"] == 0 and during[0]["model"] == 2 + 1
-        # and off again after it (the loop has trained): the arming hook waits for the next
+        # and off again after it: the arming hook waits for its next call
         assert _instruments(model)["module"] == 1 and _instruments(model)["model"] == 0
         steps(2)
     assert _instruments(model) == NOTHING and hooks._paused is None

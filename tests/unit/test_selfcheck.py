@@ -571,9 +571,9 @@ def test_host_cost_verdict_both_sides() -> None:
     ]
 
 
-def test_the_cuda_calls_are_each_timed_alone_and_a_steps_are_summed_as_the_timer_makes_them(
-    monkeypatch,
-) -> None:
+def test_the_cuda_calls_are_each_timed_alone_and_a_steps_are_summed_as_the_timer_makes_them() -> (
+    None
+):
     """Each call the tracer makes, timed ``n`` times in a row on a simulated CUDA (each call
     charges a set time to the clock); the stall timer's step: 2 records, a query, 2 elapsed
     times."""
@@ -583,7 +583,6 @@ def test_the_cuda_calls_are_each_timed_alone_and_a_steps_are_summed_as_the_timer
     from traceml_nb.selfcheck.host_cost import STALL_TIMER_CALLS, stall_timer_calls_us
 
     now = [0]
-    monkeypatch.setattr(cuda.time, "perf_counter_ns", lambda: now[0])
     made: list[object] = []
 
     class Event:
@@ -615,7 +614,7 @@ def test_the_cuda_calls_are_each_timed_alone_and_a_steps_are_summed_as_the_timer
             Event=Event,
         )
     )
-    costs = cuda.cuda_call_costs_us(fake, n=10)
+    costs = cuda.cuda_call_costs_us(fake, n=10, clock=lambda: now[0])
     assert costs == {
         "current_stream": 2.0,
         "new_event_record_free": 3.0,

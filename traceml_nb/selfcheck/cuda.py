@@ -48,11 +48,14 @@ def busy_gpu(torch: Any, ms: float) -> None:
     torch.cuda._sleep(int(ms * rate))
 
 
-def cuda_call_costs_us(torch: Any, n: int = 2000) -> dict[str, float]:
+def cuda_call_costs_us(
+    torch: Any, n: int = 2000, clock: Callable[[], int] = time.perf_counter_ns
+) -> dict[str, float]:
     """Host time of each CUDA call the tracer makes, us a call (the mean of ``n`` in a row, the
-    GPU idle): ``current_stream`` (an iterator's stream look-up), ``new_event_record_free`` (an
-    event made, recorded and freed: a cold pool), ``record_reused_event`` (a pooled event
-    recorded: twice a fetch), ``query`` and ``elapsed_time`` (resolving a step)."""
+    GPU idle, on ``clock``, ns): ``current_stream`` (an iterator's stream look-up),
+    ``new_event_record_free`` (an event made, recorded and freed: a cold pool),
+    ``record_reused_event`` (a pooled event recorded: twice a fetch), ``query`` and
+    ``elapsed_time`` (resolving a step)."""
     stream = torch.cuda.current_stream()
     done_a, done_b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     done_a.record(stream)
@@ -69,10 +72,10 @@ def cuda_call_costs_us(torch: Any, n: int = 2000) -> dict[str, float]:
     costs = {}
     for name, call in calls.items():
         torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
+        t0 = clock()
         for _ in range(n):
             call()
-        costs[name] = (time.perf_counter_ns() - t0) / n / 1e3
+        costs[name] = (clock() - t0) / n / 1e3
         torch.cuda.synchronize()
         if name == "record_reused_event":
             done_b.record(stream)
