@@ -129,7 +129,13 @@ def test_a_decided_change_says_which_part_of_the_step_moved():
     before.summary.backward_ms_median = 60.0
     after.summary.backward_ms_median = 65.9  # 5.9% of the step, under 10% of itself
     assert phase_shift(before.summary, after.summary).moved == ()
-    after.summary.forward_ms_median = None  # the candidate timed no phases
+    after.summary.forward_ms_median = None  # the candidate's model's forward was not seen
+    shift = phase_shift(before.summary, after.summary)
+    assert shift is not None and shift.moved == ()
+    # its time is in the candidate's rest of the loop alone: that rest is compared with nothing
+    assert "the rest of the loop" not in shift.steady and "forward" not in shift.steady
+    assert "backward" in shift.steady and "input copy" in shift.steady
+    after.summary.other_ms_median = None  # the candidate timed no phases
     assert phase_shift(before.summary, after.summary) is None
     assert "the other parts" not in headline(compare(before, after))
 
@@ -145,6 +151,7 @@ def test_a_phase_in_few_of_the_steps_moves_by_its_time_where_it_ran():
         summary.step_ms_median = 10.0
         summary.copy_ms_median, summary.forward_ms_median = 0.1, 3.0
         summary.backward_ms_median, summary.optimizer_ms_median = 4.0, 0.0
+        summary.other_ms_median = 2.0
         summary.occasional_phases = {"optimizer": [0.25, where]}
     assert phase_shift(before.summary, after.summary).moved == (("optimizer step", 2.0, 4.0),)
     rows = {r.label: r for r in compare(before, after).rows}

@@ -282,6 +282,33 @@ def test_a_phase_in_fewer_than_half_of_the_steps_is_told_with_how_often_it_ran()
     assert anatomy.medians_ms["backward"] == 2.0  # half of the steps: a median of its own
 
 
+@pytest.mark.parametrize("forwards_seen", [0, 1])
+def test_a_forward_never_seen_is_unavailable_with_the_copy_not_zero(forwards_seen) -> None:
+    """Backward and optimizer timed and no forward (a TorchScript model, which takes no
+    hooks): the forward and the input copy, which ends at it, are unavailable with why, their
+    time in "other"; a single timed forward among the steps makes them measured."""
+    from traceml_nb.analysis.step_anatomy import NO_COPY_WITHOUT_FORWARD, NO_FORWARD
+
+    n = 8
+    wall, wait = np.full(n, 10.0), np.full(n, 1.0)
+    phases = np.zeros((n, len(PHASES)))
+    phases[:, PHASES.index("backward")] = 4.0
+    phases[:, PHASES.index("optimizer")] = 1.0
+    phases[:forwards_seen, PHASES.index("forward")] = 3.0
+    anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases))
+    assert anatomy.why == "" and anatomy.medians_ms["backward"] == 4.0
+    assert anatomy.medians_ms["other"] == 4.0  # 7 of the 8 steps: with a forward's time or not
+    assert sum(anatomy.shares.values()) == pytest.approx(1.0)
+    if forwards_seen:
+        assert anatomy.unavailable == {} and anatomy.medians_ms["forward"] == 0.0
+        assert set(anatomy.shares) == set(PARTS)
+    else:
+        assert anatomy.unavailable == {"copy": NO_COPY_WITHOUT_FORWARD, "forward": NO_FORWARD}
+        assert "forward" not in anatomy.medians_ms and "copy" not in anatomy.medians_ms
+        assert set(anatomy.shares) == {"data_wait", "backward", "optimizer", "other"}
+        assert anatomy.shares["other"] == pytest.approx(0.4)
+
+
 @pytest.mark.parametrize("values", [[3.0, 1.0, 2.0], [4.0, 1.0, 3.0, 2.0], [5.0]])
 def test_the_weighted_median_is_numpys_with_equal_weights_and_counts_each_by_its_weight(values):
     from traceml_nb.analysis.step_anatomy import weighted_median

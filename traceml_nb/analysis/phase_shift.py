@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .findings import Summary
-from .step_anatomy import MEDIAN_FIELDS
+from .step_anatomy import MEDIAN_FIELDS, PHASES
 from .thresholds import PHASE_MOVED_SHARE, PHASE_MOVED_STEP_SHARE
 
 #: Each part of a step and the Summary field of its median, ms, in the order of the step.
@@ -51,12 +51,14 @@ def phase_shift(before: Summary, after: Summary) -> PhaseShift | None:
     """How the parts of ``after``'s steps differ from ``before``'s; None where the runs do not
     both have their phases timed."""
     step = before.step_ms_median
-    if not step or before.forward_ms_median is None or after.forward_ms_median is None:
+    if not step or before.other_ms_median is None or after.other_ms_median is None:
         return None
+    # a phase timed in one run only is in the other's rest of the step: that rest is no match
+    one_sided = any((part_ms(before, p) is None) != (part_ms(after, p) is None) for p in PHASES)
     moved, steady = [], []
     for part in PART_FIELDS:
         a, b = part_ms(before, part), part_ms(after, part)
-        if a is None or b is None:
+        if a is None or b is None or (part == "other" and one_sided):
             continue
         name = PART_NAMES.get(part, part)
         change, per_step = abs(b[0] - a[0]), abs(b[1] - a[1])

@@ -47,6 +47,23 @@ NO_COPY = (
     "no DataLoader was iterated: a batch's arrival is not seen, so making or moving the batch "
     "is timed as the rest of the step"
 )
+#: Where the other phases were timed and no model's forward was seen: a model called only
+#: inside a function compiled with ``torch.compile`` (our hooks are traced there, and do
+#: nothing), a TorchScript model (it takes no hooks), a model first called after the first
+#: optimizer step (it is not sought). Its time, and the input copy's (which ends at the
+#: forward), are then in the rest of the step.
+NO_FORWARD = (
+    "no forward of the model was seen: a model called inside a function compiled with "
+    "torch.compile, a TorchScript model and one first called after the first optimizer step "
+    "are not timed; its time is in the rest of the step"
+)
+NO_COPY_WITHOUT_FORWARD = "it ends at the model's forward, which was not seen"
+#: Where optimizer steps ran in the timed steps and none was timed: a step compiled with
+#: ``torch.compile`` runs our pre-step hook inside its graph, where it does nothing.
+NO_OPTIMIZER = (
+    "the optimizer's steps ran and none was seen: one compiled with torch.compile is not timed; "
+    "its time is in the rest of the step"
+)
 NO_GPU_PHASES = (
     "no steady step had its phases timed on the GPU: the phases' CUDA events are read with a "
     "DataLoader's steps (steps told by optimizer steps or markers, as a trainer's are, carry "
@@ -65,6 +82,8 @@ class StepAnatomy:
     #: gradient accumulation's optimizer step): ``(share of the steps it ran in, 0..1, its
     #: median over those steps, ms)``
     occasional: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: by PHASES, a phase not timed while the others were, and why (its time is in "other")
+    unavailable: dict[str, str] = field(default_factory=dict)
 
 
 def step_anatomy(
@@ -97,15 +116,26 @@ def step_anatomy(
         known[rows] = True
         w = timed_weights(stepped, known)
     other = np.maximum(0.0, wall - wait - phases.sum(axis=1))
-    medians = {name: weighted_median(phases[:, i], w) for i, name in enumerate(PHASES)}
+    unavailable = {}
+    if not phases[:, PHASES.index("forward")].any():  # the copy was never ended, nor timed
+        unavailable = {"copy": NO_COPY_WITHOUT_FORWARD, "forward": NO_FORWARD}
+    optimizer = phases[:, PHASES.index("optimizer")]
+    if stepped is not None and stepped[rows].any() and not optimizer.any():
+        unavailable["optimizer"] = NO_OPTIMIZER
+    timed = [(i, name) for i, name in enumerate(PHASES) if name not in unavailable]
+    medians = {name: weighted_median(phases[:, i], w) for i, name in timed}
     medians["other"] = weighted_median(other, w)
     weight = np.ones(len(wall)) if w is None else w
     total = float(weight @ wall)
     sums = [float(weight @ wait), *(float(x) for x in weight @ phases), float(weight @ other)]
     scale = max(total, sum(sums))  # parts of a step never add up past the step
-    shares = {part: (x / scale if scale > 0 else 0.0) for part, x in zip(PARTS, sums, strict=True)}
+    shares = {
+        part: (x / scale if scale > 0 else 0.0)
+        for part, x in zip(PARTS, sums, strict=True)
+        if part not in unavailable
+    }
     occasional = {}
-    for i, name in enumerate(PHASES):
+    for i, name in timed:
         ran = phases[:, i] > 0
         if medians[name] == 0 and ran.any():
             share = float(weight[ran].sum() / weight.sum())
@@ -113,7 +143,7 @@ def step_anatomy(
                 share,
                 weighted_median(phases[ran, i], None if w is None else w[ran]),
             )
-    return StepAnatomy(medians, shares, occasional=occasional)
+    return StepAnatomy(medians, shares, occasional=occasional, unavailable=unavailable)
 
 
 def timed_weights(stepped: np.ndarray, timed: np.ndarray) -> np.ndarray | None:

@@ -346,8 +346,8 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
     }
     for part, name in MEDIAN_FIELDS.items():
         if part not in anatomy.medians_ms:
-            unavailable[name] = anatomy.why if n else NO_STEPS
-    if not has_loader and anatomy.shares:  # the copy was never started, not measured at 0
+            unavailable[name] = anatomy.unavailable.get(part, anatomy.why) if n else NO_STEPS
+    if not has_loader and "copy" in anatomy.shares:  # never started, not measured at 0
         medians["copy_ms_median"] = None
         unavailable["copy_ms_median"] = NO_COPY
         anatomy.shares.pop("copy", None)

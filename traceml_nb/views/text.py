@@ -102,7 +102,8 @@ def _step_phases(s: Summary, v: float) -> str:
     """``copy 1.06 ms (7%), forward 4.14 ms (28%), …``: each timed part's median and its
     share of the steps' time (``GPU time: …`` where they were timed on the GPU); a phase that
     ran in fewer than half of the steps, its median where it ran and how often:
-    ``optimizer 0.8 ms in 25% of the steps (12%)``."""
+    ``optimizer 0.8 ms in 25% of the steps (12%)``; the phases not timed while the others
+    were, unavailable with why: ``; copy and forward unavailable (…)``."""
     parts = []
     for part, field in MEDIAN_FIELDS.items():
         value = getattr(s, field)
@@ -117,8 +118,14 @@ def _step_phases(s: Summary, v: float) -> str:
                 value_text = fmt_ms(value)
             parts.append(f"{part} {value_text}{beside}")
     text = ("GPU time: " if s.phases_on_gpu else "") + ", ".join(parts)
-    no_copy = s.unavailable.get("copy_ms_median") if s.copy_ms_median is None else None
-    return text + (f"; copy unavailable ({no_copy})" if parts and no_copy else "")
+    untimed: dict[str, list[str]] = {}  # the phases not timed, by why
+    for part, field in MEDIAN_FIELDS.items():
+        why = s.unavailable.get(field) if getattr(s, field) is None else None
+        if why:
+            untimed.setdefault(why, []).append(part)
+    for why, names in untimed.items():
+        text += f"; {' and '.join(names)} unavailable ({why})"
+    return text
 
 
 def _flops(s: Summary, v: float) -> str:
@@ -148,7 +155,7 @@ METRICS: tuple[_Metric, ...] = (
     _Metric("step time (median)", "step_ms_median", "steps", _ms_with_spread),
     _Metric("data wait (median)", "data_wait_ms_median", "data_wait", lambda s, v: fmt_ms(v)),
     _Metric("rest of the step (median)", "compute_ms_median", "steps", lambda s, v: fmt_ms(v)),
-    _Metric("step phases (median, share)", "forward_ms_median", "steps", _step_phases),
+    _Metric("step phases (median, share)", "other_ms_median", "steps", _step_phases),
     _Metric("data wait share", "data_wait_share", "data_wait", lambda s, v: fmt_share(v)),
     _Metric("FLOPs per step", "flops_per_step", "steps", _flops),
     _Metric("achieved FLOP/s", "achieved_tflops", "steps", _tflops),
