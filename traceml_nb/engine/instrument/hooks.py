@@ -192,7 +192,7 @@ def uninstall(pause: bool = False) -> list[str]:
         _paused = None
     if installed is None:
         return []
-    notes: list[str] = []
+    notes = list(installed.phases.notes)
     installed.tracer.deactivate()  # what the wrapper still logs is dropped, wherever it is
     installed.tracer.on_stop = None
     installed.hook_handle.remove()

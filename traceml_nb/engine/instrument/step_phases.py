@@ -34,9 +34,12 @@ A phase that starts inside another (a forward recomputed by activation checkpoin
 backward, the forward and backward of an optimizer's closure) is part of the outer one. Calls on
 other threads than the one that started the run (``DataParallel``'s replicas) are not timed,
 nor calls that ``torch.compile`` traces (the hooks return at once there, so the compiled graph
-holds nothing of ours and breaks nowhere: a compiled model is timed from outside, whole); the
-warning torch gives when a compiled module is called while global hooks are in place is held
-back while the model is sought (it is about our hooks, not the user's).
+holds nothing of ours and breaks nowhere: a compiled model is timed from outside, whole; a
+module compiled in place calls its hooks inside the compiled call, which runs ours as they are,
+:mod:`.compilation`); the warning torch gives when a compiled module is called while global
+hooks are in place is held back while the model is sought (it is about our hooks, not the
+user's). A module that takes no hooks of its own (``torch.jit.script``'s) is not a model to
+time: :attr:`StepPhases.notes` says so.
 Everything is put back when the run ends, as :mod:`.hooks` does for the rest.
 """
 
@@ -47,7 +50,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
-from ..events import BACKWARD, FORWARD, OPTIMIZER, PHASE, SAMPLING, EventLike
+from ..events import BACKWARD, FORWARD, OPTIMIZER, SAMPLING, EventLike
+from .compilation import is_compiled, is_compiled_wrapper, run_as_they_are
+from .phase_clock import PhaseClock
 from .whole_step import WholeStep
 
 #: The phases are timed on the first step, then on about one step in this much training time,
@@ -67,6 +72,12 @@ FIRST_SKIP = 4
 MAX_SAMPLE_ENDS = 16
 
 
+#: The note of a model that takes no hooks (a TorchScript module), whose forward goes untimed.
+NO_HOOKS = (
+    "the forward of {name} is not timed: a TorchScript model takes no hooks (its time is in "
+    "the rest of the step)"
+)
+
 #: The warning torch gives when a compiled module is called while global module hooks are in
 #: place (ours, while the model is sought), held back meanwhile.
 COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
@@ -74,24 +85,6 @@ COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks
 
 def _nothing(*_: Any) -> None:
     return None
-
-
-def compiling_check() -> Callable[[], bool]:
-    """torch's "is ``torch.compile`` tracing this call" (older versions: dynamo's own)."""
-    import torch
-
-    check: Any = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    if check is None:
-        try:
-            from torch._dynamo import is_compiling as check
-        except ImportError:
-            return lambda: False
-    return cast(Callable[[], bool], check)
-
-
-def _is_compiled(module: Any) -> bool:
-    """``module`` is the wrapper ``torch.compile(model)`` returns."""
-    return type(module).__name__ == "OptimizedModule"
 
 
 def _forward_hook(target: Any, hook: Callable[..., None]) -> Any:
@@ -102,61 +95,6 @@ def _forward_hook(target: Any, hook: Callable[..., None]) -> Any:
         return register(hook, always_call=True)
     except TypeError:
         return register(hook)
-
-
-class PhaseClock:
-    """The phase open on the training thread, nested calls counted: :meth:`start` and :meth:`end`
-    come in pairs; the outermost pair logs one :class:`~traceml_nb.engine.events.Phase`. With
-    ``gpu_mark`` (on CUDA: the stall timer's :meth:`~.gpu_events.GpuStallTimer.mark`, which
-    records a pooled event on the user's stream and returns it, None if that failed) the
-    outermost pair also records a CUDA event at each end, for the phase's GPU time."""
-
-    def __init__(
-        self,
-        log: list[tuple[Any, ...]],
-        clock: Callable[[], int],
-        check: Callable[[], None],
-        max_log: int,
-        gpu_mark: Callable[[], EventLike | None] | None = None,
-    ):
-        self.log = log
-        self.clock = clock
-        self.check = check  #: processes the log when it holds over ``max_log`` events
-        self.max_log = max_log
-        self.gpu_mark = gpu_mark
-        self.gpu_start: EventLike | None = None  #: the open phase's start event (None off CUDA)
-        self.thread = threading.get_ident()  #: the training thread; -1 once removed
-        #: True while ``torch.compile`` traces the call (torch's own check)
-        self.compiling = compiling_check()
-        self.depth = 0  #: phases open, nested ones included
-        self.phase = -1  #: the outermost open phase, -1 when none
-        self.t_start = 0
-
-    def start(self, phase: int) -> None:
-        if self.compiling() or threading.get_ident() != self.thread:
-            return
-        if self.depth:
-            self.depth += 1
-            return
-        self.depth = 1
-        self.phase = phase
-        if self.gpu_mark is not None:
-            self.gpu_start = self.gpu_mark()
-        self.t_start = self.clock()
-
-    def end(self) -> None:
-        if self.compiling() or threading.get_ident() != self.thread or not self.depth:
-            return
-        self.depth -= 1
-        if not self.depth:
-            t_end = self.clock()
-            gpu_end = self.gpu_mark() if self.gpu_mark is not None else None
-            log = self.log
-            log.append((PHASE, self.phase, self.t_start, t_end, self.gpu_start, gpu_end))
-            self.phase = -1
-            self.gpu_start = None
-            if len(log) > self.max_log:  # a loop with neither a DataLoader nor an optimizer
-                self.check()
 
 
 class StepPhases:
@@ -193,7 +131,11 @@ class StepPhases:
         #: after :meth:`pause`: were the models still sought (None: not paused)
         self._paused: bool | None = None
         self._warning_filter: Any = None  #: the filter holding COMPILE_WARNING back, while seeking
-        self._handles: list[Any] = []  #: the hooks in place while sampling, but the models'
+        self._optimizer_hook: Any = None  #: the global optimizer pre-step hook, while sampling
+        #: an optimizer's step was compiled (``torch.compile`` traced the pre-step hook): the
+        #: hook then stays until the run's end, as each change to the global optimizer hooks
+        #: would compile the step again, until torch's recompile limit
+        self._optimizer_compiled = False
         self._model_handles: list[Any] = []  #: the models' own hooks, while they are on
         #: the global pre-hook that waits for a model's call while sampling (:meth:`_arm`)
         self._arming: Any = None
@@ -203,6 +145,7 @@ class StepPhases:
         self._watching: list[Any] = []  #: the global module hooks, while the model is sought
         self._stack: list[bool] = []  #: per module call open: did it start the forward?
         self._has_parameters: dict[int, bool] = {}
+        self.notes: list[str] = []  #: what the run should say of the phases (models not timed)
         #: the hooks and the wrapper of torch.autograd.backward, made once by :meth:`install`
         self._optimizer_starts: Callable[..., None] = _nothing
         self._forward_starts: Callable[..., None] = _nothing
@@ -224,7 +167,10 @@ class StepPhases:
         original = self._original_backward = torch.autograd.backward
 
         def optimizer_step_starts(*_: Any) -> None:
-            clock.start(OPTIMIZER)
+            if clock.compiling():
+                self._optimizer_compiled = True
+            elif self.sampling:
+                clock.start(OPTIMIZER)
 
         def forward_starts(*_: Any) -> None:
             clock.start(FORWARD)
@@ -250,6 +196,7 @@ class StepPhases:
             forward_ends,
         )
         self._backward = backward
+        run_as_they_are(forward_starts, forward_ends, self._seek_pre, self._seek_post, self._arm)
         self._watch()
         self._sample(True)
 
@@ -261,7 +208,7 @@ class StepPhases:
             return
         self._paused = bool(self._watching)
         self._take_off(self._watching)
-        self._take_off_sample()
+        self._take_off_sample(end=True)
         self._let_warnings_through()
         self._stack = []
         self._put_back_backward()
@@ -343,16 +290,19 @@ class StepPhases:
         the global ones still seek them), the backward's wrapper. An eager model's hooks go on
         at each of its calls (:meth:`_arm`) and come off when its forward returns, never staying
         at the step boundary, where a loop copies or saves its model (``copy.deepcopy(model)``,
-        ``torch.save(model)``: a copy would keep our hooks, and a pickle fails on them); a
-        compiled model's go on at once (a global hook around a compiled call makes torch
-        warn)."""
+        ``torch.save(model)``: a copy would keep our hooks, and a pickle fails on them); the
+        wrapper ``torch.compile(model)`` returns gets them at once (a global hook around its
+        call makes torch warn). The optimizer pre-step hook stays once a compile traced it."""
         import torch
         import torch.nn.modules.module as module_mod
         import torch.optim.optimizer as optim_mod
 
-        self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._optimizer_starts))
+        if self._optimizer_hook is None:
+            self._optimizer_hook = optim_mod.register_optimizer_step_pre_hook(
+                self._optimizer_starts
+            )
         if not self._watching and self.models:
-            if self._any_compiled():
+            if self._any_compiled_wrapper():
                 self._add_model_hooks()
             else:
                 self._arming = module_mod.register_module_forward_pre_hook(self._arm)
@@ -394,16 +344,20 @@ class StepPhases:
         if self.clock.compiling() or threading.get_ident() != self.clock.thread:
             return
         stack = self._stack
-        # a module torch.compile made: the global hooks go before it traces its module, else
-        # the graph it compiles would be compiled again once they are gone
-        compiled = _is_compiled(module)
+        # a compiled module (the wrapper, or compiled in place): the global hooks go before it
+        # traces its forward, else the graph it compiles would be compiled again once they are
+        # gone
+        compiled = is_compiled(module)
         if not stack and self._holds_parameters(module):
             again = id(module) in self.models
+            if not again and not self._takes_hooks(module):
+                stack.append(False)  # inside it, no module is the model either
+                return
             self.models[id(module)] = module
             if again or compiled:  # a model called again (no optimizer step yet), or compiled
                 self._settle()
                 self._add_model_hooks()  # the model's own post-hook ends this forward
-                self._arming_again = not self._any_compiled()
+                self._arming_again = not self._any_compiled_wrapper()
             else:
                 stack.append(True)
             self.clock.start(FORWARD)
@@ -427,6 +381,20 @@ class StepPhases:
             self._has_parameters[id(module)] = known
         return known
 
+    def _takes_hooks(self, module: Any) -> bool:
+        """Whether ``module`` takes hooks of its own, as a model must (``torch.jit.script``'s
+        module takes none; ``torch.jit.trace``'s does); one that does not is noted once
+        (:attr:`notes`) and never timed."""
+        try:
+            module.register_forward_pre_hook(_nothing).remove()
+        except Exception:
+            self._has_parameters[id(module)] = False  # no candidate, from now on
+            note = NO_HOOKS.format(name=type(module).__name__)
+            if note not in self.notes:
+                self.notes.append(note)
+            return False
+        return True
+
     def _settle(self) -> None:
         """Stop watching every module call: the models found are the models."""
         for handle in self._watching:
@@ -436,8 +404,8 @@ class StepPhases:
         self._stack = []
         self._has_parameters = {}
 
-    def _any_compiled(self) -> bool:
-        return any(_is_compiled(model) for model in self.models.values())
+    def _any_compiled_wrapper(self) -> bool:
+        return any(is_compiled_wrapper(model) for model in self.models.values())
 
     @staticmethod
     def _take_off(handles: list[Any]) -> None:
@@ -445,9 +413,12 @@ class StepPhases:
             handle.remove()
         handles.clear()
 
-    def _take_off_sample(self) -> None:
-        """Every hook of the sample: the global ones, the models', the arming one."""
-        self._take_off(self._handles)
+    def _take_off_sample(self, end: bool = False) -> None:
+        """Every hook of the sample: the global ones (a compiled optimizer step's pre-step
+        hook only at the run's ``end``), the models', the arming one."""
+        if self._optimizer_hook is not None and (end or not self._optimizer_compiled):
+            self._optimizer_hook.remove()
+            self._optimizer_hook = None
         self._take_off(self._model_handles)
         if self._arming is not None:
             self._arming.remove()
@@ -475,7 +446,7 @@ class StepPhases:
     def remove(self) -> None:
         """Put back what :meth:`install` changed; what is left open logs nothing."""
         self._take_off(self._watching)
-        self._take_off_sample()
+        self._take_off_sample(end=True)
         self._let_warnings_through()
         self._stack = []
         self.models = {}

@@ -1,0 +1,67 @@
+"""The phase open on the training thread: :class:`PhaseClock` logs a
+:class:`~traceml_nb.engine.events.Phase` for each outermost pair of :meth:`~PhaseClock.start`
+and :meth:`~PhaseClock.end`, on the tracer's clock (and on CUDA with an event at each end)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..events import PHASE, EventLike
+from .compilation import compiling_check
+
+
+class PhaseClock:
+    """The phase open on the training thread, nested calls counted: :meth:`start` and :meth:`end`
+    come in pairs; the outermost pair logs one :class:`~traceml_nb.engine.events.Phase`. With
+    ``gpu_mark`` (on CUDA: the stall timer's :meth:`~.gpu_events.GpuStallTimer.mark`, which
+    records a pooled event on the user's stream and returns it, None if that failed) the
+    outermost pair also records a CUDA event at each end, for the phase's GPU time."""
+
+    def __init__(
+        self,
+        log: list[tuple[Any, ...]],
+        clock: Callable[[], int],
+        check: Callable[[], None],
+        max_log: int,
+        gpu_mark: Callable[[], EventLike | None] | None = None,
+    ):
+        self.log = log
+        self.clock = clock
+        self.check = check  #: processes the log when it holds over ``max_log`` events
+        self.max_log = max_log
+        self.gpu_mark = gpu_mark
+        self.gpu_start: EventLike | None = None  #: the open phase's start event (None off CUDA)
+        self.thread = threading.get_ident()  #: the training thread; -1 once removed
+        #: True while ``torch.compile`` traces the call (torch's own check)
+        self.compiling = compiling_check()
+        self.depth = 0  #: phases open, nested ones included
+        self.phase = -1  #: the outermost open phase, -1 when none
+        self.t_start = 0
+
+    def start(self, phase: int) -> None:
+        if self.compiling() or threading.get_ident() != self.thread:
+            return
+        if self.depth:
+            self.depth += 1
+            return
+        self.depth = 1
+        self.phase = phase
+        if self.gpu_mark is not None:
+            self.gpu_start = self.gpu_mark()
+        self.t_start = self.clock()
+
+    def end(self) -> None:
+        if self.compiling() or threading.get_ident() != self.thread or not self.depth:
+            return
+        self.depth -= 1
+        if not self.depth:
+            t_end = self.clock()
+            gpu_end = self.gpu_mark() if self.gpu_mark is not None else None
+            log = self.log
+            log.append((PHASE, self.phase, self.t_start, t_end, self.gpu_start, gpu_end))
+            self.phase = -1
+            self.gpu_start = None
+            if len(log) > self.max_log:  # a loop with neither a DataLoader nor an optimizer
+                self.check()
