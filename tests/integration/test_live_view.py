@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from bokeh.models import ColumnDataSource
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import traceml_nb
 from traceml_nb.analysis.steps import StepRule, step_rule
@@ -607,6 +607,35 @@ def test_a_loop_without_a_dataloader_stacks_its_phases_without_an_input_copy():
         "data wait",
         OTHER_LABEL,
         "forward",
+        "backward",
+        "optimizer",
+    ]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
+def test_a_phase_never_timed_has_no_legend_entry():
+    """A TorchScript model takes no hooks: its forward is never timed, and neither is the input
+    copy that ends at it; the chart names the phases that took time and no others (the report
+    gives those two as unavailable)."""
+    model = torch.jit.script(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8)
+    with traceml_nb.Run("phases-scripted", interval=0.05) as run:
+        view = LiveView(run, display=False, settle_s=0, max_duty=1.0)
+        view.start()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            for x, y in loader:
+                loss = ((model(x) - y) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    view.stop()
+    assert view.error is None, run.capabilities.notes
+    assert view.step_series.phases_seen == {"backward_ms", "optimizer_ms"}
+    assert [item.label.value for item in view.charts.step_fig.legend[0].items if item.visible] == [
+        "data wait",
+        OTHER_LABEL,
         "backward",
         "optimizer",
     ]

@@ -7,6 +7,7 @@ Building only: :mod:`.view` decides what goes into the sources and when.
 from __future__ import annotations
 
 import html
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ FIG_WIDTH = 460
 FIG_HEIGHT = 210
 WAIT_COLOR = "#e6550d"
 COMPUTE_COLOR = "#3182bd"
-#: The step chart's legend entry of the input copy (shown once a DataLoader was iterated).
+#: The step chart's legend entry of the input copy (shown, as each phase's, once it took time).
 COPY_LABEL = "input copy"
 #: The step chart's layers, bottom up: (column, legend label, colour). The rest of the step is
 #: "compute" until a step's phases are known, then what the phases leave of it ("other").
@@ -139,7 +140,6 @@ class LiveCharts:
         for item in self.step_fig.legend[0].items[2:]:
             item.visible = False  # until a step's phases are known: :meth:`show_phases`
         self.phases_shown = False
-        self.copy_shown = False
 
         self.rate_fig = _figure("Throughput", "seconds since the start", "samples/s")
         self.rate_line = self.rate_fig.line(
@@ -233,23 +233,22 @@ class LiveCharts:
             rows.append(row(gpu_models[1]))
         self.layout = column(self.header, *rows)
 
-    def show_phases(self, copy_seen: bool) -> None:
-        """The phases' legend entries, and the rest of the step called what it now is: what
-        the phases leave of it (their areas draw from the first step whose phases are known).
-        The input copy's entry only once a DataLoader was iterated (``copy_seen``): without a
-        batch's arrival no copy is timed, and its band stays empty, not a copy of 0 ms."""
+    def show_phases(self, seen: Collection[str]) -> None:
+        """The rest of the step called what it now is (what the phases leave of it: their areas
+        draw from the first step whose phases are known), and the legend entries of the phases
+        ``seen`` (their columns: those that took time in a timed step). A phase never seen has
+        no entry, not one of 0 ms: the input copy of a loop that iterates no DataLoader, the
+        forward of a model the hooks cannot see, the backward and optimizer of an evaluation."""
         items = self.step_fig.legend[0].items
         if not self.phases_shown:
             self.phases_shown = True
             for item in items:
                 if item.label.value == STEP_LAYERS[1][1]:
                     item.label = value(OTHER_LABEL)
-                item.visible = item.label.value != COPY_LABEL
-        if copy_seen and not self.copy_shown:
-            self.copy_shown = True
-            for item in items:
-                if item.label.value == COPY_LABEL:
-                    item.visible = True
+        labels = {label for field, label, _ in STEP_LAYERS[2:] if field in seen}
+        for item in items[2:]:
+            if item.label.value in labels:
+                item.visible = True
 
     def make_room_for_ranks(self) -> None:
         """Before the first rank's lines: the CPU of this process's children is the ranks' (and

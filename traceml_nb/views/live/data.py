@@ -342,6 +342,8 @@ class StepSeries:
         #: a step's phases were timed and some took time: a model's (the chart splits the rest
         #: of the step; a loop without a model has phases of 0 throughout)
         self.has_phases = False
+        #: the phases (``PHASE_FIELDS``) that took time in a timed step so far
+        self.phases_seen: set[str] = set()
 
     def _keep_carry(self, rows: StepRows) -> None:
         shares = rows.phase_shares()
@@ -349,6 +351,8 @@ class StepSeries:
             self._carry = shares[-1].copy()
         if len(rows) and np.nansum(shares, axis=1).max() > 0:  # a model was timed
             self.has_phases = True
+            took_time = (np.nan_to_num(shares) > 0).any(axis=0)
+            self.phases_seen.update(f for f, t in zip(PHASE_FIELDS, took_time, strict=True) if t)
 
     def update(
         self, *, final: bool = False, snapshot: RecordSnapshot | None = None

@@ -329,7 +329,7 @@ class LiveView:
                 charts.choose_rate_field(upd)
                 self._apply(charts.steps, upd)
                 if self.step_series.has_phases and not self.rank_lines:
-                    charts.show_phases(copy_seen=bool(self.run.record.loaders))
+                    charts.show_phases(self.step_series.phases_seen)
             for series, source in charts.sample_series:
                 upd = series.update(final=final)
                 if upd is not None:
