@@ -397,9 +397,7 @@ class StepPhases:
 
     def _settle(self) -> None:
         """Stop watching every module call: the models found are the models."""
-        for handle in self._watching:
-            handle.remove()
-        self._watching = []
+        self._take_off(self._watching)
         self._let_warnings_through()
         self._stack = []
         self._has_parameters = {}
