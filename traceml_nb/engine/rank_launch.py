@@ -9,8 +9,10 @@ business), calls ``fn`` unchanged, and stops that run however ``fn`` ends, so th
 instrumentation lives exactly as long as ``fn``. A daemon thread of the child sends the new
 rows every :data:`SEND_INTERVAL_S` seconds, and the rest when ``fn`` ends, down a one-way
 ``multiprocessing`` pipe of the launch's own context (fork, spawn, forkserver alike; no socket
-of ours). In the kernel one receiver thread per launch adds them to ``Run.ranks``
-(:class:`~traceml_nb.engine.record.RankRecord`, one per rank).
+of ours); a kernel that stops reading never keeps a rank from ending (:data:`SENDER_JOIN_S`),
+and a message it cannot read costs that message only. In the kernel one receiver thread per
+launch adds them to ``Run.ranks`` (:class:`~traceml_nb.engine.record.RankRecord`, one per
+rank).
 
 Where the wrapper cannot be used (under spawn, an ``fn`` that does not pickle), the original
 ``start_processes`` is called unchanged and the run's capabilities say so.
@@ -38,6 +40,10 @@ SEND_INTERVAL_S = 0.25
 ROWS_PER_MESSAGE = 500
 #: Seconds the kernel waits for the receiver to read what the ranks sent once they ended.
 RECEIVER_JOIN_S = 5.0
+#: Seconds a rank's end waits for its sender to send the rest: a kernel that does not read
+#: (gone, or its receiver stopped) leaves the sender blocked on a full pipe, and the rank ends
+#: all the same, its channel marked lost (what the kernel had read is kept).
+SENDER_JOIN_S = 5.0
 #: Seconds between the receiver's checks whether the run has ended.
 RECEIVER_POLL_S = 0.1
 
@@ -114,7 +120,9 @@ def _start_rank(engine: Any, rank: int, writer: Connection) -> _Sender | None:
 
 
 class _Sender:
-    """Sends a rank's rows to the kernel: a thread while ``fn`` runs, the rest at its end."""
+    """Sends a rank's rows to the kernel from a thread of its own: the new ones while ``fn``
+    runs, the rest and the end once :meth:`finish` stopped the rank's run. It is the pipe's
+    only writer, so a send the kernel does not read blocks it alone, never the rank."""
 
     def __init__(self, run: MeasuredRun, writer: Connection, rank: int) -> None:
         self.run = run
@@ -123,6 +131,7 @@ class _Sender:
         self.sent = 0  #: rows sent so far
         self.broken = False  #: the kernel's end is gone: nothing more is sent
         self._stop = threading.Event()
+        self._run_stopped = threading.Event()
         self._thread = threading.Thread(
             target=self._loop, name=f"traceml-rank-{rank}-sender", daemon=True
         )
@@ -146,6 +155,8 @@ class _Sender:
                 self._send_rows(self.run.snapshot(self.sent, samples=False))
             except Exception:
                 self.broken = True
+        self._run_stopped.wait()
+        self._send_end()
 
     def _send_rows(self, snap: RecordSnapshot) -> None:
         cols = snap.steps
@@ -170,13 +181,9 @@ class _Sender:
             if not self.broken:
                 self.sent += len(chunk)
 
-    def finish(self, error: BaseException | None) -> None:
-        """Stop the rank's run with ``fn``'s exception, send the rest and the end, close."""
-        self._stop.set()
-        self._thread.join()
+    def _send_end(self) -> None:
         run = self.run
         try:
-            run.stop(error)
             self._send_rows(run.record.snapshot(self.sent, samples=False))
             self._send(
                 (
@@ -190,7 +197,22 @@ class _Sender:
             )
         except Exception:
             pass
+
+    def finish(self, error: BaseException | None) -> None:
+        """Stop the rank's run with ``fn``'s exception (on the rank's own thread, which started
+        it), let the sender send the rest and the end, close. Returns within
+        :data:`SENDER_JOIN_S` of the run's stop whether or not the kernel reads."""
+        self._stop.set()
+        try:
+            self.run.stop(error)
+        except Exception:
+            pass
         finally:
+            self._run_stopped.set()
+        self._thread.join(SENDER_JOIN_S)
+        if self._thread.is_alive():  # blocked in a send: the pipe closes with the process
+            self.broken = True
+        else:
             _close(self.writer)
 
 
@@ -381,7 +403,13 @@ class RankEngine:
                     continue
                 except Exception:  # a message cut short by a killed rank
                     continue
-                self._apply(launch, open_[conn], message)
+                try:
+                    self._apply(launch, open_[conn], message)
+                except Exception as exc:  # the rank's next messages are still read
+                    self.run.capabilities.note(
+                        f"a message of rank {open_[conn]} could not be read "
+                        f"({type(exc).__name__}: {exc}); it is left out"
+                    )
         for conn in list(open_):
             _close(conn)
 
