@@ -72,6 +72,40 @@ def test_the_count_is_flop_counter_mode_on_the_same_step_and_that_step_is_left_o
     assert summary.mfu is None and "CPU" in summary.unavailable["mfu"]
 
 
+def _train_with_a_gradient_penalty() -> list[float]:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for x, y in _loader(48):
+        x.requires_grad_(True)
+        out = model(x)
+        (grad,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        loss = torch.nn.functional.cross_entropy(out, y) + grad.pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_step_taking_the_gradient_of_its_input_runs_as_without_the_run_and_is_counted() -> None:
+    """``torch.autograd.grad`` of the model's output with respect to its input (a WGAN-GP's
+    gradient penalty, a physics-informed loss): FlopCounterMode's module tracker makes that
+    step raise "A leaf node was passed to _will_engine_execute_node"; the count attributes no
+    FLOPs to modules, so the user's step runs as it does without a run."""
+    plain = _train_with_a_gradient_penalty()
+    with traceml_nb.Run("penalty") as run:
+        traced = _train_with_a_gradient_penalty()
+    assert run.status == "completed" and traced == plain
+    model = _model()
+    x, y = next(iter(_loader()))
+    with FlopCounterMode(display=False) as without_penalty:
+        _step(model, torch.optim.SGD(model.parameters(), lr=0.01), x, y)
+    count = run.record.flops
+    assert count is not None and count.why == ""
+    assert count.flops > without_penalty.get_total_flops()  # the penalty's double backward too
+
+
 def test_a_long_end_of_the_step_before_the_count_does_not_make_it_counted() -> None:
     """The count opens at an optimizer step's end; what the loop does after that step (here a
     30 ms sleep, as a busy machine's preemption there would be) is the end of a step that began

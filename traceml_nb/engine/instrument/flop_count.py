@@ -64,6 +64,23 @@ def _channels_last(tensor: Any) -> bool:
     )
 
 
+class _WholeStepOnly:
+    """Stands in for the counter's module tracker (``torch.utils.module_tracker``): every
+    operator's FLOPs count toward the step as a whole, none toward a module. The tracker would
+    attribute them by module through global module hooks and gradient hooks on each module's
+    inputs, and those hooks make ``torch.autograd.grad`` of a module's output with respect to
+    its input (a gradient penalty, a physics-informed loss) raise "A leaf node was passed to
+    _will_engine_execute_node": the user's step would fail because we counted it."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _WholeStepOnly:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        return None
+
+
 def _counter() -> Any:
     """A FlopCounterMode that also sums each operator's FLOPs by the precision it ran in
     (``by_dtype``) and notes the device (``device``), through the counter's per-operator
@@ -78,6 +95,8 @@ def _counter() -> Any:
     class PrecisionFlopCounter(FlopCounterMode):
         def __init__(self) -> None:
             super().__init__(display=False)
+            if hasattr(self, "mod_tracker"):
+                self.mod_tracker = _WholeStepOnly()
             self.by_dtype: dict[str, int] = {}
             self.device = ""
             self.conv_flops = self.channels_last_flops = 0
