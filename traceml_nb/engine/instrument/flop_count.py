@@ -96,7 +96,7 @@ def _counter() -> Any:
         def __init__(self) -> None:
             super().__init__(display=False)
             if hasattr(self, "mod_tracker"):
-                self.mod_tracker = _WholeStepOnly()
+                self.mod_tracker = _WholeStepOnly()  # type: ignore[assignment]
             self.by_dtype: dict[str, int] = {}
             self.device = ""
             self.conv_flops = self.channels_last_flops = 0
