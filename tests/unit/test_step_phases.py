@@ -309,6 +309,50 @@ def test_a_forward_never_seen_is_unavailable_with_the_copy_not_zero(forwards_see
         assert anatomy.shares["other"] == pytest.approx(0.4)
 
 
+@pytest.mark.parametrize("seen_inside", [False, True])
+def test_phases_run_only_inside_the_optimizers_step_are_unavailable_as_counted_there(
+    seen_inside,
+) -> None:
+    """An optimizer's closure: only the optimizer phase took time. Told that the forward and
+    backward started inside it, they are unavailable as counted there (not "not seen", not
+    0 ms), and the copy with them; a forward recomputed inside the backward (activation
+    checkpointing) changes nothing where the forward was timed too."""
+    from traceml_nb.analysis.step_anatomy import (
+        COPY_INSIDE,
+        INSIDE,
+        NO_COPY_WITHOUT_FORWARD,
+        NO_FORWARD,
+        OUTER_WORDS,
+    )
+
+    n = 8
+    wall, wait = np.full(n, 10.0), np.full(n, 1.0)
+    phases = np.zeros((n, len(PHASES)))
+    phases[:, PHASES.index("optimizer")] = 8.0
+    inside = [("optimizer", "forward"), ("optimizer", "backward")] if seen_inside else []
+    anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases), inside=inside)
+    assert anatomy.medians_ms["optimizer"] == 8.0 and anatomy.medians_ms["other"] == 1.0
+    assert sum(anatomy.shares.values()) == pytest.approx(1.0)
+    if seen_inside:
+        where = OUTER_WORDS["optimizer"]
+        assert anatomy.unavailable == {
+            "forward": INSIDE.format(outer=where),
+            "backward": INSIDE.format(outer=where),
+            "copy": COPY_INSIDE.format(outer=where),
+        }
+        assert set(anatomy.shares) == {"data_wait", "optimizer", "other"}
+    else:
+        assert anatomy.unavailable == {"copy": NO_COPY_WITHOUT_FORWARD, "forward": NO_FORWARD}
+        assert anatomy.medians_ms["backward"] == 0.0
+    phases[:, PHASES.index("forward")] = 2.0
+    phases[:, PHASES.index("backward")] = 3.0
+    phases[:, PHASES.index("optimizer")] = 1.0
+    checkpointed = step_anatomy(
+        wall, wait, PhaseRows.of_dense(phases), inside=[("backward", "forward")]
+    )
+    assert checkpointed.unavailable == {} and checkpointed.medians_ms["forward"] == 2.0
+
+
 @pytest.mark.parametrize("values", [[3.0, 1.0, 2.0], [4.0, 1.0, 3.0, 2.0], [5.0]])
 def test_the_weighted_median_is_numpys_with_equal_weights_and_counts_each_by_its_weight(values):
     from traceml_nb.analysis.step_anatomy import weighted_median
@@ -427,6 +471,34 @@ def test_an_optimizers_closure_is_the_optimizer_phase() -> None:
     phases, _ = _run_phases(lbfgs)
     assert len(phases) and (phases[:, 1] == 0).all() and (phases[:, 2] == 0).all()
     assert np.median(phases[:, 3]) >= 2 * (FORWARD_S + BACKWARD_S) * 1e3
+
+
+def test_a_closure_passed_to_step_reports_its_forward_and_backward_inside_the_optimizer():
+    """SGD's ``step(closure)``: the report says where the forward and backward went, and the
+    optimizer's share (the whole step's work) asks for no fused update."""
+    from traceml_nb.analysis import analyze
+    from traceml_nb.analysis.step_anatomy import INSIDE, OUTER_WORDS
+
+    model, loss_fn = Model(), torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
+    with traceml_nb.Run("closure", sample=False) as run:
+        for x, y in _loader(160):  # 20 steps: enough steady ones for a diagnosis
+
+            def closure(x=x, y=y):
+                opt.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+    assert run.record.phases_inside == (("optimizer", "backward"), ("optimizer", "forward"))
+    analysis = analyze(run.record.snapshot(), run.capabilities)
+    why = INSIDE.format(outer=OUTER_WORDS["optimizer"])
+    unavailable = analysis.summary.unavailable
+    assert unavailable["forward_ms_median"] == unavailable["backward_ms_median"] == why
+    assert analysis.summary.phase_shares["optimizer"] > 0.5
+    assert "fused-optimizer" not in [f.code for f in analysis.diagnosis.advice]
+    assert f"forward and backward unavailable ({why})" in str(run.result())
 
 
 def test_a_forward_that_raises_ends_its_phase_and_the_users_error_is_unchanged() -> None:

@@ -12,7 +12,8 @@ constant of :mod:`.thresholds`, each finding with the figures it rests on.
   tensor-core precision: ``channels_last`` for the model and its batches;
 * an optimizer step of at least ``OPTIMIZER_SHARE_ADVICE`` of the step, of an optimizer that
   has a fused update and does not use it: ``fused=True`` (one operation for all parameters,
-  on a CPU as on a GPU).
+  on a CPU as on a GPU); not where the backward ran inside the optimizer's step (a closure),
+  whose share is then the whole step's work.
 """
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ def anatomy_advice(
         found.append(Finding("channels-last", {"conv_share": summary.conv_share}))
     optimizer = shares.get("optimizer")
     unfused = [o.kind for o in optimizers if o.can_fuse]
-    if optimizer is not None and optimizer >= OPTIMIZER_SHARE_ADVICE and unfused:
+    # the update's own share only where the backward was timed apart from it: a closure
+    # passed to ``step()`` runs the forward and the backward inside the optimizer's phase
+    alone = "backward" in shares
+    if optimizer is not None and optimizer >= OPTIMIZER_SHARE_ADVICE and unfused and alone:
         found.append(
             Finding("fused-optimizer", {"optimizer_share": optimizer, "optimizers": unfused})
         )

@@ -23,6 +23,7 @@ steps" is the loop's own count, not the sample's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,6 +59,18 @@ NO_FORWARD = (
     "are not timed; its time is in the rest of the step"
 )
 NO_COPY_WITHOUT_FORWARD = "it ends at the model's forward, which was not seen"
+#: A phase that took no time in the timed steps and started only inside another: the forward
+#: and backward of an optimizer's closure (LBFGS's; ``optimizer.step(closure)``) are part of
+#: the optimizer's step, as the phases are defined (one phase at a time, the outermost).
+INSIDE = "run in the {outer}, so counted there"
+#: ...and the input copy then, which ends at the forward.
+COPY_INSIDE = "it ends at the model's forward, run in the {outer}"
+#: How :data:`INSIDE` names each outer phase.
+OUTER_WORDS = {
+    "forward": "model's forward",
+    "backward": "backward",
+    "optimizer": "optimizer's closure",
+}
 #: Where optimizer steps ran in the timed steps and none was timed: a step compiled with
 #: ``torch.compile`` runs our pre-step hook inside its graph, where it does nothing.
 NO_OPTIMIZER = (
@@ -93,12 +106,14 @@ def step_anatomy(
     *,
     stepped: np.ndarray | None = None,
     gpu: tuple[PhaseRows, np.ndarray, np.ndarray] | None = None,
+    inside: Iterable[tuple[str, str]] = (),
 ) -> StepAnatomy:
     """The anatomy of the steps whose ``wall_ms`` and ``wait_ms`` are given, with the
     ``PHASES`` of those that have them in ``phase_ms`` (positions among the steps);
     ``stepped``: whether an optimizer step ran in each step (None: the timed steps are taken
     as they are); on a GPU, ``gpu`` is the steps' ``(phases on the GPU timeline, GPU stall,
-    GPU span)``, ms, NaN where unresolved, and the anatomy is theirs."""
+    GPU span)``, ms, NaN where unresolved, and the anatomy is theirs; ``inside``: the
+    ``(outer, inner)`` phases that started inside another (``RunRecord.phases_inside``)."""
     if gpu is not None:
         phase_ms, stall, span = gpu
         wall_ms, wait_ms = stall + span, stall  # NaN where either is unresolved
@@ -116,9 +131,7 @@ def step_anatomy(
         known[rows] = True
         w = timed_weights(stepped, known)
     other = np.maximum(0.0, wall - wait - phases.sum(axis=1))
-    unavailable = {}
-    if not phases[:, PHASES.index("forward")].any():  # the copy was never ended, nor timed
-        unavailable = {"copy": NO_COPY_WITHOUT_FORWARD, "forward": NO_FORWARD}
+    unavailable = _untimed(phases, inside)
     optimizer = phases[:, PHASES.index("optimizer")]
     if stepped is not None and stepped[rows].any() and not optimizer.any():
         unavailable["optimizer"] = NO_OPTIMIZER
@@ -144,6 +157,23 @@ def step_anatomy(
                 weighted_median(phases[ran, i], None if w is None else w[ran]),
             )
     return StepAnatomy(medians, shares, occasional=occasional, unavailable=unavailable)
+
+
+def _untimed(phases: np.ndarray, inside: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The phases that took no time in any timed step while others did, and why: run only
+    inside another phase (``inside``), or a forward not seen (the copy, which ends at it, goes
+    with it)."""
+    outer_of = {inner: outer for outer, inner in sorted(inside, reverse=True) if outer != inner}
+    unavailable = {}
+    for i, name in enumerate(PHASES):
+        if name in outer_of and not phases[:, i].any():
+            unavailable[name] = INSIDE.format(outer=OUTER_WORDS[outer_of[name]])
+    if not phases[:, PHASES.index("forward")].any():  # the copy was never ended, nor timed
+        if "forward" in unavailable:
+            unavailable["copy"] = COPY_INSIDE.format(outer=OUTER_WORDS[outer_of["forward"]])
+        else:
+            unavailable.update(copy=NO_COPY_WITHOUT_FORWARD, forward=NO_FORWARD)
+    return unavailable
 
 
 def timed_weights(stepped: np.ndarray, timed: np.ndarray) -> np.ndarray | None:

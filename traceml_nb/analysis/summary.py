@@ -70,6 +70,8 @@ class Measurements:
     gpu_in_use: bool
     loader: LoaderInfo | None
     optimizers: tuple[OptimizerInfo, ...]  #: the optimizers that stepped, first step first
+    #: ``(outer, inner)`` phases that started inside another (``RunRecord.phases_inside``)
+    phases_inside: tuple[tuple[str, str], ...]
     cpus: int | None
     elapsed_s: float
     run_wait_s: float  #: data wait of every measured step, warm-up included
@@ -210,6 +212,7 @@ def measure(
         gpu_in_use=capabilities.ok("gpu_events") or bool(snapshot.gpus),
         loader=training_loader(snapshot, sel),
         optimizers=snapshot.optimizers,
+        phases_inside=snapshot.phases_inside,
         cpus=resolve_cpus(cpus_available, host),
         elapsed_s=_elapsed_s(snapshot, cols),
         run_wait_s=float(sel.wait_ms[eligible].sum()) / 1e3,
@@ -340,6 +343,7 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         m.phase_ms,
         stepped=(m.flags & FLAG_OPTIMIZER_STEP) != 0,
         gpu=(m.gpu_phase_ms, m.stall_ms, m.span_ms) if on_gpu else None,
+        inside=m.phases_inside,
     )
     medians: dict[str, Any] = {
         name: anatomy.medians_ms.get(part) for part, name in MEDIAN_FIELDS.items()

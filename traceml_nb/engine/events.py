@@ -41,6 +41,8 @@ FETCH, EXHAUSTED, OPTIMIZER_STEP, MARKER, EPOCH_STARTED, ITERATOR_STARTED, PHASE
 #: What a :class:`Phase` spanned (its ``phase`` field): the model's forward (the outermost
 #: modules' calls), the autograd backward, the optimizer's ``step()``.
 FORWARD, BACKWARD, OPTIMIZER = range(3)
+#: Each of those by its name (the analysis's).
+PHASE_NAMES = ("forward", "backward", "optimizer")
 
 
 class _Event(tuple):  # type: ignore[type-arg]

@@ -186,6 +186,9 @@ class RunRecord:
     flops: FlopCount | None = None
     #: the optimizers that stepped, in the order of their first step
     optimizers: list[OptimizerInfo] = field(default_factory=list)
+    #: ``(outer, inner)`` phase names of each phase that started inside another and was timed
+    #: as part of it (an optimizer's closure: ``("optimizer", "forward")``), set as the run ends
+    phases_inside: tuple[tuple[str, str], ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -216,6 +219,7 @@ class RunRecord:
             profile=self.profile,
             flops=self.flops,
             optimizers=tuple(self.optimizers),
+            phases_inside=self.phases_inside,
         )
 
 
@@ -237,3 +241,4 @@ class RecordSnapshot:
     profile: ProfileCapture | None = None  #: see ``RunRecord.profile`` (not a copy: final)
     flops: FlopCount | None = None  #: see ``RunRecord.flops``
     optimizers: tuple[OptimizerInfo, ...] = ()  #: see ``RunRecord.optimizers``
+    phases_inside: tuple[tuple[str, str], ...] = ()  #: see ``RunRecord.phases_inside``

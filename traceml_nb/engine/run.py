@@ -364,6 +364,7 @@ class Run:
         except Exception as exc:
             self.capabilities.note(f"the FLOP counter could not be stopped: {exc}")
         try:
+            self.record.phases_inside = hooks.phases_inside()
             for note in hooks.uninstall():
                 self.capabilities.note(note)
         finally:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import EventLike
+from ..events import PHASE_NAMES, EventLike
 from .flop_count import FlopWindow
 from .profiler import ProfileWindow
 from .step_phases import StepPhases
@@ -228,3 +228,12 @@ def _uninstall_in_forked_child() -> None:
 def is_installed() -> bool:
     """True while a run's tracer is receiving events."""
     return _installed is not None
+
+
+def phases_inside() -> tuple[tuple[str, str], ...]:
+    """``(outer, inner)`` phase names of each phase the installed run's instruments saw start
+    inside another (``RunRecord.phases_inside``); () when none is installed."""
+    if _installed is None:
+        return ()
+    inside = _installed.phases.clock.inside
+    return tuple(sorted((PHASE_NAMES[outer], PHASE_NAMES[inner]) for outer, inner in inside))

@@ -39,12 +39,16 @@ class PhaseClock:
         self.depth = 0  #: phases open, nested ones included
         self.phase = -1  #: the outermost open phase, -1 when none
         self.t_start = 0
+        #: ``(outer, inner)`` of each phase that started while another was open (an
+        #: optimizer's closure: ``(OPTIMIZER, FORWARD)``), whose time is the outer one's
+        self.inside: set[tuple[int, int]] = set()
 
     def start(self, phase: int) -> None:
         if self.compiling() or threading.get_ident() != self.thread:
             return
         if self.depth:
             self.depth += 1
+            self.inside.add((self.phase, phase))
             return
         self.depth = 1
         self.phase = phase
