@@ -18,6 +18,7 @@ from traceml_nb.analysis.findings import Diagnosis, Finding
 from traceml_nb.analysis.input_bound import (
     CAUSE_CPU_SATURATED,
     CAUSE_FIRST_EPOCH,
+    CAUSE_IN_MEMORY,
     CAUSE_PAGEABLE,
     CAUSE_STORAGE,
     CAUSE_TOO_FEW_WORKERS,
@@ -107,10 +108,17 @@ def gpu_run(
     gpu: dict | None = None,
     batch: int = 64,
     caps: Capabilities | None = None,
+    dataset_type: str = "TensorDataset",
 ) -> Analysis:
     """A CUDA run whose GPU sat idle waiting for input ``stall_share`` of the step time."""
     b = RecordBuilder()
-    b.loader(num_workers=workers, pin_memory=pin, persistent_workers=persistent, batch_size=batch)
+    b.loader(
+        num_workers=workers,
+        pin_memory=pin,
+        persistent_workers=persistent,
+        batch_size=batch,
+        dataset_type=dataset_type,
+    )
     wait = stall_share if wait_share is None else wait_share
     b.steps(steps, STEP_MS, STEP_MS * wait, stall_ms=STEP_MS * stall_share, batch=batch)
     b.samples("host", **(host if host is not None else {**IDLE_HOST, "workers": workers}))
@@ -414,7 +422,13 @@ def test_pageable_copies():
 
 def test_idle_workers_wait_on_storage():
     d = gpu_run(
-        0.44, 51.0, workers=2, pin=True, persistent=True, host=saturated_host(20.0)
+        0.44,
+        51.0,
+        workers=2,
+        pin=True,
+        persistent=True,
+        host=saturated_host(20.0),
+        dataset_type="ImageFolder",
     ).diagnosis
     assert d.cause == CAUSE_STORAGE
     assert said(d).advice[0] == (
@@ -430,6 +444,56 @@ def test_idle_workers_wait_on_storage():
     assert said(d).wont_help == ["A faster CPU: the workers are not CPU-bound."]
 
 
+def test_idle_workers_of_a_dataset_in_memory_wait_on_no_storage():
+    """A TensorDataset with workers on few CPUs (MNIST in memory, ``num_workers=2``): the
+    workers are idle, not for storage but for the hand-over and the CPU the loop takes;
+    no more workers are asked for, and what to set is left to measuring."""
+    d = gpu_run(
+        0.44, 51.0, workers=2, pin=True, persistent=True, host=saturated_host(20.0)
+    ).diagnosis
+    assert d.cause == CAUSE_IN_MEMORY
+    assert said(d).cause == (
+        "batches in memory, handed over by worker processes (no storage to wait on)"
+    )
+    assert said(d).advice[0] == (
+        "The dataset is a TensorDataset, already in memory: its workers wait on no storage "
+        "(the 2 workers use 40% CPU (20% each) and the system CPU is at 50%). The loop waits "
+        "while each batch is handed over from a worker process, and on few CPUs the workers "
+        "take CPU from the training process. Try num_workers=0 with each batch made in one call "
+        "(slice the tensors, or give the dataset a __getitems__), and keep whichever is faster."
+    )
+    assert said(d).advice[1].startswith("To measure the DataLoader settings")
+    assert "num_workers=4" not in " ".join(said(d).advice)
+    assert said(d).wont_help == [
+        "More DataLoader workers: the samples are already in memory; more processes add "
+        "hand-overs and take CPU from the training process."
+    ]
+
+
+def test_a_tiny_step_waiting_for_workers_is_a_hand_over_not_indexing_in_the_loop():
+    d = cpu_run(0.5, step_ms=0.4, workers=2).diagnosis
+    assert d.verdict == "compute-bound"
+    assert said(d).title == (
+        "Compute-bound: the steps are very short (0.4 ms): 50% of each is receiving its batch "
+        "from 2 DataLoader worker processes (the hand-over between processes, no input pipeline "
+        "that lags), the rest is the model's work"
+    )
+    assert said(d).advice == [
+        "Make the batches in the training process: with num_workers=2 each batch is handed "
+        "over from a worker process, which costs about as much as making it. Try num_workers=0 "
+        "with each batch made in one call (give the dataset a __getitems__, or slice the "
+        "tensors directly), and keep whichever is faster."
+    ]
+    assert (
+        said(d)
+        .also[0]
+        .endswith(
+            "the cost of handing each batch over from a worker process, not an input pipeline that "
+            "lags."
+        )
+    )
+
+
 def test_unknown_cause_without_host_sampling():
     d = gpu_run(0.44, 51.0, workers=2, pin=True, persistent=True, host={}).diagnosis
     assert d.cause == CAUSE_UNKNOWN
@@ -440,9 +504,11 @@ def test_unknown_cause_without_host_sampling():
     )
 
 
-def first_epoch_run(first_share: float, later_share: float) -> Diagnosis:
+def first_epoch_run(
+    first_share: float, later_share: float, dataset_type: str = "ImageFolder"
+) -> Diagnosis:
     b = RecordBuilder()
-    b.loader(num_workers=2, pin_memory=True, persistent_workers=True)
+    b.loader(num_workers=2, pin_memory=True, persistent_workers=True, dataset_type=dataset_type)
     b.steps(50, STEP_MS, STEP_MS * first_share, flags=0, epoch_len=50)
     b.steps(100, STEP_MS, STEP_MS * later_share, epoch_len=50)
     b.samples("host", **saturated_host(20.0))
@@ -466,6 +532,9 @@ def test_first_epoch_factor_both_sides():
     assert d.verdict == "input-bound"
     assert d.cause == CAUSE_STORAGE  # the idle workers, not the first epoch
     assert said(d).advice[1].startswith("The workers are mostly idle")
+    # tensors in memory read from no storage, on the first epoch or later
+    in_memory = first_epoch_run(FIRST_EPOCH_FACTOR * later + 0.01, later, "TensorDataset")
+    assert in_memory.cause == CAUSE_IN_MEMORY
 
 
 def test_first_epoch_pattern_needs_later_epochs_below_the_input_share():
@@ -831,7 +900,7 @@ def test_optimizer_steps_on_cpu_with_a_loader():
 
 def test_a_one_epoch_run_is_never_said_to_be_slow_on_its_first_epoch():
     b = RecordBuilder()
-    b.loader(num_workers=2, pin_memory=True, persistent_workers=True)
+    b.loader(num_workers=2, pin_memory=True, persistent_workers=True, dataset_type="ImageFolder")
     b.steps(150, STEP_MS, STEP_MS * 0.5, epoch_len=1000)  # one epoch, waiting half the time
     b.samples("host", **saturated_host(20.0))
     d = analyze(b.finish(), cpu_capabilities(), warmup=0, cpus_available=2).diagnosis

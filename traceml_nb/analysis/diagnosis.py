@@ -43,7 +43,8 @@ from .throttle import find_throttling
 ANATOMY_VERDICTS = ("compute-bound", "host-bound", "memory-pressure", "throttled")
 
 #: The advice for steps that spend a large share making tiny batches (``Facts.tiny_steps``):
-#: make each batch in one call (a dataset's ``__getitems__``, or slicing the tensors).
+#: make each batch in one call (a dataset's ``__getitems__``, or slicing the tensors), in the
+#: training process where workers hand the batches over (``workers`` in its facts).
 BATCHED_INDEXING = "batched-indexing"
 
 
@@ -206,11 +207,12 @@ def _compute_bound(f: Facts) -> Diagnosis:
         advice = []
         conf = "low"
     elif f.tiny_steps:
+        workers = m.loader.num_workers if m.loader is not None else 0
         title = Finding(
             "compute-bound-tiny-steps",
-            {"step_ms": f.summary.step_ms_median, "input_share": sig.share},
+            {"step_ms": f.summary.step_ms_median, "input_share": sig.share, "workers": workers},
         )
-        advice = [Finding(BATCHED_INDEXING)]
+        advice = [Finding(BATCHED_INDEXING, {"workers": workers} if workers else {})]
         conf = confidence(False, m.steady)
     else:
         title = Finding("compute-bound-cpu", _input_facts(f))
@@ -256,6 +258,7 @@ def _secondary(f: Facts, verdict: str) -> list[Finding]:
                         "input_share": sig.share,
                         "per_step_ms": sig.per_step_ms,
                         "floor_ms": MIN_INPUT_WAIT_MS,
+                        "workers": f.m.loader.num_workers if f.m.loader is not None else 0,
                     },
                 )
             )

@@ -20,6 +20,7 @@ from ..analysis.gpu_busy import GPM
 from ..analysis.input_bound import (
     CAUSE_CPU_SATURATED,
     CAUSE_FIRST_EPOCH,
+    CAUSE_IN_MEMORY,
     CAUSE_PAGEABLE,
     CAUSE_STORAGE,
     CAUSE_TOO_FEW_WORKERS,
@@ -27,6 +28,7 @@ from ..analysis.input_bound import (
 )
 from .anatomy_words import ANATOMY_SENTENCES
 from .evidence_words import EVIDENCE_SENTENCES
+from .profile_words import PROFILE_SENTENCES
 
 Facts = dict[str, Any]
 
@@ -37,6 +39,7 @@ CAUSES = {
     CAUSE_PAGEABLE: "host-to-device copies from pageable memory",
     CAUSE_FIRST_EPOCH: "slow storage on the first epoch (later epochs read from the cache)",
     CAUSE_STORAGE: "slow storage (the workers are idle, yet cannot keep up)",
+    CAUSE_IN_MEMORY: "batches in memory, handed over by worker processes (no storage to wait on)",
     CAUSE_UNKNOWN: "input pipeline too slow (worker CPU unavailable)",
 }
 
@@ -163,54 +166,6 @@ def _left_out(what: str) -> Callable[[Facts], str]:
     return sentence
 
 
-def _op_where(op: Facts) -> str:
-    """``line 17 (`loss = ...`)``, or '' where the profile found no cell line."""
-    if op.get("line") is None:
-        return ""
-    return f"line {op['line']} (`{op['code']}`)" if op.get("code") else f"line {op['line']}"
-
-
-def _profile_sync(f: Facts) -> str:
-    sync = f["sync"]
-    every = "every step" if sync["calls_per_step"] >= 1 else "in some steps"
-    who = _op_where(sync) or f"`{sync['op']}`"
-    return (
-        f"{who} waits for the GPU {every}: {fmt_ms(sync['ms_per_step'])} of "
-        f"{fmt_ms(f['step_ms'])} a step ({sync['op']})"
-    )
-
-
-def _profile_launch_bound(f: Facts) -> str:
-    top = f.get("top")
-    lead = ""
-    if top:
-        where = f", {_op_where(top)}" if top.get("line") else ""
-        lead = f"; the host's top operator is `{top['name']}` ({top['share']:.0%}{where})"
-    return (
-        f"the GPU ran no kernel {f['idle_share']:.0%} of the profiled time: the host "
-        f"does not launch work fast enough{lead}"
-    )
-
-
-def _profile_top_op(f: Facts) -> str:
-    op = f["op"]
-    where = _op_where(op)
-    per_step = f"{fmt_ms(op['ms_per_step'])} of {fmt_ms(f['step_ms'])} a step"
-    frame = op.get("frame")
-    inner = f" ({frame})" if frame and frame != f"line {op.get('line')}" else ""
-    if op.get("python"):
-        return (
-            f"the Python code of {where or op['name']}{inner} takes {op['share']:.0%} of the "
-            f"profiled steps' host time outside PyTorch's operators ({per_step}), the Python "
-            "functions it calls included"
-        )
-    called = f", called from {where}{inner}" if where else ""
-    return (
-        f"`{op['name']}` takes {op['share']:.0%} of the profiled steps' host time "
-        f"({per_step}, {op['calls_per_step']:,.0f} calls){called}"
-    )
-
-
 #: The sentence of each finding code, from its facts.
 SENTENCES: dict[str, Callable[[Facts], str]] = {
     TEXT: lambda f: str(f.get("text", "")),
@@ -250,8 +205,8 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
     ),
     "compute-bound-tiny-steps": lambda f: (
         f"Compute-bound: the steps are very short ({fmt_ms(f['step_ms'])}): "
-        f"{fmt_share(f['input_share'])} of each is making its batch in the training process "
-        "(indexing and collating, no input pipeline to wait for), the rest is the model's work"
+        f"{fmt_share(f['input_share'])} of each is {_making_batches(f)}, the rest is the "
+        "model's work"
     ),
     "compute-bound-cpu": lambda f: (
         "Compute-bound: the steps spend their time computing, not waiting for data "
@@ -287,7 +242,16 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         "The GPU is the limit: speed-ups come from the model side (mixed precision with "
         "torch.autocast, channels_last, torch.compile)."
     ),
-    "batched-indexing": lambda f: BATCHED_INDEXING_TEXT,
+    "batched-indexing": lambda f: (
+        BATCHED_INDEXING_TEXT
+        if not f.get("workers")
+        else (
+            f"Make the batches in the training process: with num_workers={f['workers']} each "
+            "batch is handed over from a worker process, which costs about as much as making "
+            "it. Try num_workers=0 with each batch made in one call (give the dataset a "
+            "__getitems__, or slice the tensors directly), and keep whichever is faster."
+        )
+    ),
     "cpu-is-the-limit": lambda f: (
         "The CPU computing the model is the limit: a GPU, or a smaller model or inputs, is what "
         "makes it faster."
@@ -333,6 +297,13 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         "reads; better still, copy the dataset to local disk or memory, or use fewer, larger "
         "files."
     ),
+    "in-memory-workers": lambda f: (
+        f"The dataset is a {f['dataset_type']}, already in memory: its workers wait on no "
+        f"storage ({_saturation(f)}). The loop waits while each batch is handed over from a "
+        "worker process, and on few CPUs the workers take CPU from the training process. Try "
+        "num_workers=0 with each batch made in one call (slice the tensors, or give the dataset "
+        "a __getitems__), and keep whichever is faster."
+    ),
     "workers-bound-unknown": lambda f: (
         "The loader already has a worker per CPU; whether its workers are CPU- or "
         f"storage-bound is unknown (worker CPU unavailable: {f['why']})."
@@ -341,6 +312,10 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
     "more-workers-for-tiny-batches": lambda f: (
         f"More DataLoader workers: at {fmt_ms(f['per_step_ms'])} a batch, handing each batch "
         "over from a worker process costs about as much as making it in the training loop."
+    ),
+    "more-workers-in-memory": lambda f: (
+        "More DataLoader workers: the samples are already in memory; more processes add "
+        "hand-overs and take CPU from the training process."
     ),
     "loader-tuning-minor": lambda f: (
         f"DataLoader tuning (workers, pin_memory, prefetch): {_input_label(f['input_kind'])} is "
@@ -393,7 +368,12 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
     "input-of-tiny-steps": lambda f: (
         f"The {_input_label(f['input_kind'])} is {fmt_share(f['input_share'])} of a very short "
         f"step ({fmt_ms(f['per_step_ms'])} per step, below the {fmt_ms(f['floor_ms'])} floor): "
-        "the cost of indexing and collating each batch, not an input pipeline that lags."
+        + (
+            "the cost of handing each batch over from a worker process"
+            if f.get("workers")
+            else "the cost of indexing and collating each batch"
+        )
+        + ", not an input pipeline that lags."
     ),
     "minor-input-stalls": lambda f: (
         f"Minor input stalls: {_input_label(f['input_kind'])} is "
@@ -419,10 +399,7 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         "ran, and small kernels keep it high while most SMs are idle (SM activity "
         f"{fmt_pct(f['sm_active_pct'])})."
     ),
-    # what the profile names
-    "profile-sync": _profile_sync,
-    "profile-launch-bound": _profile_launch_bound,
-    "profile-top-op": _profile_top_op,
+    **PROFILE_SENTENCES,
     **EVIDENCE_SENTENCES,
     **ANATOMY_SENTENCES,
 }
@@ -439,6 +416,21 @@ def sentence(finding: Finding) -> str:
             pass
     facts = ", ".join(f"{k}={v}" for k, v in finding.facts.items())
     return f"{finding.code} ({facts})" if facts else finding.code
+
+
+def _making_batches(f: dict[str, Any]) -> str:
+    """What a tiny step's data wait is: the batch made in the loop, or handed over."""
+    workers = f.get("workers")
+    if workers:
+        return (
+            f"receiving its batch from {workers} DataLoader worker process"
+            f"{'es' if workers > 1 else ''} (the hand-over between processes, no input "
+            "pipeline that lags)"
+        )
+    return (
+        "making its batch in the training process (indexing and collating, no input pipeline "
+        "to wait for)"
+    )
 
 
 def cause_words(cause: str | None) -> str | None:
