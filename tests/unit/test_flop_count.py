@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import traceml_nb
 from traceml_nb.analysis import analyze
 from traceml_nb.analysis.steps import select_rows
+from traceml_nb.analysis.summary import EVALUATION_COUNTED
 from traceml_nb.engine import flop_capture
 from traceml_nb.engine.instrument import flop_count
 from traceml_nb.engine.record import FLAG_FLOP_COUNTED
@@ -65,7 +66,7 @@ def test_the_count_is_flop_counter_mode_on_the_same_step_and_that_step_is_left_o
     assert count.flops == pytest.approx(by_hand.get_total_flops(), rel=0.05)
     assert count.flops > 0 and _dispatch_modes() == 0
     summary = analyze(run.record.snapshot(), run.capabilities).summary
-    assert summary.flop_counted_steps == 1
+    assert summary.flop_counted_steps == summary.flop_window_steps == 1
     assert summary.flops_per_step == count.flops
     compute_s = summary.compute_ms_median / 1e3  # the median rest of the steady steps
     assert summary.achieved_tflops == pytest.approx(count.flops / compute_s / 1e12)
@@ -104,6 +105,58 @@ def test_a_step_taking_the_gradient_of_its_input_runs_as_without_the_run_and_is_
     count = run.record.flops
     assert count is not None and count.why == ""
     assert count.flops > without_penalty.get_total_flops()  # the penalty's double backward too
+
+
+def test_under_gradient_accumulation_the_count_over_a_cycle_is_divided_by_its_steps() -> None:
+    """The count spans one optimizer step's cycle: 4 batches of forward and backward, then the
+    step. Per step (a batch, as every other figure) it is a quarter of that, as FlopCounterMode
+    counts one plain step by hand; the FLOP/s and the MFU follow from it, not 4x."""
+    accumulation = 4
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with traceml_nb.Run("accumulation", sample=False) as run:
+        for i, (x, y) in enumerate(_loader(8 * 40)):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if i % accumulation == accumulation - 1:
+                opt.step()
+                opt.zero_grad()
+    x, y = next(iter(_loader()))
+    with FlopCounterMode(display=False) as by_hand:
+        _step(model, opt, x, y)
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.flop_window_steps == accumulation
+    assert summary.flops_per_step == pytest.approx(by_hand.get_total_flops(), rel=0.05)
+    assert run.record.flops.flops == pytest.approx(accumulation * summary.flops_per_step)
+    compute_s = summary.compute_ms_median / 1e3
+    assert summary.achieved_tflops == pytest.approx(summary.flops_per_step / compute_s / 1e12)
+    assert "(counted over 4 steps, their mean)" in str(run.result())
+
+
+@pytest.mark.parametrize("evaluate_at", [0, 5])
+def test_an_evaluation_while_the_count_is_open_makes_it_unavailable_not_inflated(evaluate_at):
+    """``if i % 10 == 0: evaluate()`` after the optimizer step runs an evaluation right after
+    the first step, inside the count (which opens there): its forwards are no training step's.
+    An evaluation elsewhere leaves the count as it is."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with traceml_nb.Run("evaluated", sample=False) as run:
+        for i, (x, y) in enumerate(_loader()):
+            _step(model, opt, x, y)
+            if i % 10 == evaluate_at:
+                with torch.no_grad():
+                    for vx, _ in _loader(64):
+                        model(vx)
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.interleaved_steps >= 1
+    if evaluate_at == 0:
+        assert summary.flops_per_step is None and summary.achieved_tflops is None
+        assert summary.unavailable["flops_per_step"] == EVALUATION_COUNTED
+        assert summary.unavailable["mfu"] == EVALUATION_COUNTED
+    else:
+        x, y = next(iter(_loader()))
+        with FlopCounterMode(display=False) as by_hand:
+            _step(model, opt, x, y)
+        assert summary.flops_per_step == pytest.approx(by_hand.get_total_flops(), rel=0.05)
 
 
 def test_a_long_end_of_the_step_before_the_count_does_not_make_it_counted() -> None:

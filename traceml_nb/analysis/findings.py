@@ -104,8 +104,12 @@ class Summary:
     phases_on_gpu: bool = False
     #: steps the FLOP count slowed, left out of the statistics
     flop_counted_steps: int = 0
+    #: steps that began inside the FLOP count: one optimizer step's cycle (several under
+    #: gradient accumulation, or where a second optimizer steps in between)
+    flop_window_steps: int = 0
     #: floating-point operations of one training step (a multiply-add counts 2), counted once
-    #: with FlopCounterMode (:mod:`traceml_nb.engine.instrument.flop_count`)
+    #: with FlopCounterMode (:mod:`traceml_nb.engine.instrument.flop_count`) over
+    #: ``flop_window_steps`` steps, divided by them
     flops_per_step: float | None = None
     #: those FLOPs over the median rest of the step (the step less its data wait), TFLOP/s
     achieved_tflops: float | None = None

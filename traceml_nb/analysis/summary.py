@@ -29,6 +29,13 @@ from .steps import StepSelection, phases, select_rows, training_loader
 from .warmup import WarmupSpec, detect_warmup
 
 NO_STEPS = "no steady steps yet"
+#: The FLOP count is no training step's where a step an evaluation ran inside overlaps it: an
+#: evaluation run after the first optimizer step (``if step % N == 0: evaluate()``) runs while
+#: the count is open, and its forwards would be counted as the step's.
+EVALUATION_COUNTED = (
+    "an evaluation ran while the step's FLOPs were counted: its FLOPs cannot be told from the "
+    "training step's"
+)
 NO_LOADER = "no DataLoader was iterated: data loading outside a torch DataLoader is not measured"
 MARKER_STALLS = (
     "GPU input stalls are measured per DataLoader batch, and these steps are not batches"
@@ -248,18 +255,35 @@ def _batch_size(m: Measurements, batches: np.ndarray) -> int | None:
     return None
 
 
+def _evaluation_counted(sel: StepSelection, window_ns: tuple[int, int] | None) -> bool:
+    """A step an evaluation ran inside overlaps the FLOP count's window (ns, as the steps')."""
+    if window_ns is None:
+        return False
+    begin, end = window_ns
+    start = sel.start_s * 1e9
+    inside = (start < end) & (start + sel.wall_ms * 1e6 > begin)
+    return bool((inside & ((sel.flags & FLAG_INTERLEAVED) != 0)).any())
+
+
 def _flop_figures(
     snapshot: RecordSnapshot, m: Measurements, unavailable: dict[str, str]
 ) -> dict[str, Any]:
-    """The FLOPs per step, their shares by precision, the FLOP/s they make over the median
+    """The FLOPs per step (the count over the steps that began inside it, divided by them),
+    their shares by precision, the FLOP/s they make over the median
     rest of the steady steps (the step less its data wait; on a GPU its span on the GPU
     timeline, from the batch's arrival to the next fetch, where resolved), the MFU and the peak
     it is against (:mod:`.peak_flops`); each missing one with why in ``unavailable``."""
     count = snapshot.flops
-    flops = float(count.flops) if count is not None and count.flops is not None else None
+    window = int(((m.selection.flags & FLAG_FLOP_COUNTED) != 0).sum())
+    flops, why = None, "the run counted no FLOPs"
+    if count is not None and count.flops is not None:
+        flops = float(count.flops) / max(1, window)  # accumulation: a count over its cycle
+        if _evaluation_counted(m.selection, count.window_ns):
+            flops, why = None, EVALUATION_COUNTED
+    elif count is not None:
+        why = count.why
     achieved = None
     if flops is None:
-        why = count.why if count is not None else "the run counted no FLOPs"
         unavailable["flops_per_step"] = unavailable["achieved_tflops"] = why
     elif m.steady:
         spans = m.span_ms[np.isfinite(m.span_ms)] if m.gpu_in_use else m.span_ms[:0]
@@ -267,7 +291,11 @@ def _flop_figures(
         achieved = flops / (compute_ms / 1e3) / 1e12 if compute_ms > 0 else None
     if achieved is None and "achieved_tflops" not in unavailable:
         unavailable["achieved_tflops"] = NO_STEPS
-    figures: dict[str, Any] = {"flops_per_step": flops, "achieved_tflops": achieved}
+    figures: dict[str, Any] = {
+        "flops_per_step": flops,
+        "achieved_tflops": achieved,
+        "flop_window_steps": window if flops is not None else 0,
+    }
     if count is not None and count.by_dtype:
         total = sum(count.by_dtype.values())
         figures["flop_precisions"] = {k: v / total for k, v in count.by_dtype.items()}

@@ -129,11 +129,14 @@ def _step_phases(s: Summary, v: float) -> str:
 
 
 def _flops(s: Summary, v: float) -> str:
-    """``3.2 GFLOP (counted on one step)``."""
+    """``3.2 GFLOP (counted on one step)``; ``(counted over 4 steps, their mean)`` where the
+    count spanned an optimizer step's cycle of several."""
+    n = s.flop_window_steps
+    how = f"counted over {n:,} steps, their mean" if n > 1 else "counted on one step"
     for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
         if v >= scale:
-            return f"{v / scale:.3g} {unit} (counted on one step)"
-    return f"{v:.0f} FLOP (counted on one step)"
+            return f"{v / scale:.3g} {unit} ({how})"
+    return f"{v:.0f} FLOP ({how})"
 
 
 def _tflops(s: Summary, v: float) -> str:
