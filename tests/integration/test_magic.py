@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 from ipython_shell import traceml_shell
 
 from traceml_nb.api import default_session
+from traceml_nb.notebook.cell import TOP_LEVEL_AWAIT
 from traceml_nb.session.result import RunResult
 
 
@@ -177,6 +178,27 @@ def test_syntax_error_points_at_the_cell_line_and_runs_nothing(ip, capsys):
     assert result.error_in_exec.lineno == 3
     assert ip.user_ns["side_effects"] == []
     assert session_history().entries == []
+
+
+def test_a_top_level_await_says_how_to_measure_an_async_loop(ip):
+    """IPython runs a plain cell that awaits as a coroutine; a cell magic cannot (``%%time``
+    fails the same way): the error says what to do instead, and that works."""
+    result = run(ip, "%%traceml\nimport asyncio\nawait asyncio.sleep(0)\n")
+    assert isinstance(result.error_in_exec, SyntaxError)
+    assert result.error_in_exec.lineno == 3
+    assert result.error_in_exec.msg == f"'await' outside function: {TOP_LEVEL_AWAIT}"
+    assert session_history().entries == []
+    instead = (
+        "import asyncio, traceml_nb\n"
+        "x = torch.randn(4, 8)\n"
+        'with traceml_nb.Run("async") as run:\n'
+        "    for _ in range(12):\n"
+        "        await asyncio.sleep(0)\n"
+        "        model(x).sum().backward(); opt.step(); opt.zero_grad()\n"
+    )
+    assert ip.run_cell(instead).success
+    assert ip.user_ns["run"].status == "completed"
+    assert ip.user_ns["run"].record.optimizer_steps == 12
 
 
 def test_out_stores_a_result_object(ip):

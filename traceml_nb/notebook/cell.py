@@ -18,6 +18,13 @@ from typing import Any
 from IPython.core.displayhook import DisplayHook
 
 NAME_MAX_CHARS = 60
+#: What a cell with a top-level ``await`` is told: IPython runs such a cell as a coroutine on
+#: the kernel's event loop, which a cell magic (ours, ``%%time``'s) cannot do from inside it.
+TOP_LEVEL_AWAIT = (
+    "a %%traceml cell runs as plain code, as a %%time cell does, so it cannot await at its top "
+    "level; measure an async loop in a plain cell instead: "
+    'with traceml_nb.Run("name") as run: ...'
+)
 
 
 @dataclass(frozen=True)
@@ -149,13 +156,18 @@ def compile_cell(shell: Any, cell: str, context: CellContext) -> CompiledCell:
     if DisplayHook.semicolon_at_end_of_expression(transformed):
         interactivity = "none"
     statements, displayed = _split_interactive(list(tree.body), interactivity)
-    return CompiledCell(
-        statements=shell.compile(ast.Module(statements, type_ignores=[]), filename, "exec"),
-        displayed=[
-            shell.compile(ast.Interactive([node]), filename, "single") for node in displayed
-        ],
-        filename=filename,
-    )
+    try:
+        return CompiledCell(
+            statements=shell.compile(ast.Module(statements, type_ignores=[]), filename, "exec"),
+            displayed=[
+                shell.compile(ast.Interactive([node]), filename, "single") for node in displayed
+            ],
+            filename=filename,
+        )
+    except SyntaxError as exc:
+        if exc.msg == "'await' outside function":
+            exc.msg = f"{exc.msg}: {TOP_LEVEL_AWAIT}"
+        raise
 
 
 def execute(compiled: CompiledCell, namespace: dict[str, Any]) -> None:
