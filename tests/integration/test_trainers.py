@@ -105,6 +105,35 @@ def test_transformers_trainer_counts_its_own_steps_and_one_evaluation_phase(tmp_
     assert loader.startswith("dataloader_num_workers=0, dataloader_pin_memory=")
 
 
+def test_a_trainer_accumulating_gradients_has_a_step_per_optimizer_step(tmp_path):
+    """The Trainer fetches every batch of a gradient-accumulation cycle, then trains on them:
+    the steps are its optimizer steps (its own count), each with the cycle's forwards and
+    backwards. Stepped by fetches, half the steps were a bare fetch and the others the whole
+    cycle: a median step of a fetch, and FLOP/s beyond any CPU's."""
+    transformers = pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(
+        vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, logging_steps=1000, save_strategy="no", report_to=[],
+        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = transformers.Trainer(
+        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(400)
+    )
+    with traceml_nb.Run("hf-accumulation", sample=False) as run:
+        trainer.train()
+    summary = result_of(run).summary
+    assert summary.total_steps == trainer.state.global_step == 8
+    assert summary.occasional_phases == {}  # every step has its forwards, backwards, update
+    assert summary.step_ms_median > summary.forward_ms_median + summary.backward_ms_median
+    assert summary.flop_window_steps == 1 and summary.achieved_tflops < 1.0  # a CPU's
+
+
 def test_lightning_counts_its_steps_times_validation_and_shows_the_sanity_check_apart():
     pl = pytest.importorskip("pytorch_lightning")
     warnings.filterwarnings("ignore", module="pytorch_lightning")

@@ -10,8 +10,9 @@ The rule, in order (the first that applies wins):
    the run (``break``, ``islice``, an exception), is a step if its optimizer step ran. A step
    an evaluation ran inside (``FLAG_INTERLEAVED``) is a step, which the statistics leave out
    (:mod:`.summary`): its time includes the evaluation. Where the loop fetches each batch
-   one step ahead (``LoaderInfo.fetches_ahead``: a trainer's prefetch), the steps are the
-   optimizer rows instead, which end where each training step ends;
+   one step ahead, or a gradient-accumulation cycle's batches before it trains on them
+   (``LoaderInfo.fetches_ahead``: a trainer's prefetch), the steps are the optimizer rows
+   instead, which end where each training step ends;
 3. optimizer ``step()`` boundaries;
 4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
 

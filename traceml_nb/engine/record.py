@@ -129,6 +129,11 @@ class LoaderInfo:
     epoch_first_rows_without_step: int = 0
     rows_without_step: int = 0
     rows_with_step: int = 0
+    #: closed steps without an optimizer step that did next to nothing but their fetch (their
+    #: time outside ``next()`` at most ``open_steps.FETCH_ONLY_SHARE`` of the next step's with
+    #: one): a trainer that fetches all the batches of a gradient-accumulation cycle before it
+    #: trains on them (transformers' Trainer does), counted apart from ``rows_without_step``
+    fetch_only_rows: int = 0
     #: time away from training while this loader was iterated (not a training loader): from the
     #: first fetch of each run of its fetches to the next fetch of another loader or the next
     #: optimizer step, ns; and the part of it, and of its fetches, before the run's first
@@ -142,14 +147,14 @@ class LoaderInfo:
 
     @property
     def fetches_ahead(self) -> bool | None:
-        """The loop fetches this loader's next batch before it trains on the current one
+        """The loop fetches this loader's next batches before it trains on the current one
         (a trainer's prefetch of one batch: the first step of each epoch holds two fetches and
-        no optimizer step): True, False, or None while too few steps tell."""
-        if self.rows_without_step or (
-            self.rows_with_step and not self.epoch_first_rows_without_step
-        ):
+        no optimizer step; or of a whole gradient-accumulation cycle: ``fetch_only_rows``):
+        True, False, or None while too few steps tell."""
+        ahead = self.epoch_first_rows_without_step or self.fetch_only_rows
+        if self.rows_without_step or (self.rows_with_step and not ahead):
             return False
-        if self.epoch_first_rows_without_step and self.rows_with_step >= 2:
+        if ahead and self.rows_with_step >= 2:
             return True
         return None
 

@@ -21,8 +21,9 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   fetches inside: the steps of a loop without a DataLoader, and of a loop that fetches its
   next batch before it uses the current one (``LoaderInfo.fetches_ahead``: the trainers of
   transformers and Lightning, accelerate's prepared loaders), whose loader rows are one batch
-  out of step with its training steps. They are written until the training loaders are
-  known to fetch in step. **Markers** (``traceml_nb.step()``) make rows of their own.
+  out of step with its training steps, or every batch of a gradient-accumulation cycle
+  (transformers' Trainer: rows that only fetch, ``open_steps.FETCH_ONLY_SHARE``). They are
+  written until the training loaders are known to fetch in step. **Markers** (``traceml_nb.step()``) make rows of their own.
 * **Phases.** Each :class:`~traceml_nb.engine.events.Phase` (forward, backward, optimizer) is
   added to the running totals when it ends; the input copy is the time from a fetch's return
   to the first forward that starts after it. A step that began while the phase instruments
@@ -414,10 +415,11 @@ class StepSegmenter:
             info = st.info
             if flags & FLAG_OPTIMIZER_STEP:
                 info.rows_with_step += 1
+                st.tell_rows_apart(end - st.start - st.wait)
             elif flags & FLAG_EPOCH_START:
                 info.epoch_first_rows_without_step += 1
             else:
-                info.rows_without_step += 1
+                st.rests_without_step.append(end - st.start - st.wait)
         began = st.start
         mark = st.phase_mark
         # what _row does, written out: a step's close runs once a step
