@@ -1,8 +1,7 @@
 """The input-bound verdict: the steps wait for their batches. Its cause, from the first epoch's
 waits, the workers' and the machine's CPU and the loader's settings (too few workers, workers
 saturated by decoding, pageable copies, slow storage, batches in memory handed over by
-workers), and the changes to the user's own
-loader that address it (:mod:`.advice`)."""
+workers), and the changes to the user's own loader that address it (:mod:`.advice`)."""
 
 from __future__ import annotations
 

@@ -163,7 +163,7 @@ def _untimed(phases: np.ndarray, inside: Iterable[tuple[str, str]]) -> dict[str,
     """The phases that took no time in any timed step while others did, and why: run only
     inside another phase (``inside``), or a forward not seen (the copy, which ends at it, goes
     with it)."""
-    outer_of = {inner: outer for outer, inner in sorted(inside, reverse=True) if outer != inner}
+    outer_of = {inner: outer for outer, inner in sorted(inside) if outer != inner}
     unavailable = {}
     for i, name in enumerate(PHASES):
         if name in outer_of and not phases[:, i].any():

@@ -23,7 +23,8 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   transformers and Lightning, accelerate's prepared loaders), whose loader rows are one batch
   out of step with its training steps, or every batch of a gradient-accumulation cycle
   (transformers' Trainer: rows that only fetch, ``open_steps.FETCH_ONLY_SHARE``). They are
-  written until the training loaders are known to fetch in step. **Markers** (``traceml_nb.step()``) make rows of their own.
+  written until the training loaders are known to fetch in step. **Markers**
+  (``traceml_nb.step()``) make rows of their own.
 * **Phases.** Each :class:`~traceml_nb.engine.events.Phase` (forward, backward, optimizer) is
   added to the running totals when it ends; the input copy is the time from a fetch's return
   to the first forward that starts after it. A step that began while the phase instruments
