@@ -74,7 +74,7 @@ def test_a_kernel_that_reads_gets_every_row_and_the_end():
     reading.join(10)
     reader.close()
     assert [m[0] for m in received][0] == "start" and received[-1][0] == "end"
-    assert received[-1][2] == "completed"
+    assert received[-1][2] == "completed" and received[-1][6] == []  # no phase inside another
     assert sum(len(m[2]) for m in received if m[0] == "rows") == STEPS
 
 
@@ -101,10 +101,11 @@ def test_a_message_the_kernel_cannot_read_is_left_out_and_the_next_ones_are_read
     launch = rank_launch._Launch(0, "fork", [reader], [writer])
     writer.send(("start", 0, 123, time.time(), time.perf_counter_ns()))
     writer.send(("rows", 0, [], [{"no such field": 1}], (0, 0, {}), []))
-    writer.send(("end", 0, "completed", None, 10**6, []))
+    writer.send(("end", 0, "completed", None, 10**6, [], [["optimizer", "forward"]]))
     writer.close()
     engine._receive(launch)  # returns once the rank's channel is closed
     (rec,) = engine.ranks
     assert rec.status == "completed" and rec.record.elapsed_ns == 10**6
+    assert rec.record.phases_inside == (("optimizer", "forward"),)  # as the rank's analysis reads
     (note,) = run.capabilities.notes
     assert note.startswith("a message of rank 0 could not be read (TypeError: ")

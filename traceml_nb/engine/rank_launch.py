@@ -193,6 +193,7 @@ class _Sender:
                     run.error,
                     run.record.elapsed_ns,
                     list(run.capabilities.notes),
+                    list(run.record.phases_inside),
                 )
             )
         except Exception:
@@ -434,11 +435,12 @@ class RankEngine:
                 rec.record.markers = markers
                 rec.record.first_fetch_wait_ns = dict(first_fetch)
             elif kind == "end":
-                _, _, rec.status, rec.error, elapsed_ns, notes = message
+                _, _, rec.status, rec.error, elapsed_ns, notes, inside = message
                 rec.record.elapsed_ns = elapsed_ns or max(
                     1, time.perf_counter_ns() - rec.record.t0_ns
                 )
                 rec.notes = list(notes)
+                rec.record.phases_inside = tuple((outer, inner) for outer, inner in inside)
 
 
 def start(run: MeasuredRun) -> RankEngine:
