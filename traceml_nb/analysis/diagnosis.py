@@ -26,7 +26,7 @@ from .diagnosis_facts import Facts, confidence
 from .evidence import collect, input_signal, memory_share
 from .findings import Diagnosis, Finding, Summary
 from .gpu_busy import BusySignal, nvml_overstates
-from .input_bound import input_bound
+from .input_bound import IN_MEMORY_DATASETS, input_bound
 from .summary import Measurements
 from .thresholds import (
     INPUT_BOUND_SHARE,
@@ -44,7 +44,8 @@ ANATOMY_VERDICTS = ("compute-bound", "host-bound", "memory-pressure", "throttled
 
 #: The advice for steps that spend a large share making tiny batches (``Facts.tiny_steps``):
 #: make each batch in one call (a dataset's ``__getitems__``, or slicing the tensors), in the
-#: training process where workers hand the batches over (``workers`` in its facts).
+#: training process where workers hand over batches already in memory (``workers`` in its
+#: facts).
 BATCHED_INDEXING = "batched-indexing"
 
 
@@ -212,7 +213,9 @@ def _compute_bound(f: Facts) -> Diagnosis:
             "compute-bound-tiny-steps",
             {"step_ms": f.summary.step_ms_median, "input_share": sig.share, "workers": workers},
         )
-        advice = [Finding(BATCHED_INDEXING, {"workers": workers} if workers else {})]
+        # no workers for batches in memory; a dataset that decodes keeps its workers
+        in_memory = m.loader is not None and m.loader.dataset_type in IN_MEMORY_DATASETS
+        advice = [Finding(BATCHED_INDEXING, {"workers": workers} if workers and in_memory else {})]
         conf = confidence(False, m.steady)
     else:
         title = Finding("compute-bound-cpu", _input_facts(f))

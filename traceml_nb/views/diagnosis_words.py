@@ -418,7 +418,7 @@ def sentence(finding: Finding) -> str:
     return f"{finding.code} ({facts})" if facts else finding.code
 
 
-def _making_batches(f: dict[str, Any]) -> str:
+def _making_batches(f: Facts) -> str:
     """What a tiny step's data wait is: the batch made in the loop, or handed over."""
     workers = f.get("workers")
     if workers:
