@@ -68,8 +68,14 @@ class SlowSGD(torch.optim.Optimizer):
     def __init__(self, params, lr: float) -> None:
         super().__init__(params, {"lr": lr})
 
-    @torch.no_grad()
     def step(self, closure=None):
+        if closure is not None:
+            with torch.enable_grad():
+                closure()  # as torch's optimizers call it, then update
+        with torch.no_grad():
+            self._update()
+
+    def _update(self) -> None:
         spin(OPTIMIZER_S)
         for group in self.param_groups:
             for p in group["params"]:
@@ -310,13 +316,11 @@ def test_a_forward_never_seen_is_unavailable_with_the_copy_not_zero(forwards_see
 
 
 @pytest.mark.parametrize("seen_inside", [False, True])
-def test_phases_run_only_inside_the_optimizers_step_are_unavailable_as_counted_there(
-    seen_inside,
-) -> None:
-    """An optimizer's closure: only the optimizer phase took time. Told that the forward and
-    backward started inside it, they are unavailable as counted there (not "not seen", not
-    0 ms), and the copy with them; a forward recomputed inside the backward (activation
-    checkpointing) changes nothing where the forward was timed too."""
+def test_a_phase_run_only_inside_another_is_unavailable_as_counted_there(seen_inside) -> None:
+    """Backward and optimizer took time, no forward: told that the forward started inside the
+    backward (a model called only there), it is unavailable as counted there (not "not seen"),
+    and the copy with it; a forward recomputed inside the backward (activation checkpointing)
+    changes nothing where the forward was timed too."""
     from traceml_nb.analysis.step_anatomy import (
         COPY_INSIDE,
         INSIDE,
@@ -328,25 +332,22 @@ def test_phases_run_only_inside_the_optimizers_step_are_unavailable_as_counted_t
     n = 8
     wall, wait = np.full(n, 10.0), np.full(n, 1.0)
     phases = np.zeros((n, len(PHASES)))
-    phases[:, PHASES.index("optimizer")] = 8.0
-    inside = [("optimizer", "forward"), ("optimizer", "backward")] if seen_inside else []
+    phases[:, PHASES.index("backward")] = 6.0
+    phases[:, PHASES.index("optimizer")] = 2.0
+    inside = [("backward", "forward")] if seen_inside else []
     anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases), inside=inside)
-    assert anatomy.medians_ms["optimizer"] == 8.0 and anatomy.medians_ms["other"] == 1.0
+    assert anatomy.medians_ms["backward"] == 6.0 and anatomy.medians_ms["other"] == 1.0
     assert sum(anatomy.shares.values()) == pytest.approx(1.0)
     if seen_inside:
-        where = OUTER_WORDS["optimizer"]
+        where = OUTER_WORDS["backward"]
         assert anatomy.unavailable == {
             "forward": INSIDE.format(outer=where),
-            "backward": INSIDE.format(outer=where),
             "copy": COPY_INSIDE.format(outer=where),
         }
-        assert set(anatomy.shares) == {"data_wait", "optimizer", "other"}
     else:
         assert anatomy.unavailable == {"copy": NO_COPY_WITHOUT_FORWARD, "forward": NO_FORWARD}
-        assert anatomy.medians_ms["backward"] == 0.0
+    assert set(anatomy.shares) == {"data_wait", "backward", "optimizer", "other"}
     phases[:, PHASES.index("forward")] = 2.0
-    phases[:, PHASES.index("backward")] = 3.0
-    phases[:, PHASES.index("optimizer")] = 1.0
     checkpointed = step_anatomy(
         wall, wait, PhaseRows.of_dense(phases), inside=[("backward", "forward")]
     )
@@ -453,31 +454,53 @@ def test_two_models_with_an_optimizer_each_and_a_model_called_twice_are_one_step
     assert truth.median("forward", sampled) >= 4 * FORWARD_S * 1e3
 
 
-def test_an_optimizers_closure_is_the_optimizer_phase() -> None:
+@pytest.mark.parametrize("optimizer", ["LBFGS", "SlowSGD"])
+def test_an_optimizers_closure_has_its_forward_and_backward_timed_apart_from_the_update(
+    optimizer,
+) -> None:
+    """``optimizer.step(closure)`` (LBFGS, which calls it several times a step; PyTorch
+    Lightning's every step): each phase within 10% of the truth measured inside the closure
+    and the update, the optimizer phase being the update alone."""
     model, loss_fn = Model(), torch.nn.MSELoss()
-    opt = torch.optim.LBFGS(model.parameters(), max_iter=2)
+    if optimizer == "LBFGS":
+        opt = torch.optim.LBFGS(model.parameters(), max_iter=2)
+    else:
+        opt = SlowSGD(model.parameters(), lr=0.01)
+    truth = Truth()
 
-    def lbfgs() -> None:
-        for x, y in _loader(40):
+    def loop() -> None:
+        for x, y in _loader():
+            truth.step()
 
             def closure(x=x, y=y):
                 opt.zero_grad()
-                loss = loss_fn(model(x), y)
-                loss.backward()
+                loss = loss_fn(truth.time("forward", model, x), y)
+                truth.time("backward", loss.backward)
                 return loss
 
+            t0 = time.perf_counter()
             opt.step(closure)
+            spent = (time.perf_counter() - t0) * 1e3
+            inside = truth.steps[-1]["forward"] + truth.steps[-1]["backward"]
+            truth.steps[-1]["optimizer"] = spent - inside
 
-    phases, _ = _run_phases(lbfgs)
-    assert len(phases) and (phases[:, 1] == 0).all() and (phases[:, 2] == 0).all()
-    assert np.median(phases[:, 3]) >= 2 * (FORWARD_S + BACKWARD_S) * 1e3
+    phases, sampled = _run_phases(loop)
+    assert len(phases) >= 8
+    for i, part in enumerate(PHASES[1:], start=1):
+        # step by step: LBFGS calls its closure once to three times a step, so the medians of
+        # two bimodal columns could fall on different modes
+        expected = np.array([step.get(part, 0.0) for step in truth.steps])[sampled]
+        error = np.abs(phases[:, i] - expected) - TOLERANCE * expected
+        assert np.median(error) <= 0.05, (part, phases[:, i], expected)
+    assert truth.median("forward", sampled) >= FORWARD_S * 1e3
+    if optimizer == "SlowSGD":
+        assert truth.median("optimizer", sampled) >= OPTIMIZER_S * 1e3
 
 
-def test_a_closure_passed_to_step_reports_its_forward_and_backward_inside_the_optimizer():
-    """SGD's ``step(closure)``: the report says where the forward and backward went, and the
-    optimizer's share (the whole step's work) asks for no fused update."""
+def test_a_closure_passed_to_step_gets_the_anatomy_and_advice_of_a_step_without_one():
+    """SGD's ``step(closure)``: forward, backward and the update each timed, nothing
+    unavailable; the optimizer's share is the update's, as the fused advice reads it."""
     from traceml_nb.analysis import analyze
-    from traceml_nb.analysis.step_anatomy import INSIDE, OUTER_WORDS
 
     model, loss_fn = Model(), torch.nn.MSELoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
@@ -491,14 +514,12 @@ def test_a_closure_passed_to_step_reports_its_forward_and_backward_inside_the_op
                 return loss
 
             opt.step(closure)
-    assert run.record.phases_inside == (("optimizer", "backward"), ("optimizer", "forward"))
-    analysis = analyze(run.record.snapshot(), run.capabilities)
-    why = INSIDE.format(outer=OUTER_WORDS["optimizer"])
-    unavailable = analysis.summary.unavailable
-    assert unavailable["forward_ms_median"] == unavailable["backward_ms_median"] == why
-    assert analysis.summary.phase_shares["optimizer"] > 0.5
-    assert "fused-optimizer" not in [f.code for f in analysis.diagnosis.advice]
-    assert f"forward and backward unavailable ({why})" in str(run.result())
+    assert run.record.phases_inside == ()  # the closure's phases are timed, not inside
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert not any(field.endswith("_ms_median") for field in summary.unavailable)
+    assert summary.forward_ms_median >= FORWARD_S * 1e3 * (1 - TOLERANCE)
+    assert summary.backward_ms_median >= BACKWARD_S * 1e3 * (1 - TOLERANCE)
+    assert summary.phase_shares["optimizer"] < 0.1  # two small tensors' update
 
 
 def test_a_forward_that_raises_ends_its_phase_and_the_users_error_is_unchanged() -> None:

@@ -12,8 +12,7 @@ constant of :mod:`.thresholds`, each finding with the figures it rests on.
   tensor-core precision: ``channels_last`` for the model and its batches;
 * an optimizer step of at least ``OPTIMIZER_SHARE_ADVICE`` of the step, of an optimizer that
   has a fused update and does not use it: ``fused=True`` (one operation for all parameters,
-  on a CPU as on a GPU); not where the backward ran inside the optimizer's step (a closure),
-  whose share is then the whole step's work.
+  on a CPU as on a GPU); not where the backward was not timed apart from it.
 """
 
 from __future__ import annotations
@@ -65,8 +64,8 @@ def anatomy_advice(
         found.append(Finding("channels-last", {"conv_share": summary.conv_share}))
     optimizer = shares.get("optimizer")
     unfused = [o.kind for o in optimizers if o.can_fuse]
-    # the update's own share only where the backward was timed apart from it: a closure
-    # passed to ``step()`` runs the forward and the backward inside the optimizer's phase
+    # the update's own share only where the backward was timed apart from it (a backward
+    # counted in another phase may be in the optimizer's)
     alone = "backward" in shares
     if optimizer is not None and optimizer >= OPTIMIZER_SHARE_ADVICE and unfused and alone:
         found.append(

@@ -59,9 +59,10 @@ NO_FORWARD = (
     "are not timed; its time is in the rest of the step"
 )
 NO_COPY_WITHOUT_FORWARD = "it ends at the model's forward, which was not seen"
-#: A phase that took no time in the timed steps and started only inside another: the forward
-#: and backward of an optimizer's closure (LBFGS's; ``optimizer.step(closure)``) are part of
-#: the optimizer's step, as the phases are defined (one phase at a time, the outermost).
+#: A phase that took no time in the timed steps and started only inside another (a model
+#: called only inside the backward, a backward only inside the model's forward): it is part of
+#: the outer one, as the phases are defined (one phase at a time; only an optimizer's closure
+#: is timed apart from its step, :mod:`traceml_nb.engine.instrument.phase_clock`).
 INSIDE = "run in the {outer}, so counted there"
 #: ...and the input copy then, which ends at the forward.
 COPY_INSIDE = "it ends at the model's forward, run in the {outer}"
@@ -69,7 +70,7 @@ COPY_INSIDE = "it ends at the model's forward, run in the {outer}"
 OUTER_WORDS = {
     "forward": "model's forward",
     "backward": "backward",
-    "optimizer": "optimizer's closure",
+    "optimizer": "optimizer's step",
 }
 #: Where optimizer steps ran in the timed steps and none was timed: a step compiled with
 #: ``torch.compile`` runs our pre-step hook inside its graph, where it does nothing.

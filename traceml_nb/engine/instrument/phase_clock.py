@@ -1,6 +1,7 @@
 """The phase open on the training thread: :class:`PhaseClock` logs a
 :class:`~traceml_nb.engine.events.Phase` for each outermost pair of :meth:`~PhaseClock.start`
-and :meth:`~PhaseClock.end`, on the tracer's clock (and on CUDA with an event at each end)."""
+and :meth:`~PhaseClock.end`, on the tracer's clock (and on CUDA with an event at each end); an
+optimizer's step is logged in pieces around the forwards and backwards of its closure."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..events import PHASE, EventLike
+from ..events import OPTIMIZER, PHASE, EventLike
 from .compilation import compiling_check
 
 
@@ -17,7 +18,14 @@ class PhaseClock:
     come in pairs; the outermost pair logs one :class:`~traceml_nb.engine.events.Phase`. With
     ``gpu_mark`` (on CUDA: the stall timer's :meth:`~.gpu_events.GpuStallTimer.mark`, which
     records a pooled event on the user's stream and returns it, None if that failed) the
-    outermost pair also records a CUDA event at each end, for the phase's GPU time."""
+    outermost pair also records a CUDA event at each end, for the phase's GPU time.
+
+    A forward or backward that starts directly inside an optimizer's step is its closure's
+    (``optimizer.step(closure)``: LBFGS, PyTorch Lightning's every step): the step's time so far
+    is logged as an optimizer phase, the closure's phase is logged as its own, and the step's
+    time goes on from its end; so the optimizer phase is the update alone, as without a
+    closure. Any other phase inside another is the outer one's (a forward recomputed by
+    activation checkpointing is backward)."""
 
     def __init__(
         self,
@@ -39,33 +47,58 @@ class PhaseClock:
         self.depth = 0  #: phases open, nested ones included
         self.phase = -1  #: the outermost open phase, -1 when none
         self.t_start = 0
-        #: ``(outer, inner)`` of each phase that started while another was open (an
-        #: optimizer's closure: ``(OPTIMIZER, FORWARD)``), whose time is the outer one's
+        #: ``(outer, inner)`` of each phase that started while another was open and is timed
+        #: as part of it (a forward recomputed inside the backward: ``(BACKWARD, FORWARD)``)
         self.inside: set[tuple[int, int]] = set()
+        #: the depth of the open closure's phase inside an optimizer's step, 0 when none
+        self.closure_depth = 0
 
     def start(self, phase: int) -> None:
         if self.compiling() or threading.get_ident() != self.thread:
             return
         if self.depth:
             self.depth += 1
-            self.inside.add((self.phase, phase))
+            if self.phase == OPTIMIZER and phase != OPTIMIZER:
+                self._log_open()  # the step so far; its closure's phase opens
+                self.closure_depth = self.depth
+                self._open(phase)
+            else:
+                self.inside.add((self.phase, phase))
             return
         self.depth = 1
-        self.phase = phase
-        if self.gpu_mark is not None:
-            self.gpu_start = self.gpu_mark()
-        self.t_start = self.clock()
+        self._open(phase)
 
     def end(self) -> None:
         if self.compiling() or threading.get_ident() != self.thread or not self.depth:
             return
         self.depth -= 1
         if not self.depth:
-            t_end = self.clock()
-            gpu_end = self.gpu_mark() if self.gpu_mark is not None else None
-            log = self.log
-            log.append((PHASE, self.phase, self.t_start, t_end, self.gpu_start, gpu_end))
+            self._log_open()
             self.phase = -1
             self.gpu_start = None
-            if len(log) > self.max_log:  # a loop with neither a DataLoader nor an optimizer
-                self.check()
+        elif self.depth == self.closure_depth - 1:
+            self._log_open()  # the closure's phase; the optimizer's step goes on
+            self.closure_depth = 0
+            self._open(OPTIMIZER)
+
+    def reset(self) -> None:
+        """No phase open (the instruments were taken away mid-phase)."""
+        self.depth = 0
+        self.phase = -1
+        self.gpu_start = None
+        self.closure_depth = 0
+
+    def _open(self, phase: int) -> None:
+        self.phase = phase
+        if self.gpu_mark is not None:
+            self.gpu_start = self.gpu_mark()
+        self.t_start = self.clock()
+
+    def _log_open(self) -> None:
+        """Log the open phase, from its start to now."""
+        t_end = self.clock()
+        gpu_end = self.gpu_mark() if self.gpu_mark is not None else None
+        log = self.log
+        log.append((PHASE, self.phase, self.t_start, t_end, self.gpu_start, gpu_end))
+        if len(log) > self.max_log:  # a loop with neither a DataLoader nor an optimizer
+            self.check()

@@ -212,7 +212,7 @@ class StepPhases:
         self._let_warnings_through()
         self._stack = []
         self._put_back_backward()
-        self.clock.depth = 0
+        self.clock.reset()
 
     def _resume(self) -> None:
         seeking, self._paused = self._paused, None
@@ -283,7 +283,7 @@ class StepPhases:
             return
         self._take_off_sample()
         self._put_back_backward()
-        self.clock.depth = 0  # a phase left open (a step() that raised) ends with the sample
+        self.clock.reset()  # a phase left open (a step() that raised) ends with the sample
 
     def _put_in_place(self) -> None:
         """The sampled step's instruments: the optimizer pre-step hook, the models' hooks (unless
@@ -455,5 +455,5 @@ class StepPhases:
         self._installed = False
         self.sampling = False
         self.countdown = 1 << 62
-        self.clock.depth = 0
+        self.clock.reset()
         self.clock.thread = -1  # a wrapper left beneath another's logs nothing from now on
