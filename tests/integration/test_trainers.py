@@ -58,7 +58,8 @@ def result_of(run):
     return Session().result(run)
 
 
-def test_transformers_trainer_counts_its_own_steps_and_one_evaluation_phase(tmp_path):
+def tiny_gpt2():
+    """transformers (skipped where missing), offline and quiet, and a tiny GPT-2 from a config."""
     transformers = pytest.importorskip("transformers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers.logging.set_verbosity_error()
@@ -66,7 +67,11 @@ def test_transformers_trainer_counts_its_own_steps_and_one_evaluation_phase(tmp_
         vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
         eos_token_id=0,
     )  # fmt: skip
-    model = transformers.GPT2LMHeadModel(config)
+    return transformers, transformers.GPT2LMHeadModel(config)
+
+
+def test_transformers_trainer_counts_its_own_steps_and_one_evaluation_phase(tmp_path):
+    transformers, model = tiny_gpt2()
     evaluations: list[float] = []
 
     class Timed(transformers.TrainerCallback):
@@ -111,21 +116,13 @@ def test_a_trainer_accumulating_gradients_has_a_step_per_optimizer_step(tmp_path
     the steps are its optimizer steps (its own count), each with the cycle's forwards and
     backwards. Stepped by fetches, half the steps were a bare fetch and the others the whole
     cycle: a median step of a fetch, and FLOP/s beyond any CPU's."""
-    transformers = pytest.importorskip("transformers")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    transformers.logging.set_verbosity_error()
-    config = transformers.GPT2Config(
-        vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
-        eos_token_id=0,
-    )  # fmt: skip
+    transformers, model = tiny_gpt2()
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=4,
         gradient_accumulation_steps=2, logging_steps=1000, save_strategy="no", report_to=[],
         use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
-    trainer = transformers.Trainer(
-        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(400)
-    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(400))
     # as in a process that never compiled a model (an earlier test of the suite may have)
     monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
     with traceml_nb.Run("hf-accumulation", sample=False) as run:
