@@ -21,9 +21,10 @@ from traceml_nb.engine.instrument import hooks
 STEPS = 6000
 
 
-def _drain(reader) -> list[tuple]:
+def _drain(reader, wait_s: float | None = 0.2) -> list[tuple]:
+    """The messages until none comes within ``wait_s`` (None: until the pipe's end)."""
     messages = []
-    while reader.poll(0.2):
+    while reader.poll(wait_s):
         try:
             messages.append(reader.recv())
         except EOFError:
@@ -66,7 +67,7 @@ def test_a_kernel_that_reads_gets_every_row_and_the_end():
     sender = rank_launch._start_rank(traceml_nb.Run, 0, writer)
     assert sender is not None
     received: list[tuple] = []
-    reading = threading.Thread(target=lambda: received.extend(_drain_until_eof(reader)))
+    reading = threading.Thread(target=lambda: received.extend(_drain(reader, None)))
     reading.start()
     for _ in DataLoader(TensorDataset(torch.zeros(STEPS, 1)), batch_size=1):
         pass
@@ -76,15 +77,6 @@ def test_a_kernel_that_reads_gets_every_row_and_the_end():
     assert [m[0] for m in received][0] == "start" and received[-1][0] == "end"
     assert received[-1][2] == "completed" and received[-1][6] == []  # no phase inside another
     assert sum(len(m[2]) for m in received if m[0] == "rows") == STEPS
-
-
-def _drain_until_eof(reader) -> list[tuple]:
-    messages = []
-    while True:
-        try:
-            messages.append(reader.recv())
-        except EOFError:
-            return messages
 
 
 class _Kernel:
