@@ -130,7 +130,6 @@ class _Sender:
         self.rank = rank
         self.sent = 0  #: rows sent so far
         self.broken = False  #: the kernel's end is gone: nothing more is sent
-        self._stop = threading.Event()
         self._run_stopped = threading.Event()
         self._thread = threading.Thread(
             target=self._loop, name=f"traceml-rank-{rank}-sender", daemon=True
@@ -150,13 +149,13 @@ class _Sender:
             self.broken = True
 
     def _loop(self) -> None:
-        while not self._stop.wait(SEND_INTERVAL_S) and not self.broken:
+        while not self._run_stopped.wait(SEND_INTERVAL_S) and not self.broken:
             try:
                 self._send_rows(self.run.snapshot(self.sent, samples=False))
             except Exception:
                 self.broken = True
-        self._run_stopped.wait()
-        self._send_end()
+        if not self.broken:  # the run has stopped: the rest and the end
+            self._send_end()
 
     def _send_rows(self, snap: RecordSnapshot) -> None:
         cols = snap.steps
@@ -203,7 +202,6 @@ class _Sender:
         """Stop the rank's run with ``fn``'s exception (on the rank's own thread, which started
         it), let the sender send the rest and the end, close. Returns within
         :data:`SENDER_JOIN_S` of the run's stop whether or not the kernel reads."""
-        self._stop.set()
         try:
             self.run.stop(error)
         except Exception:
