@@ -413,14 +413,14 @@ class StepSegmenter:
             if st.last_optimizer_ns >= 0:
                 end = st.last_optimizer_ns
         else:
-            info = st.info
+            info, rest = st.info, end - st.start - st.wait  # the step's time outside next()
             if flags & FLAG_OPTIMIZER_STEP:
                 info.rows_with_step += 1
-                st.tell_rows_apart(end - st.start - st.wait)
+                st.tell_rows_apart(rest)
             elif flags & FLAG_EPOCH_START:
                 info.epoch_first_rows_without_step += 1
             else:
-                st.rests_without_step.append(end - st.start - st.wait)
+                st.rests_without_step.append(rest)
         began = st.start
         mark = st.phase_mark
         # what _row does, written out: a step's close runs once a step
