@@ -26,7 +26,7 @@ from .diagnosis_facts import Facts, confidence
 from .evidence import collect, input_signal, memory_share
 from .findings import Diagnosis, Finding, Summary
 from .gpu_busy import BusySignal, nvml_overstates
-from .input_bound import IN_MEMORY_DATASETS, input_bound
+from .input_bound import input_bound
 from .summary import Measurements
 from .thresholds import (
     INPUT_BOUND_SHARE,
@@ -208,14 +208,14 @@ def _compute_bound(f: Facts) -> Diagnosis:
         advice = []
         conf = "low"
     elif f.tiny_steps:
-        workers = m.loader.num_workers if m.loader is not None else 0
+        workers = f.workers
         title = Finding(
             "compute-bound-tiny-steps",
             {"step_ms": f.summary.step_ms_median, "input_share": sig.share, "workers": workers},
         )
         # no workers for batches in memory; a dataset that decodes keeps its workers
-        in_memory = m.loader is not None and m.loader.dataset_type in IN_MEMORY_DATASETS
-        advice = [Finding(BATCHED_INDEXING, {"workers": workers} if workers and in_memory else {})]
+        in_memory_workers = workers and f.in_memory
+        advice = [Finding(BATCHED_INDEXING, {"workers": workers} if in_memory_workers else {})]
         conf = confidence(False, m.steady)
     else:
         title = Finding("compute-bound-cpu", _input_facts(f))
@@ -261,7 +261,7 @@ def _secondary(f: Facts, verdict: str) -> list[Finding]:
                         "input_share": sig.share,
                         "per_step_ms": sig.per_step_ms,
                         "floor_ms": MIN_INPUT_WAIT_MS,
-                        "workers": f.m.loader.num_workers if f.m.loader is not None else 0,
+                        "workers": f.workers,
                     },
                 )
             )
