@@ -15,9 +15,10 @@ from torch.utils.flop_counter import FlopCounterMode
 import traceml_nb
 from traceml_nb.analysis import analyze
 from traceml_nb.analysis.steps import select_rows
-from traceml_nb.analysis.summary import EVALUATION_COUNTED
 from traceml_nb.engine import flop_capture
+from traceml_nb.engine.flop_capture import EVALUATION_COUNTED
 from traceml_nb.engine.instrument import flop_count
+from traceml_nb.engine.instrument.tracer import StepTracer
 from traceml_nb.engine.record import FLAG_FLOP_COUNTED
 
 
@@ -132,31 +133,66 @@ def test_under_gradient_accumulation_the_count_over_a_cycle_is_divided_by_its_st
     assert "(counted over 4 steps, their mean)" in str(run.result())
 
 
-@pytest.mark.parametrize("evaluate_at", [0, 5])
-def test_an_evaluation_while_the_count_is_open_makes_it_unavailable_not_inflated(evaluate_at):
-    """``if i % 10 == 0: evaluate()`` after the optimizer step runs an evaluation right after
-    the first step, inside the count (which opens there): its forwards are no training step's.
-    An evaluation elsewhere leaves the count as it is."""
+def _train_evaluating(every: int, at: int) -> traceml_nb.Run:
+    """48 steps, evaluating on a loader of its own after the steps with ``i % every == at``."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with traceml_nb.Run("evaluated", sample=False) as run:
-        for i, (x, y) in enumerate(_loader()):
+        for i, (x, y) in enumerate(_loader(384)):
             _step(model, opt, x, y)
-            if i % 10 == evaluate_at:
+            if i % every == at:
                 with torch.no_grad():
                     for vx, _ in _loader(64):
                         model(vx)
+    return run
+
+
+def _by_hand() -> float:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = next(iter(_loader()))
+    with FlopCounterMode(display=False) as by_hand:
+        _step(model, opt, x, y)
+    return float(by_hand.get_total_flops())
+
+
+@pytest.mark.parametrize("at", [0, 5])
+def test_an_evaluation_inside_the_count_has_the_next_step_counted_instead(at: int) -> None:
+    """``if i % 10 == 0: evaluate()`` after the optimizer step runs an evaluation right after
+    the first step, inside the count (which opens there): that count is given up and the next
+    step counted; both tries' steps are left out. An evaluation elsewhere (``at`` 5) leaves the
+    first count as it is."""
+    run = _train_evaluating(10, at)
     summary = analyze(run.record.snapshot(), run.capabilities).summary
-    assert summary.interleaved_steps >= 1
-    if evaluate_at == 0:
-        assert summary.flops_per_step is None and summary.achieved_tflops is None
-        assert summary.unavailable["flops_per_step"] == EVALUATION_COUNTED
-        assert summary.unavailable["mfu"] == EVALUATION_COUNTED
-    else:
-        x, y = next(iter(_loader()))
-        with FlopCounterMode(display=False) as by_hand:
-            _step(model, opt, x, y)
-        assert summary.flops_per_step == pytest.approx(by_hand.get_total_flops(), rel=0.05)
+    assert summary.interleaved_steps >= 4
+    assert summary.flops_per_step == pytest.approx(_by_hand(), rel=0.05)
+    assert summary.flop_window_steps == 1
+    counted = np.flatnonzero(select_rows(run.record.snapshot()).flags & FLAG_FLOP_COUNTED)
+    first = flop_count.COUNT_AFTER_STEPS
+    assert list(counted) == ([first, first + 1] if at == 0 else [first])
+
+
+def test_an_evaluation_in_every_step_tried_leaves_the_flops_unavailable_not_inflated() -> None:
+    run = _train_evaluating(1, 0)
+    assert run.record.flops is not None and run.record.flops.why == EVALUATION_COUNTED
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.flops_per_step is None and summary.achieved_tflops is None
+    assert summary.unavailable["flops_per_step"] == EVALUATION_COUNTED
+    assert summary.unavailable["mfu"] == EVALUATION_COUNTED
+    counted = np.flatnonzero(select_rows(run.record.snapshot()).flags & FLAG_FLOP_COUNTED)
+    assert len(counted) == flop_count.FLOP_COUNT_TRIES
+
+
+def test_an_evaluation_the_count_did_not_see_is_still_not_counted_as_the_step(
+    monkeypatch,
+) -> None:
+    """The analysis looks again at the steps of the count that stands: an evaluation inside it
+    that the count missed (here: made unseen) makes the FLOPs unavailable, never inflated."""
+    monkeypatch.setattr(StepTracer, "evaluated_since", lambda self, t_ns: False)
+    run = _train_evaluating(10, 0)
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.flops_per_step is None
+    assert summary.unavailable["flops_per_step"] == EVALUATION_COUNTED
 
 
 def test_a_long_end_of_the_step_before_the_count_does_not_make_it_counted() -> None:

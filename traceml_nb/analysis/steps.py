@@ -130,6 +130,19 @@ def _np(col: array, dtype: str) -> np.ndarray:
     return np.frombuffer(col, dtype=dtype) if len(col) else np.zeros(0, dtype=dtype)
 
 
+def _began_inside(start_ns: np.ndarray, window_ns: tuple[int, int]) -> np.ndarray:
+    # The FLOP count opens at an optimizer step's end, so the step it covers begins inside it
+    # (a loader's fetch, a marker, or that optimizer step, logged after the count opened); the
+    # step before it only ends inside, however long its end took on a busy machine.
+    begin, end = window_ns
+    return (start_ns >= begin) & (start_ns < end)
+
+
+def began_inside(sel: StepSelection, window_ns: tuple[int, int]) -> np.ndarray:
+    """Which steps of ``sel`` began inside the FLOP count's window (ns from the run start)."""
+    return _began_inside(np.rint(sel.start_s * 1e9), window_ns)
+
+
 def select_rows(snapshot: RecordSnapshot) -> StepSelection:
     """The steps of ``snapshot`` as arrays; the steps that overlap the profiler's window
     (``RecordSnapshot.profile``) carry ``FLAG_PROFILED``, those that began inside the FLOP
@@ -148,11 +161,7 @@ def select_rows(snapshot: RecordSnapshot) -> StepSelection:
         flags = flags | np.where(profiled, FLAG_PROFILED, 0).astype("u1")
     counted = snapshot.flops.window_ns if snapshot.flops is not None else None
     if counted is not None:
-        # The count opens at an optimizer step's end, so the step it covers begins inside it
-        # (a loader's fetch, a marker, or that optimizer step, logged after the count opened);
-        # the step before it only ends inside, however long its end took on a busy machine.
-        begin, end = counted
-        inside = (start_ns >= begin) & (start_ns < end)
+        inside = _began_inside(start_ns, counted)
         flags = flags | np.where(inside, FLAG_FLOP_COUNTED, 0).astype("u1")
     return StepSelection(
         rule=rule,

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.capabilities import Capabilities
+from ..engine.flop_capture import EVALUATION_COUNTED
 from ..engine.optimizer_info import OptimizerInfo
 from ..engine.record import (
     FLAG_EPOCH_START,
@@ -25,17 +26,10 @@ from .findings import Summary
 from .peak_flops import utilisation
 from .samples import Reading, Window
 from .step_anatomy import MEDIAN_FIELDS, NO_COPY, step_anatomy
-from .steps import StepSelection, phases, select_rows, training_loader
+from .steps import StepSelection, began_inside, phases, select_rows, training_loader
 from .warmup import WarmupSpec, detect_warmup
 
 NO_STEPS = "no steady steps yet"
-#: The FLOP count is no training step's where a step an evaluation ran inside overlaps it: an
-#: evaluation run after the first optimizer step (``if step % N == 0: evaluate()``) runs while
-#: the count is open, and its forwards would be counted as the step's.
-EVALUATION_COUNTED = (
-    "an evaluation ran while the step's FLOPs were counted: its FLOPs cannot be told from the "
-    "training step's"
-)
 NO_LOADER = "no DataLoader was iterated: data loading outside a torch DataLoader is not measured"
 MARKER_STALLS = (
     "GPU input stalls are measured per DataLoader batch, and these steps are not batches"
@@ -255,10 +249,11 @@ def _batch_size(m: Measurements, batches: np.ndarray) -> int | None:
     return None
 
 
-def _evaluation_counted(sel: StepSelection, window_ns: tuple[int, int] | None) -> bool:
-    """A step an evaluation ran inside overlaps the FLOP count's window (ns, as the steps')."""
-    if window_ns is None:
-        return False
+def _evaluation_counted(sel: StepSelection, window_ns: tuple[int, int]) -> bool:
+    """A step an evaluation ran inside overlaps the FLOP count's window (ns, as the steps'):
+    its forwards would be counted as the training step's. The count gives up a step that caught
+    an evaluation of a loader and counts the next (``FlopWindow``); this is the look the
+    engine cannot take, at the steps as the analysis chose them."""
     begin, end = window_ns
     start = sel.start_s * 1e9
     inside = (start < end) & (start + sel.wall_ms * 1e6 > begin)
@@ -274,11 +269,13 @@ def _flop_figures(
     timeline, from the batch's arrival to the next fetch, where resolved), the MFU and the peak
     it is against (:mod:`.peak_flops`); each missing one with why in ``unavailable``."""
     count = snapshot.flops
-    window = int(((m.selection.flags & FLAG_FLOP_COUNTED) != 0).sum())
+    window = 0
     flops, why = None, "the run counted no FLOPs"
-    if count is not None and count.flops is not None:
+    counted_ns = count.count_window_ns if count is not None else None
+    if count is not None and count.flops is not None and counted_ns is not None:
+        window = int(began_inside(m.selection, counted_ns).sum())
         flops = float(count.flops) / max(1, window)  # accumulation: a count over its cycle
-        if _evaluation_counted(m.selection, count.window_ns):
+        if _evaluation_counted(m.selection, counted_ns):
             flops, why = None, EVALUATION_COUNTED
     elif count is not None:
         why = count.why

@@ -11,13 +11,22 @@ COMPILED = (
     "torch compile it again"
 )
 ENDED = "the run ended during the step whose FLOPs were being counted"
+#: Each step counted had an evaluation inside (``FlopWindow``'s tries, and the analysis's look
+#: at the steps of the count that stands).
+EVALUATION_COUNTED = (
+    "an evaluation ran while the step's FLOPs were counted: its FLOPs cannot be told from the "
+    "training step's"
+)
 
 
 @dataclass(frozen=True)
 class FlopCount:
     """What the counting found: ``flops`` per step (floating-point operations, a multiply-add
     counting 2, as FlopCounterMode counts), ``window_ns`` when it counted (ns from the run
-    start; the steps that began inside it are left out), or ``why`` there is no count.
+    start; the steps that began inside it are left out, being slowed by the counting), or
+    ``why`` there is no count. ``counted_ns``: the part of ``window_ns`` the count that stands
+    spans (the steps that began inside it divide ``flops``); it begins later where a count
+    that caught an evaluation was given up and the next step counted instead.
 
     ``by_dtype``: the same FLOPs by the precision they ran in, as the peak table names them
     (``"fp32"``, ``"tf32"``: float32 on tensor cores where torch allows it, ``"fp16"``,
@@ -35,3 +44,9 @@ class FlopCount:
     device: str = ""
     conv_flops: int = 0
     channels_last_flops: int = 0
+    counted_ns: tuple[int, int] | None = None
+
+    @property
+    def count_window_ns(self) -> tuple[int, int] | None:
+        """The window of the count that stands (``counted_ns``, else ``window_ns``)."""
+        return self.counted_ns or self.window_ns

@@ -238,7 +238,10 @@ class Run:
         self.capabilities.set("data_wait", True)
         if self.options.profile is not None:
             self._window = self._make_window()
-        self._flops = FlopWindow(self._tracer.clock, rec.t0_ns, partial(setattr, rec, "flops"))
+        tracer = self._tracer
+        self._flops = FlopWindow(
+            tracer.clock, rec.t0_ns, partial(setattr, rec, "flops"), tracer.evaluated_since
+        )
         hooks.install(self._tracer, self._window, self._flops)
         if self.watch_ranks:
             from . import rank_launch

@@ -129,6 +129,9 @@ class StepSegmenter:
         self._rows_needed: bool | None = None  #: optimizer rows needed, once it is decided
         self._phase: LoaderSteps | None = None  #: the loader whose phase runs (see ``phase_ns``)
         self._phase_start_ns = 0
+        #: entry of the last fetch of a loader no optimizer step has followed (an evaluation's
+        #: once training has begun), -1 before any
+        self.away_fetch_ns = -1
         self._marker_prev_ns = 0
         self._marker_wait_mark = 0
         self._wait_total = 0  #: data wait of every fetch so far, ns
@@ -227,6 +230,8 @@ class StepSegmenter:
         phase = self._phase
         if phase is not st and (phase is not None or not info.optimizer_steps):
             self._change_phase(st, t_enter)
+        if not info.optimizer_steps:
+            self.away_fetch_ns = t_enter
         slot = st.slot
         self._fetched_since_optimizer.add(slot)
         if self._after_optimizer:

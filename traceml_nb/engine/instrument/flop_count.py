@@ -11,9 +11,14 @@ float32 on a GPU with tensor cores for it, compute capability 8.0 or later, coun
 torch allows it: ``torch.backends.cudnn.allow_tf32`` for convolutions, a float32 matmul
 precision other than "highest" for the rest), which the MFU's peak is looked up by.
 
+A count during which a loader that does not train was iterated (an evaluation: the common
+``if step % N == 0: evaluate()`` after the optimizer step runs one right after the first step)
+counted the evaluation's forwards too: it is given up and the next step counted instead, up to
+:data:`FLOP_COUNT_TRIES` steps; the steps of every try are left out of the statistics.
+
 Not counted, with why: a loop without an optimizer step (no step to count), a process that has
 compiled a model with ``torch.compile`` (counting would make it compile again), a torch without
-the FLOP counter, a run that ended during the counted step.
+the FLOP counter, a run that ended during the counted step, an evaluation in every step tried.
 """
 
 from __future__ import annotations
@@ -21,13 +26,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..flop_capture import COMPILED, ENDED, FlopCount
+from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, FlopCount
 from .whole_step import WholeStep
 
 #: Optimizer steps before the counted one: the second step is counted (the first does one-off
 #: work; a count later would take a step from a short run's statistics that the warm-up does
 #: not already take).
 COUNT_AFTER_STEPS = 1
+#: Steps counted at most, one after the other, while each count catches an evaluation: one
+#: evaluation every few steps is missed by the second try; a loop that evaluates in every step
+#: loses no more than this many steps from its statistics to the tries.
+FLOP_COUNT_TRIES = 3
 
 
 #: The PyTorch dtypes the peak table has columns for, by their names there.
@@ -150,18 +159,27 @@ class FlopWindow:
     """Counts the FLOPs of one step; the tracer's optimizer post-step hook calls
     :meth:`optimizer_step_ended` when :attr:`countdown` runs out. ``found`` is handed the
     :class:`FlopCount` as soon as the counted step ends (the live view shows the MFU from
-    then on); :meth:`close` at the run's end gives it too, or why there is none."""
+    then on); :meth:`close` at the run's end gives it too, or why there is none.
+    ``evaluated_since(t_ns)``: whether an evaluation's loader was fetched since ``t_ns``
+    (:meth:`~.tracer.StepTracer.evaluated_since`); a count that caught one is tried again."""
 
     def __init__(
-        self, clock: Callable[[], int], t0_ns: int, found: Callable[[FlopCount], None]
+        self,
+        clock: Callable[[], int],
+        t0_ns: int,
+        found: Callable[[FlopCount], None],
+        evaluated_since: Callable[[int], bool] | None = None,
     ) -> None:
         self.clock = clock
         self.t0_ns = t0_ns
         self.found = found
+        self.evaluated_since = evaluated_since
         self.countdown = COUNT_AFTER_STEPS
         self.result: FlopCount | None = None
         self._mode: Any = None
-        self._start_ns = 0
+        self._first_ns = 0  #: when the first try began
+        self._start_ns = 0  #: ...and the one under way
+        self._tries = 0
         self._step: WholeStep | None = None  #: the step counted, while it is
 
     def optimizer_step_ended(self, optimizer: Any) -> None:
@@ -171,7 +189,7 @@ class FlopWindow:
         elif self._mode is None:
             self._begin(optimizer)
         elif self._step is not None and self._step.closes_at(optimizer):
-            self._end()
+            self._end(optimizer)
 
     def _begin(self, optimizer: Any) -> None:
         if _compiled_anything():
@@ -184,9 +202,12 @@ class FlopWindow:
             self.result = FlopCount(why=f"the FLOP counter could not start ({exc!r})")
             return
         self._mode, self._step = mode, WholeStep(optimizer)
+        self._tries += 1
         self._start_ns = self.clock()
+        if self._tries == 1:
+            self._first_ns = self._start_ns
 
-    def _end(self) -> None:
+    def _end(self, optimizer: Any) -> None:
         mode, self._mode = self._mode, None
         end_ns = self.clock()
         try:
@@ -195,7 +216,13 @@ class FlopWindow:
         except Exception as exc:
             self.result = FlopCount(why=f"the FLOP counter failed ({exc!r})")
             return
-        window = (self._start_ns - self.t0_ns, end_ns - self.t0_ns)
+        window = (self._first_ns - self.t0_ns, end_ns - self.t0_ns)
+        if self.evaluated_since is not None and self.evaluated_since(self._start_ns):
+            if self._tries < FLOP_COUNT_TRIES:
+                self._begin(optimizer)
+            else:
+                self.result = FlopCount(why=EVALUATION_COUNTED, window_ns=window)
+            return
         self.result = FlopCount(
             flops,
             window,
@@ -204,6 +231,7 @@ class FlopWindow:
             mode.device,
             mode.conv_flops,
             mode.channels_last_flops,
+            counted_ns=(self._start_ns - self.t0_ns, window[1]),
         )
         self.countdown = 1 << 62
         self.found(self.result)
@@ -216,5 +244,5 @@ class FlopWindow:
                 mode.__exit__(None, None, None)
             except Exception:
                 pass
-            self.result = FlopCount(why=ENDED, window_ns=(self._start_ns - self.t0_ns, 1 << 62))
+            self.result = FlopCount(why=ENDED, window_ns=(self._first_ns - self.t0_ns, 1 << 62))
         return self.result or FlopCount()

@@ -195,6 +195,13 @@ class StepTracer:
         elif len(self.log) >= self.max_log:
             self.processing_ns += self._process()
 
+    def evaluated_since(self, t_ns: int) -> bool:
+        """Whether a loader no optimizer step has followed (an evaluation's) was fetched since
+        ``t_ns`` (:attr:`clock` ns). Processes the log first, on the calling thread (the
+        training loop's: the FLOP count's end, once a run)."""
+        self.processing_ns += self._process()
+        return self._segmenter.away_fetch_ns >= t_ns
+
     # --- processing the log ---------------------------------------------------------------
     def attach_reader(self, attached: bool = True) -> None:
         """A thread that reads the rows while the run goes on calls :meth:`process` before each
