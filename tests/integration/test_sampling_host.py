@@ -106,12 +106,13 @@ def test_first_sample_has_every_column():
     time.sleep(0.05)
     values = src.read()
     assert set(values) == set(COLUMNS)
-    optional = {"workers_cpu_pct"}
+    optional = {"workers_cpu_pct", "workers_cpu_wait_pct"}
     if getattr(psutil.cpu_times(), "steal", None) is None:
         optional.add("steal_pct")  # a kernel without steal time (tested below)
     assert all(values[c] is not None for c in COLUMNS if c not in optional), values
     # no child process: worker CPU is unavailable, not 0%
     assert values["workers"] == 0 and values["workers_cpu_pct"] is None
+    assert values["workers_cpu_wait_pct"] is None
     assert 0 < values["ram_used_mb"] < values["ram_total_mb"]
     assert 0 < values["proc_rss_mb"] < values["ram_total_mb"]
     assert values["cpus_available"] == len(os.sched_getaffinity(0))
@@ -471,3 +472,77 @@ def test_real_steal_time_is_read_where_the_kernel_reports_it(reader):
     expected = (steal1 - steal0) / (total1 - total0) * 100
     assert values["steal_pct"] == pytest.approx(expected, abs=3.0)
     src.close()
+
+
+SPIN_ON_ONE_CPU = (
+    "import os, time\nos.sched_setaffinity(0, {%d})\n"
+    "end = time.monotonic() + 30\nwhile time.monotonic() < end: pass\n"
+)
+
+
+def test_children_that_wait_for_a_cpu_are_measured_and_sleeping_ones_wait_for_none(
+    child_processes,
+):
+    """Two children spinning on one CPU: each is always ready to run, so its CPU and its wait
+    for a CPU add up to the wall time (whoever else runs there); sleeping children wait for
+    none. The reader's wait is the kernel's run-queue wait (/proc/<pid>/schedstat)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("Linux only")
+    cpu = min(os.sched_getaffinity(0))
+    for _ in range(2):
+        child_processes(SPIN_ON_ONE_CPU % cpu)
+    time.sleep(0.1)
+    src = HostSource(ProcfsReader(psutil))
+    time.sleep(1.0)
+    values = src.read()
+    src.close()
+    assert values["workers"] == 2
+    assert values["workers_cpu_wait_pct"] >= 60.0, values  # about 100: half the time each
+    assert values["workers_cpu_pct"] + values["workers_cpu_wait_pct"] == pytest.approx(
+        200.0, abs=25.0
+    ), values
+    for proc in psutil.Process().children():
+        proc.kill()
+    psutil.wait_procs(psutil.Process().children(), timeout=5)
+
+    for _ in range(2):
+        child_processes(SLEEP)
+    time.sleep(0.1)
+    src = HostSource(ProcfsReader(psutil))
+    time.sleep(0.5)
+    values = src.read()
+    src.close()
+    assert values["workers"] == 2 and values["workers_cpu_wait_pct"] < 5.0, values
+
+
+def test_a_reader_without_the_run_queue_wait_reads_it_unavailable_with_a_reason(
+    child_processes, tmp_path, monkeypatch
+):
+    """psutil (macOS, Windows) and a Linux kernel without /proc/<pid>/schedstat: the wait is
+    None, never 0, and the capability says why."""
+    child_processes(BURN)
+    time.sleep(0.05)
+    src = HostSource(PsutilReader(psutil))
+    time.sleep(0.2)
+    values = src.read()
+    assert values["workers_cpu_pct"] is not None and values["workers_cpu_wait_pct"] is None
+    assert "only Linux" in src.reader.no_wait_reason
+    src.close()
+    if sys.platform.startswith("linux"):
+        _fake_proc(tmp_path, ["cpu  0 0 0 0 0 0 0 0 0 0", "cpu0 100 0 10 80 0 0 0 0 0 0"])
+        assert "schedstat" in ProcfsReader(psutil, proc_root=str(tmp_path)).no_wait_reason
+
+    from traceml_nb.engine.sampling import host as host_mod
+
+    monkeypatch.setattr(host_mod, "make_reader", lambda psutil: PsutilReader(psutil))
+    caps = Capabilities()
+    src = open_host_source(caps)
+    assert src is not None and not caps.ok("cpu_wait")
+    assert caps.why("cpu_wait") == src.reader.no_wait_reason
+    src.close()
+    if sys.platform.startswith("linux"):
+        monkeypatch.undo()
+        caps = Capabilities()
+        src = open_host_source(caps)
+        assert src is not None and caps.ok("cpu_wait")
+        src.close()

@@ -31,7 +31,7 @@ GPU_COLUMN_CAPABILITY = {
 GPU_DEFAULT_CAPABILITY = "nvml"
 HOST_CAPABILITY = "host"
 #: Host columns with a capability of their own (while the host sampler itself ran).
-HOST_COLUMN_CAPABILITY = {"steal_pct": "steal_time"}
+HOST_COLUMN_CAPABILITY = {"steal_pct": "steal_time", "workers_cpu_wait_pct": "cpu_wait"}
 
 
 @dataclass

@@ -3,23 +3,26 @@
 This is what tells "too few DataLoader workers" (workers busy, cores idle) from "CPU saturated
 by decoding" (every core busy). Columns (``None``/NaN = unavailable):
 
-=================== ===============================================================
-``proc_cpu_pct``    CPU used by this (the training) process; 100 = one core fully busy
-``workers_cpu_pct`` CPU used by all its child processes (DataLoader workers); 100 = one core
-``workers``         number of child processes alive
-``sys_cpu_pct``     whole-machine CPU use, 0..100 (100 = every core busy); steal time counts
-                    as busy, since a CPU the hypervisor took could not run this machine's work
-``steal_pct``       steal time: the share of the machine's CPU time the hypervisor gave to
-                    other guests while this (virtual) machine wanted to run, 0..100 of all its
-                    CPUs' time; unavailable (NaN, with ``STEAL_CAPABILITY``'s reason) where the
-                    kernel reports no steal time (macOS, Windows)
-``max_core_pct``    busiest core usable by this process (0..100)
-``cores_saturated`` cores usable by this process that were more than 90% busy
-``ram_used_mb``     machine RAM in use: total minus available (MiB)
-``ram_total_mb``    machine RAM (MiB)
-``proc_rss_mb``     resident memory of this process (MiB)
-``cpus_available``  CPUs this process may run on (its affinity mask)
-=================== ===============================================================
+======================== ==============================================================
+``proc_cpu_pct``         CPU used by this (the training) process; 100 = one core fully busy
+``workers_cpu_pct``      CPU used by all its child processes (DataLoader workers); 100 = one core
+``workers``              number of child processes alive
+``workers_cpu_wait_pct`` time the child processes were ready to run but waited for a CPU,
+                         summed (their main threads' run-queue wait); 100 = one worker waiting all
+                         the time; unavailable (``CPU_WAIT_CAPABILITY``'s reason) off Linux
+``sys_cpu_pct``          whole-machine CPU use, 0..100 (100 = every core busy); steal time counts
+                         as busy, since a CPU the hypervisor took could not run this machine's work
+``steal_pct``            steal time: the share of the machine's CPU time the hypervisor gave to
+                         other guests while this (virtual) machine wanted to run, 0..100 of all its
+                         CPUs' time; unavailable (NaN, with ``STEAL_CAPABILITY``'s reason) where the
+                         kernel reports no steal time (macOS, Windows)
+``max_core_pct``         busiest core usable by this process (0..100)
+``cores_saturated``      cores usable by this process that were more than 90% busy
+``ram_used_mb``          machine RAM in use: total minus available (MiB)
+``ram_total_mb``         machine RAM (MiB)
+``proc_rss_mb``          resident memory of this process (MiB)
+``cpus_available``       CPUs this process may run on (its affinity mask)
+======================== ==============================================================
 
 All CPU figures are averages over the time since the previous sample, computed from the
 kernel's cumulative CPU-time counters (never psutil's module-global ``cpu_percent`` state,
@@ -49,6 +52,7 @@ COLUMNS = (
     "proc_cpu_pct",
     "workers_cpu_pct",
     "workers",
+    "workers_cpu_wait_pct",
     "sys_cpu_pct",
     "steal_pct",
     "max_core_pct",
@@ -64,16 +68,20 @@ SATURATED_PCT = 90.0  #: a core busier than this counts as saturated
 CHILDREN_REFRESH_S = 1.0  #: the list of child processes is rebuilt at most this often
 #: The capability that says whether ``steal_pct`` is measured, and why not.
 STEAL_CAPABILITY = "steal_time"
+#: ...and whether ``workers_cpu_wait_pct`` is.
+CPU_WAIT_CAPABILITY = "cpu_wait"
 
 
 class _Tracked:
-    """A child process: its start time (to notice pid reuse) and CPU seconds at the last sample."""
+    """A child process: its start time (to notice pid reuse), CPU seconds and seconds waiting
+    for a CPU at the last sample."""
 
-    __slots__ = ("started", "last_cpu_s")
+    __slots__ = ("started", "last_cpu_s", "last_wait_s")
 
-    def __init__(self, started: float, last_cpu_s: float) -> None:
+    def __init__(self, started: float, last_cpu_s: float, last_wait_s: float) -> None:
         self.started = started
         self.last_cpu_s = last_cpu_s
+        self.last_wait_s = last_wait_s
 
 
 class HostSource:
@@ -139,13 +147,15 @@ class HostSource:
 
     def _track(self, pid: int, prime: bool = False) -> None:
         try:
-            stat = self.reader.process_stat(pid, rss=False)
+            stat = self.reader.process_stat(pid, rss=False, wait=True)
         except ProcessGone:
             return  # ended before we could look at it
         # A child started since the previous sample spent all its CPU time inside this
         # interval: count it from 0. An older one (found late) is counted from now on.
-        born = stat.started >= self._last_start_clock - START_TIME_RESOLUTION_S
-        self._children[pid] = _Tracked(stat.started, 0.0 if born and not prime else stat.cpu_s)
+        if stat.started >= self._last_start_clock - START_TIME_RESOLUTION_S and not prime:
+            self._children[pid] = _Tracked(stat.started, 0.0, 0.0)
+        else:
+            self._children[pid] = _Tracked(stat.started, stat.cpu_s, stat.cpu_wait_s or 0.0)
 
     def _track_new_main_thread_children(self) -> None:
         """Between full refreshes, pick up new children of the main thread (one small read):
@@ -156,12 +166,14 @@ class HostSource:
             if pid not in self._children:
                 self._track(pid)
 
-    def _children_cpu_s(self) -> float:
-        """CPU seconds the children used since the previous sample; ended children are dropped."""
-        used = 0.0
+    def _children_cpu_s(self) -> tuple[float, float | None]:
+        """CPU seconds the children used since the previous sample, and seconds they waited
+        for a CPU (None: not reported); ended children are dropped."""
+        used = waited = 0.0
+        wait_known = not self.reader.no_wait_reason
         for pid, tracked in list(self._children.items()):
             try:
-                stat = self.reader.process_stat(pid, rss=False)
+                stat = self.reader.process_stat(pid, rss=False, wait=wait_known)
             except ProcessGone:
                 stat = None
             if stat is None or abs(stat.started - tracked.started) > START_TIME_RESOLUTION_S:
@@ -169,7 +181,10 @@ class HostSource:
                 continue
             used += max(0.0, stat.cpu_s - tracked.last_cpu_s)
             tracked.last_cpu_s = stat.cpu_s
-        return used
+            if stat.cpu_wait_s is not None:
+                waited += max(0.0, stat.cpu_wait_s - tracked.last_wait_s)
+                tracked.last_wait_s = stat.cpu_wait_s
+        return used, waited if wait_known else None
 
     # --- sampling ---------------------------------------------------------------------------
     def read(self) -> dict[str, float | int | None]:
@@ -185,7 +200,9 @@ class HostSource:
             self._refresh_children(now)
         elif self._children_ok:
             self._track_new_main_thread_children()
-        children_cpu_s = self._children_cpu_s() if self._children_ok else None
+        children_cpu_s, children_wait_s = (
+            self._children_cpu_s() if self._children_ok else (None, None)
+        )
         cores = reader.core_times()
 
         if elapsed > 0:
@@ -193,6 +210,8 @@ class HostSource:
             if children_cpu_s is not None and (self._children or children_cpu_s > 0):
                 # no child process: nothing to read, which is not a 0% reading
                 values["workers_cpu_pct"] = children_cpu_s / elapsed * 100
+                if children_wait_s is not None:
+                    values["workers_cpu_wait_pct"] = children_wait_s / elapsed * 100
         if self._children_ok:
             values["workers"] = len(self._children)
         values.update(self._core_stats(cores))
@@ -253,7 +272,10 @@ def open_host_source(capabilities: Capabilities) -> HostSource | None:
             reason = "psutil is not installed"
         capabilities.set("host", False, f"host CPU and RAM are not sampled: {reason}")
         capabilities.set(STEAL_CAPABILITY, False, capabilities.why("host"))
+        capabilities.set(CPU_WAIT_CAPABILITY, False, capabilities.why("host"))
         return None
     capabilities.set("host", True)
     capabilities.set(STEAL_CAPABILITY, not source.steal_why, source.steal_why)
+    wait_why = source.reader.no_wait_reason
+    capabilities.set(CPU_WAIT_CAPABILITY, not wait_why, wait_why)
     return source

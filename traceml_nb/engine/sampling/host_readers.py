@@ -84,6 +84,9 @@ class ProcStat(NamedTuple):
     cpu_s: float  #: user + system CPU seconds of the process itself (not of reaped children)
     rss_bytes: int
     started: float  #: start time, on the reader's :meth:`now` clock (s)
+    #: seconds its main thread was ready to run but waited for a CPU (the run queue's wait,
+    #: ``/proc/<pid>/schedstat``); None where not read or not reported
+    cpu_wait_s: float | None = None
 
 
 class ProcfsReader:
@@ -100,6 +103,14 @@ class ProcfsReader:
         self._tick = float(os.sysconf("SC_CLK_TCK"))
         self._page = os.sysconf("SC_PAGE_SIZE")
         self._use_children_files = True
+        #: why ``ProcStat.cpu_wait_s`` is None from this reader ('' where it is read)
+        self.no_wait_reason = ""
+        try:
+            self._read(f"{proc_root}/{os.getpid()}/schedstat")
+        except OSError:
+            self.no_wait_reason = (
+                "this kernel has no /proc/<pid>/schedstat (built without CONFIG_SCHED_INFO)"
+            )
         self.process_stat(os.getpid())  # fails here, not mid-run, where /proc is not Linux's
         self.core_times()
         self.memory()
@@ -119,16 +130,24 @@ class ProcfsReader:
     def now(self) -> float:
         return time.clock_gettime(time.CLOCK_BOOTTIME)
 
-    def process_stat(self, pid: int, rss: bool = True) -> ProcStat:
+    def process_stat(self, pid: int, rss: bool = True, wait: bool = False) -> ProcStat:
+        """``wait``: read the run queue's wait too (one more file)."""
         try:
             raw = self._read(f"{self._root}/{pid}/stat")
+            waited = None
+            if wait and not self.no_wait_reason:
+                # man 5 proc: time on the CPU, time waiting on a run queue (ns), timeslices
+                waited = int(self._read(f"{self._root}/{pid}/schedstat").split()[1]) / 1e9
         except (FileNotFoundError, ProcessLookupError) as exc:
             raise ProcessGone(pid) from exc
         fields = raw[raw.rindex(b")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
         # man 5 proc, fields 14/15 (utime, stime), 22 (starttime), 24 (rss), counted from 1
         cpu_ticks = int(fields[11]) + int(fields[12])
         return ProcStat(
-            cpu_ticks / self._tick, int(fields[21]) * self._page, int(fields[19]) / self._tick
+            cpu_ticks / self._tick,
+            int(fields[21]) * self._page,
+            int(fields[19]) / self._tick,
+            waited,
         )
 
     #: Why ``CoreTime.steal`` is None from this reader.
@@ -201,7 +220,10 @@ class PsutilReader:
             proc = self._processes[pid] = self._psutil.Process(pid)
         return proc
 
-    def process_stat(self, pid: int, rss: bool = True) -> ProcStat:
+    #: Why ``ProcStat.cpu_wait_s`` is None from this reader.
+    no_wait_reason = "only Linux reports a process's wait for a CPU (/proc/<pid>/schedstat)"
+
+    def process_stat(self, pid: int, rss: bool = True, wait: bool = False) -> ProcStat:
         try:
             proc = self._process(pid)
             times = proc.cpu_times()
