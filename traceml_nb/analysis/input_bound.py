@@ -1,7 +1,8 @@
 """The input-bound verdict: the steps wait for their batches. Its cause, from the first epoch's
 waits, the workers' and the machine's CPU and the loader's settings (too few workers, workers
-saturated by decoding, pageable copies, slow storage, batches in memory handed over by
-workers), and the changes to the user's own loader that address it (:mod:`.advice`)."""
+saturated by decoding, workers short of CPU, pageable copies, slow storage, batches in memory
+handed over by workers), and the changes to the user's own loader that address it
+(:mod:`.advice`)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ from .thresholds import (
     MAX_SUGGESTED_WORKERS,
     STRONG_FACTOR,
     SYSTEM_SATURATED_PCT,
+    TRAINING_CORES_PCT,
     WORKER_BUSY_PCT,
     WORKER_SATURATED_PCT,
+    WORKER_STARVED_PCT,
 )
 
 #: The causes of an input-bound run (``Diagnosis.cause``; the views say them in words).
 CAUSE_TOO_FEW_WORKERS = "too-few-workers"
 CAUSE_CPU_SATURATED = "workers-cpu-saturated"  #: decode/augmentation bound
+CAUSE_CPU_STARVED = "workers-cpu-starved"  #: the workers wait for a CPU others take
 CAUSE_PAGEABLE = "pageable-copies"  #: host-to-device copies from pageable memory
 CAUSE_FIRST_EPOCH = "first-epoch-storage"  #: later epochs read from the page cache
 CAUSE_STORAGE = "slow-storage"  #: the workers are idle, yet cannot keep up
@@ -36,7 +40,8 @@ CAUSE_UNKNOWN = "input-unknown"  #: worker CPU unavailable
 TUNE_HINT = "tune-hint"
 #: The causes whose advice ends with ``TUNE_HINT``.
 TUNABLE_CAUSES = (
-    CAUSE_TOO_FEW_WORKERS, CAUSE_PAGEABLE, CAUSE_STORAGE, CAUSE_IN_MEMORY, CAUSE_UNKNOWN
+    CAUSE_TOO_FEW_WORKERS, CAUSE_CPU_STARVED, CAUSE_PAGEABLE, CAUSE_STORAGE, CAUSE_IN_MEMORY,
+    CAUSE_UNKNOWN,
 )  # fmt: skip
 
 
@@ -62,8 +67,10 @@ def _epoch_pattern(m: Measurements) -> tuple[float, float] | None:
 class _Saturation:
     known: bool  #: at least one CPU reading was available
     saturated: bool
+    starved: bool  #: ...by others: the workers wait for a CPU (``WORKER_STARVED_PCT``)
     #: what the readings say, for the advice: ``workers``, ``workers_cpu_pct`` and
-    #: ``per_worker_pct`` (None without workers' readings), ``system_cpu_pct`` (None: unread)
+    #: ``per_worker_pct`` (None without workers' readings), ``per_worker_wait_pct`` (None:
+    #: not measured), ``system_cpu_pct`` (None: unread)
     facts: dict[str, float | None]
 
 
@@ -71,25 +78,35 @@ def _saturation(m: Measurements, loader: LoaderInfo) -> _Saturation:
     r = m.host_readings
     workers_cpu = r["workers_cpu_pct"].value
     workers = r["workers"].value or loader.num_workers
+    waiting = r["workers_cpu_wait_pct"].value
     system = r["sys_cpu_pct"].value
     cores = r["cores_saturated"].value
     saturated, machine_busy = False, False
     per_worker: float | None = None
+    per_wait = 0.0
     facts: dict[str, float | None] = {
-        "workers": None, "workers_cpu_pct": None, "per_worker_pct": None, "system_cpu_pct": system,
+        "workers": None, "workers_cpu_pct": None, "per_worker_pct": None,
+        "per_worker_wait_pct": None, "system_cpu_pct": system,
     }  # fmt: skip
     if workers_cpu is not None and loader.num_workers > 0:
         per_worker = workers_cpu / max(1.0, workers)
         saturated |= per_worker >= WORKER_SATURATED_PCT
         facts.update(workers=workers, workers_cpu_pct=workers_cpu, per_worker_pct=per_worker)
+        if waiting is not None:
+            per_wait = waiting / max(1.0, workers)
+            facts["per_worker_wait_pct"] = per_wait
     if system is not None:
         machine_busy |= system >= SYSTEM_SATURATED_PCT
     if cores is not None and m.cpus:
         machine_busy |= cores >= m.cpus
-    # a busy machine starves the workers only if they are the ones using it
-    saturated |= machine_busy and (per_worker is None or per_worker >= WORKER_BUSY_PCT)
+    # workers that wait for a CPU are short of one, however busy the machine reads on average;
+    # a busy machine starves the workers only if they are the ones using it, or would be given
+    # the CPU they wait for; a worker waiting on storage does neither
+    starved = per_worker is not None and per_wait >= WORKER_STARVED_PCT
+    wanted = None if per_worker is None else per_worker + per_wait
+    saturated |= starved or machine_busy and (wanted is None or wanted >= WORKER_BUSY_PCT)
     known = workers_cpu is not None or system is not None or cores is not None
-    return _Saturation(known, saturated, facts)
+    return _Saturation(known, saturated, starved, facts)
 
 
 def input_bound(f: Facts) -> Diagnosis:
@@ -142,6 +159,9 @@ def _input_cause(f: Facts, d: Diagnosis, loader: LoaderInfo) -> None:
         _lead_with_changes(d, loader, changes, cpus, gpu)
         d.wont_help.append(Finding("more-workers-later-epochs-keep-up"))
         return
+    if sat.starved and not in_memory:  # no CPU is free for more workers; in memory: below
+        _cpu_starved(f, d, loader, sat)
+        return
     if workers is not None:
         d.cause = CAUSE_TOO_FEW_WORKERS
         changes = loader_changes(loader, workers=workers, gpu=gpu)
@@ -152,7 +172,7 @@ def _input_cause(f: Facts, d: Diagnosis, loader: LoaderInfo) -> None:
                 Finding("more-workers-than-cpus", {"workers": workers, "cpus": cpus})
             )
         return
-    if sat.known and sat.saturated:
+    if sat.known and sat.saturated and not sat.starved:
         d.cause = CAUSE_CPU_SATURATED
         d.advice.append(Finding("cheaper-samples", sat.facts))
         changes = loader_changes(loader, workers=None, gpu=gpu, prefetch=False)
@@ -192,3 +212,27 @@ def _input_cause(f: Facts, d: Diagnosis, loader: LoaderInfo) -> None:
         why = f.summary.unavailable.get("workers_cpu_median_pct", "host sampling unavailable")
         d.advice.append(Finding("workers-bound-unknown", {"why": why}))
     _lead_with_changes(d, loader, changes, cpus, gpu)
+
+
+def _cpu_starved(f: Facts, d: Diagnosis, loader: LoaderInfo, sat: _Saturation) -> None:
+    """The workers wait for a CPU: the training process's threads (where it uses more cores
+    than the workers leave it) or other processes take them."""
+    m, cpus = f.m, f.m.cpus
+    d.cause = CAUSE_CPU_STARVED
+    training = m.host_readings["proc_cpu_pct"].value
+    if (
+        training is not None
+        and cpus is not None
+        and training >= TRAINING_CORES_PCT
+        and training / 100 > cpus - loader.num_workers
+    ):
+        threads = max(1, cpus - loader.num_workers)
+        facts = {"proc_cpu_pct": training, "cpus": cpus, "threads": threads, **sat.facts}
+        d.advice.append(Finding("fewer-training-threads", facts))
+    else:
+        d.advice.append(
+            Finding("workers-short-of-cpu", {"proc_cpu_pct": training, "cpus": cpus, **sat.facts})
+        )
+    d.advice.append(Finding("cheaper-samples", sat.facts))
+    d.wont_help.append(Finding("more-workers-starved", sat.facts))
+    d.wont_help.append(Finding("larger-prefetch-saturated"))

@@ -174,6 +174,7 @@ def measure(
             "proc_cpu_pct",
             "workers_cpu_pct",
             "workers",
+            "workers_cpu_wait_pct",
             "sys_cpu_pct",
             "max_core_pct",
             "cores_saturated",

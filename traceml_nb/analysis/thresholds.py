@@ -53,6 +53,16 @@ SYSTEM_SATURATED_PCT = 90.0
 #: bottleneck only when they use at least this much CPU each (percent of one core); below it
 #: they mostly wait (on storage, a remote source, a lock) while something else takes the CPU.
 WORKER_BUSY_PCT = 50.0
+#: A DataLoader worker that waits for a CPU (ready to run, on the run queue) at least this share
+#: of the time (percent) is short of CPU, however busy the machine reads on average: other
+#: threads take the cores it needs. A worker waiting on storage sleeps, and waits for a CPU
+#: only for the moments after it wakes (1-4% measured on a busy 2-core machine; starved
+#: workers there waited 24-38%). A busy machine's workers count as saturated when their CPU
+#: and their wait for one reach ``WORKER_BUSY_PCT``.
+WORKER_STARVED_PCT = 20.0
+#: The training process uses more than one core (torch's intra-op threads) from this CPU on
+#: (percent, 100 = one core): the threads that starved workers compete with.
+TRAINING_CORES_PCT = 120.0
 #: "Slow storage / first epoch": the first epoch's data-wait share is at least this many times
 #: that of the later epochs (which then hit the page cache or a warm storage layer).
 FIRST_EPOCH_FACTOR = 2.0

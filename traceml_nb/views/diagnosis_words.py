@@ -17,31 +17,12 @@ from ..analysis.advice import setting_name
 from ..analysis.findings import TEXT, Diagnosis, Finding
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share, fmt_share_below
 from ..analysis.gpu_busy import GPM
-from ..analysis.input_bound import (
-    CAUSE_CPU_SATURATED,
-    CAUSE_FIRST_EPOCH,
-    CAUSE_IN_MEMORY,
-    CAUSE_PAGEABLE,
-    CAUSE_STORAGE,
-    CAUSE_TOO_FEW_WORKERS,
-    CAUSE_UNKNOWN,
-)
 from .anatomy_words import ANATOMY_SENTENCES
 from .evidence_words import EVIDENCE_SENTENCES
+from .input_words import CAUSES, INPUT_SENTENCES
 from .profile_words import PROFILE_SENTENCES
 
 Facts = dict[str, Any]
-
-#: Each cause of an input-bound run (``Diagnosis.cause``), in words.
-CAUSES = {
-    CAUSE_TOO_FEW_WORKERS: "too few DataLoader workers",
-    CAUSE_CPU_SATURATED: "DataLoader workers CPU-saturated (decode/augmentation bound)",
-    CAUSE_PAGEABLE: "host-to-device copies from pageable memory",
-    CAUSE_FIRST_EPOCH: "slow storage on the first epoch (later epochs read from the cache)",
-    CAUSE_STORAGE: "slow storage (the workers are idle, yet cannot keep up)",
-    CAUSE_IN_MEMORY: "batches in memory, handed over by worker processes (no storage to wait on)",
-    CAUSE_UNKNOWN: "input pipeline too slow (worker CPU unavailable)",
-}
 
 #: Where a DataLoader change goes, by what iterated the loader (``LoaderInfo.driver``).
 WHERE = {
@@ -104,19 +85,6 @@ def change_text(change: Facts, driver: str | None) -> str:
     if change.get("old") is None:
         return f"{name}={change['new']}"
     return f"{name}={change['old']} \u2192 {name}={change['new']}"
-
-
-def _saturation(f: Facts) -> str:
-    """``the 2 workers use 180% CPU (90% each) and the system CPU is at 95%``."""
-    parts = []
-    if f.get("workers_cpu_pct") is not None:
-        parts.append(
-            f"the {f['workers']:.0f} workers use {fmt_pct(f['workers_cpu_pct'])} CPU "
-            f"({fmt_pct(f['per_worker_pct'])} each)"
-        )
-    if f.get("system_cpu_pct") is not None:
-        parts.append(f"the system CPU is at {fmt_pct(f['system_cpu_pct'])}")
-    return " and ".join(parts)
 
 
 def _why_num_workers(f: Facts) -> str:
@@ -280,64 +248,19 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         f"{setting_name('prefetch_factor', f.get('driver'))}={f['new']} keeps {f['new']} batches "
         "per worker in flight, which absorbs slow samples."
     ),
-    "cache-the-dataset": lambda f: (
-        f"The first epoch waited {fmt_share(f['first_share'])} of its step time, later epochs "
-        f"only {fmt_share(f['later_share'])}: the first pass reads from slow storage and later "
-        "ones from the page cache. Copy the dataset to local disk or memory before training, "
-        "or cache decoded samples."
-    ),
-    "cheaper-samples": lambda f: (
-        f"The input pipeline is CPU-bound: {_saturation(f)}. Make each sample cheaper: store "
-        "images pre-resized, cache decoded tensors, or run the augmentations on the GPU "
-        "(e.g. torchvision.transforms.v2 on CUDA tensors)."
-    ),
-    "workers-wait-on-storage": lambda f: (
-        f"The workers are mostly idle ({_saturation(f)}) yet cannot keep up: they wait on "
-        "storage. Waiting workers need little CPU, so more workers than CPUs overlap more "
-        "reads; better still, copy the dataset to local disk or memory, or use fewer, larger "
-        "files."
-    ),
-    "in-memory-workers": lambda f: (
-        f"The dataset is a {f['dataset_type']}, already in memory: its workers wait on no "
-        f"storage ({_saturation(f)}). The loop waits while each batch is handed over from a "
-        "worker process, and on few CPUs the workers take CPU from the training process. Try "
-        "num_workers=0 with each batch made in one call (slice the tensors, or give the dataset "
-        "a __getitems__), and keep whichever is faster."
-    ),
-    "workers-bound-unknown": lambda f: (
-        "The loader already has a worker per CPU; whether its workers are CPU- or "
-        f"storage-bound is unknown (worker CPU unavailable: {f['why']})."
-    ),
     # what will not help
     "more-workers-for-tiny-batches": lambda f: (
         f"More DataLoader workers: at {fmt_ms(f['per_step_ms'])} a batch, handing each batch "
         "over from a worker process costs about as much as making it in the training loop."
     ),
-    "more-workers-in-memory": lambda f: (
-        "More DataLoader workers: the samples are already in memory; more processes add "
-        "hand-overs and take CPU from the training process."
-    ),
     "loader-tuning-minor": lambda f: (
         f"DataLoader tuning (workers, pin_memory, prefetch): {_input_label(f['input_kind'])} is "
         f"only {fmt_share(f['input_share'])} of step time."
-    ),
-    "more-workers-later-epochs-keep-up": lambda f: (
-        "More DataLoader workers: the later epochs already keep up with the current ones."
     ),
     "more-workers-than-cpus": lambda f: (
         f"More than {f['workers']} workers: only {f['cpus']} "
         f"CPU{'s are' if f['cpus'] != 1 else ' is'} available to this process."
     ),
-    "more-workers-saturated": lambda f: (
-        "More workers than "
-        + (f"the {f['cpus']} CPUs available" if f.get("cpus") is not None else "the CPUs")
-        + f": the workers already saturate them (num_workers={f['num_workers']})."
-    ),
-    "larger-prefetch-saturated": lambda f: (
-        "A larger prefetch_factor: a deeper queue does not make saturated workers faster."
-    ),
-    "more-cpu-not-saturated": lambda f: f"More CPU: {_saturation(f)}, not saturated.",
-    "faster-cpu-not-cpu-bound": lambda f: "A faster CPU: the workers are not CPU-bound.",
     # the saving
     "input-saving": lambda f: (
         f"{'GPU input stalls' if f['input_kind'] == 'gpu' else 'Data waits'} took "
@@ -399,6 +322,7 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         "ran, and small kernels keep it high while most SMs are idle (SM activity "
         f"{fmt_pct(f['sm_active_pct'])})."
     ),
+    **INPUT_SENTENCES,
     **PROFILE_SENTENCES,
     **EVIDENCE_SENTENCES,
     **ANATOMY_SENTENCES,
