@@ -27,7 +27,7 @@ def _record(fetch_ahead: bool, rest_between_fetches_ns: int) -> RunRecord:
     backward, about the step's work, between fetches)."""
     it = iter(DataLoader(TensorDataset(torch.zeros(64, 2)), batch_size=2))
     opt = object()
-    t, n, log = 1_000, 0, [(ev.EPOCH_STARTED, it, 64, None)]
+    t, n, log = 1_000, 0, [(ev.EPOCH_STARTED, it, 64, None, True)]
     for _ in range(CYCLES):
         for k in range(ACCUMULATION):
             n += 1

@@ -138,6 +138,42 @@ def test_a_loader_drawn_inside_each_step_is_part_of_the_step():
     assert res.summary.phases == []  # the inner loader is no phase of its own
 
 
+@pytest.mark.parametrize(
+    ("where", "batches"), [("top", 1), ("top", 4), ("after", 1), ("after", 4), ("every", 1)]
+)
+def test_an_evaluation_every_few_steps_is_no_step_wherever_it_sits_in_the_loop(where, batches):
+    """``if i % 10 == 0: evaluate()`` before the step or after it, on one batch
+    (``next(iter(val_loader))``) or several, under ``torch.no_grad()``; ``every``: one batch
+    after each step. Before, one batch made the validation loader a loader trained alongside
+    (its batches were steps: 71 of 64, or 127 with one every step), and an evaluation before
+    the step was no evaluation (none left out)."""
+    model, opt = model_and_opt()
+    train = DataLoader(Counted(256), batch_size=4)
+    val = DataLoader(Counted(64), batch_size=16)
+    every = 1 if where == "every" else 10
+
+    def evaluate() -> None:
+        with torch.no_grad():
+            for vx, _ in itertools.islice(val, batches):
+                model(vx)
+
+    evaluations = 0
+    with traceml_nb.Run("evaluations", sample=False) as run:
+        for i, (x, y) in enumerate(train):
+            if where == "top" and i % every == 0:
+                evaluate()
+                evaluations += 1
+            train_step(model, opt, x, y)
+            if where != "top" and i % every == 0:
+                evaluate()
+                evaluations += 1
+    res = result_of(run)
+    assert res.summary.total_steps == 64
+    assert res.summary.interleaved_steps == evaluations
+    [phase] = res.summary.phases
+    assert phase.batches == evaluations * batches
+
+
 class OnePause(Dataset):
     """Fast items, but one of them takes ``pause_s`` (a storage hiccup, a cold cache)."""
 

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from ..engine.capabilities import Capabilities
-from ..engine.flop_capture import EVALUATION_COUNTED
 from ..engine.optimizer_info import OptimizerInfo
 from ..engine.record import (
     FLAG_EPOCH_START,
@@ -250,17 +249,6 @@ def _batch_size(m: Measurements, batches: np.ndarray) -> int | None:
     return None
 
 
-def _evaluation_counted(sel: StepSelection, window_ns: tuple[int, int]) -> bool:
-    """A step an evaluation ran inside overlaps the FLOP count's window (ns, as the steps'):
-    its forwards would be counted as the training step's. The count gives up a step that caught
-    an evaluation of a loader and counts the next (``FlopWindow``); this is the look the
-    engine cannot take, at the steps as the analysis chose them."""
-    begin, end = window_ns
-    start = sel.start_s * 1e9
-    inside = (start < end) & (start + sel.wall_ms * 1e6 > begin)
-    return bool((inside & ((sel.flags & FLAG_INTERLEAVED) != 0)).any())
-
-
 def _flop_figures(
     snapshot: RecordSnapshot, m: Measurements, unavailable: dict[str, str]
 ) -> dict[str, Any]:
@@ -276,8 +264,6 @@ def _flop_figures(
     if count is not None and count.flops is not None and counted_ns is not None:
         window = int(began_inside(m.selection, counted_ns).sum())
         flops = float(count.flops) / max(1, window)  # accumulation: a count over its cycle
-        if _evaluation_counted(m.selection, counted_ns):
-            flops, why = None, EVALUATION_COUNTED
     elif count is not None:
         why = count.why
     achieved = None

@@ -114,10 +114,15 @@ class EpochStarted(_Event):
     iterator (an :class:`IteratorStarted`) with these fields."""
 
     __slots__ = ()
-    _fields = ("iterator", "samples", "driver")
+    _fields = ("iterator", "samples", "driver", "grad")
     iterator: Any = _field(1, "the iterator")
     samples: int = _field(2, "samples in the epoch that starts, -1 unknown")
     driver: str | None = _field(3, "what iterates it: a trainer's package (LoaderInfo.driver)")
+    grad: bool = _field(
+        4,
+        "autograd was on at the fetch: False for an epoch begun under torch.no_grad() or "
+        "torch.inference_mode(), an evaluation's",
+    )
 
 
 class IteratorStarted(_Event):

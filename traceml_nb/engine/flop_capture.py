@@ -11,8 +11,7 @@ COMPILED = (
     "torch compile it again"
 )
 ENDED = "the run ended during the step whose FLOPs were being counted"
-#: Each step counted had an evaluation inside (``FlopWindow``'s tries, and the analysis's look
-#: at the steps of the count that stands).
+#: Each step counted had an evaluation inside (``FlopWindow`` tries ``FLOP_COUNT_TRIES``).
 EVALUATION_COUNTED = (
     "an evaluation ran while the step's FLOPs were counted: its FLOPs cannot be told from the "
     "training step's"

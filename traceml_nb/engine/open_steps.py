@@ -34,6 +34,7 @@ class LoaderSteps:
         "first_fetch_ns",
         "phase_mark",
         "rests_without_step",
+        "evaluating",
     )
 
     def __init__(self, slot: int, info: LoaderInfo) -> None:
@@ -54,6 +55,9 @@ class LoaderSteps:
         #: the time outside ``next()`` of each step closed without an optimizer step since the
         #: last one with, ns: told apart (fetch-only or not) by the next step with one
         self.rests_without_step: list[int] = []
+        #: its epoch began with autograd off (under ``torch.no_grad()``): an evaluation's
+        #: batches, which no optimizer step is credited to
+        self.evaluating = False
 
     def tell_rows_apart(self, step_rest_ns: int) -> None:
         """A step with an optimizer step closed, ``step_rest_ns`` of it outside ``next()``:

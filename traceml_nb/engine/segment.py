@@ -14,8 +14,9 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   that one): their batches are followed by optimizer steps (``LoaderInfo.optimizer_steps``).
   The loader whose fetch comes first after an optimizer step begins the step
   (``LoaderInfo.leads``): the outer loop's loader, not one drawn inside the step.
-  A step inside which a loader that no optimizer step followed was iterated (an evaluation)
-  is flagged ``FLAG_INTERLEAVED``.
+  A loader whose epoch began with autograd off (``torch.no_grad()``: an evaluation, one batch
+  of it or more) is credited none. A step inside which a loader that no optimizer step
+  followed was iterated (an evaluation) is flagged ``FLAG_INTERLEAVED``.
 * **Optimizer rows.** The intervals between the first optimizer's ``step()`` calls (several
   optimizers, as in a GAN, make one step) are rows of their own, with the data wait of the
   fetches inside: the steps of a loop without a DataLoader, and of a loop that fetches its
@@ -116,6 +117,8 @@ class StepSegmenter:
         self._iterators: dict[int, IteratorCount] = {}  #: by id() of the iterator
         #: by id() of an iterator: the EpochStarted fields logged for its next fetch
         self._starting: dict[int, tuple[int, str | None]] = {}
+        #: ...and whether autograd was on then
+        self._starting_grad: dict[int, bool] = {}
         self._open: dict[int, LoaderSteps] = {}  #: loaders with an open step, by slot
         self._current: LoaderSteps | None = None  #: the loader fetched last
         self._after_optimizer = True  #: the next fetch begins a step
@@ -194,6 +197,7 @@ class StepSegmenter:
 
     def _epoch_started(self, ev: EpochStarted) -> None:
         self._starting[id(ev[1])] = (ev[2], ev[3])
+        self._starting_grad[id(ev[1])] = ev[4]
 
     def _announced(
         self, iterator: Any, key: int, known: IteratorCount | None
@@ -219,6 +223,8 @@ class StepSegmenter:
             self._let_go(gpu_enter, gpu_exit)
             return  # a loader past MAX_LOADERS
         batch = known.batch(number, size)
+        if number == 1:
+            st.evaluating = not self._starting_grad.pop(key, True)
         if st.start >= 0:
             self._close(st, t_enter, gpu_enter, truncated=False)
         wait = t_exit - t_enter
@@ -284,6 +290,7 @@ class StepSegmenter:
         key = id(iterator)
         known = self._iterators.pop(key, None)
         self._starting.pop(key, None)
+        self._starting_grad.pop(key, None)
         if known is not None and known.loader is not None and known.loader.start >= 0:
             if known.per_batch and known.samples < 0:
                 known.loader.batch = -1  # the epoch's last batch, of a sampler without a length
@@ -310,10 +317,12 @@ class StepSegmenter:
         if cur is not None:
             # The loader fetched last trains, and so does any loader fetched alongside it since
             # the previous optimizer step, no more often than it (``zip(a, b)``, an outer loader
-            # around an inner draw); not an evaluation that ran since (more batches than that).
+            # around an inner draw); not an evaluation that ran since (more batches than that,
+            # or an epoch begun under torch.no_grad(): one batch, ``next(iter(val_loader))``).
             ahead_of = cur.since_optimizer
             for st in self._by_slot.values():
-                if st is cur or (0 < st.since_optimizer <= ahead_of and st.start >= 0):
+                alongside = 0 < st.since_optimizer <= ahead_of and st.start >= 0
+                if (st is cur or alongside) and not st.evaluating:
                     info = st.info
                     if not info.optimizer_steps:
                         self._rows_needed = None  # a loader is known to train: decide again

@@ -169,15 +169,17 @@ class StepTracer:
 
     def epoch_started(self, it: Any) -> None:
         """``it`` yielded its epoch's first batch: log how many samples its sampler holds now
-        (a sampler's length may change between epochs) and what iterates it (a trainer's own
-        loop: :func:`~.loader.driver_of`)."""
+        (a sampler's length may change between epochs), what iterates it (a trainer's own
+        loop: :func:`~.loader.driver_of`) and whether autograd is on (off: an evaluation)."""
+        import torch
+
         try:
             sampler = it._index_sampler
             samples = epoch_samples(sampler) if counted_batch_size(it) else -1
             driver = driver_of(sys._getframe(2))  # past this method and the wrapper
         except Exception:
             samples, driver = -1, None
-        self.log.append((EPOCH_STARTED, it, samples, driver))
+        self.log.append((EPOCH_STARTED, it, samples, driver, torch.is_grad_enabled()))
         self.check()  # a loop that makes a new iterator for every few batches checks here
 
     def marker(self) -> None:
