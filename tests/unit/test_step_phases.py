@@ -315,6 +315,56 @@ def test_a_forward_never_seen_is_unavailable_with_the_copy_not_zero(forwards_see
         assert anatomy.shares["other"] == pytest.approx(0.4)
 
 
+@pytest.mark.parametrize("backwards_seen", [0, 1])
+def test_a_backward_never_seen_while_the_optimizer_steps_is_unavailable_not_zero(
+    backwards_seen,
+) -> None:
+    """Forward and optimizer timed and no ``backward()`` (gradients from
+    ``torch.autograd.grad`` or ``torch.func``): the backward is unavailable with why, not
+    0 ms; a single timed backward makes it measured, and a loop that steps no optimizer (an
+    evaluation) has a backward of 0 ms."""
+    from traceml_nb.analysis.step_anatomy import NO_BACKWARD
+
+    n = 8
+    wall, wait = np.full(n, 10.0), np.full(n, 1.0)
+    phases = np.zeros((n, len(PHASES)))
+    phases[:, PHASES.index("forward")] = 3.0
+    phases[:, PHASES.index("optimizer")] = 1.0
+    phases[:backwards_seen, PHASES.index("backward")] = 4.0
+    anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases))
+    if backwards_seen:
+        assert anatomy.unavailable == {} and anatomy.medians_ms["backward"] == 0.0
+    else:
+        assert anatomy.unavailable == {"backward": NO_BACKWARD}
+        assert "backward" not in anatomy.medians_ms and "backward" not in anatomy.shares
+        assert sum(anatomy.shares.values()) == pytest.approx(1.0)
+    phases[:, PHASES.index("optimizer")] = 0.0
+    evaluation = step_anatomy(wall, wait, PhaseRows.of_dense(phases))
+    assert evaluation.medians_ms["backward"] == 0.0 and "backward" not in evaluation.unavailable
+
+
+def test_gradients_taken_with_autograd_grad_leave_the_backward_unavailable() -> None:
+    """A manual update from ``torch.autograd.grad`` (MAML-like loops): the gradients are
+    computed in the step, but by no ``backward()``: the report says so instead of 0 ms."""
+    from traceml_nb.analysis import analyze
+    from traceml_nb.analysis.step_anatomy import NO_BACKWARD
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(640, 16), torch.randn(640, 1))
+    with traceml_nb.Run("autograd.grad", sample=False) as run:
+        for x, y in DataLoader(data, batch_size=8):
+            loss = ((model(x) - y) ** 2).mean()
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            for p, g in zip(model.parameters(), grads, strict=True):
+                p.grad = g
+            opt.step()
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.unavailable["backward_ms_median"] == NO_BACKWARD
+    assert summary.forward_ms_median > 0 and summary.optimizer_ms_median > 0
+
+
 @pytest.mark.parametrize("seen_inside", [False, True])
 def test_a_phase_run_only_inside_another_is_unavailable_as_counted_there(seen_inside) -> None:
     """Backward and optimizer took time, no forward: told that the forward started inside the

@@ -59,6 +59,13 @@ NO_FORWARD = (
     "are not timed; its time is in the rest of the step"
 )
 NO_COPY_WITHOUT_FORWARD = "it ends at the model's forward, which was not seen"
+#: Where optimizer steps were timed and no ``backward()`` was seen: the gradients came another
+#: way (``torch.autograd.grad``, ``torch.func.grad``, set by hand), which is not timed as the
+#: backward; a loop that trains none (an evaluation) has a backward of 0 ms, as it is.
+NO_BACKWARD = (
+    "no backward() was seen though the optimizer stepped: gradients computed with "
+    "torch.autograd.grad or torch.func, or set by hand, are timed as the rest of the step"
+)
 #: A phase that took no time in the timed steps and started only inside another (a model
 #: called only inside the backward, a backward only inside the model's forward): it is part of
 #: the outer one, as the phases are defined (one phase at a time; only an optimizer's closure
@@ -162,13 +169,17 @@ def step_anatomy(
 
 def _untimed(phases: np.ndarray, inside: Iterable[tuple[str, str]]) -> dict[str, str]:
     """The phases that took no time in any timed step while others did, and why: run only
-    inside another phase (``inside``), or a forward not seen (the copy, which ends at it, goes
-    with it)."""
+    inside another phase (``inside``), a forward not seen (the copy, which ends at it, goes
+    with it), a backward not seen in steps whose optimizer stepped."""
     outer_of = {inner: outer for outer, inner in sorted(inside) if outer != inner}
     unavailable = {}
     for i, name in enumerate(PHASES):
         if name in outer_of and not phases[:, i].any():
             unavailable[name] = INSIDE.format(outer=OUTER_WORDS[outer_of[name]])
+    backward, optimizer = PHASES.index("backward"), PHASES.index("optimizer")
+    if "backward" not in unavailable and phases[:, optimizer].any():
+        if not phases[:, backward].any():
+            unavailable["backward"] = NO_BACKWARD
     if not phases[:, PHASES.index("forward")].any():  # the copy was never ended, nor timed
         if "forward" in unavailable:
             unavailable["copy"] = COPY_INSIDE.format(outer=OUTER_WORDS[outer_of["forward"]])
