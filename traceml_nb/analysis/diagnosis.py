@@ -1,7 +1,8 @@
 """The verdict on a run: the rules, in the order they are tried (docs/diagnosis.md explains them).
 
 1. ``insufficient-data``: fewer than ``MIN_STEADY_STEPS`` steady steps, or nothing that tells
-   input waits from compute.
+   input waits from compute (no DataLoader, no GPU utilisation, and on a CPU no model phases
+   of ``MODEL_BOUND_SHARE`` of the step).
 2. ``input-bound``: input stall share ≥ ``INPUT_BOUND_SHARE`` and ≥ ``MIN_INPUT_WAIT_MS`` per
    step, with a sub-cause and the loader changes that address it (:mod:`.input_bound`).
 3. ``throttled``: steps during reduced-clock samples clearly slower than the others.
@@ -33,6 +34,7 @@ from .thresholds import (
     INPUT_MINOR_SHARE,
     MIN_INPUT_WAIT_MS,
     MIN_STEADY_STEPS,
+    MODEL_BOUND_SHARE,
     SMALL_BATCH,
     THROTTLE_CLOCK_RATIO,
 )
@@ -79,6 +81,8 @@ def _verdict(f: Facts) -> Diagnosis:
         return _insufficient(f)
     if f.input_bound:
         return input_bound(f)
+    if f.signal.kind is None and not f.gpu and _model_share(f) >= MODEL_BOUND_SHARE:
+        return _compute_bound_by_phases(f)
     if f.signal.kind is None and (not f.gpu or f.busy is None):
         return Diagnosis(
             verdict="insufficient-data",
@@ -190,6 +194,23 @@ def _memory_pressure(f: Facts) -> Diagnosis:
         confidence="high",
         advice=[Finding("free-gpu-memory")],
         wont_help=_wont_help_input(f),
+    )
+
+
+def _model_share(f: Facts) -> float:
+    """The share of the steps' time the model's timed phases took (0 where not timed)."""
+    shares = f.summary.phase_shares
+    return sum(shares.get(p, 0.0) for p in ("forward", "backward", "optimizer"))
+
+
+def _compute_bound_by_phases(f: Facts) -> Diagnosis:
+    """A CPU run without a DataLoader whose model phases take nearly all of each step."""
+    share = _model_share(f)
+    return Diagnosis(
+        verdict="compute-bound",
+        title=Finding("compute-bound-model-phases", {"model_share": share}),
+        confidence=confidence(False, f.m.steady),
+        advice=[Finding("cpu-is-the-limit")],
     )
 
 

@@ -176,6 +176,11 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         f"{fmt_share(f['input_share'])} of each is {_making_batches(f)}, the rest is the "
         "model's work"
     ),
+    "compute-bound-model-phases": lambda f: (
+        f"Compute-bound: the model's forward, backward and optimizer step take "
+        f"{fmt_share(f['model_share'])} of each step; no DataLoader was iterated, so making "
+        f"the batches is inside the other {fmt_share(1.0 - f['model_share'])}"
+    ),
     "compute-bound-cpu": lambda f: (
         "Compute-bound: the steps spend their time computing, not waiting for data "
         f"({_not_input(f)})"
