@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from builders import RecordBuilder, cpu_capabilities
 
 import traceml_nb
 from traceml_nb.analysis import analyze
-from traceml_nb.analysis.thresholds import MODEL_BOUND_SHARE
+from traceml_nb.analysis.thresholds import INPUT_BOUND_SHARE, MODEL_BOUND_SHARE
 from traceml_nb.engine.record import FLAG_OPTIMIZER_STEP, SOURCE_OPTIMIZER
 from traceml_nb.views.diagnosis_words import diagnosis_words
 
@@ -34,6 +35,7 @@ def _optimizer_steps(model_share: float, steps: int = 50, step_ms: float = 10.0)
 
 
 def test_the_model_phases_taking_nearly_all_of_each_step_make_it_compute_bound_both_sides():
+    assert MODEL_BOUND_SHARE == pytest.approx(1.0 - INPUT_BOUND_SHARE)  # the rest: not input
     d = _optimizer_steps(MODEL_BOUND_SHARE)
     assert d.verdict == "compute-bound"
     assert diagnosis_words(d).title == (

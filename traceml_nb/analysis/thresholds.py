@@ -32,8 +32,9 @@ INPUT_BOUND_SHARE = 0.15
 INPUT_MINOR_SHARE = 0.05
 #: A CPU run that iterates no DataLoader makes its batches somewhere in the step: where the
 #: model's timed phases (forward, backward, optimizer) take at least this share of it, the rest,
-#: which holds the batch making, is below ``INPUT_BOUND_SHARE``: the run is compute-bound.
-MODEL_BOUND_SHARE = 1.0 - INPUT_BOUND_SHARE
+#: which holds the batch making, is below ``INPUT_BOUND_SHARE``: the run is compute-bound
+#: (1 - ``INPUT_BOUND_SHARE``).
+MODEL_BOUND_SHARE = 0.85
 #: Mean input stall per step (ms) below which a run is never input-bound, whatever the share:
 #: a tiny model on an in-memory dataset waits microseconds per step; a large share of a tiny
 #: step is no input problem.
