@@ -35,7 +35,7 @@ def _optimizer_steps(model_share: float, steps: int = 50, step_ms: float = 10.0)
 
 
 def test_the_model_phases_taking_nearly_all_of_each_step_make_it_compute_bound_both_sides():
-    assert MODEL_BOUND_SHARE == pytest.approx(1.0 - INPUT_BOUND_SHARE)  # the rest: not input
+    assert pytest.approx(1.0 - INPUT_BOUND_SHARE) == MODEL_BOUND_SHARE  # the rest: not input
     d = _optimizer_steps(MODEL_BOUND_SHARE)
     assert d.verdict == "compute-bound"
     assert diagnosis_words(d).title == (

@@ -177,9 +177,9 @@ def _untimed(phases: np.ndarray, inside: Iterable[tuple[str, str]]) -> dict[str,
         if name in outer_of and not phases[:, i].any():
             unavailable[name] = INSIDE.format(outer=OUTER_WORDS[outer_of[name]])
     backward, optimizer = PHASES.index("backward"), PHASES.index("optimizer")
-    if "backward" not in unavailable and phases[:, optimizer].any():
-        if not phases[:, backward].any():
-            unavailable["backward"] = NO_BACKWARD
+    stepped_without = phases[:, optimizer].any() and not phases[:, backward].any()
+    if stepped_without and "backward" not in unavailable:
+        unavailable["backward"] = NO_BACKWARD
     if not phases[:, PHASES.index("forward")].any():  # the copy was never ended, nor timed
         if "forward" in unavailable:
             unavailable["copy"] = COPY_INSIDE.format(outer=OUTER_WORDS[outer_of["forward"]])
