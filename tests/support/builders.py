@@ -22,6 +22,7 @@ import numpy as np
 
 from traceml_nb.analysis.findings import PhaseSummary, Summary
 from traceml_nb.engine.capabilities import Capabilities
+from traceml_nb.engine.instrument.loader import IN_MEMORY_DATASETS
 from traceml_nb.engine.record import (
     FLAG_EPOCH_START,
     SOURCE_MARKER,
@@ -83,6 +84,7 @@ class RecordBuilder:
             dataset_type=dataset_type,
             dataset_len=dataset_len,
             iterable=False,
+            in_memory=dataset_type in IN_MEMORY_DATASETS,
         )
         if training:
             self._training.add(info.slot)

@@ -227,6 +227,35 @@ def test_iterable_dataset_and_dict_batches() -> None:
     assert run.record.loaders[0].iterable
 
 
+def test_a_dataset_in_memory_is_told_through_random_split_and_concatenation() -> None:
+    """``random_split`` of a TensorDataset (a ``Subset``), a ``ConcatDataset`` of them: in
+    memory, as the TensorDataset is (its workers wait on no storage); a Subset of another
+    dataset, or a concatenation with one, is not."""
+    from torch.utils.data import ConcatDataset, Subset, random_split
+
+    class Made(Dataset):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i):
+            return torch.zeros(2)
+
+    tensors = TensorDataset(torch.zeros(16, 2))
+    train, _ = random_split(tensors, [0.5, 0.5])
+    datasets = {
+        "TensorDataset": (tensors, True),
+        "random_split": (train, True),
+        "ConcatDataset": (ConcatDataset([train, Subset(tensors, [1, 2])]), True),
+        "Subset of another": (Subset(Made(), [1, 2]), False),
+        "ConcatDataset with another": (ConcatDataset([tensors, Made()]), False),
+    }
+    for name, (dataset, in_memory) in datasets.items():
+        with traceml_nb.Run(name, sample=False) as run:
+            for _ in DataLoader(dataset, batch_size=4):
+                pass
+        assert run.record.loaders[0].in_memory is in_memory, name
+
+
 def test_the_users_batches_are_untouched() -> None:
     data = TensorDataset(torch.arange(20.0).view(10, 2), torch.arange(10))
     plain = [tuple(t.clone() for t in b) for b in DataLoader(data, batch_size=3)]

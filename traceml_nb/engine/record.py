@@ -144,6 +144,9 @@ class LoaderInfo:
     #: where its fetches come from: "transformers", "lightning", "accelerate" (their trainers
     #: and wrappers iterate the loader), or None (the user's own loop)
     driver: str | None = None
+    #: its samples are tensors already in memory: a ``TensorDataset``, or a ``Subset`` or
+    #: ``ConcatDataset`` of them (``random_split``'s), :data:`~.instrument.loader.IN_MEMORY_DATASETS`
+    in_memory: bool = False
 
     @property
     def fetches_ahead(self) -> bool | None:

@@ -6,6 +6,25 @@ from typing import Any
 
 from ..record import LoaderInfo
 
+#: Datasets whose samples are tensors already in memory (``LoaderInfo.in_memory``)...
+IN_MEMORY_DATASETS = frozenset({"TensorDataset"})
+#: ...and the datasets that only pick from others, looked through (``random_split`` makes a
+#: ``Subset`` of each part), by the attribute that holds the others.
+VIEW_DATASETS = {"Subset": "dataset", "ConcatDataset": "datasets"}
+
+
+def in_memory(dataset: Any, depth: int = 0) -> bool:
+    """``dataset`` is one of :data:`IN_MEMORY_DATASETS`, or views only such datasets."""
+    name = type(dataset).__name__
+    if name in IN_MEMORY_DATASETS:
+        return True
+    attr = VIEW_DATASETS.get(name)
+    if attr is None or depth >= 8:
+        return False
+    inner = getattr(dataset, attr, None)
+    views = inner if isinstance(inner, list) else [inner]
+    return inner is not None and all(in_memory(d, depth + 1) for d in views)
+
 
 def loader_settings(it: Any) -> LoaderInfo:
     """The loader's settings as its iterator holds them (an iterator keeps no reference to its
@@ -27,6 +46,7 @@ def loader_settings(it: Any) -> LoaderInfo:
         dataset_len=dataset_len,
         iterable=getattr(it, "_dataset_kind", 0) == 1,  # torch's _DatasetKind.Iterable
         dataset_id=id(dataset),
+        in_memory=in_memory(dataset),
     )
 
 
