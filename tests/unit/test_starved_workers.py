@@ -13,6 +13,7 @@ from traceml_nb.analysis.input_bound import (
     CAUSE_CPU_STARVED,
     CAUSE_IN_MEMORY,
     CAUSE_STORAGE,
+    CAUSE_TOO_FEW_WORKERS,
     TUNE_HINT,
 )
 from traceml_nb.analysis.thresholds import (
@@ -126,3 +127,11 @@ def test_the_training_threads_are_named_only_where_they_take_the_workers_cpus_bo
 def test_starved_workers_of_a_dataset_in_memory_are_its_hand_over():
     d = _run(35.0, 35.0, dataset_type="TensorDataset")
     assert d.cause == CAUSE_IN_MEMORY
+
+
+def test_idle_workers_of_a_dataset_in_memory_are_not_asked_to_be_more_where_cpus_are_free():
+    """4 CPUs, 2 idle workers of a TensorDataset: the hand-over, not "too few workers"; busy
+    workers with CPUs free are still too few."""
+    assert _run(20.0, 2.0, cpus=4, dataset_type="TensorDataset").cause == CAUSE_IN_MEMORY
+    busy = _run(95.0, 2.0, cpus=4, dataset_type="TensorDataset", system=60.0)
+    assert busy.cause == CAUSE_TOO_FEW_WORKERS

@@ -162,7 +162,9 @@ def _input_cause(f: Facts, d: Diagnosis, loader: LoaderInfo) -> None:
     if sat.starved and not in_memory:  # no CPU is free for more workers; in memory: below
         _cpu_starved(f, d, loader, sat)
         return
-    if workers is not None:
+    # idle workers of a dataset in memory wait on no storage: more would hand over as slowly
+    idle_in_memory = in_memory and loader.num_workers > 0 and sat.known and not sat.saturated
+    if workers is not None and not idle_in_memory:
         d.cause = CAUSE_TOO_FEW_WORKERS
         changes = loader_changes(loader, workers=workers, gpu=gpu)
         d.advice.append(change_loader(changes, loader.driver))
