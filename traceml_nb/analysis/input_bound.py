@@ -104,7 +104,7 @@ def _saturation(m: Measurements, loader: LoaderInfo) -> _Saturation:
     # the CPU they wait for; a worker waiting on storage does neither
     starved = per_worker is not None and per_wait >= WORKER_STARVED_PCT
     wanted = None if per_worker is None else per_worker + per_wait
-    saturated |= starved or machine_busy and (wanted is None or wanted >= WORKER_BUSY_PCT)
+    saturated |= starved or (machine_busy and (wanted is None or wanted >= WORKER_BUSY_PCT))
     known = workers_cpu is not None or system is not None or cores is not None
     return _Saturation(known, saturated, starved, facts)
 
