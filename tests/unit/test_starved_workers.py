@@ -69,7 +69,8 @@ def test_workers_waiting_for_a_cpu_the_training_threads_take_are_told_to_leave_t
         "the loop to leave the workers the CPUs they need, and keep it if the steps are faster."
     )
     assert words.advice[1].startswith("The input pipeline is CPU-bound")
-    assert d.advice[-1].code == TUNE_HINT
+    # tune iterates the loaders without the model, whose threads the workers wait for
+    assert TUNE_HINT not in [f.code for f in d.advice]
     assert words.wont_help[0] == (
         "More DataLoader workers: the workers already wait for a CPU; more would wait too."
     )

@@ -38,10 +38,10 @@ CAUSE_UNKNOWN = "input-unknown"  #: worker CPU unavailable
 #: (or may be): run ``%traceml tune``, which measures the settings instead of reading them
 #: from rules.
 TUNE_HINT = "tune-hint"
-#: The causes whose advice ends with ``TUNE_HINT``.
+#: The causes whose advice ends with ``TUNE_HINT`` (not workers short of CPU: ``tune``
+#: iterates the loaders without the model, whose threads are what the workers wait for).
 TUNABLE_CAUSES = (
-    CAUSE_TOO_FEW_WORKERS, CAUSE_CPU_STARVED, CAUSE_PAGEABLE, CAUSE_STORAGE, CAUSE_IN_MEMORY,
-    CAUSE_UNKNOWN,
+    CAUSE_TOO_FEW_WORKERS, CAUSE_PAGEABLE, CAUSE_STORAGE, CAUSE_IN_MEMORY, CAUSE_UNKNOWN
 )  # fmt: skip
 
 
