@@ -189,6 +189,19 @@ def test_an_evaluation_in_every_step_tried_leaves_the_flops_unavailable_not_infl
     assert len(counted) == flop_count.FLOP_COUNT_TRIES
 
 
+def test_a_try_that_cannot_start_keeps_the_steps_the_first_one_slowed_left_out(
+    monkeypatch,
+) -> None:
+    """The count caught an evaluation and the next try cannot start (a model was compiled in
+    between): no count, with why, and the first try's step is still left out."""
+    calls = iter([False, True])
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: next(calls, True))
+    run = _train_evaluating(10, 0)
+    assert run.record.flops is not None and run.record.flops.why == flop_capture.COMPILED
+    counted = np.flatnonzero(select_rows(run.record.snapshot()).flags & FLAG_FLOP_COUNTED)
+    assert list(counted) == [flop_count.COUNT_AFTER_STEPS]
+
+
 def test_an_evaluation_at_the_top_of_the_loop_before_the_count_leaves_it_as_it_is() -> None:
     """``if i % 10 == 0: evaluate()`` before the step: the evaluation of step 0 runs before the
     count opens (at step 0's optimizer step), though inside the step row the count's window

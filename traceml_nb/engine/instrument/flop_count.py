@@ -220,8 +220,9 @@ class FlopWindow:
         if self.evaluated_since is not None and self.evaluated_since(self._start_ns):
             if self._tries < FLOP_COUNT_TRIES:
                 self._begin(optimizer)
-            else:
-                self.result = FlopCount(why=EVALUATION_COUNTED, window_ns=window)
+            if self._mode is None:  # no try left, or the next could not start
+                why = self.result.why if self.result is not None else EVALUATION_COUNTED
+                self.result = FlopCount(why=why, window_ns=window)
             return
         self.result = FlopCount(
             flops,
