@@ -24,6 +24,15 @@ EXTRA_SLEEP_S = 0.020
 #: output directory and exits: a hung rank fails its test with where it hung, not the suite's
 #: timeout (a rank takes well under 10 s on a busy machine).
 RANK_DEADLINE_S = 150.0
+#: Seconds a rank may take from the end of its training to its exit (the rank's run stopped
+#: and its rows sent, then the process's own exit: well under a second) before it writes every
+#: thread's stack to ``rank{k}.exit.stack`` and exits: the launch that waits for it then
+#: fails with where it hung. Twice, two ranks finished training and never exited (the
+#: kernel's receiver still waiting on both pipes, the suite's 300 s timeout), in runs of the
+#: whole suite under load; not reproduced alone.
+EXIT_DEADLINE_S = 60.0
+#: the file the exit watchdog writes to, kept open past ``train_rank``'s return
+_exit_stacks: list = []
 
 
 class SleepyDataset(Dataset):
@@ -57,11 +66,14 @@ def train_rank(rank: int, world: int, port: int, out_dir: str, fail_rank: int = 
                 dist.destroy_process_group()
         finally:
             faulthandler.cancel_dump_traceback_later()
+            _exit_stacks.append(open(Path(out_dir, f"rank{rank}.exit.stack"), "w"))  # noqa: SIM115
+            faulthandler.dump_traceback_later(EXIT_DEADLINE_S, exit=True, file=_exit_stacks[-1])
 
 
 def hung_ranks(out_dir: str) -> str:
     """The stacks of the ranks that passed their deadline (what to show when a launch failed)."""
     dumps = [p for p in sorted(Path(out_dir).glob("rank*.stack")) if p.stat().st_size]
+    # (rank*.stack matches the exit watchdog's rank*.exit.stack too)
     return "\n".join(f"{p.name}:\n{p.read_text()}" for p in dumps) or "no rank passed its deadline"
 
 
