@@ -116,9 +116,7 @@ class StepSegmenter:
         self._by_slot: dict[int, LoaderSteps] = {}
         self._iterators: dict[int, IteratorCount] = {}  #: by id() of the iterator
         #: by id() of an iterator: the EpochStarted fields logged for its next fetch
-        self._starting: dict[int, tuple[int, str | None]] = {}
-        #: ...and whether autograd was on then
-        self._starting_grad: dict[int, bool] = {}
+        self._starting: dict[int, tuple[int, str | None, bool]] = {}
         self._open: dict[int, LoaderSteps] = {}  #: loaders with an open step, by slot
         self._current: LoaderSteps | None = None  #: the loader fetched last
         self._after_optimizer = True  #: the next fetch begins a step
@@ -196,17 +194,21 @@ class StepSegmenter:
         return known
 
     def _epoch_started(self, ev: EpochStarted) -> None:
-        self._starting[id(ev[1])] = (ev[2], ev[3])
-        self._starting_grad[id(ev[1])] = ev[4]
+        self._starting[id(ev[1])] = (ev[2], ev[3], ev[4])
 
     def _announced(
         self, iterator: Any, key: int, known: IteratorCount | None
     ) -> IteratorCount | None:
         """The iterator of a fetch that the segmenter does not know, or whose count fell,
-        announced, if there is an announcer (else as it was)."""
-        if self._announce is None:
-            return known
-        return self._iterator_started(self._announce(iterator, self._starting.pop(key, None)))
+        announced, if there is an announcer (else as it was); where its epoch's start was
+        logged, its loader is an evaluation's for the epoch if autograd was off then."""
+        starting = self._starting.pop(key, None)
+        if self._announce is not None:
+            samples_driver = None if starting is None else starting[:2]
+            known = self._iterator_started(self._announce(iterator, samples_driver))
+        if starting is not None and known is not None and known.loader is not None:
+            known.loader.evaluating = not starting[2]
+        return known
 
     def _fetch(self, ev: Fetch) -> None:
         _, iterator, number, t_enter, t_exit, size, gpu_enter, gpu_exit = ev
@@ -223,8 +225,6 @@ class StepSegmenter:
             self._let_go(gpu_enter, gpu_exit)
             return  # a loader past MAX_LOADERS
         batch = known.batch(number, size)
-        if number == 1:
-            st.evaluating = not self._starting_grad.pop(key, True)
         if st.start >= 0:
             self._close(st, t_enter, gpu_enter, truncated=False)
         wait = t_exit - t_enter
@@ -290,7 +290,6 @@ class StepSegmenter:
         key = id(iterator)
         known = self._iterators.pop(key, None)
         self._starting.pop(key, None)
-        self._starting_grad.pop(key, None)
         if known is not None and known.loader is not None and known.loader.start >= 0:
             if known.per_batch and known.samples < 0:
                 known.loader.batch = -1  # the epoch's last batch, of a sampler without a length
