@@ -222,6 +222,7 @@ def _cpu_starved(f: Facts, d: Diagnosis, loader: LoaderInfo, sat: _Saturation) -
     m, cpus = f.m, f.m.cpus
     d.cause = CAUSE_CPU_STARVED
     training = m.host_readings["proc_cpu_pct"].value
+    facts = {"proc_cpu_pct": training, "cpus": cpus, **sat.facts}
     if (
         training is not None
         and cpus is not None
@@ -229,12 +230,9 @@ def _cpu_starved(f: Facts, d: Diagnosis, loader: LoaderInfo, sat: _Saturation) -
         and training / 100 > cpus - loader.num_workers
     ):
         threads = max(1, cpus - loader.num_workers)
-        facts = {"proc_cpu_pct": training, "cpus": cpus, "threads": threads, **sat.facts}
-        d.advice.append(Finding("fewer-training-threads", facts))
+        d.advice.append(Finding("fewer-training-threads", {**facts, "threads": threads}))
     else:
-        d.advice.append(
-            Finding("workers-short-of-cpu", {"proc_cpu_pct": training, "cpus": cpus, **sat.facts})
-        )
+        d.advice.append(Finding("workers-short-of-cpu", facts))
     d.advice.append(Finding("cheaper-samples", sat.facts))
     d.wont_help.append(Finding("more-workers-starved", sat.facts))
     d.wont_help.append(Finding("larger-prefetch-saturated"))
