@@ -271,15 +271,20 @@ def test_a_loop_that_calls_no_model_has_its_phases_unavailable_not_zero(loop) ->
         assert anatomy.why == "" and anatomy.medians_ms["optimizer"] > 0
 
 
+def _eight_steps(**every_step_ms: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """8 steps of 10 ms, each with 1 ms of data wait, and their phases (``PHASES``' columns,
+    ms): each phase named that long in every step, the others 0 (a test sets a few steps)."""
+    phases = np.zeros((8, len(PHASES)))
+    for name, ms in every_step_ms.items():
+        phases[:, PHASES.index(name)] = ms
+    return np.full(8, 10.0), np.full(8, 1.0), phases
+
+
 def test_a_phase_in_fewer_than_half_of_the_steps_is_told_with_how_often_it_ran() -> None:
     """The optimizer on one step in four (gradient accumulation): its median over the steps
     is 0, and the anatomy says it ran in a quarter of them, for its median there; a phase on
     half of the steps has a median of its own and is not occasional."""
-    n = 8
-    wall = np.full(n, 10.0)
-    wait = np.full(n, 1.0)
-    phases = np.zeros((n, len(PHASES)))
-    phases[:, PHASES.index("forward")] = 3.0
+    wall, wait, phases = _eight_steps(forward=3.0)
     phases[3::4, PHASES.index("optimizer")] = 2.0  # steps 4 and 8
     phases[1::2, PHASES.index("backward")] = 4.0  # every other step
     anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases))
@@ -295,11 +300,7 @@ def test_a_forward_never_seen_is_unavailable_with_the_copy_not_zero(forwards_see
     time in "other"; a single timed forward among the steps makes them measured."""
     from traceml_nb.analysis.step_anatomy import NO_COPY_WITHOUT_FORWARD, NO_FORWARD
 
-    n = 8
-    wall, wait = np.full(n, 10.0), np.full(n, 1.0)
-    phases = np.zeros((n, len(PHASES)))
-    phases[:, PHASES.index("backward")] = 4.0
-    phases[:, PHASES.index("optimizer")] = 1.0
+    wall, wait, phases = _eight_steps(backward=4.0, optimizer=1.0)
     phases[:forwards_seen, PHASES.index("forward")] = 3.0
     anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases))
     assert anatomy.why == "" and anatomy.medians_ms["backward"] == 4.0
@@ -325,11 +326,7 @@ def test_a_backward_never_seen_while_the_optimizer_steps_is_unavailable_not_zero
     evaluation) has a backward of 0 ms."""
     from traceml_nb.analysis.step_anatomy import NO_BACKWARD
 
-    n = 8
-    wall, wait = np.full(n, 10.0), np.full(n, 1.0)
-    phases = np.zeros((n, len(PHASES)))
-    phases[:, PHASES.index("forward")] = 3.0
-    phases[:, PHASES.index("optimizer")] = 1.0
+    wall, wait, phases = _eight_steps(forward=3.0, optimizer=1.0)
     phases[:backwards_seen, PHASES.index("backward")] = 4.0
     anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases))
     if backwards_seen:
@@ -379,11 +376,7 @@ def test_a_phase_run_only_inside_another_is_unavailable_as_counted_there(seen_in
         OUTER_WORDS,
     )
 
-    n = 8
-    wall, wait = np.full(n, 10.0), np.full(n, 1.0)
-    phases = np.zeros((n, len(PHASES)))
-    phases[:, PHASES.index("backward")] = 6.0
-    phases[:, PHASES.index("optimizer")] = 2.0
+    wall, wait, phases = _eight_steps(backward=6.0, optimizer=2.0)
     inside = [("backward", "forward")] if seen_inside else []
     anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases), inside=inside)
     assert anatomy.medians_ms["backward"] == 6.0 and anatomy.medians_ms["other"] == 1.0
