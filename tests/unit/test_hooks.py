@@ -11,6 +11,7 @@ import torch
 import torch.optim.optimizer as optim_mod
 from leakcheck import ORIGINAL_BACKWARD, ORIGINAL_NEXT
 from torch.optim.optimizer import Optimizer
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -299,6 +300,7 @@ class _WhatTheWorkerHas(torch.utils.data.Dataset):
                 torch.autograd.backward is not ORIGINAL_BACKWARD,
                 _BaseDataLoaderIter.__dict__["__next__"] is not ORIGINAL_NEXT,
                 hooks.is_installed(),
+                len(_get_current_dispatch_mode_stack()),  # the FLOP counter's, for one
             ]
         )
 
@@ -320,5 +322,31 @@ def test_a_dataloader_worker_forked_during_the_run_has_none_of_its_hooks() -> No
         ]
         in_workers = torch.cat(list(loader))
     assert in_parent == [1, 1, 1, True]  # the run's, in place when the worker was forked
-    assert in_workers.tolist() == [[0, 0, 0, 0, 0, 0]] * 8
+    assert in_workers.tolist() == [[0, 0, 0, 0, 0, 0, 0]] * 8
     assert torch.autograd.backward is ORIGINAL_BACKWARD and not hooks.is_installed()
+
+
+def test_a_worker_forked_while_the_flops_are_counted_leaves_the_counter() -> None:
+    """The FLOP count runs the step under a dispatch mode of the training thread, which a
+    worker forked inside it inherits: an evaluation's loader iterated right after the first
+    optimizer step (the count's step), or an epoch that begins in it, had every operator of
+    its dataset counted for as long as the worker lived. It leaves the counter; the count in
+    the parent goes on."""
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(
+        _WhatTheWorkerHas(), batch_size=4, num_workers=1, multiprocessing_context="fork"
+    )
+    with traceml_nb.Run("fork in the count", sample=False) as run:
+        for i in range(4):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if i == 0:
+                counting = len(_get_current_dispatch_mode_stack())
+                with torch.no_grad():
+                    in_workers = torch.cat(list(loader))
+    assert counting == 1  # the count was under way when the worker was forked
+    assert in_workers.tolist() == [[0, 0, 0, 0, 0, 0, 0]] * 8
+    assert run.record.flops.flops == 2 * (2 * 4 * 8 * 2)  # the forward and the weight gradient
+    assert len(_get_current_dispatch_mode_stack()) == 0

@@ -237,6 +237,21 @@ class FlopWindow:
         self.countdown = 1 << 62
         self.found(self.result)
 
+    def leave(self) -> None:
+        """Leave a count under way without a result: in a process forked during it (a
+        DataLoader worker), whose thread inherited the counter's dispatch mode. Where the
+        child's code has put a mode of its own above it, it stays."""
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if _get_current_dispatch_mode() is getattr(mode, "mode", mode):  # torch < 2.4: itself
+            try:
+                mode.__exit__(None, None, None)
+            except Exception:
+                pass
+
     def close(self) -> FlopCount:
         """The count (a count under way is given up: the run ended inside it)."""
         if self._mode is not None:

@@ -15,8 +15,8 @@ closed; from then on the wrapper is the plain one again.
 
 When the run ends everything is put back. If something else wrapped ``__next__`` on top of ours
 during the run, ours stays beneath it and theirs keeps working; what ours still logs is
-dropped. A process forked while they are in place takes its copy of them away at once
-(:func:`_uninstall_in_forked_child`).
+dropped. A process forked while they are in place takes its copy of them away at once, and of
+the FLOP counter's dispatch mode (:func:`_uninstall_in_forked_child`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class _Installed:
     #: the wrapper installed on top of the tracer's while a profile window counts (else None)
     gate: Any = None
     window_handle: Any = None
+    flops: FlopWindow | None = None  #: the FLOP count, which a forked child leaves
 
 
 @dataclass
@@ -101,7 +102,7 @@ def install(
         phases.remove()
 
     tracer.on_stop = stop
-    installed = _Installed(tracer, original, wrapper, hook, handle, phases)
+    installed = _Installed(tracer, original, wrapper, hook, handle, phases, flops=flops)
     if window is not None:
         installed.gate = _gate(window, wrapper, installed)
         installed.window_handle = optim_mod.register_optimizer_step_post_hook(
@@ -220,7 +221,14 @@ def _uninstall_in_forked_child() -> None:
     loader, before the first optimizer step, while global module hooks still seek the model:
     each worker would run them for every module its dataset calls (a torchvision transform is
     one; 0.8 -> 3.2 us a call on the 2-core VM), for as long as it lives (with
-    ``persistent_workers``, past the run). A forked rank starts a run of its own after this."""
+    ``persistent_workers``, past the run). A forked rank starts a run of its own after this.
+
+    A worker forked while a step's FLOPs are counted (an evaluation's loader iterated right
+    after the first optimizer step, an epoch that begins in the counted step) would also run
+    every operator of its dataset through the counter, its copy of the forking thread's
+    dispatch mode: it leaves it (:meth:`~.flop_count.FlopWindow.leave`)."""
+    if _installed is not None and _installed.flops is not None:
+        _installed.flops.leave()
     if _installed is not None or _paused is not None:
         uninstall()
 
