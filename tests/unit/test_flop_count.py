@@ -214,6 +214,81 @@ def test_an_evaluation_at_the_top_of_the_loop_before_the_count_leaves_it_as_it_i
     assert list(counted) == [flop_count.COUNT_AFTER_STEPS]
 
 
+def _train_on_tensors(
+    evaluate_every: int | None, *, pseudo_labels: bool = False, teacher: bool = False
+) -> tuple[traceml_nb.Run, float]:
+    """24 steps on tensors (no DataLoader), and the FLOPs of one step counted by hand. After
+    the steps with ``i % evaluate_every == 0``, an evaluation of the model on 64 validation
+    images under ``torch.no_grad()``; in each step, before the training forward, the model
+    (``pseudo_labels``) or a frozen copy no optimizer holds (``teacher``) called without
+    autograd on the batch."""
+    model = _model()
+    frozen = _model().eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(24, 8, 3, 8, 8)
+    labels = torch.randint(0, 10, (24, 8))
+    val = torch.randn(64, 3, 8, 8)
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        with torch.no_grad():
+            if pseudo_labels:
+                model(x)
+            if teacher:
+                frozen(x)
+        _step(model, opt, x, y)
+
+    with traceml_nb.Run("on tensors", sample=False) as run:
+        for i in range(24):
+            train_step(data[i], labels[i])
+            if evaluate_every and i % evaluate_every == 0:
+                model.eval()
+                with torch.no_grad():
+                    model(val)
+                model.train()
+    with FlopCounterMode(display=False) as by_hand:
+        train_step(data[0], labels[0])
+    return run, float(by_hand.get_total_flops())
+
+
+def _flop_counted_rows(run: traceml_nb.Run) -> list[int]:
+    return list(np.flatnonzero(select_rows(run.record.snapshot()).flags & FLAG_FLOP_COUNTED))
+
+
+def test_an_evaluation_on_tensors_inside_the_count_has_the_next_step_counted_instead() -> None:
+    """``with torch.no_grad(): model(X_val)`` after the first optimizer step, no DataLoader to
+    tell it: the count saw the model the optimizer trains called without autograd (16x the
+    step's FLOPs here, counted as the step's before), and counts the next step."""
+    run, by_hand = _train_on_tensors(10)
+    assert run.record.flops is not None
+    assert run.record.flops.flops == pytest.approx(by_hand, rel=0.01)
+    first = flop_count.COUNT_AFTER_STEPS
+    assert _flop_counted_rows(run) == [first, first + 1]
+    assert _dispatch_modes() == 0 and not torch.nn.modules.module._global_forward_pre_hooks
+
+
+@pytest.mark.parametrize("evaluate_every", [None, 2])
+def test_a_model_called_without_autograd_in_every_step_is_the_steps_own_work(
+    evaluate_every: int | None,
+) -> None:
+    """Pseudo-labels from the model under ``torch.no_grad()`` in each step: every try sees
+    the call, so it is part of the step, and the smallest count stands (with an evaluation
+    every other step too, the try without it)."""
+    run, by_hand = _train_on_tensors(evaluate_every, pseudo_labels=True)
+    assert run.record.flops is not None
+    assert run.record.flops.flops == pytest.approx(by_hand, rel=0.01)
+    assert len(_flop_counted_rows(run)) == flop_count.FLOP_COUNT_TRIES
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.flops_per_step == pytest.approx(by_hand, rel=0.01)
+
+
+def test_a_frozen_model_called_without_autograd_is_counted_on_the_first_try() -> None:
+    """A teacher no optimizer holds is the step's: the first count stands."""
+    run, by_hand = _train_on_tensors(None, teacher=True)
+    assert run.record.flops is not None
+    assert run.record.flops.flops == pytest.approx(by_hand, rel=0.01)
+    assert _flop_counted_rows(run) == [flop_count.COUNT_AFTER_STEPS]
+
+
 def test_a_long_end_of_the_step_before_the_count_does_not_make_it_counted() -> None:
     """The count opens at an optimizer step's end; what the loop does after that step (here a
     30 ms sleep, as a busy machine's preemption there would be) is the end of a step that began

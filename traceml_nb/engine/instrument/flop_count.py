@@ -14,7 +14,12 @@ precision other than "highest" for the rest), which the MFU's peak is looked up 
 A count during which a loader that does not train was iterated (an evaluation: the common
 ``if step % N == 0: evaluate()`` after the optimizer step runs one right after the first step)
 counted the evaluation's forwards too: it is given up and the next step counted instead, up to
-:data:`FLOP_COUNT_TRIES` steps; the steps of every try are left out of the statistics.
+:data:`FLOP_COUNT_TRIES` steps; the steps of every try are left out of the statistics. An
+evaluation on tensors, without a DataLoader (``with torch.no_grad(): model(X_val)``), shows as a
+call of a model the optimizers train made with autograd off (:class:`_CallsWithoutGrad`): that
+count is tried again too, but where every try saw one, such a call is part of each step (the
+pseudo-labels of a semi-supervised loop, a model run twice, once without gradients) and the
+smallest count stands.
 
 Not counted, with why: a loop without an optimizer step (no step to count), a process that has
 compiled a model with ``torch.compile`` (counting would make it compile again), a torch without
@@ -24,6 +29,7 @@ the FLOP counter, a run that ended during the counted step, an evaluation in eve
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, FlopCount
@@ -35,7 +41,8 @@ from .whole_step import WholeStep
 COUNT_AFTER_STEPS = 1
 #: Steps counted at most, one after the other, while each count catches an evaluation: one
 #: evaluation every few steps is missed by the second try; a loop that evaluates in every step
-#: loses no more than this many steps from its statistics to the tries.
+#: loses no more than this many steps from its statistics to the tries (its FLOPs are then
+#: unavailable, or with a model called without autograd in each step, the smallest count).
 FLOP_COUNT_TRIES = 3
 
 
@@ -147,6 +154,48 @@ def _counter() -> Any:
     return PrecisionFlopCounter()
 
 
+class _CallsWithoutGrad:
+    """While a step is counted, global module hooks watch the outermost module calls for one of
+    a model that ``optimizers`` train made with autograd off (``torch.no_grad()``,
+    ``inference_mode()``): an evaluation on tensors, which the count cannot tell from the
+    step's own forwards. A frozen backbone or a teacher, whose parameters no optimizer holds,
+    is the step's. :meth:`remove` takes the hooks away and tells whether one was seen."""
+
+    def __init__(self, optimizers: list[Any]) -> None:
+        import torch
+        from torch.nn.modules import module
+
+        self.optimizers = optimizers
+        self.seen = False
+        self._depth = 0  #: module calls open
+        self._trained: set[int] = set()
+        self._read = 0  #: optimizers whose parameters are in ``_trained``
+        self._grad_enabled = torch.is_grad_enabled
+        returned = module.register_module_forward_hook(self._returned, always_call=True)
+        self._handles = [returned, module.register_module_forward_pre_hook(self._called)]
+
+    def _called(self, mod: Any, args: Any) -> None:
+        if self._depth == 0 and not self.seen and not self._grad_enabled():
+            self.seen = self._is_trained(mod)
+        self._depth += 1
+
+    def _returned(self, mod: Any, args: Any, out: Any) -> None:
+        self._depth = max(0, self._depth - 1)  # a call open before the hooks has no pre-call
+
+    def _is_trained(self, mod: Any) -> bool:
+        for optimizer in self.optimizers[self._read :]:
+            for group in optimizer.param_groups:
+                self._trained.update(id(p) for p in group["params"])
+        self._read = len(self.optimizers)
+        return any(id(p) in self._trained for p in mod.parameters())
+
+    def remove(self) -> bool:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        return self.seen
+
+
 def _compiled_anything() -> bool:
     try:
         from torch._dynamo.utils import counters
@@ -181,12 +230,19 @@ class FlopWindow:
         self._start_ns = 0  #: ...and the one under way
         self._tries = 0
         self._step: WholeStep | None = None  #: the step counted, while it is
+        self._optimizers: list[Any] = []  #: those that stepped since the first try began
+        self._calls: _CallsWithoutGrad | None = None  #: watching the try under way
+        #: the tries that saw a trained model called without autograd, and nothing else
+        self._without_grad: list[FlopCount] = []
 
     def optimizer_step_ended(self, optimizer: Any) -> None:
         self.countdown = 1
         if self.result is not None:
             self.countdown = 1 << 62
-        elif self._mode is None:
+            return
+        if not any(o is optimizer for o in self._optimizers):
+            self._optimizers.append(optimizer)
+        if self._mode is None:
             self._begin(optimizer)
         elif self._step is not None and self._step.closes_at(optimizer):
             self._end(optimizer)
@@ -202,6 +258,10 @@ class FlopWindow:
             self.result = FlopCount(why=f"the FLOP counter could not start ({exc!r})")
             return
         self._mode, self._step = mode, WholeStep(optimizer)
+        try:
+            self._calls = _CallsWithoutGrad(self._optimizers)
+        except Exception:  # an older torch, whose global forward hooks have no always_call
+            self._calls = None
         self._tries += 1
         self._start_ns = self.clock()
         if self._tries == 1:
@@ -210,6 +270,7 @@ class FlopWindow:
     def _end(self, optimizer: Any) -> None:
         mode, self._mode = self._mode, None
         end_ns = self.clock()
+        without_grad = self._stop_watching()
         try:
             mode.__exit__(None, None, None)
             flops = int(mode.get_total_flops())
@@ -217,14 +278,7 @@ class FlopWindow:
             self.result = FlopCount(why=f"the FLOP counter failed ({exc!r})")
             return
         window = (self._first_ns - self.t0_ns, end_ns - self.t0_ns)
-        if self.evaluated_since is not None and self.evaluated_since(self._start_ns):
-            if self._tries < FLOP_COUNT_TRIES:
-                self._begin(optimizer)
-            if self._mode is None:  # no try left, or the next could not start
-                why = self.result.why if self.result is not None else EVALUATION_COUNTED
-                self.result = FlopCount(why=why, window_ns=window)
-            return
-        self.result = FlopCount(
+        count = FlopCount(
             flops,
             window,
             "",
@@ -234,13 +288,38 @@ class FlopWindow:
             mode.channels_last_flops,
             counted_ns=(self._start_ns - self.t0_ns, window[1]),
         )
+        evaluated = self.evaluated_since is not None and self.evaluated_since(self._start_ns)
+        if not evaluated and not without_grad:
+            self._stand(count)
+            return
+        if not evaluated:
+            self._without_grad.append(count)
+        if self._tries < FLOP_COUNT_TRIES:
+            self._begin(optimizer)
+        if self._mode is not None:
+            return
+        if self._tries == FLOP_COUNT_TRIES and self._without_grad:  # part of every step
+            least = min(self._without_grad, key=lambda c: c.flops or 0)
+            self._stand(replace(least, window_ns=window))
+            return
+        why = self.result.why if self.result is not None else EVALUATION_COUNTED
+        self.result = FlopCount(why=why, window_ns=window)  # no try left, or none could start
+
+    def _stand(self, count: FlopCount) -> None:
+        self.result = count
         self.countdown = 1 << 62
-        self.found(self.result)
+        self._optimizers = []
+        self.found(count)
+
+    def _stop_watching(self) -> bool:
+        calls, self._calls = self._calls, None
+        return calls is not None and calls.remove()
 
     def leave(self) -> None:
         """Leave a count under way without a result: in a process forked during it (a
         DataLoader worker), whose thread inherited the counter's dispatch mode. Where the
         child's code has put a mode of its own above it, it stays."""
+        self._stop_watching()
         mode, self._mode = self._mode, None
         if mode is None:
             return
@@ -254,6 +333,8 @@ class FlopWindow:
 
     def close(self) -> FlopCount:
         """The count (a count under way is given up: the run ended inside it)."""
+        self._stop_watching()
+        self._optimizers = []
         if self._mode is not None:
             mode, self._mode = self._mode, None
             try:
