@@ -263,6 +263,47 @@ def test_dataloader_workers_are_seen_while_they_load():
     assert not caps.notes
 
 
+def test_only_the_children_told_to_be_workers_count_as_workers(child_processes, reader):
+    """A training process has children that are no DataLoader's (the W&B service a
+    ``wandb.init()`` starts beside a kernel, a compile worker): the workers are the ones the
+    run was told of, from the time it is told."""
+    other = child_processes(BURN)
+    worker = child_processes(BURN)
+    told: set[int] = set()
+    time.sleep(0.05)
+    src = HostSource(reader, children_refresh_s=0.0, worker_pids=told)
+    time.sleep(0.2)
+    first = src.read()
+    assert first["workers"] == 0 and first["workers_cpu_pct"] is None  # none told yet
+    told.add(worker.pid)
+    src.read()  # found here, counted from here on
+    clock_before, cpu_before = time.monotonic(), child_cpu_s(worker.pid)
+    time.sleep(0.4)
+    values = src.read()
+    cpu_s, window = child_cpu_s(worker.pid) - cpu_before, time.monotonic() - clock_before
+    assert values["workers"] == 1
+    assert values["workers_cpu_pct"] / 100 * window == pytest.approx(cpu_s, abs=TOLERANCE_S)
+    assert other.poll() is None  # burning all along, and none of it counted
+    src.close()
+
+
+def test_a_run_counts_its_dataloader_workers_and_not_its_other_children(child_processes):
+    """The run tells its host source the workers of each iterator as its epoch begins."""
+    import traceml_nb
+
+    other = child_processes(BURN)
+    loader = torch.utils.data.DataLoader(BurningDataset(), batch_size=4, num_workers=1)
+    with traceml_nb.Run("workers", interval=0.05) as run:
+        for _ in range(2):
+            for _batch in loader:
+                time.sleep(0.01)
+    assert other.poll() is None
+    assert run.record.host is not None
+    workers = [v for v in run.record.host.column("workers") if v is not None and v == v]
+    assert max(workers) == 1, workers  # 2 with the burning child
+    assert len(run._tracer.worker_pids) == 2  # a worker an epoch
+
+
 def test_sampler_thread_cpu_share_at_10_hz_is_small():
     """The budget is 1% of one core; asserted with a wide margin, measured in the report."""
     caps = Capabilities()

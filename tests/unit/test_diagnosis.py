@@ -365,6 +365,19 @@ def saturated_host(per_worker: float, system: float = 50.0, workers: int = 2) ->
     return {"workers_cpu_pct": per_worker * workers, "workers": workers, "sys_cpu_pct": system}
 
 
+def test_one_worker_is_told_as_one() -> None:
+    one = saturated_host(90.0, workers=1)
+    d = gpu_run(0.44, 51.0, workers=1, cpus=1, host=one).diagnosis
+    assert d.cause == CAUSE_CPU_SATURATED
+    evidence = {e.label: sentence(e.detail) for e in d.evidence}
+    assert evidence["worker CPU"] == "median 90% across 1 worker (100% = one core)"
+    assert "the 1 worker uses 90% CPU and the system CPU is at 50%" in said(d).advice[1]
+    two = gpu_run(0.44, 51.0, workers=2, host=saturated_host(90.0, workers=2)).diagnosis
+    assert {e.label: sentence(e.detail) for e in two.evidence}["worker CPU"] == (
+        "median 180% across 2 workers (100% = one core)"
+    )
+
+
 def test_workers_cpu_saturated_both_sides():
     d = gpu_run(0.44, 51.0, workers=2, host=saturated_host(WORKER_SATURATED_PCT)).diagnosis
     assert d.cause == CAUSE_CPU_SATURATED

@@ -74,6 +74,11 @@ def fmt_share_below(share: float, threshold: float) -> str:
     return text
 
 
+def fmt_count(count: float, noun: str) -> str:
+    """A count of things, which may be a median (1.5 rounds to 2): 1 worker, 3 workers."""
+    return f"{count:.0f} {noun}{'' if round(count) == 1 else 's'}"
+
+
 def fmt_pct(pct: float | None) -> str:
     """A percentage 0..100 (or more for CPU, 100 = one core): 51%."""
     return "unavailable" if pct is None else f"{pct:.0f}%"

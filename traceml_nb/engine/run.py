@@ -312,7 +312,12 @@ class Run:
             self.capabilities.set("gpu_utilisation", False, NO_CUDA)
         try:
             sources = open_sources(
-                self.record, self.capabilities, devices, nvml=self._backends.nvml, gpu=bool(devices)
+                self.record,
+                self.capabilities,
+                devices,
+                nvml=self._backends.nvml,
+                gpu=bool(devices),
+                worker_pids=self._tracer.worker_pids if self._tracer is not None else None,
             )
         except Exception as exc:  # never let a sampler stop the run
             self.capabilities.note(f"samplers failed to start: {type(exc).__name__}: {exc}")

@@ -40,11 +40,17 @@ def _saturation(f: Facts) -> str:
     parts = []
     if f.get("workers_cpu_pct") is not None:
         wait = f.get("per_worker_wait_pct")
-        waiting = f", waiting {fmt_pct(wait)} of the time for a CPU" if wait is not None else ""
-        parts.append(
-            f"the {f['workers']:.0f} workers use {fmt_pct(f['workers_cpu_pct'])} CPU "
-            f"({fmt_pct(f['per_worker_pct'])} each{waiting})"
-        )
+        waiting = f"waiting {fmt_pct(wait)} of the time for a CPU" if wait is not None else ""
+        if round(f["workers"]) == 1:
+            parts.append(
+                f"the 1 worker uses {fmt_pct(f['workers_cpu_pct'])} CPU"
+                + (f" ({waiting})" if waiting else "")
+            )
+        else:
+            parts.append(
+                f"the {f['workers']:.0f} workers use {fmt_pct(f['workers_cpu_pct'])} CPU "
+                f"({fmt_pct(f['per_worker_pct'])} each{', ' + waiting if waiting else ''})"
+            )
     if f.get("system_cpu_pct") is not None:
         parts.append(f"the system CPU is at {fmt_pct(f['system_cpu_pct'])}")
     return " and ".join(parts)

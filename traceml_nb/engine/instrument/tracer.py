@@ -90,6 +90,11 @@ class StepTracer:
         self.reader_processing_ns = 0
         #: called once if the tracing stops on an error (the hooks take the optimizer hook back)
         self.on_stop: Callable[[], None] | None = None
+        #: process ids of the DataLoader workers of every iterator the loop fetched from, read
+        #: as each epoch begins: the host sampler counts these children as workers, no others
+        #: (a W&B service, a compile worker); added to on the training thread, only ever
+        #: looked up elsewhere
+        self.worker_pids: set[int] = set()
         self._segmenter = StepSegmenter(
             record, gpu.take if gpu is not None else None, announce=self._announce
         )
@@ -170,7 +175,8 @@ class StepTracer:
     def epoch_started(self, it: Any) -> None:
         """``it`` yielded its epoch's first batch: log how many samples its sampler holds now
         (a sampler's length may change between epochs), what iterates it (a trainer's own
-        loop: :func:`~.loader.driver_of`) and whether autograd is on (off: an evaluation)."""
+        loop: :func:`~.loader.driver_of`) and whether autograd is on (off: an evaluation);
+        note its workers' process ids (:attr:`worker_pids`)."""
         import torch
 
         try:
@@ -179,6 +185,10 @@ class StepTracer:
             driver = driver_of(sys._getframe(2))  # past this method and the wrapper
         except Exception:
             samples, driver = -1, None
+        try:
+            self.worker_pids.update(w.pid for w in getattr(it, "_workers", ()) if w.pid)
+        except Exception:
+            pass
         self.log.append((EPOCH_STARTED, it, samples, driver, torch.is_grad_enabled()))
         self.check()  # a loop that makes a new iterator for every few batches checks here
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 from ..capabilities import Capabilities
@@ -19,17 +20,19 @@ def open_sources(
     nvml: Any = None,
     host: bool = True,
     gpu: bool = True,
+    worker_pids: Container[int] | None = None,
 ) -> list[SampleSource]:
     """Open the sources a run needs and attach their tables to ``record``.
 
     ``nvml`` injects an NVML backend (tests); by default the real library is tried and every
-    failure becomes a reason in ``capabilities``.
+    failure becomes a reason in ``capabilities``. ``worker_pids``: the DataLoader workers'
+    process ids as the run learns them (:class:`~.host.HostSource`).
     """
     sources: list[SampleSource] = []
     if host:
         from .host import open_host_source
 
-        host_source = open_host_source(capabilities)
+        host_source = open_host_source(capabilities, worker_pids)
         if host_source is not None:
             record.host = host_source.table
             sources.append(host_source)

@@ -5,11 +5,11 @@ by decoding" (every core busy). Columns (``None``/NaN = unavailable):
 
 ======================== ==============================================================
 ``proc_cpu_pct``         CPU used by this (the training) process; 100 = one core fully busy
-``workers_cpu_pct``      CPU used by all its child processes (DataLoader workers); 100 = one core
-``workers``              number of child processes alive
-``workers_cpu_wait_pct`` time the child processes were ready to run but waited for a CPU,
-                         summed (their main threads' run-queue wait); 100 = one worker waiting all
-                         the time; unavailable (``CPU_WAIT_CAPABILITY``'s reason) off Linux
+``workers_cpu_pct``      CPU used by its DataLoader workers, all together; 100 = one core
+``workers``              number of DataLoader workers alive
+``workers_cpu_wait_pct`` time the workers were ready to run but waited for a CPU, summed (their
+                         main threads' run-queue wait); 100 = one worker waiting all the time;
+                         unavailable (``CPU_WAIT_CAPABILITY``'s reason) off Linux
 ``sys_cpu_pct``          whole-machine CPU use, 0..100 (100 = every core busy); steal time counts
                          as busy, since a CPU the hypervisor took could not run this machine's work
 ``steal_pct``            steal time: the share of the machine's CPU time the hypervisor gave to
@@ -24,6 +24,11 @@ by decoding" (every core busy). Columns (``None``/NaN = unavailable):
 ``cpus_available``       CPUs this process may run on (its affinity mask)
 ======================== ==============================================================
 
+The workers are the child processes the run was told are a DataLoader iterator's (``worker_pids``,
+from :attr:`~..instrument.tracer.StepTracer.worker_pids`); other children of the training process
+are none of theirs: the W&B service ``wandb.init()`` starts beside a notebook's kernel, a compile
+worker, a rank. A source told nothing counts every child.
+
 All CPU figures are averages over the time since the previous sample, computed from the
 kernel's cumulative CPU-time counters (never psutil's module-global ``cpu_percent`` state,
 which the user's own code may share). On Linux they are read from ``/proc`` directly
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from ..capabilities import Capabilities
 from ..record import SampleTable
@@ -96,8 +101,10 @@ class HostSource:
         pid: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         children_refresh_s: float = CHILDREN_REFRESH_S,
+        worker_pids: Container[int] | None = None,
     ) -> None:
         self.table = SampleTable(COLUMNS)
+        self._worker_pids = worker_pids
         self.reader = reader
         self._pid = os.getpid() if pid is None else pid
         self._clock = clock
@@ -142,8 +149,11 @@ class HostSource:
             if pid not in current:
                 del self._children[pid]
         for pid in pids:
-            if pid not in self._children:
+            if pid not in self._children and self._is_worker(pid):
                 self._track(pid, prime_all)
+
+    def _is_worker(self, pid: int) -> bool:
+        return self._worker_pids is None or pid in self._worker_pids
 
     def _track(self, pid: int, prime: bool = False) -> None:
         try:
@@ -163,7 +173,7 @@ class HostSource:
         second of CPU time."""
         pids = self.reader.main_thread_children(self._pid)
         for pid in pids or ():
-            if pid not in self._children:
+            if pid not in self._children and self._is_worker(pid):
                 self._track(pid)
 
     def _children_cpu_s(self) -> tuple[float, float | None]:
@@ -258,14 +268,17 @@ class HostSource:
         self._children.clear()
 
 
-def open_host_source(capabilities: Capabilities) -> HostSource | None:
-    """The host source with its CPU counters primed, or None with the reason in capabilities."""
+def open_host_source(
+    capabilities: Capabilities, worker_pids: Container[int] | None = None
+) -> HostSource | None:
+    """The host source with its CPU counters primed, or None with the reason in capabilities;
+    ``worker_pids``: the DataLoader workers' process ids as the run learns them."""
     try:
         import psutil
     except ImportError:
         psutil = None  # Linux reads /proc without it
     try:
-        source = HostSource(make_reader(psutil))
+        source = HostSource(make_reader(psutil), worker_pids=worker_pids)
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"
         if psutil is None:
