@@ -304,6 +304,32 @@ def test_a_run_counts_its_dataloader_workers_and_not_its_other_children(child_pr
     assert len(run._tracer.worker_pids) == 2  # a worker an epoch
 
 
+def test_an_evaluations_persistent_workers_are_not_counted_beside_the_training_ones():
+    """Idle while the model trains, an evaluation's persistent workers halved the training
+    workers' CPU each (2 saturated ones read 48% each, "slow storage"): a loader whose epoch
+    begins with autograd off is an evaluation's, and its workers are not counted."""
+    import traceml_nb
+
+    def loader() -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(
+            BurningDataset(), batch_size=8, num_workers=1, persistent_workers=True
+        )
+
+    train, val = loader(), loader()
+    model = torch.nn.Linear(4, 1)
+    with traceml_nb.Run("evaluated", interval=0.05) as run:
+        for _ in range(2):
+            for x in train:
+                model(x).sum().backward()
+            with torch.no_grad():
+                for x in val:
+                    model(x)
+    assert run.record.host is not None
+    workers = [v for v in run.record.host.column("workers") if v is not None and v == v]
+    assert max(workers) == 1, workers  # 2 with the evaluation's
+    assert len(run._tracer.worker_pids) == 1
+
+
 def test_sampler_thread_cpu_share_at_10_hz_is_small():
     """The budget is 1% of one core; asserted with a wide margin, measured in the report."""
     caps = Capabilities()

@@ -90,10 +90,10 @@ class StepTracer:
         self.reader_processing_ns = 0
         #: called once if the tracing stops on an error (the hooks take the optimizer hook back)
         self.on_stop: Callable[[], None] | None = None
-        #: process ids of the DataLoader workers of every iterator the loop fetched from, read
-        #: as each epoch begins: the host sampler counts these children as workers, no others
-        #: (a W&B service, a compile worker); added to on the training thread, only ever
-        #: looked up elsewhere
+        #: process ids of the DataLoader workers of every iterator whose epoch began with
+        #: autograd on, read as it begins: the host sampler counts these children as workers,
+        #: no others (a W&B service, a compile worker, an evaluation's persistent workers, idle
+        #: while the model trains); added to on the training thread, only looked up elsewhere
         self.worker_pids: set[int] = set()
         self._segmenter = StepSegmenter(
             record, gpu.take if gpu is not None else None, announce=self._announce
@@ -176,7 +176,7 @@ class StepTracer:
         """``it`` yielded its epoch's first batch: log how many samples its sampler holds now
         (a sampler's length may change between epochs), what iterates it (a trainer's own
         loop: :func:`~.loader.driver_of`) and whether autograd is on (off: an evaluation);
-        note its workers' process ids (:attr:`worker_pids`)."""
+        note a training epoch's workers (:attr:`worker_pids`)."""
         import torch
 
         try:
@@ -185,11 +185,13 @@ class StepTracer:
             driver = driver_of(sys._getframe(2))  # past this method and the wrapper
         except Exception:
             samples, driver = -1, None
+        grad = torch.is_grad_enabled()
         try:
-            self.worker_pids.update(w.pid for w in getattr(it, "_workers", ()) if w.pid)
+            if grad:
+                self.worker_pids.update(w.pid for w in getattr(it, "_workers", ()) if w.pid)
         except Exception:
             pass
-        self.log.append((EPOCH_STARTED, it, samples, driver, torch.is_grad_enabled()))
+        self.log.append((EPOCH_STARTED, it, samples, driver, grad))
         self.check()  # a loop that makes a new iterator for every few batches checks here
 
     def marker(self) -> None:
