@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..analysis.formatting import fmt_pct, fmt_share
+from ..analysis.formatting import fmt_count, fmt_pct, fmt_share
 from ..analysis.input_bound import (
     CAUSE_CPU_SATURATED,
     CAUSE_CPU_STARVED,
@@ -39,18 +39,15 @@ def _saturation(f: Facts) -> str:
     system CPU is at 95%`` (the wait where it was measured)."""
     parts = []
     if f.get("workers_cpu_pct") is not None:
+        one = round(f["workers"]) == 1
         wait = f.get("per_worker_wait_pct")
-        waiting = f"waiting {fmt_pct(wait)} of the time for a CPU" if wait is not None else ""
-        if round(f["workers"]) == 1:
-            parts.append(
-                f"the 1 worker uses {fmt_pct(f['workers_cpu_pct'])} CPU"
-                + (f" ({waiting})" if waiting else "")
-            )
-        else:
-            parts.append(
-                f"the {f['workers']:.0f} workers use {fmt_pct(f['workers_cpu_pct'])} CPU "
-                f"({fmt_pct(f['per_worker_pct'])} each{', ' + waiting if waiting else ''})"
-            )
+        details = [] if one else [f"{fmt_pct(f['per_worker_pct'])} each"]
+        if wait is not None:
+            details.append(f"waiting {fmt_pct(wait)} of the time for a CPU")
+        parts.append(
+            f"the {fmt_count(f['workers'], 'worker')} use{'s' if one else ''} "
+            f"{fmt_pct(f['workers_cpu_pct'])} CPU" + (f" ({', '.join(details)})" if details else "")
+        )
     if f.get("system_cpu_pct") is not None:
         parts.append(f"the system CPU is at {fmt_pct(f['system_cpu_pct'])}")
     return " and ".join(parts)
