@@ -15,8 +15,8 @@ closed; from then on the wrapper is the plain one again.
 
 When the run ends everything is put back. If something else wrapped ``__next__`` on top of ours
 during the run, ours stays beneath it and theirs keeps working; what ours still logs is
-dropped. A process forked while they are in place takes its copy of them away at once, and of
-the FLOP counter's dispatch mode (:func:`_uninstall_in_forked_child`).
+dropped. A process forked while they are in place takes its copy of them away at once, and
+leaves the FLOP count and the profile window it inherited (:func:`_uninstall_in_forked_child`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class _Installed:
     gate: Any = None
     window_handle: Any = None
     flops: FlopWindow | None = None  #: the FLOP count, which a forked child leaves
+    window: ProfileWindow | None = None  #: the profile window, which a forked child leaves
 
 
 @dataclass
@@ -102,7 +103,9 @@ def install(
         phases.remove()
 
     tracer.on_stop = stop
-    installed = _Installed(tracer, original, wrapper, hook, handle, phases, flops=flops)
+    installed = _Installed(
+        tracer, original, wrapper, hook, handle, phases, flops=flops, window=window
+    )
     if window is not None:
         installed.gate = _gate(window, wrapper, installed)
         installed.window_handle = optim_mod.register_optimizer_step_post_hook(
@@ -226,9 +229,14 @@ def _uninstall_in_forked_child() -> None:
     A worker forked while a step's FLOPs are counted (an evaluation's loader iterated right
     after the first optimizer step, an epoch that begins in the counted step) would also run
     every operator of its dataset through the counter, its copy of the forking thread's
-    dispatch mode: it leaves it (:meth:`~.flop_count.FlopWindow.leave`)."""
-    if _installed is not None and _installed.flops is not None:
-        _installed.flops.leave()
+    dispatch mode, and one forked while ``--profile`` profiles would record them and trace
+    the cell's lines: it leaves both (:meth:`~.flop_count.FlopWindow.leave`,
+    :meth:`~.profiler.ProfileWindow.leave`)."""
+    if _installed is not None:
+        if _installed.flops is not None:
+            _installed.flops.leave()
+        if _installed.window is not None:
+            _installed.window.leave()
     if _installed is not None or _paused is not None:
         uninstall()
 
