@@ -330,6 +330,20 @@ def test_an_evaluations_persistent_workers_are_not_counted_beside_the_training_o
     assert len(run._tracer.worker_pids) == 1
 
 
+def test_an_evaluation_alone_has_its_workers_counted():
+    """Inference under ``torch.no_grad()``, no loader training beside it: its workers are the
+    run's."""
+    import traceml_nb
+
+    loader = torch.utils.data.DataLoader(BurningDataset(), batch_size=8, num_workers=1)
+    with traceml_nb.Run("inference", interval=0.05) as run, torch.no_grad():
+        for _ in loader:
+            pass
+    assert run.record.host is not None
+    workers = [v for v in run.record.host.column("workers") if v is not None and v == v]
+    assert max(workers) == 1, workers
+
+
 def test_sampler_thread_cpu_share_at_10_hz_is_small():
     """The budget is 1% of one core; asserted with a wide margin, measured in the report."""
     caps = Capabilities()

@@ -62,6 +62,27 @@ class StepEndListener(Protocol):
     def optimizer_step_ended(self, optimizer: Any) -> None: ...
 
 
+class WorkerPids:
+    """The process ids of the DataLoader workers a run's host sampler counts: those of the
+    loaders whose epoch began with autograd on where there are any, else every loader's (an
+    evaluation or inference alone). An evaluation's workers beside training ones (persistent,
+    idle while the model trains) would halve the workers' CPU each. Added to on the training
+    thread, only looked up (``in``) elsewhere."""
+
+    def __init__(self) -> None:
+        self.training: set[int] = set()
+        self.evaluating: set[int] = set()
+
+    def add(self, pids: list[int], grad: bool) -> None:
+        (self.training if grad else self.evaluating).update(pids)
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in (self.training or self.evaluating)
+
+    def __len__(self) -> int:
+        return len(self.training or self.evaluating)
+
+
 class StepTracer:
     """Receives the instrumented events of one run and has them segmented into its record."""
 
@@ -90,11 +111,9 @@ class StepTracer:
         self.reader_processing_ns = 0
         #: called once if the tracing stops on an error (the hooks take the optimizer hook back)
         self.on_stop: Callable[[], None] | None = None
-        #: process ids of the DataLoader workers of every iterator whose epoch began with
-        #: autograd on, read as it begins: the host sampler counts these children as workers,
-        #: no others (a W&B service, a compile worker, an evaluation's persistent workers, idle
-        #: while the model trains); added to on the training thread, only looked up elsewhere
-        self.worker_pids: set[int] = set()
+        #: the DataLoader workers' process ids, read as each epoch begins: the host sampler
+        #: counts these children as workers, no others (a W&B service, a compile worker)
+        self.worker_pids = WorkerPids()
         self._segmenter = StepSegmenter(
             record, gpu.take if gpu is not None else None, announce=self._announce
         )
@@ -176,7 +195,7 @@ class StepTracer:
         """``it`` yielded its epoch's first batch: log how many samples its sampler holds now
         (a sampler's length may change between epochs), what iterates it (a trainer's own
         loop: :func:`~.loader.driver_of`) and whether autograd is on (off: an evaluation);
-        note a training epoch's workers (:attr:`worker_pids`)."""
+        note its workers (:attr:`worker_pids`)."""
         import torch
 
         try:
@@ -187,8 +206,7 @@ class StepTracer:
             samples, driver = -1, None
         grad = torch.is_grad_enabled()
         try:
-            if grad:
-                self.worker_pids.update(w.pid for w in getattr(it, "_workers", ()) if w.pid)
+            self.worker_pids.add([w.pid for w in getattr(it, "_workers", ()) if w.pid], grad)
         except Exception:
             pass
         self.log.append((EPOCH_STARTED, it, samples, driver, grad))

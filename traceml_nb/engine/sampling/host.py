@@ -24,10 +24,11 @@ by decoding" (every core busy). Columns (``None``/NaN = unavailable):
 ``cpus_available``       CPUs this process may run on (its affinity mask)
 ======================== ==============================================================
 
-The workers are the child processes the run was told are a training loader's (``worker_pids``,
-from :attr:`~..instrument.tracer.StepTracer.worker_pids`); other children of the training process
+The workers are the child processes the run was told are a DataLoader's (``worker_pids``, from
+:attr:`~..instrument.tracer.StepTracer.worker_pids`); other children of the training process
 are none of theirs: the W&B service ``wandb.init()`` starts beside a notebook's kernel, a compile
-worker, a rank, an evaluation's persistent workers. A source told nothing counts every child.
+worker, a rank, an evaluation's persistent workers beside a training loader's. A source told
+nothing counts every child.
 
 All CPU figures are averages over the time since the previous sample, computed from the
 kernel's cumulative CPU-time counters (never psutil's module-global ``cpu_percent`` state,
