@@ -157,9 +157,12 @@ def test_each_rank_gets_its_lines_and_the_header_names_the_straggler(tmp_path, p
     assert [len(item.renderers) for item in charts.step_fig.legend[0].items] == [2, 2]
     assert [item.label.value for item in charts.rate_fig.legend[0].items] == labels
     assert charts.step_fig.title.text == STEP_TITLE
-    # this process's children are the ranks, not DataLoader workers
+    # this process's children are the ranks, not DataLoader workers: their CPU is read
     cpu_labels = [item.label.value for item in charts.cpu_fig.legend[0].items]
     assert RANKS_CPU_LABEL in cpu_labels and WORKERS_LABEL not in cpu_labels
+    assert run.record.host is not None
+    ranks_cpu = [v for v in run.record.host.column("workers_cpu_pct") if v == v and v]
+    assert ranks_cpu and max(run.record.host.column("workers")) == 2
 
     header = charts.header.text
     assert 'class="traceml-rank">rank 1 (slowest of 2)<' in header

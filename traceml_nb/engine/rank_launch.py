@@ -26,13 +26,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .capabilities import Capabilities
 from .contracts import RunStatus
 from .rank_record import RankRecord
 from .record import LoaderInfo, RecordSnapshot, RunRecord
 from .step_table import StepColumns
+
+if TYPE_CHECKING:
+    from .instrument.tracer import StepTracer
 
 #: Seconds between two sends of a rank's new rows: what a rank killed mid-run loses at most.
 SEND_INTERVAL_S = 0.25
@@ -61,6 +64,8 @@ class MeasuredRun(Protocol):
     def start(self) -> None: ...
     def stop(self, exc: BaseException | None = None) -> None: ...
     def snapshot(self, start_row: int = 0, *, samples: bool = True) -> RecordSnapshot: ...
+    @property
+    def tracer(self) -> StepTracer | None: ...
 
 
 # --- the child's side --------------------------------------------------------------------------
@@ -311,6 +316,8 @@ class RankEngine:
             return original(fn, args, nprocs, join, daemon, start_method)
         import multiprocessing
 
+        if self.run.tracer is not None:  # the children are the ranks: the host counts them all
+            self.run.tracer.worker_pids.every_child = True
         ctx = multiprocessing.get_context(start_method)
         pipes = [ctx.Pipe(duplex=False) for _ in range(nprocs)]
         launch = _Launch(

@@ -72,12 +72,15 @@ class WorkerPids:
     def __init__(self) -> None:
         self.training: set[int] = set()
         self.evaluating: set[int] = set()
+        #: the run launched ranks: this process's children are theirs (and their workers),
+        #: and every one counts (the CPU chart's line becomes the ranks')
+        self.every_child = False
 
     def add(self, pids: list[int], grad: bool) -> None:
         (self.training if grad else self.evaluating).update(pids)
 
     def __contains__(self, pid: object) -> bool:
-        return pid in (self.training or self.evaluating)
+        return self.every_child or pid in (self.training or self.evaluating)
 
     def __len__(self) -> int:
         return len(self.training or self.evaluating)
