@@ -232,13 +232,14 @@ def _uninstall_in_forked_child() -> None:
     dispatch mode, and one forked while ``--profile`` profiles would record them and trace
     the cell's lines: it leaves both (:meth:`~.flop_count.FlopWindow.leave`,
     :meth:`~.profiler.ProfileWindow.leave`)."""
-    if _installed is not None:
-        if _installed.flops is not None:
+    try:
+        if _installed is not None and _installed.flops is not None:
             _installed.flops.leave()
-        if _installed.window is not None:
+        if _installed is not None and _installed.window is not None:
             _installed.window.leave()
-    if _installed is not None or _paused is not None:
-        uninstall()
+    finally:
+        if _installed is not None or _paused is not None:
+            uninstall()
 
 
 def is_installed() -> bool:

@@ -182,13 +182,15 @@ class ProfileWindow:
         if self.state != "open":
             return
         self.state, self._profiler = "closed", None
-        self.lines.stop()
         try:
-            import torch
+            self.lines.stop()
+        finally:
+            try:
+                import torch
 
-            torch._C._autograd._enable_record_function(False)
-        except Exception:
-            pass
+                torch._C._autograd._enable_record_function(False)
+            except Exception:
+                pass
 
     # --- the run's end ----------------------------------------------------------------------
     def end(self, ended_by: str = "the run ended") -> None:
