@@ -350,3 +350,28 @@ def test_a_worker_forked_while_the_flops_are_counted_leaves_the_counter() -> Non
     assert in_workers.tolist() == [[0, 0, 0, 0, 0, 0, 0]] * 8
     assert run.record.flops.flops == 2 * (2 * 4 * 8 * 2)  # the forward and the weight gradient
     assert len(_get_current_dispatch_mode_stack()) == 0
+
+
+def test_a_model_the_loop_lets_go_is_freed_during_the_run() -> None:
+    """The phases hold the models they found weakly: a model trained in a function (one of a
+    sweep, a rank's DDP model before its ``destroy_process_group()``) is freed when the
+    function returns, as without the run, not at the run's end."""
+    import gc
+    import weakref
+
+    def train() -> weakref.ref:
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(20):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return weakref.ref(model)
+
+    with traceml_nb.Run("sweep", sample=False) as run:
+        first = train()
+        gc.collect()
+        freed_during_the_run = first() is None
+        second = train()
+    assert freed_during_the_run
+    assert second() is None and run.status == "completed"

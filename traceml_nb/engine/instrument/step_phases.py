@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -118,8 +119,11 @@ class StepPhases:
         self._off_at_ns = 0  #: when the sampling last turned off (clock)
         self._skipped = 0  #: the optimizer steps it stayed off for since
         self._last_on_ns = 0  #: when it last turned on (clock)
-        #: the outermost modules with parameters seen so far, by id (the model or models)
-        self.models: dict[int, Any] = {}
+        #: the outermost modules with parameters seen so far, by id (the model or models),
+        #: held weakly: a model the user's code lets go is freed then, as without the run (a
+        #: model held to the run's end kept its memory through the next one's training, and a
+        #: DDP model was freed after the user's ``destroy_process_group()``: a rank hung there)
+        self.models: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.sampling = False  #: the instruments are on now
         #: optimizer steps until the next look at the sampling (a countdown, so that the
         #: tracer's hook does a subtraction a step, not a call)
@@ -447,7 +451,7 @@ class StepPhases:
         self._take_off_sample(end=True)
         self._let_warnings_through()
         self._stack = []
-        self.models = {}
+        self.models = weakref.WeakValueDictionary()
         self._has_parameters = {}
         self._put_back_backward()
         self._backward = None
