@@ -27,9 +27,10 @@ RANK_DEADLINE_S = 150.0
 #: Seconds a rank may take from the end of its training to its exit (the rank's run stopped
 #: and its rows sent, then the process's own exit: well under a second) before it writes every
 #: thread's stack to ``rank{k}.exit.stack`` and exits: the launch that waits for it then
-#: fails with where it hung. Twice, two ranks finished training and never exited (the
-#: kernel's receiver still waiting on both pipes, the suite's 300 s timeout), in runs of the
-#: whole suite under load; not reproduced alone.
+#: fails with where it hung. Three times, in runs of the whole suite under load, ranks
+#: finished training and never exited; the third time this watchdog showed where: the rank's
+#: run, stopping, dropped the DDP model its phases held, after ``destroy_process_group()``
+#: (the model is now held weakly and freed as ``_train`` returns, as without a run).
 EXIT_DEADLINE_S = 60.0
 #: the file the exit watchdog writes to, kept open past ``train_rank``'s return
 _exit_stacks: list = []
