@@ -307,7 +307,8 @@ def test_a_run_counts_its_dataloader_workers_and_not_its_other_children(child_pr
 def test_an_evaluations_persistent_workers_are_not_counted_beside_the_training_ones():
     """Idle while the model trains, an evaluation's persistent workers halved the training
     workers' CPU each (2 saturated ones read 48% each, "slow storage"): a loader whose epoch
-    begins with autograd off is an evaluation's, and its workers are not counted."""
+    begins with autograd off is an evaluation's, and its workers are not counted beside a
+    training loader's, even where the evaluation came first (Lightning's sanity check)."""
     import traceml_nb
 
     def loader() -> torch.utils.data.DataLoader:
@@ -318,6 +319,9 @@ def test_an_evaluations_persistent_workers_are_not_counted_beside_the_training_o
     train, val = loader(), loader()
     model = torch.nn.Linear(4, 1)
     with traceml_nb.Run("evaluated", interval=0.05) as run:
+        with torch.no_grad():
+            for x in val:
+                model(x)
         for _ in range(2):
             for x in train:
                 model(x).sum().backward()

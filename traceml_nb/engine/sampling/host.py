@@ -179,10 +179,14 @@ class HostSource:
 
     def _children_cpu_s(self) -> tuple[float, float | None]:
         """CPU seconds the children used since the previous sample, and seconds they waited
-        for a CPU (None: not reported); ended children are dropped."""
+        for a CPU (None: not reported); ended children are dropped, and those no longer
+        counted as workers."""
         used = waited = 0.0
         wait_known = not self.reader.no_wait_reason
         for pid, tracked in list(self._children.items()):
+            if not self._is_worker(pid):  # no longer: an evaluation's, once a loader trains
+                del self._children[pid]
+                continue
             try:
                 stat = self.reader.process_stat(pid, rss=False, wait=wait_known)
             except ProcessGone:
