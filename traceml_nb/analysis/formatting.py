@@ -74,9 +74,10 @@ def fmt_share_below(share: float, threshold: float) -> str:
     return text
 
 
-def fmt_count(count: float, noun: str) -> str:
-    """A count of things, which may be a median (1.5 rounds to 2): 1 worker, 3 workers."""
-    return f"{count:.0f} {noun}{'' if round(count) == 1 else 's'}"
+def plural(count: float, noun: str) -> str:
+    """``1 step``, ``6 steps``, ``1,200 steps``; a median count rounds (1.5 workers: 2)."""
+    whole = round(count)
+    return f"{whole:,} {noun}{'' if whole == 1 else 's'}"
 
 
 def fmt_pct(pct: float | None) -> str:

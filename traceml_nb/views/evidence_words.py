@@ -9,7 +9,7 @@ from typing import Any
 
 from ..analysis.advice import setting_name
 from ..analysis.findings import UNAVAILABLE
-from ..analysis.formatting import fmt_count, fmt_mb, fmt_ms, fmt_pct, fmt_share
+from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_share, plural
 
 Facts = dict[str, Any]
 
@@ -71,7 +71,7 @@ EVIDENCE_SENTENCES: dict[str, Callable[[Facts], str]] = {
     "no-workers": lambda f: "no worker processes (num_workers=0): the main process loads the data",
     "worker-cpu": lambda f: (
         f"median {fmt_pct(f['pct'])}"
-        + (f" across {fmt_count(f['workers'], 'worker')}" if f.get("workers") is not None else "")
+        + (f" across {plural(f['workers'], 'worker')}" if f.get("workers") is not None else "")
         + " (100% = one core)"
     ),
     "process-cpu": lambda f: f"median {fmt_pct(f['pct'])} (100% = one core)",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..analysis.formatting import fmt_count, fmt_pct, fmt_share
+from ..analysis.formatting import fmt_pct, fmt_share, plural
 from ..analysis.input_bound import (
     CAUSE_CPU_SATURATED,
     CAUSE_CPU_STARVED,
@@ -45,7 +45,7 @@ def _saturation(f: Facts) -> str:
         if wait is not None:
             details.append(f"waiting {fmt_pct(wait)} of the time for a CPU")
         parts.append(
-            f"the {fmt_count(f['workers'], 'worker')} use{'s' if one else ''} "
+            f"the {plural(f['workers'], 'worker')} use{'s' if one else ''} "
             f"{fmt_pct(f['workers_cpu_pct'])} CPU" + (f" ({', '.join(details)})" if details else "")
         )
     if f.get("system_cpu_pct") is not None:

@@ -17,10 +17,9 @@ from bokeh.models import ColumnDataSource
 from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
-from ...analysis.formatting import fmt_share
+from ...analysis.formatting import fmt_share, plural
 from ...engine.run import Run
 from .data import MAX_POINTS, RATE_WINDOW_STEPS, SampleSeries, SeriesUpdate
-from .verdict import plural
 
 #: The CPU chart's label of this process's children, and what it becomes once ranks start.
 WORKERS_LABEL = "DataLoader workers"

@@ -11,17 +11,13 @@ near a threshold does not flip from one tick to the next, while a run that reall
 
 from __future__ import annotations
 
+from ...analysis.formatting import plural
 from ...analysis.pipeline import Analysis
 from ...analysis.thresholds import MIN_STEADY_STEPS
 from ..diagnosis_words import sentence
 
 #: Consecutive analyses that must agree on a new verdict before the header shows it.
 CONFIRMATIONS = 2
-
-
-def plural(count: int, noun: str) -> str:
-    """``1 step``, ``6 steps``."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def collecting_text(steps: int) -> str:
