@@ -287,6 +287,12 @@ def test_only_the_children_told_to_be_workers_count_as_workers(child_processes, 
     src.close()
 
 
+def _workers_read(run) -> list[float]:
+    """The run's host samples of its workers alive (the unread left out)."""
+    assert run.record.host is not None
+    return [v for v in run.record.host.column("workers") if v is not None and v == v]
+
+
 def test_a_run_counts_its_dataloader_workers_and_not_its_other_children(child_processes):
     """The run tells its host source the workers of each iterator as its epoch begins."""
     import traceml_nb
@@ -298,8 +304,7 @@ def test_a_run_counts_its_dataloader_workers_and_not_its_other_children(child_pr
             for _batch in loader:
                 time.sleep(0.01)
     assert other.poll() is None
-    assert run.record.host is not None
-    workers = [v for v in run.record.host.column("workers") if v is not None and v == v]
+    workers = _workers_read(run)
     assert max(workers) == 1, workers  # 2 with the burning child
     assert len(run._tracer.worker_pids) == 2  # a worker an epoch
 
@@ -328,8 +333,7 @@ def test_an_evaluations_persistent_workers_are_not_counted_beside_the_training_o
             with torch.no_grad():
                 for x in val:
                     model(x)
-    assert run.record.host is not None
-    workers = [v for v in run.record.host.column("workers") if v is not None and v == v]
+    workers = _workers_read(run)
     assert max(workers) == 1, workers  # 2 with the evaluation's
     assert len(run._tracer.worker_pids) == 1
 
@@ -343,8 +347,7 @@ def test_an_evaluation_alone_has_its_workers_counted():
     with traceml_nb.Run("inference", interval=0.05) as run, torch.no_grad():
         for _ in loader:
             pass
-    assert run.record.host is not None
-    workers = [v for v in run.record.host.column("workers") if v is not None and v == v]
+    workers = _workers_read(run)
     assert max(workers) == 1, workers
 
 
