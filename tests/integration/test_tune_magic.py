@@ -212,7 +212,12 @@ def _train_steps(ns, loader, steps: int, warm: int = 3) -> list[float]:
 #: Interleaved passes over the whole grid (half choose the best, half judge it) and steady
 #: steps per candidate in each: 4 passes of 8 steps once read one candidate 27% faster than an
 #: identical one under CI's load (1 worker, prefetch 8 against prefetch 2, a worker that keeps
-#: up), the machine's speed moving between the candidates' turns.
+#: up), the machine's speed moving between the candidates' turns. With one core kept busy it
+#: moves from one candidate's turn to the next by more than the test's 10%: three runs of 6
+#: passes of 10 steps judged "1 worker, prefetch 2" against "2 workers, prefetch 2" at
+#: 30.0/28.2, 36.3/31.4 and 28.8/33.5 ms, and "1 worker, prefetch 2" against "prefetch 8" at
+#: 28.8/39.2 in the third; so the judging compares two candidates within each pass, and a
+#: pass is the unit its noise is resampled by (:func:`best_is_10pct_faster`).
 GRID_PASSES = 6
 GRID_STEPS = 10
 
@@ -243,30 +248,67 @@ def test_the_recommendation_is_within_10pct_of_the_best_of_the_whole_grid(ip, tu
             times[cand] = _train_steps(ns, loader, steps=GRID_STEPS)
         passes.append(times)
     choosing = {c: statistics.median(sum((p[c] for p in passes[0::2]), [])) for c in grid}
-    judging = {c: sum((p[c] for p in passes[1::2]), []) for c in grid}
+    judging = passes[1::2]
     best = min(choosing, key=choosing.__getitem__)
     rec = tuning.recommended
     print(
-        {c.label: round(statistics.median(v) * 1e3, 1) for c, v in judging.items()},
+        {
+            c.label: round(statistics.median(sum((p[c] for p in judging), [])) * 1e3, 1)
+            for c in grid
+        },
         "best",
         best.label,
         "recommended",
         rec.label,
     )
-    # and the best must be more than 10% faster beyond the noise of those steps to fail it
-    assert not best_is_10pct_faster(judging[best], judging[rec])
+    # and the best must be more than 10% faster beyond the noise of those passes to fail it
+    assert not best_is_10pct_faster([p[best] for p in judging], [p[rec] for p in judging])
 
 
-def best_is_10pct_faster(best: list[float], recommended: list[float]) -> bool:
-    """True when median(best) / median(recommended) is below 1 / 1.10 with 95% confidence
-    (percentile bootstrap, each candidate's steps resampled on their own)."""
+def best_is_10pct_faster(best: list[list[float]], recommended: list[list[float]]) -> bool:
+    """True when median(best) / median(recommended) is below 1 / 1.10 with 95% confidence.
+
+    ``best[i]`` and ``recommended[i]``: the step times of the two candidates in judging pass
+    *i*. A percentile bootstrap in two stages: the passes resampled, the same ones for both
+    candidates (the machine's state in a pass is shared by its candidates), then each chosen
+    pass's steps of each candidate. Resampling the steps alone took the steps of a pass,
+    which share its state, for independent ones, and called a gap that the passes' states
+    made, not the loader (:func:`test_a_gap_the_passes_disagree_on_is_not_called`)."""
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(2000):
+        chosen = rng.choices(range(len(best)), k=len(best))
+        b = [t for i in chosen for t in rng.choices(best[i], k=len(best[i]))]
+        r = [t for i in chosen for t in rng.choices(recommended[i], k=len(recommended[i]))]
+        ratios.append(statistics.median(b) / statistics.median(r))
+    ratios.sort()
+    return ratios[int(0.975 * len(ratios))] < 1 / 1.10
+
+
+def _passes(ms_each: list[float], steps: int = GRID_STEPS) -> list[list[float]]:
+    """A candidate's judging passes: ``steps`` times within 2% of each pass's figure."""
+    return [[ms * (1 + 0.02 * ((k % 5) - 2) / 2) for k in range(steps)] for ms in ms_each]
+
+
+def test_a_recommendation_slower_in_every_pass_is_found():
+    assert best_is_10pct_faster(_passes([30, 31, 29]), _passes([36, 37, 35]))  # 20% slower
+    assert not best_is_10pct_faster(_passes([30, 31, 29]), _passes([32, 33, 31]))  # 7%
+
+
+def test_a_gap_the_passes_disagree_on_is_not_called():
+    # the recommendation 30% slower in two passes and as fast in the third: the machine's
+    # state in a pass, not the loader, as three loaded runs of the grid read
+    best, rec = _passes([30, 31, 29]), _passes([39, 40, 29])
+    assert not best_is_10pct_faster(best, rec)
+    # the statistic it replaced, every step taken as independent, called it
+    flat_best, flat_rec = sum(best, []), sum(rec, [])
     rng = random.Random(0)
     ratios = sorted(
-        statistics.median(rng.choices(best, k=len(best)))
-        / statistics.median(rng.choices(recommended, k=len(recommended)))
+        statistics.median(rng.choices(flat_best, k=len(flat_best)))
+        / statistics.median(rng.choices(flat_rec, k=len(flat_rec)))
         for _ in range(2000)
     )
-    return ratios[int(0.975 * len(ratios))] < 1 / 1.10
+    assert ratios[int(0.975 * len(ratios))] < 1 / 1.10
 
 
 LINEAR = "lin = torch.nn.Linear(8, 2); lopt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
