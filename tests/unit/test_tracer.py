@@ -898,3 +898,52 @@ def test_the_optimizer_hook_looks_at_its_listeners_only_when_the_least_countdown
         hook(None, (), {})
     assert every3.told == [1, 4, 7, 10, 13] and every5.told == [1, 6, 11]
     assert every3.looked == every5.looked == [1, 4, 6, 7, 10, 11, 13]
+
+
+def test_a_dataset_the_loop_lets_go_is_freed_during_the_run() -> None:
+    """The tracer holds a loader's batch sampler weakly, and with it the dataset: a stage's
+    or a sweep's dataset is freed once the log that names its iterator is processed, as
+    without the run, not at the run's end."""
+    import gc
+    import weakref
+
+    def stage() -> weakref.ref:
+        data = TensorDataset(torch.randn(64, 16), torch.zeros(64, dtype=torch.long))
+        model, opt = model_and_opt()
+        for x, y in DataLoader(data, batch_size=BATCH, shuffle=True):
+            train_step(model, opt, x, y)
+        return weakref.ref(data)
+
+    with traceml_nb.Run("sweep", sample=False) as run:
+        first = stage()
+        run._tracer.process()  # the live view's thread, or the log's length, does this
+        gc.collect()
+        freed_during_the_run = first() is None
+        second = stage()
+    assert freed_during_the_run
+    assert [loader.fetches for loader in run.record.loaders] == [8, 8]  # two loaders
+    gc.collect()
+    assert second() is None
+
+
+class _Sampler:
+    def __iter__(self):
+        return iter(())
+
+
+def test_a_sampler_in_a_freed_samplers_place_is_another_loader() -> None:
+    from traceml_nb.engine.instrument.tracer import StepTracer
+    from traceml_nb.engine.record import RunRecord
+
+    tracer = StepTracer(RunRecord())
+    sampler = _Sampler()
+    key, new = tracer._loader_key(sampler)
+    assert new and tracer._loader_key(sampler) == (key, False)
+    place = id(sampler)
+    del sampler
+    others = [_Sampler() for _ in range(1000)]  # CPython gives the freed place to one of them
+    in_its_place = next(s for s in others if id(s) == place)
+    assert tracer._loader_key(in_its_place) == (key + 1, True)
+    held = object()  # without weak references: held, its key kept
+    held_key, _ = tracer._loader_key(held)
+    assert tracer._loader_key(held) == (held_key, False)

@@ -132,7 +132,9 @@ class IteratorStarted(_Event):
     __slots__ = ()
     _fields = ("iterator", "loader", "settings", "batch_size", "samples")
     iterator: Any = _field(1, "the iterator")
-    loader: int = _field(2, "id() of the loader's batch sampler, the same across epochs")
+    loader: int = _field(
+        2, "the key of the loader's batch sampler: the same across epochs, never another loader's"
+    )
     settings: LoaderInfo | None = _field(3, "the loader's settings the first time it is seen")
     batch_size: int = _field(
         4,

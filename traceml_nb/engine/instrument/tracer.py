@@ -24,9 +24,12 @@ are kept, :attr:`StepTracer.error` says why), never the user's loop.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -86,6 +89,10 @@ class WorkerPids:
         return len(self.training or self.evaluating)
 
 
+def _itself(obj: T) -> T:
+    return obj
+
+
 class StepTracer:
     """Receives the instrumented events of one run and has them segmented into its record."""
 
@@ -120,8 +127,9 @@ class StepTracer:
         self._segmenter = StepSegmenter(
             record, gpu.take if gpu is not None else None, announce=self._announce
         )
-        #: loader key -> its batch sampler, held so that no other object takes its id
-        self._loaders: dict[int, Any] = {}
+        #: ``id()`` of each batch sampler met -> (a reference to it, its loader key)
+        self._loader_keys: dict[int, tuple[Callable[[], Any], int]] = {}
+        self._next_key = itertools.count()
 
     # --- the hot path ---------------------------------------------------------------------
     def wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -302,13 +310,29 @@ class StepTracer:
             driver = None
         else:
             samples, driver = starting
-        loader = id(it._index_sampler)
+        loader, new = self._loader_key(it._index_sampler)
         settings = None
-        if loader not in self._loaders:
-            self._loaders[loader] = it._index_sampler
+        if new:
             settings = loader_settings(it)
             settings.driver = driver
         return IteratorStarted.of(it, loader, settings, counted_batch_size(it), samples)
+
+    def _loader_key(self, sampler: Any) -> tuple[int, bool]:
+        """The key of the loader whose batch sampler is ``sampler``, and whether it is new to
+        the run. Keys are never reused, and the sampler is held weakly where it can be: the
+        sampler holds the dataset, which the user's code frees when it drops the loader (a
+        stage's, a sweep's), as without a run. A sampler freed, its ``id()`` may come back as
+        another loader's: the reference tells them apart."""
+        known = self._loader_keys.get(id(sampler))
+        if known is not None and known[0]() is sampler:
+            return known[1], False
+        key = next(self._next_key)
+        try:
+            ref: Callable[[], Any] = weakref.ref(sampler)
+        except TypeError:  # a sampler without weak references is held to the run's end
+            ref = functools.partial(_itself, sampler)
+        self._loader_keys[id(sampler)] = (ref, key)
+        return key, True
 
     def stop_on_error(self, exc: BaseException) -> None:
         """Stop tracing for the rest of the run because ``exc`` broke our bookkeeping: the
@@ -346,4 +370,4 @@ class StepTracer:
             finally:
                 self.deactivate()
                 self.log.clear()
-                self._loaders.clear()  # a sampler holds its dataset
+                self._loader_keys.clear()  # a sampler held strongly holds its dataset
