@@ -353,25 +353,28 @@ def test_a_worker_forked_while_the_flops_are_counted_leaves_the_counter() -> Non
 
 
 def test_a_model_the_loop_lets_go_is_freed_during_the_run() -> None:
-    """The phases hold the models they found weakly: a model trained in a function (one of a
-    sweep, a rank's DDP model before its ``destroy_process_group()``) is freed when the
-    function returns, as without the run, not at the run's end."""
+    """The phases hold the models they found weakly, and neither they nor the FLOP count
+    hold an optimizer past the step they watch (an optimizer holds the parameters and their
+    state): a model trained in a function (one of a sweep, a rank's DDP model before its
+    ``destroy_process_group()``) is freed when the function returns, as without the run, not
+    at the run's end; its optimizer once the log that names it is processed."""
     import gc
     import weakref
 
-    def train() -> weakref.ref:
+    def train() -> tuple[weakref.ref, weakref.ref]:
         model = torch.nn.Linear(8, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(20):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
             opt.zero_grad()
-        return weakref.ref(model)
+        return weakref.ref(model), weakref.ref(opt.param_groups[0]["params"][0])
 
     with traceml_nb.Run("sweep", sample=False) as run:
-        first = train()
+        first, first_weight = train()
+        run._tracer.process()  # the live view's thread, or the log's length, does this
         gc.collect()
-        freed_during_the_run = first() is None
-        second = train()
-    assert freed_during_the_run
+        freed_during_the_run = first() is None, first_weight() is None
+        second, _ = train()
+    assert freed_during_the_run == (True, True)
     assert second() is None and run.status == "completed"

@@ -249,13 +249,13 @@ class FlopWindow:
 
     def _begin(self, optimizer: Any) -> None:
         if _compiled_anything():
-            self.result = FlopCount(why=COMPILED)
+            self._conclude(FlopCount(why=COMPILED))
             return
         try:
             mode = _counter()
             mode.__enter__()
         except Exception as exc:
-            self.result = FlopCount(why=f"the FLOP counter could not start ({exc!r})")
+            self._conclude(FlopCount(why=f"the FLOP counter could not start ({exc!r})"))
             return
         self._mode, self._step = mode, WholeStep(optimizer)
         try:
@@ -268,14 +268,14 @@ class FlopWindow:
             self._first_ns = self._start_ns
 
     def _end(self, optimizer: Any) -> None:
-        mode, self._mode = self._mode, None
+        mode, self._mode, self._step = self._mode, None, None
         end_ns = self.clock()
         without_grad = self._stop_watching()
         try:
             mode.__exit__(None, None, None)
             flops = int(mode.get_total_flops())
         except Exception as exc:
-            self.result = FlopCount(why=f"the FLOP counter failed ({exc!r})")
+            self._conclude(FlopCount(why=f"the FLOP counter failed ({exc!r})"))
             return
         window = (self._first_ns - self.t0_ns, end_ns - self.t0_ns)
         count = FlopCount(
@@ -303,13 +303,19 @@ class FlopWindow:
             self._stand(replace(least, window_ns=window))
             return
         why = self.result.why if self.result is not None else EVALUATION_COUNTED
-        self.result = FlopCount(why=why, window_ns=window)  # no try left, or none could start
+        self._conclude(FlopCount(why=why, window_ns=window))  # no try left, or none could start
 
     def _stand(self, count: FlopCount) -> None:
-        self.result = count
+        self._conclude(count)
+        self.found(count)
+
+    def _conclude(self, result: FlopCount) -> None:
+        """The count is over: ``result`` stands, and no optimizer is held (an optimizer holds
+        its model's parameters and state, which the user's code may let go during the run)."""
+        self.result = result
         self.countdown = 1 << 62
         self._optimizers = []
-        self.found(count)
+        self._step = None
 
     def _stop_watching(self) -> bool:
         calls, self._calls = self._calls, None
