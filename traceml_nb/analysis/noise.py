@@ -9,7 +9,9 @@ configurations never do. With few runs that estimate is itself uncertain, so it 
   their own mean: a changed DataLoader shifts the mean, not the noise);
 * **shrunk** toward what this machine class has shown for *other* configurations and names of a
   similar step length (within ``STEP_LENGTH_FACTOR``; at most ``CLASS_PRIOR_MAX_DF`` degrees of
-  freedom of it), and toward a documented default for the step length
+  freedom of it; a configuration whose runs scatter far beyond all the rest, two workloads
+  under one key, left out: ``CLASS_OUTLIER_LEVEL``), and toward a documented default for the
+  step length
   (:func:`default_noise_sigma`, worth ``DEFAULT_PRIOR_DF`` degrees of freedom): short steps
   are noisier;
 * **wider across sessions**: a comparison with runs of another session (another kernel or
@@ -31,9 +33,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .judge import Judgement, judge
+from .stats import f_sf
 from .thresholds import (
     BUSY_MACHINE_SHARE,
     BUSY_NOISE_FACTOR,
+    CLASS_OUTLIER_LEVEL,
     CLASS_PRIOR_MAX_DF,
     DEFAULT_NOISE_AT_10MS,
     DEFAULT_NOISE_EXPONENT,
@@ -90,7 +94,8 @@ class Noise:
     the compared configurations that estimated it (``own_configs`` configurations with two
     runs or more) and ``own_df`` their degrees of freedom (runs less one per configuration);
     ``class_df``: what other configurations of the machine
-    class gave (``class_configs`` of them); ``default_df``: the default's weight;
+    class gave (``class_configs`` of them; ``class_left_out`` more were left out, their runs
+    scattered beyond the machine's noise); ``default_df``: the default's weight;
     ``step_ms``: the step length the default and the class were taken at;
     ``across_sessions``: the compared runs came from different sessions (the default is then
     the wider one, :func:`default_noise_sigma`).
@@ -103,6 +108,7 @@ class Noise:
     own_configs: int = 0
     class_df: float = 0.0
     class_configs: int = 0
+    class_left_out: int = 0
     default_df: float = DEFAULT_PRIOR_DF
     step_ms: float = 0.0
     across_sessions: bool = False
@@ -125,6 +131,44 @@ def _pooled(groups: Sequence[Sequence[float]]) -> tuple[float, float, int, int]:
         values += len(logs)
         counted += 1
     return ss, df, values, counted
+
+
+def _class_prior(groups: Sequence[Sequence[float]]) -> tuple[float, float, int]:
+    """The other configurations' sum of squares and degrees of freedom, worth at most
+    ``CLASS_PRIOR_MAX_DF``, and how many configurations gave them."""
+    ss, df, _, configs = _pooled(groups)
+    if df > CLASS_PRIOR_MAX_DF:
+        ss *= CLASS_PRIOR_MAX_DF / df
+        df = CLASS_PRIOR_MAX_DF
+    return ss, df, configs
+
+
+def _without_outliers(
+    groups: Sequence[Sequence[float]], prior_ss: float, prior_df: float
+) -> tuple[list[Sequence[float]], int]:
+    """The other configurations less those whose runs scatter beyond the machine's noise, and
+    how many were left out: one at a time, the one least likely to be identical runs, while
+    its F test against everything else (``prior_ss`` over ``prior_df``: the default and the
+    compared configurations; the other configurations kept) is below
+    ``CLASS_OUTLIER_LEVEL``."""
+    kept = list(groups)
+    left_out = 0
+    while len(kept) > 0:
+        worst, worst_p = -1, 1.0
+        for i, group in enumerate(kept):
+            ss, df, _, _ = _pooled([group])
+            if df == 0 or ss == 0:
+                continue
+            rest_ss, rest_df, _ = _class_prior(kept[:i] + kept[i + 1 :])
+            reference = (prior_ss + rest_ss) / (prior_df + rest_df)
+            p = f_sf((ss / df) / reference, df, prior_df + rest_df)
+            if p < worst_p:
+                worst, worst_p = i, p
+        if worst_p >= CLASS_OUTLIER_LEVEL:
+            break
+        del kept[worst]
+        left_out += 1
+    return kept, left_out
 
 
 def _by_config(points: Sequence[RunPoint]) -> dict[str | None, list[float]]:
@@ -161,13 +205,12 @@ def estimate_noise(
         and step_ms > 0
         and 1 / STEP_LENGTH_FACTOR <= log_mean_ms(g) / step_ms <= STEP_LENGTH_FACTOR
     ]
-    class_ss, class_df, _, class_configs = _pooled(groups)
-    if class_df > CLASS_PRIOR_MAX_DF:
-        class_ss *= CLASS_PRIOR_MAX_DF / class_df
-        class_df = CLASS_PRIOR_MAX_DF
     default = default_noise_sigma(step_ms, across_sessions)
-    df = DEFAULT_PRIOR_DF + class_df + own_df
-    variance = (DEFAULT_PRIOR_DF * default**2 + class_ss + own_ss) / df
+    prior_ss, prior_df = DEFAULT_PRIOR_DF * default**2 + own_ss, DEFAULT_PRIOR_DF + own_df
+    kept, left_out = _without_outliers(groups, prior_ss, prior_df)
+    class_ss, class_df, class_configs = _class_prior(kept)
+    df = prior_df + class_df
+    variance = (prior_ss + class_ss) / df
     return Noise(
         sigma=math.sqrt(variance),
         df=df,
@@ -176,6 +219,7 @@ def estimate_noise(
         own_configs=own_groups,
         class_df=class_df,
         class_configs=class_configs,
+        class_left_out=left_out,
         default_df=DEFAULT_PRIOR_DF,
         step_ms=step_ms,
         across_sessions=across_sessions,

@@ -87,3 +87,12 @@ def t_quantile(p: float, df: float) -> float:
         if high - low < 1e-12 * max(1.0, high):
             break
     return (low + high) / 2.0
+
+
+def f_sf(f: float, df1: float, df2: float) -> float:
+    """P(F > f) for Fisher's F with ``df1`` and ``df2`` > 0 degrees of freedom: the chance that
+    a variance on ``df1`` exceeds one on ``df2`` by the ratio ``f`` when both estimate the same
+    variance. ``f_sf(3.84, 1, 1e9)`` ≈ 0.05."""
+    if f <= 0.0:
+        return 1.0
+    return incomplete_beta(df2 / 2.0, df1 / 2.0, df2 / (df2 + df1 * f))

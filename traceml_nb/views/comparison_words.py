@@ -29,8 +29,10 @@ def fmt_pct_plain(share: float) -> str:
 def noise_source(noise: Noise, after_busy: bool = False) -> str:
     """Where the noise comes from: ``5 runs of this configuration``, ``7 runs of 2
     configurations and 3 other configurations on this machine``, or ``assumed for 10 ms steps
-    until reruns tell``; for runs of different sessions ``…, between sessions``; with
-    ``after_busy``, ``…, 5× for this run on a busy machine``."""
+    until reruns tell``; ``… (1 more on this machine left out: …)`` where the noise left a
+    configuration out (:data:`~traceml_nb.analysis.thresholds.CLASS_OUTLIER_LEVEL`); for runs
+    of different sessions ``…, between sessions``; with ``after_busy``, ``…, 5× for this run
+    on a busy machine``."""
     busy = f", {BUSY_NOISE_FACTOR:g}\u00d7 for this run on a busy machine" if after_busy else ""
     sessions = " between sessions" if noise.across_sessions else ""
     parts = []
@@ -41,9 +43,18 @@ def noise_source(noise: Noise, after_busy: bool = False) -> str:
     if noise.class_configs:
         n = noise.class_configs
         parts.append(f"{n} other configuration{'s' if n != 1 else ''} on this machine")
+    left_out = ""
+    if noise.class_left_out:
+        n = noise.class_left_out
+        left_out = (
+            f" ({n} more on this machine left out: {'its' if n == 1 else 'their'} runs "
+            "scattered far beyond the rest, not identical runs)"
+        )
     if not parts:
-        return f"assumed for {fmt_ms(noise.step_ms)} steps{sessions} until reruns tell{busy}"
-    return " and ".join(parts) + ("," + sessions if sessions else "") + busy
+        return (
+            f"assumed for {fmt_ms(noise.step_ms)} steps{sessions} until reruns tell{left_out}{busy}"
+        )
+    return " and ".join(parts) + left_out + ("," + sessions if sessions else "") + busy
 
 
 def band_text(judgement: Judgement) -> str:
