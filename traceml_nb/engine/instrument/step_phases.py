@@ -321,12 +321,12 @@ class StepPhases:
             return
         if threading.get_ident() != clock.thread:
             return
+        clock.start(FORWARD)  # first: putting the hooks in place is not the loop's input copy
         if self._arming is not None:
             self._arming.remove()
             self._arming = None
         self._add_model_hooks()
         self._arming_again = True
-        clock.start(FORWARD)
 
     def _arm_again(self) -> None:
         """A model's forward ended: its hooks come off, the arming hook goes back on (a cycle
