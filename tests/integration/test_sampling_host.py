@@ -338,6 +338,41 @@ def test_an_evaluations_persistent_workers_are_not_counted_beside_the_training_o
     assert len(run._tracer.worker_pids) == 1
 
 
+def test_an_evaluation_iterated_with_autograd_on_is_told_by_the_steps_it_trained_none_of():
+    """The transformers ``Trainer``'s evaluation loop iterates its loader with autograd on
+    (``torch.no_grad()`` around each batch's forward): its persistent workers began their
+    epoch as a training loader's would. Once the log credits the optimizer steps to the
+    training loader, only its workers count."""
+    import traceml_nb
+
+    def loader() -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(
+            BurningDataset(), batch_size=8, num_workers=1, persistent_workers=True
+        )
+
+    train, val = loader(), loader()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    settled = None  # the host samples taken before the log first credited a step
+    with traceml_nb.Run("evaluated with autograd on", interval=0.05) as run:
+        for _ in range(3):
+            for x in train:
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            for x in val:
+                with torch.no_grad():
+                    model(x)
+            run._tracer.process()  # the live view's thread does this at each of its updates
+            if settled is None and run.record.host is not None:
+                settled = len(run.record.host.column("workers"))
+    assert [info.optimizer_steps > 0 for info in run.record.loaders] == [True, False]
+    assert len(run._tracer.worker_pids) == 1
+    assert settled is not None and run.record.host is not None
+    workers = [v for v in run.record.host.column("workers")[settled:] if v is not None and v == v]
+    assert workers and max(workers) == 1, workers  # 2 with the evaluation's
+
+
 def test_an_evaluation_alone_has_its_workers_counted():
     """Inference under ``torch.no_grad()``, no loader training beside it: its workers are the
     run's."""

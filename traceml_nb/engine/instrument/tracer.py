@@ -30,11 +30,11 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from typing import Any, Protocol, TypeVar
 
 from ..events import EPOCH_STARTED, EXHAUSTED, FETCH, MARKER, OPTIMIZER_STEP, IteratorStarted
-from ..record import RunRecord
+from ..record import LoaderInfo, RunRecord
 from ..segment import StepSegmenter
 from .gpu_events import GpuStallTimer
 from .loader import batch_size_of, counted_batch_size, driver_of, epoch_samples, loader_settings
@@ -66,15 +66,22 @@ class StepEndListener(Protocol):
 
 
 class WorkerPids:
-    """The process ids of the DataLoader workers a run's host sampler counts: those of the
-    loaders whose epoch began with autograd on where there are any, else every loader's (an
-    evaluation or inference alone). An evaluation's workers beside training ones (persistent,
-    idle while the model trains) would halve the workers' CPU each. Added to on the training
-    thread, only looked up (``in``) elsewhere."""
+    """The process ids of the DataLoader workers a run's host sampler counts: once the log
+    shows a loader training (an optimizer step credited to it), the workers of the loaders
+    that trained; before, those of the loaders whose epoch began with autograd on where there
+    are any, else every loader's (an evaluation or inference alone). An evaluation's workers
+    beside training ones (persistent, idle while the model trains) would halve the workers'
+    CPU each; the transformers ``Trainer`` iterates its evaluation loader with autograd on.
+    Added to on the training thread (:meth:`add`) and where the log is processed
+    (:meth:`of_loader`, :meth:`loaders_trained`), only looked up (``in``) elsewhere."""
 
     def __init__(self) -> None:
         self.training: set[int] = set()
         self.evaluating: set[int] = set()
+        #: the workers of the loaders that trained, as of the log's last processing
+        self.trained: frozenset[int] = frozenset()
+        #: loader key -> (its settings, which count its optimizer steps; its workers)
+        self._by_loader: dict[int, tuple[LoaderInfo, set[int]]] = {}
         #: the run launched ranks: this process's children are theirs (and their workers),
         #: and every one counts (the CPU chart's line becomes the ranks')
         self.every_child = False
@@ -82,11 +89,32 @@ class WorkerPids:
     def add(self, pids: list[int], grad: bool) -> None:
         (self.training if grad else self.evaluating).update(pids)
 
+    def of_loader(self, key: int, info: LoaderInfo | None, pids: list[int]) -> None:
+        """``pids`` are workers of the loader ``key`` (``info``: its settings, the first time
+        it is met)."""
+        entry = self._by_loader.get(key)
+        if entry is None:
+            if info is None:
+                return
+            entry = self._by_loader[key] = (info, set())
+        entry[1].update(pids)
+
+    def loaders_trained(self) -> None:
+        """Take the workers of the loaders that trained as of now (the log just processed)."""
+        trained = {
+            p for info, pids in self._by_loader.values() if info.optimizer_steps for p in pids
+        }
+        if trained != self.trained:
+            self.trained = frozenset(trained)
+
+    def _counted(self) -> Set[int]:
+        return self.trained or self.training or self.evaluating
+
     def __contains__(self, pid: object) -> bool:
-        return self.every_child or pid in (self.training or self.evaluating)
+        return self.every_child or pid in self._counted()
 
     def __len__(self) -> int:
-        return len(self.training or self.evaluating)
+        return len(self._counted())
 
 
 def _itself(obj: T) -> T:
@@ -299,6 +327,7 @@ class StepTracer:
         except BaseException:
             log[:0] = list(pending)
             raise
+        self.worker_pids.loaders_trained()
 
     def _announce(self, it: Any, starting: tuple[int, str | None] | None) -> IteratorStarted:
         """The segmenter meets a fetch of ``it`` new to the run or starting its epoch over;
@@ -315,6 +344,9 @@ class StepTracer:
         if new:
             settings = loader_settings(it)
             settings.driver = driver
+        workers = [w.pid for w in getattr(it, "_workers", ()) if w.pid]
+        if workers:
+            self.worker_pids.of_loader(loader, settings, workers)
         return IteratorStarted.of(it, loader, settings, counted_batch_size(it), samples)
 
     def _loader_key(self, sampler: Any) -> tuple[int, bool]:
