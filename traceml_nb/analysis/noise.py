@@ -153,7 +153,7 @@ def _without_outliers(
     ``CLASS_OUTLIER_LEVEL``."""
     kept = list(groups)
     left_out = 0
-    while len(kept) > 0:
+    while kept:
         worst, worst_p = -1, 1.0
         for i, group in enumerate(kept):
             ss, df, _, _ = _pooled([group])
