@@ -110,7 +110,7 @@ def test_a_configuration_whose_runs_scatter_far_beyond_the_rest_is_left_out():
     said = noise_source(noise)
     assert said == (
         "10 runs of 2 configurations and 2 other configurations on this machine (1 more on "
-        "this machine left out: its runs scattered far beyond the rest, not identical runs)"
+        "this machine left out: its runs scattered far beyond the rest)"
     )
     assert "left out" not in noise_source(estimate_noise(DEMO_OWN, 24.3, DEMO_MACHINE[3:]))
 

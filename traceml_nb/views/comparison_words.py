@@ -48,7 +48,7 @@ def noise_source(noise: Noise, after_busy: bool = False) -> str:
         n = noise.class_left_out
         left_out = (
             f" ({n} more on this machine left out: {'its' if n == 1 else 'their'} runs "
-            "scattered far beyond the rest, not identical runs)"
+            "scattered far beyond the rest)"
         )
     if not parts:
         return (
