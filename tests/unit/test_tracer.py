@@ -942,7 +942,8 @@ def test_a_sampler_in_a_freed_samplers_place_is_another_loader() -> None:
     place = id(sampler)
     del sampler
     others = [_Sampler() for _ in range(1000)]  # CPython gives the freed place to one of them
-    in_its_place = next(s for s in others if id(s) == place)
+    in_its_place = next((s for s in others if id(s) == place), None)
+    assert in_its_place is not None, "no new sampler took the freed one's place"
     assert tracer._loader_key(in_its_place) == (key + 1, True)
     held = object()  # without weak references: held, its key kept
     held_key, _ = tracer._loader_key(held)
