@@ -243,6 +243,26 @@ def test_when_only_the_load_differs_the_slowdown_is_the_machines():
     assert same.lines() == [same.summary]
 
 
+def test_a_scripts_changed_source_is_a_code_change_not_the_machines_slowdown():
+    """Runs of a script store a hash of its source, not the source: with the hash changed,
+    the code changed, and a slowdown on a busier machine is not called the machine's."""
+
+    def script_run(sha: str, load: float):
+        return make_run(load=load, source=None, env={**ENV, "script_sha": sha})
+
+    before = script_run("aaaa1111bbbb2222", 0.02)
+    changed = what_changed(before, script_run("cccc3333dddd4444", 0.8), verdict="slower")
+    assert not changed.only_load and changed.code == []
+    assert changed.summary == "the code changed, same settings, same machine."
+    assert (
+        "script: its source changed (stored as a hash, aaaa1111 \u2192 cccc3333: not its "
+        "lines)" in changed.lines()
+    )
+    same = what_changed(before, script_run("aaaa1111bbbb2222", 0.8), verdict="slower")
+    assert same.only_load and same.script is None
+    assert same.summary.endswith("the slowdown is the machine's, not your code's.")
+
+
 # --- steal time ---------------------------------------------------------------------------------
 def with_steal(entry, steal: float | None):
     entry.load["steal_share"] = steal

@@ -101,6 +101,15 @@ def _field_changes(
     ]
 
 
+def script_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+    """A sentence when both runs were of a main script (``script_sha``, where no cell source
+    was stored) and its source differs, else None."""
+    a, b = before.get("script_sha"), after.get("script_sha")
+    if not a or not b or a == b:
+        return None
+    return f"its source changed (stored as a hash, {a[:8]} \u2192 {b[:8]}: not its lines)"
+
+
 def loader_changes(
     before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
 ) -> list[str]:
@@ -239,6 +248,9 @@ def what_changed(
     steal = after_load.get("steal_share")
     changes = Changes(
         code=source_diff(before.source if before else None, after.source if after else None),
+        script=script_change(
+            before.environment if before else {}, after.environment if after else {}
+        ),
         settings=loader_changes(before.loaders if before else [], after.loaders if after else []),
         environment=environment_changes(
             before.environment if before else {}, after.environment if after else {}
@@ -256,7 +268,7 @@ def what_changed(
 
 def _summary(changes: Changes, verdict: str | None) -> str:
     parts = [
-        "same code" if not changes.code else "the code changed",
+        "same code" if not changes.code_changed else "the code changed",
         "same settings" if not changes.settings else "the DataLoader settings changed",
         "same machine" if not changes.environment else "the environment changed",
     ]
@@ -279,6 +291,6 @@ def _summary(changes: Changes, verdict: str | None) -> str:
         if verdict == "faster" and moved and not any(moved):
             return text + ": the speed-up is the machine's, not your code's."
         return text + "."
-    if not (changes.code or changes.settings or changes.environment):
+    if not (changes.code_changed or changes.settings or changes.environment):
         return f"{head}, same machine load."
     return head + "."

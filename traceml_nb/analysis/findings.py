@@ -286,7 +286,9 @@ class IdleCost:
 class Changes:
     """What differs between a run and its baseline (each list: one item a difference).
 
-    ``code``: changed lines of the cell source (``- old`` / ``+ new``); ``settings``: the
+    ``code``: changed lines of the cell source (``- old`` / ``+ new``); ``script``: a sentence
+    when the main script's source changed (runs of a script store a hash of it, not the
+    source: no lines to show); ``settings``: the
     training DataLoader's settings and dataset (``num_workers 0 → 4``); ``environment``: the
     hardware and software fields (``torch_version 2.2.0 → 2.3.1``); ``load``: a sentence on
     the machine's load when it differs (others' CPU share ``load_share``, 0..1, in this run,
@@ -297,6 +299,7 @@ class Changes:
     """
 
     code: list[str] = field(default_factory=list)
+    script: str | None = None
     settings: list[str] = field(default_factory=list)
     environment: list[str] = field(default_factory=list)
     load: str | None = None
@@ -312,12 +315,19 @@ class Changes:
         """Code, settings and environment are the same; only the machine's load (other
         processes' CPU use, steal time or both) differs."""
         machine = self.load is not None or self.steal is not None
-        return machine and not (self.code or self.settings or self.environment)
+        return machine and not (self.code_changed or self.settings or self.environment)
+
+    @property
+    def code_changed(self) -> bool:
+        """The cell's source or the script's changed."""
+        return bool(self.code) or self.script is not None
 
     def lines(self) -> list[str]:
         """Every difference as one line, the summary sentence first."""
         out = [self.summary] if self.summary else []
         out += [f"cell source: {line}" for line in self.code]
+        if self.script is not None:
+            out.append(f"script: {self.script}")
         out += [f"DataLoader: {line}" for line in self.settings]
         out += [f"environment: {line}" for line in self.environment]
         for sentence in (self.load, self.steal):

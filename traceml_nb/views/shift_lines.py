@@ -32,6 +32,8 @@ def changes_clause(changes: Changes) -> str:
         first = changes.code[0]
         more = f" and {len(changes.code) - 1} more lines" if len(changes.code) > 1 else ""
         parts.append(f"the code changed ({first}{more})")
+    elif changes.script is not None:
+        parts.append("the script's source changed")
     if changes.environment:
         parts.append(" and ".join(_went(s) for s in changes.environment))
     if changes.load_share is not None and changes.load is not None:
