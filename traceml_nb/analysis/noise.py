@@ -137,10 +137,14 @@ def _class_prior(groups: Sequence[Sequence[float]]) -> tuple[float, float, int]:
     """The other configurations' sum of squares and degrees of freedom, worth at most
     ``CLASS_PRIOR_MAX_DF``, and how many configurations gave them."""
     ss, df, _, configs = _pooled(groups)
+    return (*_capped(ss, df), configs)
+
+
+def _capped(ss: float, df: float) -> tuple[float, float]:
+    """A sum of squares and its degrees of freedom worth at most ``CLASS_PRIOR_MAX_DF``."""
     if df > CLASS_PRIOR_MAX_DF:
-        ss *= CLASS_PRIOR_MAX_DF / df
-        df = CLASS_PRIOR_MAX_DF
-    return ss, df, configs
+        return ss * CLASS_PRIOR_MAX_DF / df, CLASS_PRIOR_MAX_DF
+    return ss, df
 
 
 def _without_outliers(
@@ -151,15 +155,15 @@ def _without_outliers(
     its F test against everything else (``prior_ss`` over ``prior_df``: the default and the
     compared configurations; the other configurations kept) is below
     ``CLASS_OUTLIER_LEVEL``."""
-    kept = list(groups)
+    kept = [(group, *_pooled([group])[:2]) for group in groups]
     left_out = 0
     while kept:
+        total_ss, total_df = sum(k[1] for k in kept), sum(k[2] for k in kept)
         worst, worst_p = -1, 1.0
-        for i, group in enumerate(kept):
-            ss, df, _, _ = _pooled([group])
+        for i, (_, ss, df) in enumerate(kept):
             if df == 0 or ss == 0:
                 continue
-            rest_ss, rest_df, _ = _class_prior(kept[:i] + kept[i + 1 :])
+            rest_ss, rest_df = _capped(max(total_ss - ss, 0.0), total_df - df)
             reference = (prior_ss + rest_ss) / (prior_df + rest_df)
             p = f_sf((ss / df) / reference, df, prior_df + rest_df)
             if p < worst_p:
@@ -168,7 +172,7 @@ def _without_outliers(
             break
         del kept[worst]
         left_out += 1
-    return kept, left_out
+    return [group for group, _, _ in kept], left_out
 
 
 def _by_config(points: Sequence[RunPoint]) -> dict[str | None, list[float]]:
