@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.comparison import NEUTRAL, Comparison, ComparisonRow
-from ..analysis.formatting import MINUS, fmt_ms, signed_pct
+from ..analysis.formatting import MINUS, fmt_ms, plural, signed_pct
 from ..analysis.judge import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, Judgement
 from ..analysis.noise import Noise
 from ..analysis.phase_shift import PhaseShift
@@ -41,8 +41,7 @@ def noise_source(noise: Noise, after_busy: bool = False) -> str:
     elif noise.own_configs > 1:
         parts.append(f"{noise.own_runs} runs of {noise.own_configs} configurations")
     if noise.class_configs:
-        n = noise.class_configs
-        parts.append(f"{n} other configuration{'s' if n != 1 else ''} on this machine")
+        parts.append(f"{plural(noise.class_configs, 'other configuration')} on this machine")
     left_out = ""
     if noise.class_left_out:
         n = noise.class_left_out
@@ -93,9 +92,9 @@ def verdict_tail(
     if more is None:
         decide = "a change this small cannot be told at this noise"
     else:
-        decide = f"{more} more run{'s' if more != 1 else ''} would decide"
+        decide = f"{plural(more, 'more run')} would decide"
     before, after = runs
-    tells = f"{before} run{'s' if before != 1 else ''} against {after}"
+    tells = f"{plural(before, 'run')} against {after}"
     tells += f" can tell only a change beyond {band}"
     if noise is not None:
         tells += (
