@@ -378,3 +378,23 @@ def test_a_model_the_loop_lets_go_is_freed_during_the_run() -> None:
         second, _ = train()
     assert freed_during_the_run == (True, True)
     assert second() is None and run.status == "completed"
+
+
+def test_a_window_over_a_step_does_not_keep_its_optimizer_alive() -> None:
+    """A sample or a FLOP count open when a sweep's stage ends (its optimizer dropped with the
+    model) lets the optimizer, and so the weights, go; the window then closes at the next end
+    (the CI run that failed the test above had a sample open at the stage's end)."""
+    import gc
+    import weakref
+
+    from traceml_nb.engine.instrument.whole_step import WholeStep
+
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    window = WholeStep(opt)
+    assert not window.closes_at(other) and window.opened_by is opt  # open: a GAN's other step
+    freed = weakref.ref(opt)
+    del opt
+    gc.collect()
+    assert freed() is None and window.opened_by is None
+    assert window.closes_at(other)

@@ -259,7 +259,6 @@ class StepPhases:
             self._sample(True)
         elif self._sample_step.closes_at(optimizer) or self._ends >= MAX_SAMPLE_ENDS:
             self._sample(False)
-            self._sample_step = WholeStep()  # not the optimizer: it holds the parameters
             self.countdown = self._skip()
         else:
             self._ends += 1
