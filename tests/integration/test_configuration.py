@@ -227,13 +227,13 @@ import json, sys
 from types import SimpleNamespace
 from traceml_nb.session.environment import capture_environment
 env = capture_environment(SimpleNamespace(device_kind="cpu"), cwd={cwd!r})
-print(json.dumps({{"script_sha": env["script_sha"], "git_diff_sha": env["git_diff_sha"]}}))
+print(json.dumps({{key: env[key] for key in ("script_sha", "script_args_sha", "git_diff_sha")}}))
 """
 
 
-def run_script(path) -> dict:
+def run_script(path, *args: str) -> dict:
     done = subprocess.run(
-        [sys.executable, str(path)],
+        [sys.executable, str(path), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -249,14 +249,27 @@ def test_a_script_has_the_hash_of_its_source(tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text(CAPTURE.format(cwd=str(tmp_path)))
-    first = run_script(script)
+    first = run_script(script, "--model", "small")
     expected = hashlib.sha256(script.read_bytes()).hexdigest()[:16]
-    assert first == {"script_sha": expected, "git_diff_sha": None}  # tmp_path: outside git
+    arguments = hashlib.sha256(b"--model\0small\0").hexdigest()[:16]
+    assert first == {"script_sha": expected, "script_args_sha": arguments, "git_diff_sha": None}
+    assert run_script(script, "--model", "small") == first  # tmp_path: outside git
+    assert run_script(script, "--model small")["script_args_sha"] not in (None, arguments)
+    assert run_script(script)["script_args_sha"] not in (None, arguments)
     script.write_text(CAPTURE.format(cwd=str(tmp_path)) + "# an edit\n")
     assert run_script(script)["script_sha"] not in (None, expected)
-    done = python(CAPTURE.format(cwd=str(tmp_path)))  # python -c: no script
+    code = CAPTURE.format(cwd=str(tmp_path))
+    done = subprocess.run(  # python -c: no script, so no arguments of one
+        [sys.executable, "-c", code, "--model", "small"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1])["script_sha"] is None
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert last["script_sha"] is None and last["script_args_sha"] is None
 
 
 def test_an_ipython_shell_has_no_script():
@@ -270,6 +283,7 @@ def test_an_ipython_shell_has_no_script():
         assert result.success, result.error_in_exec
         env = shell.user_ns["_env"]
     assert "script_sha" in env and env["script_sha"] is None
+    assert "script_args_sha" in env and env["script_args_sha"] is None  # the kernel's own argv
 
 
 def git(cwd, *args: str) -> str:
@@ -312,7 +326,8 @@ def test_the_uncommitted_diff_of_a_real_repository(tmp_path):
 
 def test_the_code_fields_are_not_compared_field_by_field():
     """A comparison shows the configuration's changed parts, not two opaque hashes."""
-    assert "script_sha" not in ENVIRONMENT_FIELDS and "git_diff_sha" not in ENVIRONMENT_FIELDS
+    hashes = ("script_sha", "script_args_sha", "git_diff_sha")
+    assert not set(hashes) & set(ENVIRONMENT_FIELDS)
 
 
 def test_the_module_docstring_lists_the_new_fields():
@@ -320,6 +335,7 @@ def test_the_module_docstring_lists_the_new_fields():
 
     doc = textwrap.dedent(environment.__doc__ or "")
     assert "``script_sha``" in doc and "``git_diff_sha``" in doc
+    assert "``script_args_sha``" in doc
 
 
 def test_a_cell_given_no_name_is_its_code():

@@ -263,6 +263,34 @@ def test_a_scripts_changed_source_is_a_code_change_not_the_machines_slowdown():
     assert same.summary.endswith("the slowdown is the machine's, not your code's.")
 
 
+def test_a_scripts_other_arguments_are_not_the_machines_slowdown():
+    """``python train.py --model big`` after ``--model small``: one configuration (the
+    arguments are not in its key), but not the same work: a slowdown on a busier machine is
+    not called the machine's, and the words say the arguments changed (a hash, never them)."""
+
+    def script_run(args_sha: str | None, load: float, sha: str = "aaaa1111bbbb2222"):
+        env = {**ENV, "script_sha": sha, "script_args_sha": args_sha}
+        return make_run(load=load, source=None, env=env)
+
+    before = script_run("1111222233334444", 0.02)
+    other = what_changed(before, script_run("5555666677778888", 0.8), verdict="slower")
+    assert not other.only_load and not other.code_changed
+    assert other.summary == "same code, other arguments, same settings, same machine."
+    assert (
+        "script: its arguments changed (stored as a hash, 11112222 \u2192 55556666: not the "
+        "arguments)" in other.lines()
+    )
+    both = what_changed(before, script_run("5555666677778888", 0.02, "cccc3333dddd4444"))
+    assert both.summary.startswith("the code and its arguments changed, same settings")
+    same = what_changed(before, script_run("1111222233334444", 0.8), verdict="slower")
+    assert same.only_load and same.arguments is None
+    assert same.summary.endswith("the slowdown is the machine's, not your code's.")
+    unknown = what_changed(before, script_run(None, 0.8), verdict="slower")  # stored before
+    assert unknown.arguments is None and unknown.only_load
+    quiet = what_changed(before, script_run("5555666677778888", 0.02))
+    assert quiet.summary == "same code, other arguments, same settings, same machine."
+
+
 # --- steal time ---------------------------------------------------------------------------------
 def with_steal(entry, steal: float | None):
     entry.load["steal_share"] = steal
@@ -425,4 +453,24 @@ def test_a_baseline_with_a_gap_names_only_its_own_runs():
     # the gate's latest runs of a name, between which another name's runs were stored
     assert subject("q", stored(14), None, [stored(10), stored(14)], [stored(12)]) == (
         "'q' @10, @12, @14 (its latest 3 runs; @12 left out: it ran on a busy machine)"
+    )
+
+
+def test_a_shift_says_a_scripts_source_or_arguments_changed():
+    """The clause under a change point names what a script's run stores only as hashes."""
+    from traceml_nb.views.shift_lines import changes_clause
+
+    def script_run(sha: str, args_sha: str):
+        env = {**ENV, "script_sha": sha, "script_args_sha": args_sha}
+        return make_run(load=0.02, source=None, env=env)
+
+    before = script_run("a" * 16, "1" * 16)
+    assert changes_clause(what_changed(before, script_run("a" * 16, "1" * 16))) == (
+        "with the same code, settings and environment"
+    )
+    assert changes_clause(what_changed(before, script_run("a" * 16, "2" * 16))) == (
+        "where the script's arguments changed"
+    )
+    assert changes_clause(what_changed(before, script_run("b" * 16, "2" * 16))) == (
+        "where the script's source changed, the script's arguments changed"
     )

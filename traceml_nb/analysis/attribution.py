@@ -110,6 +110,17 @@ def script_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | 
     return f"its source changed (stored as a hash, {a[:8]} \u2192 {b[:8]}: not its lines)"
 
 
+def arguments_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+    """A sentence when both runs were of a main script that recorded its arguments
+    (``script_args_sha``) and they differ, else None: ``python train.py --model big`` after
+    ``--model small`` is one configuration (a timestamped ``--output-dir`` must not split every
+    run into its own), but not the same work."""
+    a, b = before.get("script_args_sha"), after.get("script_args_sha")
+    if not a or not b or a == b:
+        return None
+    return f"its arguments changed (stored as a hash, {a[:8]} \u2192 {b[:8]}: not the arguments)"
+
+
 def loader_changes(
     before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
 ) -> list[str]:
@@ -251,6 +262,9 @@ def what_changed(
         script=script_change(
             before.environment if before else {}, after.environment if after else {}
         ),
+        arguments=arguments_change(
+            before.environment if before else {}, after.environment if after else {}
+        ),
         settings=loader_changes(before.loaders if before else [], after.loaders if after else []),
         environment=environment_changes(
             before.environment if before else {}, after.environment if after else {}
@@ -267,8 +281,15 @@ def what_changed(
 
 
 def _summary(changes: Changes, verdict: str | None) -> str:
+    code = "the code changed" if changes.code_changed else "same code"
+    if changes.arguments is not None:
+        code = (
+            "the code and its arguments changed"
+            if changes.code_changed
+            else "same code, other arguments"
+        )
     parts = [
-        "same code" if not changes.code_changed else "the code changed",
+        code,
         "same settings" if not changes.settings else "the DataLoader settings changed",
         "same machine" if not changes.environment else "the environment changed",
     ]
@@ -291,6 +312,6 @@ def _summary(changes: Changes, verdict: str | None) -> str:
         if verdict == "faster" and moved and not any(moved):
             return text + ": the speed-up is the machine's, not your code's."
         return text + "."
-    if not (changes.code_changed or changes.settings or changes.environment):
+    if not (changes.code_changed or changes.arguments or changes.settings or changes.environment):
         return f"{head}, same machine load."
     return head + "."

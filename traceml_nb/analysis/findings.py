@@ -288,7 +288,8 @@ class Changes:
 
     ``code``: changed lines of the cell source (``- old`` / ``+ new``); ``script``: a sentence
     when the main script's source changed (runs of a script store a hash of it, not the
-    source: no lines to show); ``settings``: the
+    source: no lines to show); ``arguments``: a sentence when its arguments changed (a hash
+    too); ``settings``: the
     training DataLoader's settings and dataset (``num_workers 0 → 4``); ``environment``: the
     hardware and software fields (``torch_version 2.2.0 → 2.3.1``); ``load``: a sentence on
     the machine's load when it differs (others' CPU share ``load_share``, 0..1, in this run,
@@ -300,6 +301,7 @@ class Changes:
 
     code: list[str] = field(default_factory=list)
     script: str | None = None
+    arguments: str | None = None
     settings: list[str] = field(default_factory=list)
     environment: list[str] = field(default_factory=list)
     load: str | None = None
@@ -312,10 +314,11 @@ class Changes:
 
     @property
     def only_load(self) -> bool:
-        """Code, settings and environment are the same; only the machine's load (other
-        processes' CPU use, steal time or both) differs."""
+        """Code, arguments, settings and environment are the same; only the machine's load
+        (other processes' CPU use, steal time or both) differs."""
         machine = self.load is not None or self.steal is not None
-        return machine and not (self.code_changed or self.settings or self.environment)
+        changed = self.code_changed or self.arguments is not None
+        return machine and not (changed or self.settings or self.environment)
 
     @property
     def code_changed(self) -> bool:
@@ -326,8 +329,9 @@ class Changes:
         """Every difference as one line, the summary sentence first."""
         out = [self.summary] if self.summary else []
         out += [f"cell source: {line}" for line in self.code]
-        if self.script is not None:
-            out.append(f"script: {self.script}")
+        for sentence in (self.script, self.arguments):
+            if sentence is not None:
+                out.append(f"script: {sentence}")
         out += [f"DataLoader: {line}" for line in self.settings]
         out += [f"environment: {line}" for line in self.environment]
         for sentence in (self.load, self.steal):

@@ -27,6 +27,9 @@ that cannot be read is ``None`` (never a guess), and for a GPU field of a CUDA r
 ``script_sha``           first 16 hex digits of SHA-256 of the main script's source (the bytes of
                          ``__main__.__file__``, a ``.py`` file); ``None`` in an IPython kernel or
                          shell, for ``python -c`` and when the file cannot be read
+``script_args_sha``      first 16 hex digits of SHA-256 of the main script's arguments
+                         (``sys.argv[1:]``, each ended by a NUL byte): never the arguments, which
+                         may hold secrets; ``None`` where ``script_sha`` is
 ``dataset_type``         the training loader's dataset class, e.g. ``"ImageFolder"``
 ``dataset_len``          its length (``None`` for an iterable dataset)
 ``unavailable``          field -> why it is ``None`` (a CUDA run's GPU fields and CUDA version)
@@ -69,7 +72,7 @@ if TYPE_CHECKING:
 #: Seconds each git command may take (a huge or network-mounted repository must not stall the
 #: end of the cell); past it the commit is unknown.
 GIT_TIMEOUT_S = 2.0
-#: Hex digits of SHA-256 kept in ``script_sha`` and ``git_diff_sha``.
+#: Hex digits of SHA-256 kept in ``script_sha``, ``script_args_sha`` and ``git_diff_sha``.
 SHA_HEX_DIGITS = 16
 #: The fields :func:`gpu_environment` reads.
 GPU_FIELDS = ("gpu_name", "gpu_memory_mb", "gpu_driver", "gpu_compute_capability", "gpu_count")
@@ -339,6 +342,13 @@ def script_sha() -> str | None:
     return _file_sha(os.path.abspath(path))
 
 
+def script_args_sha(argv: list[str] | None = None) -> str:
+    """``script_args_sha``: the hash of ``argv`` (default ``sys.argv[1:]``); one of the main
+    script's runs only (an IPython kernel's arguments name its connection file)."""
+    args = sys.argv[1:] if argv is None else argv
+    return _sha(b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in args))
+
+
 def capture_environment(
     run: Run,
     *,
@@ -353,7 +363,7 @@ def capture_environment(
     (:func:`gpu_environment`). Never raises: what cannot be read is ``None``."""
     env: dict[str, Any] = dict.fromkeys(ENVIRONMENT_FIELDS)
     env.update({"dataset_type": None, "dataset_len": None})
-    env.update({"git_diff_sha": None, "script_sha": None})
+    env.update({"git_diff_sha": None, "script_sha": None, "script_args_sha": None})
     unavailable: dict[str, str] = {}
     env["unavailable"] = unavailable
     try:
@@ -373,6 +383,8 @@ def capture_environment(
                 unavailable["cuda_version"] = NO_CUDA_VERSION
         env.update(_git(cwd or os.getcwd()))
         env["script_sha"] = script_sha()
+        if env["script_sha"] is not None:
+            env["script_args_sha"] = script_args_sha()
         loaders = list(getattr(getattr(run, "record", None), "loaders", ()) or ())
         training = [info for info in loaders if getattr(info, "is_training", False)]
         main = (training or loaders or [None])[0]
