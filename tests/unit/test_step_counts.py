@@ -139,21 +139,37 @@ def test_a_loader_drawn_inside_each_step_is_part_of_the_step():
 
 
 @pytest.mark.parametrize(
-    ("where", "batches"), [("top", 1), ("top", 4), ("after", 1), ("after", 4), ("every", 1)]
+    ("where", "batches", "autograd"),
+    [
+        ("top", 1, False),
+        ("top", 4, False),
+        ("after", 1, False),
+        ("after", 4, False),
+        ("every", 1, False),
+        ("top", 1, True),
+        ("top", 4, True),
+        ("after", 1, True),
+        ("after", 4, True),
+    ],
 )
-def test_an_evaluation_every_few_steps_is_no_step_wherever_it_sits_in_the_loop(where, batches):
+def test_an_evaluation_every_few_steps_is_no_step_wherever_it_sits_in_the_loop(
+    where, batches, autograd
+):
     """``if i % 10 == 0: evaluate()`` before the step or after it, on one batch
-    (``next(iter(val_loader))``) or several, under ``torch.no_grad()``; ``every``: one batch
-    after each step. Before, one batch made the validation loader a loader trained alongside
-    (its batches were steps: 71 of 64, or 127 with one every step), and an evaluation before
-    the step was no evaluation (none left out)."""
+    (``next(iter(val_loader))``) or several, under ``torch.no_grad()`` or with autograd on (a
+    validation loss computed without it); ``every``: one batch after each step. Before, one
+    batch made the validation loader a loader trained alongside (its batches were steps: 71 of
+    64, or 127 with one every step), and an evaluation before the step was no evaluation (none
+    left out); with autograd on, one batch or four every few steps made it a loader trained
+    alongside until 2026-12-06 (one: 69 steps of 64; four: 7 optimizer steps credited to it).
+    Its epochs begin now and then: an evaluation's, not a second dataset's."""
     model, opt = model_and_opt()
     train = DataLoader(Counted(256), batch_size=4)
     val = DataLoader(Counted(64), batch_size=16)
     every = 1 if where == "every" else 10
 
     def evaluate() -> None:
-        with torch.no_grad():
+        with torch.set_grad_enabled(autograd):
             for vx, _ in itertools.islice(val, batches):
                 model(vx)
 
@@ -169,9 +185,51 @@ def test_an_evaluation_every_few_steps_is_no_step_wherever_it_sits_in_the_loop(w
                 evaluations += 1
     res = result_of(run)
     assert res.summary.total_steps == 64
-    assert res.summary.interleaved_steps == evaluations
+    # with autograd on, the one inside the first step is told only at the second (the first
+    # step, its warm-up, is left out of the statistics anyway)
+    first_unflagged = autograd and where == "top"
+    assert res.summary.interleaved_steps == evaluations - first_unflagged
     [phase] = res.summary.phases
     assert phase.batches == evaluations * batches
+    assert [info.optimizer_steps for info in run.record.loaders] == [64, 0]
+
+
+@pytest.mark.parametrize("where", ["top", "inside", "with a second optimizer"])
+def test_a_batch_of_a_fresh_iterator_drawn_in_every_step_trains(where):
+    """``next(iter(unlabeled_loader))`` in every step, autograd on (a second dataset's batch,
+    as semi-supervised loops draw it), before the training batch or between it and the
+    optimizer step, or in a GAN's step (two optimizers, nothing fetched between them): a loader
+    trained alongside, its batches inside the steps, not an evaluation's; drawn alone, each of
+    its draws is a step."""
+    model, opt = model_and_opt()
+    other, opt_other = model_and_opt()
+    train = DataLoader(Counted(256), batch_size=4)
+    second = DataLoader(Counted(64), batch_size=4, shuffle=True)
+    with traceml_nb.Run("second dataset", sample=False) as run:
+        for x, y in train:
+            if where != "inside":
+                ux, _ = next(iter(second))
+            loss = ((model(x) - y) ** 2).mean()
+            if where == "inside":
+                ux, _ = next(iter(second))
+            loss = loss + model(ux).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if where == "with a second optimizer":
+                train_step(other, opt_other, x, y)
+    res = result_of(run)
+    assert res.summary.total_steps == 64
+    assert res.summary.interleaved_steps == 0 and res.summary.phases == []
+    # (the loader fetched last is credited each optimizer's step: twice a GAN's step)
+    assert min(info.optimizer_steps for info in run.record.loaders) == 64
+    with traceml_nb.Run("draws alone", sample=False) as run:
+        for _ in range(20):
+            x, y = next(iter(second))
+            train_step(model, opt, x, y)
+    res = result_of(run)
+    assert res.summary.total_steps == 20
+    assert [info.optimizer_steps for info in run.record.loaders] == [20]
 
 
 class OnePause(Dataset):

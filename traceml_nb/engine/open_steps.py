@@ -4,6 +4,8 @@ counted."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
+
 from .events import EventLike
 from .phase_ledger import Mark
 from .record import LoaderInfo
@@ -35,6 +37,9 @@ class LoaderSteps:
         "phase_mark",
         "rests_without_step",
         "evaluating",
+        "fresh_draws",
+        "drawn_last_step",
+        "unsteady_credits",
     )
 
     def __init__(self, slot: int, info: LoaderInfo) -> None:
@@ -58,6 +63,13 @@ class LoaderSteps:
         #: its epoch began with autograd off (under ``torch.no_grad()``): an evaluation's
         #: batches, which no optimizer step is credited to
         self.evaluating = False
+        #: its first fetch since the last optimizer step began an epoch (``next(iter(loader))``)
+        self.fresh_draws = False
+        #: it was fetched in the step before (between the two optimizer steps before the last
+        #: one that had fetches between them)
+        self.drawn_last_step = False
+        #: optimizer steps credited to it while no loader had been drawn in the step before
+        self.unsteady_credits = 0
 
     def tell_rows_apart(self, step_rest_ns: int) -> None:
         """A step with an optimizer step closed, ``step_rest_ns`` of it outside ``next()``:
@@ -101,3 +113,53 @@ class IteratorCount:
             return per_batch
         left = self.samples - (number - 1) * per_batch
         return (per_batch if per_batch < left else left) if left > 0 else -1
+
+
+def credited_loaders(
+    loaders: Iterable[LoaderSteps], last: LoaderSteps
+) -> tuple[list[LoaderSteps], list[LoaderSteps]]:
+    """Which loaders an optimizer step credits (their batches train), ``last`` the loader
+    fetched last before it, and which lose what they were credited: ``(credited, taken_back)``.
+
+    Credited: ``last``, and any loader fetched alongside it since the previous optimizer step,
+    no more often than it (``zip(a, b)``, an outer loader around an inner draw); not an
+    evaluation that ran since (more batches than that, or an epoch begun under
+    ``torch.no_grad()``), nor a loader whose epoch began since the previous optimizer step and
+    that was not drawn in the step before (``if step % 20 == 0: next(iter(val_loader))``, or
+    a few batches of it, with autograd on: an evaluation's). Such a fresh epoch is credited
+    where the loader was drawn in the step before too (a second dataset's batch drawn in
+    every step, a new epoch of the training loader), or where no loader has a step before
+    (the run's first: every one). Taken back: a loader credited only for lack of a step
+    before, not drawn in this one while another was drawn again (a validation batch drawn
+    beside the first)."""
+    ahead_of = last.since_optimizer
+    trains = [
+        st
+        for st in loaders
+        if (st is last or 0 < st.since_optimizer <= ahead_of and st.start >= 0)
+        and not st.evaluating
+    ]
+    steady = [st for st in trains if not st.fresh_draws or st.drawn_last_step]
+    if not steady:
+        for st in trains:
+            st.unsteady_credits += 1
+        return trains, []
+    if not any(st.since_optimizer for st in steady):  # (a GAN's second optimizer)
+        return steady, []
+    taken_back = [
+        st
+        for st in loaders
+        if not st.since_optimizer and 0 < st.info.optimizer_steps == st.unsteady_credits
+    ]
+    return steady, taken_back
+
+
+def optimizer_stepped(loaders: Collection[LoaderSteps]) -> None:
+    """After an optimizer step is credited: the loaders fetched since the one before it are the
+    ones drawn in the step before, unless none was (a GAN's second optimizer), and each
+    loader's count of fetches starts again."""
+    if any(st.since_optimizer for st in loaders):
+        for st in loaders:
+            st.drawn_last_step = st.since_optimizer > 0
+    for st in loaders:
+        st.since_optimizer = 0

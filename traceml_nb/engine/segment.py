@@ -15,7 +15,9 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   The loader whose fetch comes first after an optimizer step begins the step
   (``LoaderInfo.leads``): the outer loop's loader, not one drawn inside the step.
   A loader whose epoch began with autograd off (``torch.no_grad()``: an evaluation, one batch
-  of it or more) is credited none. A step inside which a loader that no optimizer step
+  of it or more) is credited none, nor one whose epochs begin now and then beside another
+  loader's (``next(iter(val_loader))`` every few steps, autograd on):
+  :func:`~.open_steps.credited_loaders`. A step inside which a loader that no optimizer step
   followed was iterated (an evaluation) is flagged ``FLAG_INTERLEAVED``.
 * **Optimizer rows.** The intervals between the first optimizer's ``step()`` calls (several
   optimizers, as in a GAN, make one step) are rows of their own, with the data wait of the
@@ -59,7 +61,7 @@ from .events import (
     Marker,
     OptimizerStep,
 )
-from .open_steps import IteratorCount, LoaderSteps
+from .open_steps import IteratorCount, LoaderSteps, credited_loaders, optimizer_stepped
 from .optimizer_info import optimizer_info
 from .phase_ledger import GpuPhase, Mark, PhaseLedger
 from .record import (
@@ -248,6 +250,8 @@ class StepSegmenter:
             for other in open_steps.values():  # this wait is part of every step still open
                 other.wait += wait
                 other.inside.add(slot)
+        if not st.since_optimizer:
+            st.fresh_draws = first
         st.since_optimizer += 1
         st.start = t_enter
         st.wait = wait
@@ -314,22 +318,19 @@ class StepSegmenter:
         self._after_optimizer = True
         cur = self._current
         if cur is not None:
-            # The loader fetched last trains, and so does any loader fetched alongside it since
-            # the previous optimizer step, no more often than it (``zip(a, b)``, an outer loader
-            # around an inner draw); not an evaluation that ran since (more batches than that,
-            # or an epoch begun under torch.no_grad(): one batch, ``next(iter(val_loader))``).
-            ahead_of = cur.since_optimizer
-            for st in self._by_slot.values():
-                alongside = 0 < st.since_optimizer <= ahead_of and st.start >= 0
-                if (st is cur or alongside) and not st.evaluating:
-                    info = st.info
-                    if not info.optimizer_steps:
-                        self._rows_needed = None  # a loader is known to train: decide again
-                    info.optimizer_steps += 1
-                    if st.start >= 0:
-                        st.flags |= FLAG_OPTIMIZER_STEP
-                        st.last_optimizer_ns = t_ns
-                st.since_optimizer = 0
+            credited, taken_back = credited_loaders(self._by_slot.values(), cur)
+            for st in taken_back:
+                st.info.optimizer_steps = st.unsteady_credits = 0
+                self._rows_needed = None
+            for st in credited:
+                info = st.info
+                if not info.optimizer_steps:
+                    self._rows_needed = None  # a loader is known to train: decide again
+                info.optimizer_steps += 1
+                if st.start >= 0:
+                    st.flags |= FLAG_OPTIMIZER_STEP
+                    st.last_optimizer_ns = t_ns
+            optimizer_stepped(self._by_slot.values())
         key = id(optimizer)
         lead = self._lead_optimizer
         if key != lead:  # (the lead optimizer was recorded at its first step)
