@@ -994,3 +994,39 @@ def test_input_bound_advice_names_the_tuner_where_the_settings_are_the_cause():
     d = first_epoch_run(0.4, 0.1)  # slow storage on the first pass: no loader setting helps
     assert d.cause == CAUSE_FIRST_EPOCH
     assert TUNE_HINT not in d.codes()
+
+
+def test_an_evaluation_restarting_its_workers_is_noted_past_both_constants():
+    """``EVAL_RESTART_MIN_PASSES`` passes and ``EVAL_RESTART_RUN_SHARE`` of the run waited in
+    their first batches, with workers not kept: a note; one short of either, or workers kept,
+    or none: no note."""
+    from types import SimpleNamespace
+
+    from traceml_nb.analysis.diagnosis import _evaluation_restarts
+    from traceml_nb.analysis.findings import PhaseSummary
+    from traceml_nb.analysis.thresholds import EVAL_RESTART_MIN_PASSES, EVAL_RESTART_RUN_SHARE
+
+    def notes(passes=EVAL_RESTART_MIN_PASSES, wait_s=EVAL_RESTART_RUN_SHARE * 10, **loader):
+        phase = PhaseSummary("eval (loader 1)", passes, 1.0, 0.9, slot=1, passes=passes)
+        phase.workers, phase.pass_start_wait_s = loader.get("workers", 2), wait_s
+        phase.persistent_workers = loader.get("persistent", False)
+        phase.driver = loader.get("driver")
+        summary = SimpleNamespace(phases=[phase])
+        facts = SimpleNamespace(summary=summary, m=SimpleNamespace(elapsed_s=10.0))
+        return _evaluation_restarts(facts)  # type: ignore[arg-type]
+
+    [note] = notes()
+    assert note.facts["run_share"] == pytest.approx(EVAL_RESTART_RUN_SHARE)
+    assert sentence(note) == (
+        "eval (loader 1): its DataLoader started its 2 workers again for each of its 2 passes "
+        "(persistent_workers=False); their first batches waited 0.5 s, 5% of the run, besides "
+        "starting and stopping them (in iter() and when an iterator is dropped, not timed). "
+        "persistent_workers=True keeps the workers between passes."
+    )
+    assert notes(passes=EVAL_RESTART_MIN_PASSES - 1) == []
+    assert notes(wait_s=EVAL_RESTART_RUN_SHARE * 10 - 0.001) == []
+    assert notes(persistent=True) == [] and notes(workers=0) == []
+    [trainer] = notes(driver="transformers")  # a Trainer's evaluation: its argument's name
+    assert sentence(trainer).endswith(
+        "dataloader_persistent_workers=True keeps the workers between passes."
+    )

@@ -30,6 +30,8 @@ from .gpu_busy import BusySignal, nvml_overstates
 from .input_bound import input_bound
 from .summary import Measurements
 from .thresholds import (
+    EVAL_RESTART_MIN_PASSES,
+    EVAL_RESTART_RUN_SHARE,
     INPUT_BOUND_SHARE,
     INPUT_MINOR_SHARE,
     MIN_INPUT_WAIT_MS,
@@ -265,6 +267,28 @@ def _stalls(f: Facts) -> Finding:
     )
 
 
+def _evaluation_restarts(f: Facts) -> list[Finding]:
+    """The evaluations whose loaders started their workers again for each pass, where the
+    passes' first batches waited a material share of the run."""
+    elapsed = f.m.elapsed_s
+    out = []
+    for phase in f.summary.phases:
+        if phase.workers <= 0 or phase.persistent_workers or elapsed <= 0:
+            continue
+        share = phase.pass_start_wait_s / elapsed
+        if phase.passes >= EVAL_RESTART_MIN_PASSES and share >= EVAL_RESTART_RUN_SHARE:
+            facts = {
+                "phase": phase.name,
+                "workers": phase.workers,
+                "passes": phase.passes,
+                "wait_s": phase.pass_start_wait_s,
+                "run_share": share,
+                "driver": phase.driver,
+            }
+            out.append(Finding("evaluation-restarts-workers", facts))
+    return out
+
+
 def _secondary(f: Facts, verdict: str) -> list[Finding]:
     out: list[Finding] = []
     if verdict == "insufficient-data":
@@ -272,6 +296,7 @@ def _secondary(f: Facts, verdict: str) -> list[Finding]:
     sig = f.signal
     if sig.stalls:
         out.append(_stalls(f))
+    out += _evaluation_restarts(f)
     if verdict != "input-bound" and sig.share is not None and sig.per_step_ms is not None:
         if f.tiny_steps:
             out.append(

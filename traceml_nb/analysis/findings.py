@@ -36,6 +36,15 @@ class PhaseSummary:
     #: trainer's sanity check of its validation loader)
     before_training_batches: int = 0
     before_training_s: float = 0.0
+    passes: int = 0  #: the epochs begun over it (``next(iter(loader))``: one a batch)
+    #: its loader's ``num_workers`` (the largest of its loaders') and whether they are all
+    #: kept between passes (``persistent_workers``)
+    workers: int = 0
+    persistent_workers: bool = False
+    #: the waits of its passes' first batches, s: with workers that are not kept, each pass
+    #: starts them again and waits for that
+    pass_start_wait_s: float = 0.0
+    driver: str | None = None  #: what iterates it (``LoaderInfo.driver``: "transformers"…)
 
 
 @dataclass

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..engine.contracts import StepSource
 from ..engine.record import (
+    FLAG_EPOCH_START,
     FLAG_FLOP_COUNTED,
     FLAG_OPTIMIZER_STEP,
     FLAG_PROFILED,
@@ -239,6 +240,7 @@ def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSumm
     source = _np(cols.source, "u1")
     wall = _np(cols.wall_ns, "i8")
     wait = _np(cols.wait_ns, "i8")
+    pass_starts = (_np(cols.flags, "u1") & FLAG_EPOCH_START) != 0
     infos = {info.slot: info for info in snapshot.loaders}
     out = []
     for name in dict.fromkeys(names.values()):
@@ -260,6 +262,11 @@ def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSumm
                 slot=slots[0],
                 before_training_batches=sum(info.fetches_before_training for info in group),
                 before_training_s=sum(info.phase_before_training_ns for info in group) / 1e9,
+                passes=sum(info.epochs for info in group),
+                workers=max(info.num_workers for info in group),
+                persistent_workers=all(info.persistent_workers for info in group),
+                pass_start_wait_s=float(wait[rows & pass_starts].sum()) / 1e9,
+                driver=group[0].driver,
             )
         )
     return out

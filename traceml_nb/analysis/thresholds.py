@@ -30,6 +30,16 @@ CONFIDENT_STEPS = 30
 INPUT_BOUND_SHARE = 0.15
 #: Input stall share at or above which a non-input-bound run gets a "minor input stalls" note.
 INPUT_MINOR_SHARE = 0.05
+#: An evaluation whose DataLoader starts its workers again for each pass (``num_workers`` > 0,
+#: ``persistent_workers=False``), over at least ``EVAL_RESTART_MIN_PASSES`` passes, whose
+#: passes' first batches waited at least ``EVAL_RESTART_RUN_SHARE`` of the run in all, gets a
+#: note: ``persistent_workers=True`` keeps them. (A lower bound of what the restarts cost:
+#: starting the workers in ``iter()`` and stopping them when an iterator is dropped are not
+#: timed; on the 2-CPU VM, ``next(iter(val_loader))`` with 2 workers five times in a 0.4 s run
+#: waited 0.09–0.14 s in the first batches, and the run took 0.09–0.31 s less with the
+#: workers kept.)
+EVAL_RESTART_MIN_PASSES = 2
+EVAL_RESTART_RUN_SHARE = 0.05
 #: A CPU run that iterates no DataLoader makes its batches somewhere in the step: where the
 #: model's timed phases (forward, backward, optimizer) take at least this share of it, the rest,
 #: which holds the batch making, is below ``INPUT_BOUND_SHARE``: the run is compute-bound

@@ -125,6 +125,14 @@ def _stalls(f: Facts) -> str:
     return text + "."
 
 
+def _persistent(f: dict[str, Any]) -> str:
+    return setting_name("persistent_workers", f.get("driver"))
+
+
+def _workers(n: int) -> str:
+    return "worker" if n == 1 else f"{n} workers"
+
+
 def _left_out(what: str) -> Callable[[Facts], str]:
     def sentence(f: Facts) -> str:
         n = f["steps"]
@@ -293,6 +301,13 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         "overstate what the GPU lost."
     ),
     "stalls": _stalls,
+    "evaluation-restarts-workers": lambda f: (
+        f"{f['phase']}: its DataLoader started its {_workers(f['workers'])} again for each of "
+        f"its {f['passes']:,} passes ({_persistent(f)}=False); their first batches waited "
+        f"{fmt_s(f['wait_s'])}, {fmt_share(f['run_share'])} of the run, besides starting and "
+        "stopping them (in iter() and when an iterator is dropped, not timed). "
+        f"{_persistent(f)}=True keeps the workers between passes."
+    ),
     "input-of-tiny-steps": lambda f: (
         f"The {_input_label(f['input_kind'])} is {fmt_share(f['input_share'])} of a very short "
         f"step ({fmt_ms(f['per_step_ms'])} per step, below the {fmt_ms(f['floor_ms'])} floor): "
