@@ -131,7 +131,8 @@ def credited_loaders(
     every step, a new epoch of the training loader), or where no loader has a step before
     (the run's first: every one). Taken back: a loader credited only for lack of a step
     before, not drawn in this one while another was drawn again (a validation batch drawn
-    beside the first)."""
+    beside the first). Each credit for lack of a step before is counted in the loader's
+    ``unsteady_credits``."""
     ahead_of = last.since_optimizer
     trains = [
         st
