@@ -1011,6 +1011,7 @@ def test_an_evaluation_restarting_its_workers_is_noted_past_both_constants():
         phase.workers, phase.pass_start_wait_s = loader.get("workers", 2), wait_s
         phase.persistent_workers = loader.get("persistent", False)
         phase.driver = loader.get("driver")
+        phase.loaders = loader.get("loaders", 1)
         summary = SimpleNamespace(phases=[phase])
         facts = SimpleNamespace(summary=summary, m=SimpleNamespace(elapsed_s=10.0))
         return _evaluation_restarts(facts)  # type: ignore[arg-type]
@@ -1026,7 +1027,13 @@ def test_an_evaluation_restarting_its_workers_is_noted_past_both_constants():
     assert notes(passes=EVAL_RESTART_MIN_PASSES - 1) == []
     assert notes(wait_s=EVAL_RESTART_RUN_SHARE * 10 - 0.001) == []
     assert notes(persistent=True) == [] and notes(workers=0) == []
-    [trainer] = notes(driver="transformers")  # a Trainer's evaluation: its argument's name
+    [built] = notes(loaders=2)  # a DataLoader built for each pass: keeping workers needs one
+    assert sentence(built).endswith(
+        "Each pass built a DataLoader of its own: build it once, and persistent_workers=True "
+        "keeps the workers between passes."
+    )
+    # a Trainer's evaluation (which builds its loaders itself): its argument's name
+    [trainer] = notes(driver="transformers", loaders=6)
     assert sentence(trainer).endswith(
         "dataloader_persistent_workers=True keeps the workers between passes."
     )

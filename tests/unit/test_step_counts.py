@@ -268,26 +268,35 @@ def test_one_long_pause_in_a_real_loop_is_named_not_called_a_slow_pipeline():
     assert "less time" in stall[0]  # what removing it would save, still counted
 
 
-@pytest.mark.parametrize("persistent", [False, True])
-def test_an_evaluation_that_starts_its_workers_for_each_batch_is_told_to_keep_them(persistent):
+@pytest.mark.parametrize("loader", ["kept", "persistent", "built for each pass"])
+def test_an_evaluation_that_starts_its_workers_for_each_batch_is_told_to_keep_them(loader):
     """``next(iter(val_loader))`` every 10 steps from a loader with 2 workers: each pass starts
-    them again unless they are kept (``persistent_workers=True``), and the note says so."""
+    them again unless they are kept (``persistent_workers=True``), and the note says so; a
+    loader built for each pass needs building once too."""
     model, opt = model_and_opt()
     train = DataLoader(Counted(240), batch_size=4)
-    val = DataLoader(Counted(64), batch_size=16, num_workers=2, persistent_workers=persistent)
+    persistent = loader == "persistent"
+    val_set = Counted(64)
+
+    def val_loader() -> DataLoader:
+        return DataLoader(val_set, batch_size=16, num_workers=2, persistent_workers=persistent)
+
+    val = val_loader()
     with traceml_nb.Run("restarts", sample=False) as run:
         for i, (x, y) in enumerate(train):
             train_step(model, opt, x, y)
             if i % 10 == 0:
-                vx, vy = next(iter(val))
+                vx, vy = next(iter(val_loader() if loader == "built for each pass" else val))
                 ((model(vx) - vy) ** 2).mean().item()
     res = result_of(run)
     [phase] = res.summary.phases
     assert (phase.batches, phase.passes, phase.workers) == (6, 6, 2)
     assert phase.persistent_workers is persistent
+    assert phase.loaders == (6 if loader == "built for each pass" else 1)
     notes = [f for f in res.diagnosis.secondary if f.code == "evaluation-restarts-workers"]
     assert len(notes) == (0 if persistent else 1), res.diagnosis.secondary
     if not persistent:
         assert notes[0].facts["wait_s"] == pytest.approx(phase.pass_start_wait_s)
-        also = diagnosis_words(res.diagnosis).also
-        assert any("persistent_workers=True keeps the workers" in line for line in also)
+        [line] = [line for line in diagnosis_words(res.diagnosis).also if "passes" in line]
+        assert line.endswith("persistent_workers=True keeps the workers between passes.")
+        assert ("build it once" in line) is (loader == "built for each pass")

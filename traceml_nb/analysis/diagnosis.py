@@ -284,6 +284,7 @@ def _evaluation_restarts(f: Facts) -> list[Finding]:
                 "wait_s": phase.pass_start_wait_s,
                 "run_share": share,
                 "driver": phase.driver,
+                "loaders": phase.loaders,
             }
             out.append(Finding("evaluation-restarts-workers", facts))
     return out

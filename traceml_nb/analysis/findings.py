@@ -45,6 +45,7 @@ class PhaseSummary:
     #: starts them again and waits for that
     pass_start_wait_s: float = 0.0
     driver: str | None = None  #: what iterates it (``LoaderInfo.driver``: "transformers"…)
+    loaders: int = 1  #: the DataLoaders it iterated (one built anew for each evaluation)
 
 
 @dataclass

@@ -267,6 +267,7 @@ def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSumm
                 persistent_workers=all(info.persistent_workers for info in group),
                 pass_start_wait_s=float(wait[rows & pass_starts].sum()) / 1e9,
                 driver=group[0].driver,
+                loaders=len(group),
             )
         )
     return out

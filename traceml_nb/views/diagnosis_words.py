@@ -129,6 +129,15 @@ def _persistent(f: dict[str, Any]) -> str:
     return setting_name("persistent_workers", f.get("driver"))
 
 
+def _keep_workers(f: dict[str, Any]) -> str:
+    """How to keep an evaluation's workers between its passes: the setting, or, where the loop
+    builds a DataLoader for each pass (a trainer does so by itself), building it once too."""
+    keep = f"{_persistent(f)}=True keeps the workers between passes."
+    if f.get("loaders", 1) > 1 and f.get("driver") != "transformers":
+        return f"Each pass built a DataLoader of its own: build it once, and {keep}"
+    return keep
+
+
 def _workers(n: int) -> str:
     return "worker" if n == 1 else f"{n} workers"
 
@@ -305,8 +314,7 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         f"{f['phase']}: its DataLoader started its {_workers(f['workers'])} again for each of "
         f"its {f['passes']:,} passes ({_persistent(f)}=False); their first batches waited "
         f"{fmt_s(f['wait_s'])}, {fmt_share(f['run_share'])} of the run, besides starting and "
-        "stopping them (in iter() and when an iterator is dropped, not timed). "
-        f"{_persistent(f)}=True keeps the workers between passes."
+        "stopping them (in iter() and when an iterator is dropped, not timed). " + _keep_workers(f)
     ),
     "input-of-tiny-steps": lambda f: (
         f"The {_input_label(f['input_kind'])} is {fmt_share(f['input_share'])} of a very short "
