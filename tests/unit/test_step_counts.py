@@ -300,3 +300,23 @@ def test_an_evaluation_that_starts_its_workers_for_each_batch_is_told_to_keep_th
         [line] = [line for line in diagnosis_words(res.diagnosis).also if "passes" in line]
         assert line.endswith("persistent_workers=True keeps the workers between passes.")
         assert ("build it once" in line) is (loader == "built for each pass")
+
+
+def test_two_tasks_trained_in_turn_are_both_training_loaders():
+    """Round-robin multi-task training: one step on task A's loader, the next on task B's,
+    each iterator kept: both loaders train (neither is taken for an evaluation, though each is
+    drawn every other step and begins its epoch where the other was drawn), every batch is a
+    step."""
+    model, opt = model_and_opt()
+    task_a = DataLoader(Counted(128), batch_size=4)
+    task_b = DataLoader(Counted(128), batch_size=4)
+    with traceml_nb.Run("two tasks", sample=False) as run:
+        for _epoch in range(2):
+            a, b = iter(task_a), iter(task_b)
+            for _ in range(len(task_a)):
+                train_step(model, opt, *next(a))
+                train_step(model, opt, *next(b))
+    res = result_of(run)
+    assert res.summary.phases == [] and res.summary.interleaved_steps == 0
+    assert all(info.optimizer_steps > 0 for info in run.record.loaders)
+    assert res.summary.total_steps == 2 * 2 * 32
