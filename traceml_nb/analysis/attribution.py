@@ -101,13 +101,21 @@ def _field_changes(
     ]
 
 
+def _hash_change(
+    before: Mapping[str, Any], after: Mapping[str, Any], field: str, what: str, unseen: str
+) -> str | None:
+    """``its {what} changed (stored as a hash, aaaa1111 → cccc3333: not {unseen})`` when both
+    runs stored the hash ``field`` and it differs, else None."""
+    a, b = before.get(field), after.get(field)
+    if not a or not b or a == b:
+        return None
+    return f"its {what} changed (stored as a hash, {a[:8]} \u2192 {b[:8]}: not {unseen})"
+
+
 def script_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
     """A sentence when both runs were of a main script (``script_sha``, where no cell source
     was stored) and its source differs, else None."""
-    a, b = before.get("script_sha"), after.get("script_sha")
-    if not a or not b or a == b:
-        return None
-    return f"its source changed (stored as a hash, {a[:8]} \u2192 {b[:8]}: not its lines)"
+    return _hash_change(before, after, "script_sha", "source", "its lines")
 
 
 def arguments_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
@@ -115,10 +123,7 @@ def arguments_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str
     (``script_args_sha``) and they differ, else None: ``python train.py --model big`` after
     ``--model small`` is one configuration (a timestamped ``--output-dir`` must not split every
     run into its own), but not the same work."""
-    a, b = before.get("script_args_sha"), after.get("script_args_sha")
-    if not a or not b or a == b:
-        return None
-    return f"its arguments changed (stored as a hash, {a[:8]} \u2192 {b[:8]}: not the arguments)"
+    return _hash_change(before, after, "script_args_sha", "arguments", "the arguments")
 
 
 def loader_changes(
@@ -257,18 +262,14 @@ def what_changed(
     )
     share = after_load.get("other_cpu_share")
     steal = after_load.get("steal_share")
+    before_env = before.environment if before is not None else {}
+    after_env = after.environment if after is not None else {}
     changes = Changes(
         code=source_diff(before.source if before else None, after.source if after else None),
-        script=script_change(
-            before.environment if before else {}, after.environment if after else {}
-        ),
-        arguments=arguments_change(
-            before.environment if before else {}, after.environment if after else {}
-        ),
+        script=script_change(before_env, after_env),
+        arguments=arguments_change(before_env, after_env),
         settings=loader_changes(before.loaders if before else [], after.loaders if after else []),
-        environment=environment_changes(
-            before.environment if before else {}, after.environment if after else {}
-        ),
+        environment=environment_changes(before_env, after_env),
         load=load_sentence(share, base_load),
         load_share=share,
         baseline_load_share=base_load,

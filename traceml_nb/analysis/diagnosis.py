@@ -271,9 +271,11 @@ def _evaluation_restarts(f: Facts) -> list[Finding]:
     """The evaluations whose loaders started their workers again for each pass, where the
     passes' first batches waited a material share of the run."""
     elapsed = f.m.elapsed_s
-    out = []
+    out: list[Finding] = []
+    if elapsed <= 0:
+        return out
     for phase in f.summary.phases:
-        if phase.workers <= 0 or phase.persistent_workers or elapsed <= 0:
+        if phase.workers <= 0 or phase.persistent_workers:
             continue
         share = phase.pass_start_wait_s / elapsed
         if phase.passes >= EVAL_RESTART_MIN_PASSES and share >= EVAL_RESTART_RUN_SHARE:
