@@ -243,22 +243,25 @@ def test_when_only_the_load_differs_the_slowdown_is_the_machines():
     assert same.lines() == [same.summary]
 
 
+def script_run(load: float = 0.02, sha: str = "aaaa1111bbbb2222", args_sha: str | None = None):
+    """A run of a main script: its source's hash ``sha``, its arguments' ``args_sha`` (None:
+    stored before arguments were), ``load`` the others' CPU share."""
+    env = {**ENV, "script_sha": sha, "script_args_sha": args_sha}
+    return make_run(load=load, source=None, env=env)
+
+
 def test_a_scripts_changed_source_is_a_code_change_not_the_machines_slowdown():
     """Runs of a script store a hash of its source, not the source: with the hash changed,
     the code changed, and a slowdown on a busier machine is not called the machine's."""
-
-    def script_run(sha: str, load: float):
-        return make_run(load=load, source=None, env={**ENV, "script_sha": sha})
-
-    before = script_run("aaaa1111bbbb2222", 0.02)
-    changed = what_changed(before, script_run("cccc3333dddd4444", 0.8), verdict="slower")
+    before = script_run(0.02, "aaaa1111bbbb2222")
+    changed = what_changed(before, script_run(0.8, "cccc3333dddd4444"), verdict="slower")
     assert not changed.only_load and changed.code == []
     assert changed.summary == "the code changed, same settings, same machine."
     assert (
         "script: its source changed (stored as a hash, aaaa1111 \u2192 cccc3333: not its "
         "lines)" in changed.lines()
     )
-    same = what_changed(before, script_run("aaaa1111bbbb2222", 0.8), verdict="slower")
+    same = what_changed(before, script_run(0.8, "aaaa1111bbbb2222"), verdict="slower")
     assert same.only_load and same.script is None
     assert same.summary.endswith("the slowdown is the machine's, not your code's.")
 
@@ -267,27 +270,22 @@ def test_a_scripts_other_arguments_are_not_the_machines_slowdown():
     """``python train.py --model big`` after ``--model small``: one configuration (the
     arguments are not in its key), but not the same work: a slowdown on a busier machine is
     not called the machine's, and the words say the arguments changed (a hash, never them)."""
-
-    def script_run(args_sha: str | None, load: float, sha: str = "aaaa1111bbbb2222"):
-        env = {**ENV, "script_sha": sha, "script_args_sha": args_sha}
-        return make_run(load=load, source=None, env=env)
-
-    before = script_run("1111222233334444", 0.02)
-    other = what_changed(before, script_run("5555666677778888", 0.8), verdict="slower")
+    before = script_run(0.02, args_sha="1111222233334444")
+    other = what_changed(before, script_run(0.8, args_sha="5555666677778888"), verdict="slower")
     assert not other.only_load and not other.code_changed
     assert other.summary == "same code, other arguments, same settings, same machine."
     assert (
         "script: its arguments changed (stored as a hash, 11112222 \u2192 55556666: not the "
         "arguments)" in other.lines()
     )
-    both = what_changed(before, script_run("5555666677778888", 0.02, "cccc3333dddd4444"))
+    both = what_changed(before, script_run(0.02, "cccc3333dddd4444", "5555666677778888"))
     assert both.summary.startswith("the code and its arguments changed, same settings")
-    same = what_changed(before, script_run("1111222233334444", 0.8), verdict="slower")
+    same = what_changed(before, script_run(0.8, args_sha="1111222233334444"), verdict="slower")
     assert same.only_load and same.arguments is None
     assert same.summary.endswith("the slowdown is the machine's, not your code's.")
-    unknown = what_changed(before, script_run(None, 0.8), verdict="slower")  # stored before
+    unknown = what_changed(before, script_run(0.8), verdict="slower")  # stored before
     assert unknown.arguments is None and unknown.only_load
-    quiet = what_changed(before, script_run("5555666677778888", 0.02))
+    quiet = what_changed(before, script_run(0.02, args_sha="5555666677778888"))
     assert quiet.summary == "same code, other arguments, same settings, same machine."
 
 
@@ -460,17 +458,13 @@ def test_a_shift_says_a_scripts_source_or_arguments_changed():
     """The clause under a change point names what a script's run stores only as hashes."""
     from traceml_nb.views.shift_lines import changes_clause
 
-    def script_run(sha: str, args_sha: str):
-        env = {**ENV, "script_sha": sha, "script_args_sha": args_sha}
-        return make_run(load=0.02, source=None, env=env)
-
-    before = script_run("a" * 16, "1" * 16)
-    assert changes_clause(what_changed(before, script_run("a" * 16, "1" * 16))) == (
+    before = script_run(sha="a" * 16, args_sha="1" * 16)
+    assert changes_clause(what_changed(before, script_run(sha="a" * 16, args_sha="1" * 16))) == (
         "with the same code, settings and environment"
     )
-    assert changes_clause(what_changed(before, script_run("a" * 16, "2" * 16))) == (
+    assert changes_clause(what_changed(before, script_run(sha="a" * 16, args_sha="2" * 16))) == (
         "where the script's arguments changed"
     )
-    assert changes_clause(what_changed(before, script_run("b" * 16, "2" * 16))) == (
+    assert changes_clause(what_changed(before, script_run(sha="b" * 16, args_sha="2" * 16))) == (
         "where the script's source changed, the script's arguments changed"
     )
