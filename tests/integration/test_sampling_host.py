@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -16,7 +18,12 @@ import torch
 
 from traceml_nb.engine.capabilities import Capabilities
 from traceml_nb.engine.sampling import Collector
-from traceml_nb.engine.sampling.host import COLUMNS, HostSource, open_host_source
+from traceml_nb.engine.sampling.host import (
+    COLUMNS,
+    MIN_CPU_INTERVAL_S,
+    HostSource,
+    open_host_source,
+)
 from traceml_nb.engine.sampling.host_readers import (
     ProcfsReader,
     PsutilReader,
@@ -134,6 +141,28 @@ def test_process_cpu_counts_one_busy_core_as_100(reader):
     # 100 = one core: the CPU seconds it stands for are the process's own, however busy the box
     assert values["proc_cpu_pct"] / 100 * window == pytest.approx(used, abs=TOLERANCE_S)
     assert values["max_core_pct"] > 0
+    src.close()
+
+
+CPU_COLUMNS = ("proc_cpu_pct", "sys_cpu_pct", "steal_pct", "max_core_pct", "cores_saturated")
+
+
+def test_a_sample_shortly_after_the_start_has_memory_and_the_next_covers_its_cpu(reader):
+    # a run samples at once (~17 ms in): a tick or two of the kernel's 10 ms CPU counters, in
+    # which a busy process read 0% and the machine 100%: "other processes used 50%" of a 0.2 s run
+    clock = RecordingClock()
+    before = time.process_time()
+    src = HostSource(reader, clock=clock)
+    early = src.read()
+    assert clock.readings[-1] - clock.readings[0] < MIN_CPU_INTERVAL_S
+    assert all(early[c] is None for c in CPU_COLUMNS), early
+    assert early["proc_rss_mb"] > 0 and 0 < early["ram_used_mb"] < early["ram_total_mb"]
+    burn_cpu(0.3)
+    later = src.read()
+    used = time.process_time() - before
+    window = clock.readings[-1] - clock.readings[0]  # from the start, the early sample's too
+    assert later["proc_cpu_pct"] / 100 * window == pytest.approx(used, abs=TOLERANCE_S)
+    assert later["sys_cpu_pct"] is not None and later["max_core_pct"] > 0
     src.close()
 
 
@@ -462,6 +491,12 @@ def core(**seconds: float) -> dict[str, float]:
     return seconds
 
 
+def scripted_seconds() -> Callable[[], float]:
+    """A clock a second further at each reading: the scripted counters are read at once, and a
+    CPU figure needs ``MIN_CPU_INTERVAL_S`` between two samples."""
+    return itertools.count(0.0, 1.0).__next__
+
+
 def test_steal_time_is_the_hypervisors_share_of_all_cpus_time_from_psutils_counters():
     """Two cores, 100 s of counter time each between the samples: one had 15 s stolen, the
     other 5 s, so the hypervisor took 20 of the machine's 200 CPU-seconds, 10%. Steal is busy
@@ -472,7 +507,7 @@ def test_steal_time_is_the_hypervisors_share_of_all_cpus_time_from_psutils_count
         core(user=95, system=5, idle=190, steal=5),  # +45 +0 +50 +5 = 100 s
     ]
     fake = ScriptedCpuTimes([start, later])
-    src = HostSource(PsutilReader(fake), children_refresh_s=3600)
+    src = HostSource(PsutilReader(fake), children_refresh_s=3600, clock=scripted_seconds())
     values = src.read()
     assert src.steal_why == ""
     assert values["steal_pct"] == pytest.approx(10.0)
@@ -484,7 +519,11 @@ def test_steal_time_is_the_hypervisors_share_of_all_cpus_time_from_psutils_count
 def test_guest_time_stays_out_of_the_total_and_an_idle_machine_reads_0_not_unavailable():
     start = [core(user=10, idle=10, steal=2, guest=5)]
     later = [core(user=20, idle=100, steal=2, guest=15)]  # guest time is inside user already
-    src = HostSource(PsutilReader(ScriptedCpuTimes([start, later])), children_refresh_s=3600)
+    src = HostSource(
+        PsutilReader(ScriptedCpuTimes([start, later])),
+        children_refresh_s=3600,
+        clock=scripted_seconds(),
+    )
     values = src.read()
     assert values["steal_pct"] == 0.0  # measured: the hypervisor took nothing
     assert values["sys_cpu_pct"] == pytest.approx(10.0)  # 10 busy of 100, not of 110
@@ -496,7 +535,9 @@ def test_a_platform_without_steal_time_reads_unavailable_with_a_reason_never_0(f
     start = [core(user=10, idle=10), core(user=10, idle=10)]
     later = [core(user=60, idle=60), core(user=30, idle=90)]
     src = HostSource(
-        PsutilReader(ScriptedCpuTimes([start, later], fields)), children_refresh_s=3600
+        PsutilReader(ScriptedCpuTimes([start, later], fields)),
+        children_refresh_s=3600,
+        clock=scripted_seconds(),
     )
     values = src.read()
     assert values["steal_pct"] is None
@@ -543,7 +584,11 @@ def test_procfs_reads_steal_from_its_column_of_proc_stat(tmp_path):
         pytest.skip("Linux only")
     # user nice system idle iowait irq softirq steal guest guest_nice (clock ticks)
     _fake_proc(tmp_path, ["cpu  0 0 0 0 0 0 0 0 0 0", "cpu0 100 0 10 80 0 0 0 10 0 0"])
-    src = HostSource(ProcfsReader(psutil, proc_root=str(tmp_path)), children_refresh_s=3600)
+    src = HostSource(
+        ProcfsReader(psutil, proc_root=str(tmp_path)),
+        children_refresh_s=3600,
+        clock=scripted_seconds(),
+    )
     _fake_proc(tmp_path, ["cpu  0 0 0 0 0 0 0 0 0 0", "cpu0 130 0 15 120 10 0 0 35 5 0"])
     values = src.read()
     # +30 user +5 system +40 idle +10 iowait +25 steal = 110 ticks; guest is inside user
@@ -556,7 +601,11 @@ def test_procfs_on_a_kernel_without_the_steal_column_reads_unavailable(tmp_path)
     if not sys.platform.startswith("linux"):
         pytest.skip("Linux only")
     _fake_proc(tmp_path, ["cpu  0 0 0 0 0 0 0", "cpu0 100 0 10 80 0 0 0"])  # 7 fields
-    src = HostSource(ProcfsReader(psutil, proc_root=str(tmp_path)), children_refresh_s=3600)
+    src = HostSource(
+        ProcfsReader(psutil, proc_root=str(tmp_path)),
+        children_refresh_s=3600,
+        clock=scripted_seconds(),
+    )
     _fake_proc(tmp_path, ["cpu  0 0 0 0 0 0 0", "cpu0 150 0 10 130 0 0 0"])
     values = src.read()
     assert values["steal_pct"] is None and values["sys_cpu_pct"] == pytest.approx(50.0)

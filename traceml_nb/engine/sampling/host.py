@@ -30,8 +30,9 @@ are none of theirs: the W&B service ``wandb.init()`` starts beside a notebook's 
 worker, a rank, an evaluation's persistent workers beside a training loader's. A source told
 nothing counts every child.
 
-All CPU figures are averages over the time since the previous sample, computed from the
-kernel's cumulative CPU-time counters (never psutil's module-global ``cpu_percent`` state,
+All CPU figures are averages over the time since the previous sample that had them (at
+least ``MIN_CPU_INTERVAL_S``: the counters tick every 10 ms), computed from the kernel's
+cumulative CPU-time counters (never psutil's module-global ``cpu_percent`` state,
 which the user's own code may share). On Linux they are read from ``/proc`` directly
 (:class:`~.host_readers.ProcfsReader`, for the overhead budget), elsewhere through psutil
 (:class:`~.host_readers.PsutilReader`).
@@ -72,6 +73,11 @@ COLUMNS = (
 MIB = 1024 * 1024
 SATURATED_PCT = 90.0  #: a core busier than this counts as saturated
 CHILDREN_REFRESH_S = 1.0  #: the list of child processes is rebuilt at most this often
+#: CPU figures need an interval at least this long (s): the kernel counts CPU time in ticks of
+#: 10 ms, so over the ~17 ms between the start and a run's first sample a busy process could
+#: read 0% and the machine 100% (or 0%). A shorter interval leaves them unavailable, and the
+#: next sample covers it.
+MIN_CPU_INTERVAL_S = 0.05
 #: The capability that says whether ``steal_pct`` is measured, and why not.
 STEAL_CAPABILITY = "steal_time"
 #: ...and whether ``workers_cpu_wait_pct`` is.
@@ -177,10 +183,11 @@ class HostSource:
             if pid not in self._children and self._is_worker(pid):
                 self._track(pid)
 
-    def _children_cpu_s(self) -> tuple[float, float | None]:
+    def _children_cpu_s(self, advance: bool = True) -> tuple[float, float | None]:
         """CPU seconds the children used since the previous sample, and seconds they waited
         for a CPU (None: not reported); ended children are dropped, and those no longer
-        counted as workers."""
+        counted as workers. ``advance=False`` only drops them: the next call counts from
+        where this one would have."""
         used = waited = 0.0
         wait_known = not self.reader.no_wait_reason
         for pid, tracked in list(self._children.items()):
@@ -194,6 +201,8 @@ class HostSource:
             if stat is None or abs(stat.started - tracked.started) > START_TIME_RESOLUTION_S:
                 del self._children[pid]  # ended (its last slice is lost) or pid reused
                 continue
+            if not advance:
+                continue
             used += max(0.0, stat.cpu_s - tracked.last_cpu_s)
             tracked.last_cpu_s = stat.cpu_s
             if stat.cpu_wait_s is not None:
@@ -203,7 +212,9 @@ class HostSource:
 
     # --- sampling ---------------------------------------------------------------------------
     def read(self) -> dict[str, float | int | None]:
-        """One sample: CPU averages since the previous call, memory as it is now."""
+        """One sample: CPU averages since the previous sample that had them (left unavailable
+        for an interval shorter than ``MIN_CPU_INTERVAL_S``, which the next sample then
+        covers), memory as it is now."""
         reader = self.reader
         now = self._clock()
         elapsed = now - self._last_t
@@ -215,26 +226,27 @@ class HostSource:
             self._refresh_children(now)
         elif self._children_ok:
             self._track_new_main_thread_children()
+        cpu_due = elapsed >= MIN_CPU_INTERVAL_S
         children_cpu_s, children_wait_s = (
-            self._children_cpu_s() if self._children_ok else (None, None)
+            self._children_cpu_s(advance=cpu_due) if self._children_ok else (None, None)
         )
-        cores = reader.core_times()
-
-        if elapsed > 0:
-            values["proc_cpu_pct"] = max(0.0, me.cpu_s - self._last_proc_cpu_s) / elapsed * 100
-            if children_cpu_s is not None and (self._children or children_cpu_s > 0):
-                # no child process: nothing to read, which is not a 0% reading
-                values["workers_cpu_pct"] = children_cpu_s / elapsed * 100
-                if children_wait_s is not None:
-                    values["workers_cpu_wait_pct"] = children_wait_s / elapsed * 100
         if self._children_ok:
             values["workers"] = len(self._children)
-        values.update(self._core_stats(cores))
-
         total, available = reader.memory()
         values["ram_total_mb"] = total / MIB
         values["ram_used_mb"] = (total - available) / MIB
         values["proc_rss_mb"] = me.rss_bytes / MIB
+        if not cpu_due:
+            return values
+
+        cores = reader.core_times()
+        values["proc_cpu_pct"] = max(0.0, me.cpu_s - self._last_proc_cpu_s) / elapsed * 100
+        if children_cpu_s is not None and (self._children or children_cpu_s > 0):
+            # no child process: nothing to read, which is not a 0% reading
+            values["workers_cpu_pct"] = children_cpu_s / elapsed * 100
+            if children_wait_s is not None:
+                values["workers_cpu_wait_pct"] = children_wait_s / elapsed * 100
+        values.update(self._core_stats(cores))
 
         self._last_t = now
         self._last_start_clock = reader.now()
