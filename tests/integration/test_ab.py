@@ -394,6 +394,40 @@ def test_the_text_of_a_regression_and_its_table():
     assert rows[2].split()[:3] == ["2", "B", "A"]
 
 
+def test_a_head_with_a_larger_batch_is_judged_per_sample():
+    """The head doubles the batch (8 → 16) and takes 18 ms a step where the base took 10: 10%
+    less time a sample, not slower; the same runs without batch sizes are 80% slower a step."""
+    rounds = []
+    for i, head_ms in enumerate((18.0, 18.1, 17.9, 18.05), start=1):
+        a = AbRun("A", i, 2 * i - 1, 10.0, 58, 3.0, batch_size=8.0)
+        b = AbRun("B", i, 2 * i, head_ms, 58, 3.0, batch_size=16.0)
+        rounds.append(AbRound(i, ("A", "B") if i % 2 else ("B", "A"), a, b))
+    assert all(rd.per_sample for rd in rounds) and rounds[0].change == pytest.approx(-0.1)
+    r = AbResult(
+        name="smoke", command=["python", "train.py"], max_slowdown=0.10, rounds_allowed=6,
+        base_label="main", status=NOT_SLOWER, exit_code=0, rounds=rounds,
+        judgement=judge_rounds([rd.log_ratio for rd in rounds], 0.10),
+    )  # fmt: skip
+    assert r.batch_sizes == (pytest.approx(8.0), pytest.approx(16.0))
+    head, table = AbReport(r).text().split("\n\n")
+    assert head.startswith(
+        "OK: 'smoke' is not slower in the current tree than at main: time per sample 1.25 ms "
+        "\u2192 1.13 ms "
+        "(\u221210%; at most"
+    )
+    assert head.endswith(
+        "The batch size went 8 \u2192 16, so the steps are compared per sample (step time 10 ms "
+        "\u2192 18 ms, +80%)."
+    )
+    assert table.splitlines()[0].split()[-3:] == ["B/A", "per", "sample"]
+    assert progress_line("round", r).startswith(
+        "round 4/6: A 10 ms, B 18.1 ms (B/A \u221210% per sample;"
+    )
+    unknown = AbRun("B", 1, 2, 18.0, 58, 3.0)  # a batch size not known: the step time
+    plain = AbRound(1, ("A", "B"), rounds[0].a, unknown)
+    assert not plain.per_sample and plain.change == pytest.approx(0.8)
+
+
 def test_not_slower_inconclusive_and_error_paragraphs():
     ok = _result([0.01, -0.01, 0.0, 0.02, -0.02, 0.01], NOT_SLOWER, exit_code=0)
     text = AbReport(ok).text()

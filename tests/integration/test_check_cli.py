@@ -140,6 +140,31 @@ def test_the_api_returns_the_same(store):
     assert traceml_nb.check("smoke", store=store.path, max_slowdown=0.8).exit_code == 0
 
 
+def test_a_larger_batch_is_judged_per_sample(store):
+    """Batch 8 → 16: a step 80% longer is 10% less time a sample, not a regression. The
+    paragraph says which time it judged and why."""
+    store.add(make_run("smoke", step_ms=36.0, seed=15, batch_size=16))
+    report = traceml_nb.check("smoke", store=store.path)
+    assert report.exit_code == 0, report.text()
+    assert report.result.slowdown == pytest.approx(-0.1, abs=0.02)
+    text = report.text()
+    assert (
+        "against its baseline, 5 runs @1\u2013@5 of the configuration before it: time per " in text
+    )
+    assert (
+        "The batch size went 8 \u2192 16, so the steps are compared per sample (step time 20 ms "
+        "\u2192 36.1 ms, +80%). What changed: DataLoader: batch_size 8 \u2192 16." in text
+    )
+
+
+def test_a_larger_batch_slower_per_sample_is_a_regression(store):
+    store.add(make_run("smoke", step_ms=60.0, seed=16, batch_size=16))  # +50% a sample
+    report = traceml_nb.check("smoke", store=store.path)
+    assert report.exit_code == 1, report.text()
+    assert report.text().startswith("REGRESSION: 'smoke' @6 is slower than its baseline")
+    assert report.result.slowdown == pytest.approx(0.5, abs=0.03)
+
+
 def test_the_worked_ci_example_fails_when_the_steps_get_half_again_slower(tmp_path):
     """README's example: the smoke test runs five times (the baseline) and once more; the gate
     does not call that slower; then with 6 ms more per ~12 ms step (+50%), and the gate fails

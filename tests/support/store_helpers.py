@@ -48,14 +48,15 @@ def make_run(
     status: str = "completed",
     num_workers: int = 0,
     wait_ms: float = 1.0,
+    batch_size: int = 8,
 ) -> RunEntry:
     """A run of ``steps`` steps of about ``step_ms`` (± ``jitter`` relative, seeded), each
-    waiting ``wait_ms`` for its batch."""
+    waiting ``wait_ms`` for its batch of ``batch_size`` samples."""
     rng = np.random.default_rng(seed)
     walls = step_ms * (1 + jitter * rng.standard_normal(steps))
     b = RecordBuilder()
-    b.loader(num_workers=num_workers, batch_size=8, dataset_len=96)
-    b.steps(steps, walls, wait_ms)
+    b.loader(num_workers=num_workers, batch_size=batch_size, dataset_len=96)
+    b.steps(steps, walls, wait_ms, batch=batch_size)
     record = b.finish()
     analysis = analyze(record, cpu_capabilities(), cpus_available=2)
     run = SimpleNamespace(

@@ -383,3 +383,58 @@ def test_a_wide_band_is_written_each_way_and_a_narrow_one_as_plus_minus():
     assert band(0.11) == "\u22129.9%/+11%"  # sides 1.1 points apart
     assert band(0.10) == "\u00b110%"  # 0.9 points apart
     assert band(0.074) == "\u00b17.4%"
+
+
+def test_runs_of_other_batch_sizes_are_compared_per_sample():
+    """Batch 32 → 64: the step 1.0 ms → 1.8 ms is 0.03125 → 0.028125 ms a sample, 10% less
+    time for each: faster, however much longer the step. The step time stays in the table,
+    without a direction of its own, and the headline says why it is not the verdict."""
+    tight = Noise(sigma=0.01, df=40.0, own_runs=41, own_df=40.0, own_configs=1, step_ms=1.0)
+    before = entry(1, steps_around(1.0, spread=0.01), batch=32)
+    after = entry(2, steps_around(1.8, spread=0.01, seed=2), batch=64)
+    c = compare(before, after, noise=tight)
+    assert c.batch_sizes == (pytest.approx(32), pytest.approx(64))
+    assert c.verdict == "faster"
+    assert c.step_ratio == pytest.approx(0.9)
+    assert c.ci_low < 0.9 < c.ci_high < 1  # the bootstrap of the per-sample times
+    assert c.judged_ms() == (pytest.approx(1.0 / 32), pytest.approx(1.8 / 64))
+    assert (c.before_ms, c.after_ms) == (pytest.approx(1.0), pytest.approx(1.8))
+    assert headline(c) == (
+        "time per sample 0.0312 ms \u2192 0.0281 ms (\u221210%, faster, beyond the run-to-run "
+        "noise (\u00b13.9%: 41 runs of this configuration)); the batch size went 32 \u2192 64, "
+        "so the steps are compared per sample (step time 1 ms \u2192 1.8 ms, +80%)"
+    )
+    assert c.rows[:3] == [
+        ComparisonRow("time per sample", "0.0312 ms", "0.0281 ms", "\u221210%", "good"),
+        ComparisonRow("median step time", "1 ms", "1.8 ms", "+80%", "neutral"),
+        ComparisonRow("throughput", "32000 samples/s", "35556 samples/s", "+11%", "good"),
+    ]
+    assert c.to_dict()["batch_sizes"] == [pytest.approx(32), pytest.approx(64)]
+    # the same steps, the batch size the same: the longer step is the slowdown it is
+    same = compare(before, entry(2, steps_around(1.8, spread=0.01, seed=2), batch=32), noise=tight)
+    assert same.batch_sizes is None and same.verdict == "slower"
+    assert headline(same).startswith("step time 1 ms \u2192 1.8 ms (+80%, slower")
+    assert [r.label for r in same.rows[:2]] == ["median step time", "throughput"]
+
+
+def test_a_batch_size_unknown_on_either_side_keeps_the_step_time():
+    known = entry(1, steps_around(1.0, spread=0.01), batch=32)
+    unknown = entry(2, steps_around(1.8, spread=0.01, seed=2), batch=None)
+    for before, after in ((known, unknown), (unknown, known)):
+        c = compare(before, after, noise=KNOWN)
+        assert c.judgement is not None and c.batch_sizes is None
+        assert headline(c).startswith("step time")
+        assert c.rows[0].label == "median step time"
+
+
+def test_a_baseline_of_several_runs_against_a_larger_batch_per_sample():
+    from traceml_nb.analysis.baseline import compare_with_baseline
+
+    tight = Noise(sigma=0.01, df=40.0, own_runs=41, own_df=40.0, own_configs=1, step_ms=1.0)
+    baseline = [entry(i, steps_around(m, spread=0.01, seed=i), batch=32) for i, m in
+                ((1, 0.98), (2, 1.0), (3, 1.02))]  # fmt: skip
+    # twice the batch in 2.4 times the step: 20% more time a sample, slower
+    c = compare_with_baseline(baseline, entry(4, steps_around(2.4, spread=0.01), batch=64),
+                              noise=tight, one_sided=True)  # fmt: skip
+    assert c.verdict == "slower" and c.step_ratio == pytest.approx(1.2, rel=1e-3)
+    assert c.rows[0].label == "time per sample (mean of 3 runs)"

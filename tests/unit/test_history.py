@@ -196,6 +196,19 @@ def test_pairing_by_name():
     assert h.same_cell(again) == [base]
 
 
+def test_the_best_run_is_the_fastest_per_sample_where_every_batch_size_is_known():
+    from dataclasses import replace
+
+    h = History()
+    small = h.add(make_entry(step_ms=10.0, cell_id="c1", source=CELL))  # 8 a batch: 1.25 ms each
+    large = h.add(make_entry(step_ms=16.0, cell_id="c1", source=CELL_TUNED))
+    large.summary = replace(large.summary, batch_size=16)  # 1 ms a sample: the best
+    again = h.add(make_entry(step_ms=15.0, cell_id="c1", source=CELL_TUNED))
+    assert h.best_of(again) is large
+    large.summary = replace(large.summary, batch_size=None)  # not known: the shortest step
+    assert h.best_of(again) is small
+
+
 def test_a_new_name_falls_back_to_the_cell_id():
     h = History()
     base = h.add(make_entry("baseline", cell_id="c1", source=CELL))

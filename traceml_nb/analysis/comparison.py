@@ -6,6 +6,10 @@ their configurations, with Student's t bounds for how little few runs tell. "Slo
 "faster" also needs the step-level bootstrap interval of the ratio of median step times
 (``BOOTSTRAP_RESAMPLES`` resamples of both runs' steady steps, fixed seed) to exclude 1:
 where the steps themselves cannot tell, the verdict is inconclusive.
+
+Runs whose steps hold different numbers of samples (the batch size changed) are compared per
+sample: the verdict judges the median step time divided by the run's batch size, since a step
+twice as long over twice the samples is no slowdown.
 """
 
 from __future__ import annotations
@@ -64,7 +68,9 @@ class Comparison:
     baseline_id: int
     candidate_id: int
     rows: list[ComparisonRow] = field(default_factory=list)
-    step_ratio: float | None = None  #: median step time of the candidate / of the baseline
+    #: median step time of the candidate / of the baseline; per sample where ``batch_sizes``
+    #: is set (the ratio the verdict judges)
+    step_ratio: float | None = None
     ci_low: float | None = None  #: bootstrap 95% interval of ``step_ratio``
     ci_high: float | None = None
     #: "faster", "slower", "no significant change" or "inconclusive"
@@ -97,6 +103,19 @@ class Comparison:
     after_busy: bool = False
     #: which parts of the step moved (:mod:`.phase_shift`); None: not both runs timed them
     phase_shift: PhaseShift | None = None
+    #: the samples per step of each side (the geometric mean of its runs' median batch sizes)
+    #: where the runs' batch sizes differ: the step times are then judged per sample; None
+    #: where they are the same or a run's is unknown
+    batch_sizes: tuple[float, float] | None = None
+
+    def judged_ms(self) -> tuple[float | None, float | None]:
+        """What the verdict judges of each side, ms: the step times (``before_ms``,
+        ``after_ms``), or the times per sample where ``batch_sizes`` is set."""
+        if self.batch_sizes is None:
+            return self.before_ms, self.after_ms
+        a, b = self.before_ms, self.after_ms
+        size_a, size_b = self.batch_sizes
+        return (None if a is None else a / size_a), (None if b is None else b / size_b)
 
     @property
     def significant(self) -> bool:
@@ -124,6 +143,7 @@ class Comparison:
             "candidate_ids": list(self.candidate_ids),
             "note": self.note,
             "phase_shift": asdict(self.phase_shift) if self.phase_shift is not None else None,
+            "batch_sizes": list(self.batch_sizes) if self.batch_sizes is not None else None,
         }
 
 
@@ -230,18 +250,49 @@ def _throughput_row(a: Summary, b: Summary) -> ComparisonRow:
     )
 
 
-def pooled_steps(runs: Sequence[RunLike], limit: int = MAX_STORED_STEPS) -> np.ndarray:
+def pooled_steps(
+    runs: Sequence[RunLike], limit: int = MAX_STORED_STEPS, per_sample: bool = False
+) -> np.ndarray:
     """The runs' steady step times together, each run evenly thinned to an equal share of
     ``limit`` values (so that a long run does not outweigh the others, and the bootstrap stays
-    bounded)."""
+    bounded); with ``per_sample``, each divided by its run's batch size."""
     share = max(2, limit // max(1, len(runs)))
     parts = []
     for run in runs:
         values = np.asarray(run.step_ms, dtype=float)
         if len(values) > share:
             values = values[np.linspace(0, len(values) - 1, share).round().astype(int)]
-        parts.append(values)
+        parts.append(values / _batch_size(run) if per_sample else values)
     return np.concatenate(parts) if parts else np.empty(0)
+
+
+def _steps(run: RunLike, per_sample: bool) -> np.ndarray:
+    values = np.asarray(run.step_ms, dtype=float)
+    return values / _batch_size(run) if per_sample else values
+
+
+def _medians_with_sizes(runs: Sequence[RunLike]) -> list[tuple[float, float]]:
+    """``(median step ms, batch size)`` of each run that has a median step."""
+    sized = [(_median(r, np.asarray(r.step_ms, dtype=float)), _batch_size(r)) for r in runs]
+    return [(m, size) for m, size in sized if m]
+
+
+def _batch_size(run: RunLike) -> float:
+    return float(run.summary.batch_size or 1)
+
+
+def _batch_sizes(
+    runs_a: Sequence[RunLike], runs_b: Sequence[RunLike]
+) -> tuple[float, float] | None:
+    """Each side's samples per step (the geometric mean of its runs' median batch sizes) where
+    the runs' batch sizes are all known and not all the same, else None."""
+    sizes = [r.summary.batch_size for r in [*runs_a, *runs_b]]
+    if any(not size or size <= 0 for size in sizes) or len(set(sizes)) < 2:
+        return None
+    return (
+        log_mean_ms([_batch_size(r) for r in runs_a]),
+        log_mean_ms([_batch_size(r) for r in runs_b]),
+    )
 
 
 def _means_of(before: int, after: int) -> str:
@@ -279,22 +330,31 @@ def compare(
     interval to exclude 1."""
     runs_a = [a] if not before else list(before)
     runs_b = [b] if not after else list(after)
-    values_a = np.asarray(a.step_ms, dtype=float) if not before else pooled_steps(runs_a)
-    values_b = np.asarray(b.step_ms, dtype=float) if not after else pooled_steps(runs_b)
-    medians_a = [m for m in (_median(r, np.asarray(r.step_ms, dtype=float)) for r in runs_a) if m]
-    medians_b = [m for m in (_median(r, np.asarray(r.step_ms, dtype=float)) for r in runs_b) if m]
+    per_sample = _batch_sizes(runs_a, runs_b) is not None
+    values_a = _steps(a, per_sample) if not before else pooled_steps(runs_a, per_sample=per_sample)
+    values_b = _steps(b, per_sample) if not after else pooled_steps(runs_b, per_sample=per_sample)
+    sized_a, sized_b = _medians_with_sizes(runs_a), _medians_with_sizes(runs_b)
+    medians_a, medians_b = [m for m, _ in sized_a], [m for m, _ in sized_b]
     med_b = log_mean_ms(medians_b) if len(medians_b) == len(runs_b) else None
     result = Comparison(baseline_id=a.id, candidate_id=b.id, baseline_ids=[r.id for r in runs_a])
     result.candidate_ids = [r.id for r in runs_b]
     step_direction = NEUTRAL
     center = log_mean_ms(medians_a) if medians_a else None
     if center and med_b and len(values_a) >= 2 and len(values_b) >= 2:
+        judged_a, judged_b = medians_a, medians_b
+        if per_sample:
+            judged_a = [m / size for m, size in sized_a]
+            judged_b = [m / size for m, size in sized_b]
+            result.batch_sizes = (
+                log_mean_ms([size for _, size in sized_a]),
+                log_mean_ms([size for _, size in sized_b]),
+            )
         if noise is None:
             noise = estimate_noise([medians_a], center)
         judgement = judge_change(
-            medians_a, medians_b, noise, margin, one_sided=one_sided, after_busy=after_busy
+            judged_a, judged_b, noise, margin, one_sided=one_sided, after_busy=after_busy
         )
-        ratio = med_b / center
+        ratio = log_mean_ms(judged_b) / log_mean_ms(judged_a)
         low, high = bootstrap_ratio_ci(values_a, values_b)
         result.step_ratio, result.ci_low, result.ci_high = ratio, low, high
         result.noise, result.judgement = noise, judgement
@@ -302,7 +362,7 @@ def compare(
         result.before_ms, result.after_ms = center, med_b
         if result.verdict in (FASTER, SLOWER) and low <= 1 <= high:
             result.verdict, result.steps_overlap = INCONCLUSIVE, True
-        step_delta = signed_pct(ratio - 1)
+        step_delta = signed_pct(med_b / center - 1)
         step_direction = {FASTER: GOOD, SLOWER: BAD}.get(result.verdict, NEUTRAL)
     else:
         empty = [(a, values_a)] if not before else [(r, np.asarray(r.step_ms)) for r in runs_a]
@@ -325,14 +385,26 @@ def compare(
         lambda v: fmt_share(None if v is None else v / 100),
         GOOD,
     )
-    result.rows = [
-        ComparisonRow(
-            "median step time" + _means_of(len(medians_a), len(runs_b)),
-            fmt_ms(center),
-            fmt_ms(med_b),
-            step_delta,
+    means = _means_of(len(medians_a), len(runs_b))
+    step_row = ComparisonRow(
+        "median step time" + means, fmt_ms(center), fmt_ms(med_b), step_delta, step_direction
+    )
+    if result.batch_sizes is not None and result.step_ratio is not None:
+        # the verdict is the time per sample's; the step time only says how long a step got
+        before_sample, after_sample = result.judged_ms()
+        step_row = step_row._replace(direction=NEUTRAL)
+        per_sample_row = ComparisonRow(
+            "time per sample" + means,
+            fmt_ms(before_sample),
+            fmt_ms(after_sample),
+            signed_pct(result.step_ratio - 1),
             step_direction,
-        ),
+        )
+        step_rows = [per_sample_row, step_row]
+    else:
+        step_rows = [step_row]
+    result.rows = [
+        *step_rows,
         _throughput_row(sa, sb),
         _points_row(
             "data wait",

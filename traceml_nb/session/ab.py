@@ -61,11 +61,16 @@ ERROR, RUNNING = "error", "running"
 BASE, HEAD = "A", "B"
 
 
+def _geometric_mean(values: list[float]) -> float:
+    return math.exp(math.fsum(math.log(v) for v in values) / len(values))
+
+
 @dataclass
 class AbRun:
     """One run of a side: ``side`` "A" (base) or "B" (head); ``round`` 1-based; ``stored_id``
     the run's store id; ``step_ms`` its median steady step time (ms); ``steady_steps`` the steps
-    that median is over; ``wall_s`` the command's wall time (s, process start to exit)."""
+    that median is over; ``wall_s`` the command's wall time (s, process start to exit);
+    ``batch_size`` its median batch size (None: unknown)."""
 
     side: str
     round: int
@@ -73,6 +78,7 @@ class AbRun:
     step_ms: float
     steady_steps: int
     wall_s: float
+    batch_size: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -88,8 +94,19 @@ class AbRound:
     b: AbRun
 
     @property
+    def per_sample(self) -> bool:
+        """The two runs' batch sizes are known and differ: the round compares the time per
+        sample (a step twice as long over twice the samples is no slowdown)."""
+        a, b = self.a.batch_size, self.b.batch_size
+        return bool(a and b and a != b)
+
+    @property
     def log_ratio(self) -> float:
-        """ln(B / A) of the two runs' median step times: the round's paired change."""
+        """ln(B / A) of the two runs' median step times, per sample where :attr:`per_sample`:
+        the round's paired change."""
+        if self.per_sample:
+            a, b = self.a, self.b
+            return log_ratio(a.step_ms / (a.batch_size or 1), b.step_ms / (b.batch_size or 1))
         return log_ratio(self.a.step_ms, self.b.step_ms)
 
     @property
@@ -144,14 +161,26 @@ class AbResult:
     def _geometric_mean(self, side: str) -> float | None:
         if not self.rounds:
             return None
-        values = [(r.a if side == BASE else r.b).step_ms for r in self.rounds]
-        return math.exp(math.fsum(math.log(v) for v in values) / len(values))
+        return _geometric_mean([(r.a if side == BASE else r.b).step_ms for r in self.rounds])
 
     @property
     def a_ms(self) -> float | None:
         """The base's step time (ms): the geometric mean of its runs' medians (so that
-        ``b_ms / a_ms`` is exactly the paired estimate, exp(mean ln(B/A)))."""
+        ``b_ms / a_ms`` is exactly the paired estimate, exp(mean ln(B/A)), but where
+        :attr:`batch_sizes` is set)."""
         return self._geometric_mean(BASE)
+
+    @property
+    def batch_sizes(self) -> tuple[float, float] | None:
+        """Each side's batch size (the geometric mean of its runs') where every round compared
+        the time per sample (:attr:`AbRound.per_sample`), else None: the paired estimate is
+        then ``(b_ms / b) / (a_ms / a)``."""
+        if not self.rounds or not all(r.per_sample for r in self.rounds):
+            return None
+        return (
+            _geometric_mean([r.a.batch_size or 1.0 for r in self.rounds]),
+            _geometric_mean([r.b.batch_size or 1.0 for r in self.rounds]),
+        )
 
     @property
     def b_ms(self) -> float | None:
@@ -432,7 +461,11 @@ def _run(side: _Side, index: int, name: str, path: str, tidy: Tidy) -> AbRun:
             tail,
         )
     steps = int(entry.summary.steady_steps or 0)
-    return AbRun(side.side, index, int(entry.stored_id), float(median), steps, wall)
+    size = entry.summary.batch_size
+    return AbRun(
+        side.side, index, int(entry.stored_id), float(median), steps, wall,
+        float(size) if size else None,
+    )  # fmt: skip
 
 
 def _tail(log_path: str) -> list[str]:

@@ -87,7 +87,7 @@ class CheckResult:
     @property
     def slowdown(self) -> float | None:
         """The latest run's median step time relative to the baseline's, less 1 (0.2 = 20%
-        slower), or None."""
+        slower; per sample where the batch size changed), or None."""
         ratio = self.comparison.step_ratio if self.comparison is not None else None
         return None if ratio is None else ratio - 1
 

@@ -431,7 +431,9 @@ class History:
         return runs[-1] if runs else None
 
     def best_of(self, entry: RunEntry) -> RunEntry | None:
-        """The earlier run of the same cell with the lowest median step time."""
+        """The earlier run of the same cell with the lowest median step time; per sample where
+        every such run's batch size is known (a smaller batch makes a shorter step, not a
+        better run)."""
         runs = [
             e
             for e in self.same_cell(entry)
@@ -439,7 +441,13 @@ class History:
         ]
         if not runs:
             return None
-        return min(runs, key=lambda e: (e.summary.step_ms_median, -e.id))
+        per_sample = all(e.summary.batch_size for e in runs)
+
+        def judged(e: RunEntry) -> tuple[float, int]:
+            step = float(e.summary.step_ms_median or 0.0)
+            return (step / (e.summary.batch_size or 1) if per_sample else step), -e.id
+
+        return min(runs, key=judged)
 
     # --- persistence --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

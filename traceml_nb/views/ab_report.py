@@ -10,7 +10,7 @@ from ..analysis.formatting import fmt_confidence, fmt_ms, fmt_s, signed_pct, sig
 from ..analysis.thresholds import AB_FALSE_ALARM_PER_LOOK, AB_MISS_PER_LOOK, MIN_AB_ROUNDS
 from ..session.ab import ERROR, INCONCLUSIVE, NOT_SLOWER, REGRESSION, AbResult
 from .check_report import _ICON, GateReport
-from .comparison_words import fmt_pct_plain
+from .comparison_words import fmt_pct_plain, fmt_size
 
 _HEADS = {
     REGRESSION: "REGRESSION",
@@ -58,23 +58,32 @@ def paragraph(r: AbResult) -> str:
         why = r.error or "the gate stopped before its first look"
         return f"ERROR: no verdict on {r.name!r} ({head_words(r)} against {base_words(r)}): {why}."
     j = r.judgement
-    move = f"{fmt_ms(r.a_ms)} \u2192 {fmt_ms(r.b_ms)}"
+    move, per_sample = f"step time {fmt_ms(r.a_ms)} \u2192 {fmt_ms(r.b_ms)}", ""
+    sizes = r.batch_sizes
+    if sizes is not None and r.a_ms and r.b_ms:
+        size_a, size_b = sizes
+        steps = f"{move}, {signed_pct(r.b_ms / r.a_ms - 1)}"
+        move = f"time per sample {fmt_ms(r.a_ms / size_a)} \u2192 {fmt_ms(r.b_ms / size_b)}"
+        per_sample = (
+            f" The batch size went {fmt_size(size_a)} \u2192 {fmt_size(size_b)}, so the steps "
+            f"are compared per sample ({steps})."
+        )
     allowed = fmt_pct_plain(r.max_slowdown)
     sure = fmt_confidence(1 - AB_FALSE_ALARM_PER_LOOK)
     if r.status == REGRESSION:
         low = j.bound(AB_FALSE_ALARM_PER_LOOK)
         return (
-            f"REGRESSION: {r.name!r} is slower {_sides(r)}: step time {move} "
+            f"REGRESSION: {r.name!r} is slower {_sides(r)}: {move} "
             f"({signed_pct(j.change)}; at least {signed_pct_fine(low)} with {sure} confidence, and "
-            f"more than half the {allowed} allowed), {_rounds_words(r)}."
+            f"more than half the {allowed} allowed), {_rounds_words(r)}.{per_sample}"
         )
     if r.status == NOT_SLOWER:
         high = j.bound(1 - AB_MISS_PER_LOOK)
         return (
-            f"OK: {r.name!r} is not slower {_sides(r)}: step time {move} "
+            f"OK: {r.name!r} is not slower {_sides(r)}: {move} "
             f"({signed_pct(j.change)}; at most {signed_pct_fine(high)} with "
             f"{fmt_confidence(1 - AB_MISS_PER_LOOK)} confidence: a slowdown of {allowed} is ruled "
-            f"out), {_rounds_words(r)}."
+            f"out), {_rounds_words(r)}.{per_sample}"
         )
     low, high = j.bound(AB_FALSE_ALARM_PER_LOOK), j.bound(1 - AB_MISS_PER_LOOK)
     more = j.more_needed
@@ -87,9 +96,9 @@ def paragraph(r: AbResult) -> str:
         )
     return (
         f"INCONCLUSIVE: {r.name!r} {_head_at(r)} against {base_words(r)} after "
-        f"{_rounds_words(r)}: step time {move} ({signed_pct(j.change)}, between "
+        f"{_rounds_words(r)}: {move} ({signed_pct(j.change)}, between "
         f"{signed_pct_fine(low)} and {signed_pct_fine(high)}): neither slower nor a slowdown of "
-        f"{allowed} ruled out; {decide}."
+        f"{allowed} ruled out; {decide}.{per_sample}"
     )
 
 
@@ -115,7 +124,7 @@ def _column_heads(r: AbResult) -> list[str]:
     b = f"B: {head_words(r)}"
     if r.head_commit:
         b += f" ({r.head_commit[:8]})"
-    return ["round", "order", a, b, "B/A"]
+    return ["round", "order", a, b, "B/A" if r.batch_sizes is None else "B/A per sample"]
 
 
 def rounds_table(r: AbResult) -> str:
@@ -159,7 +168,8 @@ def progress_line(event: str, r: AbResult) -> str:
     rd = r.rounds[-1]
     line = (
         f"round {rd.index}/{r.rounds_allowed}: A {fmt_ms(rd.a.step_ms)}, B {fmt_ms(rd.b.step_ms)}"
-        f" (B/A {signed_pct(rd.change)}; {fmt_s(rd.a.wall_s + rd.b.wall_s)})"
+        f" (B/A {signed_pct(rd.change)}{' per sample' if rd.per_sample else ''}; "
+        f"{fmt_s(rd.a.wall_s + rd.b.wall_s)})"
     )
     j = r.judgement
     if j is not None:

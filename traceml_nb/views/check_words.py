@@ -10,20 +10,24 @@ from __future__ import annotations
 
 from ..analysis.formatting import (
     fmt_confidence,
-    fmt_ms,
     fmt_run_span,
     signed_pct,
     signed_pct_fine,
 )
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.judge import SLOWER
-from ..analysis.noise import log_mean_ms
 from ..analysis.thresholds import FALSE_ALARM_RATE, MISS_RATE
 from ..session.baselines import EARLIER
 from ..session.check import CheckResult, subject
 from ..session.history import RunEntry
 from ..session.stored_jobs import StoredJob
-from .comparison_words import fmt_pct_plain, headline, noise_source
+from .comparison_words import (
+    fmt_pct_plain,
+    headline,
+    judged_move,
+    noise_source,
+    per_sample_reason,
+)
 
 
 def check_paragraph(result: CheckResult) -> str:
@@ -41,13 +45,7 @@ def check_paragraph(result: CheckResult) -> str:
     of = baseline_words(r.baseline, r.baseline_jobs or [None] * len(r.baseline))
     if r.baseline_kind == EARLIER:
         of += " of the configuration before it"
-    after = r.candidate.summary.step_ms_median
-    if len(r.candidates) > 1:
-        after = log_mean_ms([float(c.summary.step_ms_median or 0.0) for c in r.candidates])
-    before = r.baseline[-1].summary.step_ms_median
-    if len(r.baseline) > 1 and ratio:
-        before = (after or 0.0) / ratio
-    move = f"{fmt_ms(before)} \u2192 {fmt_ms(after)}"
+    move = judged_move(comparison)
     change = signed_pct(ratio - 1)
     low = judgement.bound(FALSE_ALARM_RATE)
     high = judgement.bound(1 - MISS_RATE)
@@ -69,7 +67,7 @@ def check_paragraph(result: CheckResult) -> str:
         changed = f" {first[:1].upper()}{first[1:]}"
     if comparison.verdict == SLOWER:
         head = (
-            f"REGRESSION: {who} is slower than its baseline, {of}: step time {move} "
+            f"REGRESSION: {who} is slower than its baseline, {of}: {move} "
             f"({change}; {at_least}), beyond {band}; the gate is set to catch {allowed}."
         )
     elif comparison.verdict == INCONCLUSIVE_VERDICT:
@@ -81,15 +79,18 @@ def check_paragraph(result: CheckResult) -> str:
             "(python -m traceml_nb ab) pairs the runs so the machine's drift cancels"
         )
         head = (
-            f"INCONCLUSIVE: {who} against its baseline, {of}: step time {move} ({change}; "
+            f"INCONCLUSIVE: {who} against its baseline, {of}: {move} ({change}; "
             f"{at_least}, {at_most}): neither {allowed} nor no slowdown can be ruled out "
             f"against {band}; {decide}."
         )
     else:
         head = (
-            f"OK: {who} against its baseline, {of}: step time {move} ({change}; {at_most}), "
+            f"OK: {who} against its baseline, {of}: {move} ({change}; {at_most}), "
             f"not slower: {allowed} is ruled out against {band}."
         )
+    if comparison.batch_sizes is not None:
+        reason = per_sample_reason(comparison)
+        head += f" {reason[:1].upper()}{reason[1:]}."
     return head + changed
 
 

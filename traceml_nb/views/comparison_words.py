@@ -126,15 +126,41 @@ def headline(comparison: Comparison, prediction: Prediction | None = None) -> st
             if c.steps_overlap
             else verdict_tail(c.judgement, c.noise, c.after_busy, runs=runs_compared(c))
         )
-        text = (
-            f"step time {fmt_ms(c.before_ms)} \u2192 {fmt_ms(c.after_ms)} "
-            f"({signed_pct(c.step_ratio - 1)}, {tail})"
-        )
+        text = f"{judged_move(c)} ({signed_pct(c.step_ratio - 1)}, {tail})"
+        if c.batch_sizes is not None:
+            text += f"; {per_sample_reason(c)}"
     if c.significant and c.phase_shift is not None and c.phase_shift.moved:
         text += f"; {where_it_moved(c.phase_shift)}"
     if prediction is not None:
         text += f"; {prediction_sentence(prediction)}"
     return text
+
+
+def judged_move(comparison: Comparison) -> str:
+    """What the verdict judged, from the baseline to the candidate: ``step time 31.8 ms →
+    12.4 ms``, or ``time per sample 0.031 ms → 0.0281 ms`` where the batch size changed."""
+    before, after = comparison.judged_ms()
+    what = "step time" if comparison.batch_sizes is None else "time per sample"
+    return f"{what} {fmt_ms(before)} \u2192 {fmt_ms(after)}"
+
+
+def per_sample_reason(comparison: Comparison) -> str:
+    """Why a comparison judged the time per sample: ``the batch size went 32 → 64, so the
+    steps are compared per sample (step time 0.988 ms → 1.8 ms, +82%)``."""
+    c = comparison
+    sizes = c.batch_sizes or (1.0, 1.0)
+    steps = f"step time {fmt_ms(c.before_ms)} \u2192 {fmt_ms(c.after_ms)}"
+    if c.before_ms and c.after_ms:
+        steps += f", {signed_pct(c.after_ms / c.before_ms - 1)}"
+    return (
+        f"the batch size went {fmt_size(sizes[0])} \u2192 {fmt_size(sizes[1])}, so the steps "
+        f"are compared per sample ({steps})"
+    )
+
+
+def fmt_size(size: float) -> str:
+    """A batch size: ``64``, or ``48.5`` for the mean of runs of different sizes."""
+    return str(round(size)) if abs(size - round(size)) < 1e-6 else f"{size:.1f}"
 
 
 def runs_compared(comparison: Comparison) -> tuple[int, int]:
