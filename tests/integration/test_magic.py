@@ -397,8 +397,10 @@ def test_compare_two_runs(ip, capsys):
     capsys.readouterr()
     ip.run_line_magic("traceml", "compare 1 fast")
     out = capsys.readouterr().out
-    assert out.startswith("#2 fast vs #1 slow: step time ")
-    assert "median step time" in out
+    # batch 2 against 4: judged per sample, the step time beside it
+    assert out.startswith("#2 fast vs #1 slow: time per sample ")
+    assert "the batch size went 2 \u2192 4, so the steps are compared per sample" in out
+    assert "time per sample" in out and "median step time" in out
 
 
 def test_save_clear_load(ip, tmp_path, capsys):
@@ -481,7 +483,7 @@ def test_a_quoted_name_is_parsed_as_a_shell_would_in_both_magics(ip, capsys, lin
     assert [e.name for e in session_history().entries] == ["slow", "4 workers, pinned"]
     capsys.readouterr()
     ip.run_line_magic("traceml", 'compare slow "4 workers, pinned"')
-    assert capsys.readouterr().out.startswith("#2 4 workers, pinned vs #1 slow: step time ")
+    assert capsys.readouterr().out.startswith("#2 4 workers, pinned vs #1 slow: time per sample ")
 
 
 def test_compare_of_a_name_that_is_the_other_run_takes_the_latest_other_run_of_that_name(
