@@ -132,6 +132,14 @@ def test_a_trainer_accumulating_gradients_has_a_step_per_optimizer_step(tmp_path
     assert summary.occasional_phases == {}  # every step has its forwards, backwards, update
     assert summary.step_ms_median > summary.forward_ms_median + summary.backward_ms_median
     assert summary.flop_window_steps == 1 and summary.achieved_tflops < 1.0  # a CPU's
+    # a step's samples are its cycle's: 2 batches of 4 (the last batch alone read 4, and the
+    # throughput half the Trainer's own)
+    assert summary.batch_size == 8
+    assert summary.samples_per_s == pytest.approx(8 * summary.steps_per_s)
+    evidence = {e.label: sentence(e.detail) for e in result_of(run).diagnosis.evidence}
+    assert evidence["batch size"] == (
+        "8 a step (2 batches of 4 between two optimizer steps: gradient accumulation)"
+    )
 
 
 def test_lightning_counts_its_steps_times_validation_and_shows_the_sanity_check_apart():

@@ -64,5 +64,8 @@ def test_a_cycle_fetched_ahead_makes_the_optimizer_steps_the_steps(fetch_ahead, 
         assert info.fetch_only_rows == CYCLES - 1  # the first cycle's is its epoch's first
         assert len(selection.wall_ms) == CYCLES  # one step per optimizer step
         assert (selection.wall_ms[1:] >= STEP_WORK_NS / 1e6).all()
+        # each step the samples of its cycle's batches (its throughput, its batch size)
+        assert list(selection.batch) == [ACCUMULATION * 2] * CYCLES
     else:
         assert len(selection.wall_ms) == CYCLES * ACCUMULATION  # one step per batch
+        assert set(selection.batch) == {2}

@@ -187,9 +187,19 @@ def collect(
             )
         )
     else:
-        count = Finding("count", {"count": s.batch_size})
-        ev.append(Evidence("batch size", float(s.batch_size), count))
+        ev.append(Evidence("batch size", float(s.batch_size), _batch_size_finding(s, m)))
     return ev
+
+
+def _batch_size_finding(s: Summary, m: Measurements) -> Finding:
+    """The samples of a step; with the batches they came in, where a step is several of the
+    training loader's batches (the optimizer steps of a trainer that accumulates gradients)."""
+    size = s.batch_size or 0
+    per_batch = m.loader.batch_size if m.loader is not None else None
+    if per_batch and size > per_batch and size % per_batch == 0:
+        return Finding("samples-per-step", {"count": size, "batches": size // per_batch,
+                                            "batch_size": per_batch})  # fmt: skip
+    return Finding("count", {"count": size})
 
 
 def _gpm_evidence(s: Summary) -> Evidence:

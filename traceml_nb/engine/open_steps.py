@@ -4,7 +4,7 @@ counted."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 from .events import EventLike
 from .phase_ledger import Mark
@@ -164,3 +164,22 @@ def optimizer_stepped(loaders: Collection[LoaderSteps]) -> None:
             st.drawn_last_step = st.since_optimizer > 0
     for st in loaders:
         st.since_optimizer = 0
+
+
+def samples_trained(fetched: Mapping[int, int], by_slot: Mapping[int, LoaderSteps]) -> int:
+    """The samples of an optimizer step's row: of the batches the training loaders gave since
+    the previous optimizer step (``fetched``: slot -> samples, -1 where a batch's size is
+    unknown), all the batches of a gradient-accumulation cycle; -1 where one's size is unknown
+    or no training loader was fetched."""
+    counts = [n for slot, n in fetched.items() if by_slot[slot].info.is_training]
+    return sum(counts) if counts and min(counts) >= 0 else -1
+
+
+def optimizer_rows_decided(loaders: Iterable[LoaderSteps]) -> bool | None:
+    """Whether the optimizer steps' rows are the steps, once the training loaders have shown
+    how they fetch: True where one of them fetches ahead of its steps, False where none does;
+    None while no loader trains or one has not shown it yet (the rows are written meanwhile)."""
+    ahead = [st.info.fetches_ahead for st in loaders if st.info.is_training]
+    if ahead and None not in ahead:
+        return any(ahead)
+    return None

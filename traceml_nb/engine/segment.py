@@ -20,13 +20,13 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   :func:`~.open_steps.credited_loaders`. A step inside which a loader that no optimizer step
   followed was iterated (an evaluation) is flagged ``FLAG_INTERLEAVED``.
 * **Optimizer rows.** The intervals between the first optimizer's ``step()`` calls (several
-  optimizers, as in a GAN, make one step) are rows of their own, with the data wait of the
-  fetches inside: the steps of a loop without a DataLoader, and of a loop that fetches its
-  next batch before it uses the current one (``LoaderInfo.fetches_ahead``: the trainers of
-  transformers and Lightning, accelerate's prepared loaders), whose loader rows are one batch
-  out of step with its training steps, or every batch of a gradient-accumulation cycle
-  (transformers' Trainer: rows that only fetch, ``open_steps.FETCH_ONLY_SHARE``). They are
-  written until the training loaders are known to fetch in step. **Markers**
+  optimizers, as in a GAN, make one step) are rows of their own, with the data wait and the
+  samples of the training fetches inside: the steps of a loop without a DataLoader, and of a
+  loop that fetches its next batch before it uses the current one (``fetches_ahead``: the
+  trainers of transformers and Lightning, accelerate's prepared loaders), whose loader rows are
+  one batch out of step with its training steps, or every batch of a gradient-accumulation
+  cycle (the Trainer: rows that only fetch, ``FETCH_ONLY_SHARE``), all their samples one row's.
+  They are written until the training loaders are known to fetch in step. **Markers**
   (``traceml_nb.step()``) make rows of their own.
 * **Phases.** Each :class:`~traceml_nb.engine.events.Phase` (forward, backward, optimizer) is
   added to the running totals when it ends; the input copy is the time from a fetch's return
@@ -61,7 +61,14 @@ from .events import (
     Marker,
     OptimizerStep,
 )
-from .open_steps import IteratorCount, LoaderSteps, credited_loaders, optimizer_stepped
+from .open_steps import (
+    IteratorCount,
+    LoaderSteps,
+    credited_loaders,
+    optimizer_rows_decided,
+    optimizer_stepped,
+    samples_trained,
+)
 from .optimizer_info import optimizer_info
 from .phase_ledger import GpuPhase, Mark, PhaseLedger
 from .record import (
@@ -126,7 +133,8 @@ class StepSegmenter:
         self._optimizers_seen: set[int] = set()  #: ``id()`` of each optimizer recorded
         self._optimizer_prev_ns = 0
         self._optimizer_wait_mark = 0
-        self._fetched_since_optimizer: set[int] = set()  #: loader slots fetched since the last
+        #: the loader slots fetched since the last optimizer step: the samples of their batches
+        self._fetched_since_optimizer: dict[int, int] = {}  # (-1: a batch of unknown size)
         self._epoch_started_since_optimizer = False
         self._trained = False  #: an optimizer step has run
         self._rows_needed: bool | None = None  #: optimizer rows needed, once it is decided
@@ -241,7 +249,9 @@ class StepSegmenter:
         if not info.optimizer_steps:
             self.away_fetch_ns = t_enter
         slot = st.slot
-        self._fetched_since_optimizer.add(slot)
+        fetched = self._fetched_since_optimizer
+        before = fetched.get(slot, 0)
+        fetched[slot] = before + batch if before >= 0 and batch >= 0 else -1
         if self._after_optimizer:
             info.leads += 1
             self._after_optimizer = False
@@ -345,25 +355,19 @@ class StepSegmenter:
             self._optimizer_prev_ns = t_ns
             self._optimizer_wait_mark = self._wait_total
             self._optimizer_phase_mark = ledger.mark() if ledger.sampling else ()
-            if self._fetched_since_optimizer:
-                self._fetched_since_optimizer.clear()
+            self._fetched_since_optimizer.clear()
             self._epoch_started_since_optimizer = False
 
     def _optimizer_rows_needed(self) -> bool:
-        """Optimizer rows are the steps, or may be: no loader trains yet, or one of those that
-        do fetches ahead of its steps or has not shown yet that it does not (decided once the
-        training loaders have shown how they fetch, until another loader starts to train)."""
-        if self._rows_needed is not None:
-            return self._rows_needed
-        ahead = [st.info.fetches_ahead for st in self._by_slot.values() if st.info.is_training]
-        if ahead and None not in ahead:
-            self._rows_needed = any(ahead)
-            return self._rows_needed
-        return True
+        """Optimizer rows are the steps, or may be (:func:`~.open_steps.optimizer_rows_decided`:
+        kept once decided, until another loader starts to train)."""
+        if self._rows_needed is None:
+            self._rows_needed = optimizer_rows_decided(self._by_slot.values())
+        return self._rows_needed is not False
 
     def _optimizer_row(self, t_ns: int) -> None:
         """The row from the previous optimizer step (the first: the training loaders' first
-        fetch) to this one, with the data wait of the fetches between them."""
+        fetch) to this one: the data wait of the fetches between them, the samples trained."""
         start = self._optimizer_prev_ns
         if not start:
             firsts = [
@@ -382,7 +386,7 @@ class StepSegmenter:
             start,
             t_ns - start,
             wait,
-            self._last_batch,
+            samples_trained(self._fetched_since_optimizer, self._by_slot),
             SOURCE_OPTIMIZER,
             flags,
             self._optimizer_phase_mark,

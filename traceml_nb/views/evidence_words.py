@@ -68,6 +68,10 @@ EVIDENCE_SENTENCES: dict[str, Callable[[Facts], str]] = {
         f"{setting_name(k, f.get('driver'))}={v}" for k, v in f["settings"].items()
     ),
     "count": lambda f: str(f["count"]),
+    "samples-per-step": lambda f: (
+        f"{f['count']} a step ({f['batches']} batches of {f['batch_size']} between two optimizer "
+        "steps: gradient accumulation)"
+    ),
     "no-workers": lambda f: "no worker processes (num_workers=0): the main process loads the data",
     "worker-cpu": lambda f: (
         f"median {fmt_pct(f['pct'])}"
