@@ -426,6 +426,11 @@ def test_a_head_with_a_larger_batch_is_judged_per_sample():
     unknown = AbRun("B", 1, 2, 18.0, 58, 3.0)  # a batch size not known: the step time
     plain = AbRound(1, ("A", "B"), rounds[0].a, unknown)
     assert not plain.per_sample and plain.change == pytest.approx(0.8)
+    # BATCH_SIZE_CHANGE_SHARE (10%) on both sides: 100 → 109 judged per step, → 110 per sample
+    base = AbRun("A", 1, 1, 10.0, 58, 3.0, batch_size=100.0)
+    for size, per_sample in ((109.0, False), (110.0, True)):
+        head = AbRun("B", 1, 2, 11.0, 58, 3.0, batch_size=size)
+        assert AbRound(1, ("A", "B"), base, head).per_sample is per_sample
 
 
 def test_not_slower_inconclusive_and_error_paragraphs():

@@ -11,7 +11,11 @@ from traceml_nb.analysis.comparison import bootstrap_ratio_ci
 from traceml_nb.analysis.findings import Diagnosis, Summary
 from traceml_nb.analysis.judge import Judgement
 from traceml_nb.analysis.noise import Noise
-from traceml_nb.analysis.thresholds import BOOTSTRAP_RESAMPLES, CHANGE_MARGIN
+from traceml_nb.analysis.thresholds import (
+    BATCH_SIZE_CHANGE_SHARE,
+    BOOTSTRAP_RESAMPLES,
+    CHANGE_MARGIN,
+)
 from traceml_nb.session.history import RunEntry
 from traceml_nb.views.comparison_words import band_text, comparison_text, headline
 
@@ -438,3 +442,21 @@ def test_a_baseline_of_several_runs_against_a_larger_batch_per_sample():
                               noise=tight, one_sided=True)  # fmt: skip
     assert c.verdict == "slower" and c.step_ratio == pytest.approx(1.2, rel=1e-3)
     assert c.rows[0].label == "time per sample (mean of 3 runs)"
+
+
+@pytest.mark.parametrize(("after_batch", "per_sample"), [(109, False), (110, True)])
+def test_batch_sizes_are_compared_per_sample_from_a_change_of_batch_size_change_share(
+    after_batch, per_sample
+):
+    """Below ``BATCH_SIZE_CHANGE_SHARE`` (a sampler that buckets by length moves its median
+    batch a little between runs) the step time is judged; from it, the time per sample."""
+    assert BATCH_SIZE_CHANGE_SHARE == 0.10
+    c = compare(
+        entry(1, steps_around(10.0), batch=100),
+        entry(2, steps_around(10.0, seed=2), batch=after_batch),
+        noise=KNOWN,
+    )
+    assert (c.batch_sizes is not None) is per_sample
+    assert headline(c).startswith("time per sample" if per_sample else "step time")
+    expected = 100 / after_batch if per_sample else 1.0
+    assert c.step_ratio == pytest.approx(expected)

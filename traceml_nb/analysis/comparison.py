@@ -7,9 +7,10 @@ their configurations, with Student's t bounds for how little few runs tell. "Slo
 (``BOOTSTRAP_RESAMPLES`` resamples of both runs' steady steps, fixed seed) to exclude 1:
 where the steps themselves cannot tell, the verdict is inconclusive.
 
-Runs whose steps hold different numbers of samples (the batch size changed) are compared per
-sample: the verdict judges the median step time divided by the run's batch size, since a step
-twice as long over twice the samples is no slowdown.
+Runs whose steps hold different numbers of samples (the batch size changed by
+``BATCH_SIZE_CHANGE_SHARE`` or more) are compared per sample: the verdict judges the median step
+time divided by the run's batch size, since a step twice as long over twice the samples is no
+slowdown.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .noise import Noise, estimate_noise, judge_change, log_mean_ms
 from .phase_shift import PART_NAMES, PhaseShift, part_ms, phase_shift
 from .step_anatomy import PHASES
 from .thresholds import (
+    BATCH_SIZE_CHANGE_SHARE,
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
     CHANGE_MARGIN,
@@ -281,18 +283,25 @@ def _batch_size(run: RunLike) -> float:
     return float(run.summary.batch_size or 1)
 
 
+def _side_batch_size(runs: Sequence[RunLike]) -> float:
+    """The batch size of a side's runs: theirs where they share one, else the geometric mean."""
+    sizes = {_batch_size(r) for r in runs}
+    return sizes.pop() if len(sizes) == 1 else log_mean_ms([_batch_size(r) for r in runs])
+
+
 def _batch_sizes(
     runs_a: Sequence[RunLike], runs_b: Sequence[RunLike]
 ) -> tuple[float, float] | None:
     """Each side's samples per step (the geometric mean of its runs' median batch sizes) where
-    the runs' batch sizes are all known and not all the same, else None."""
+    every run's is known and the two differ by ``BATCH_SIZE_CHANGE_SHARE`` or more, else
+    None."""
     sizes = [r.summary.batch_size for r in [*runs_a, *runs_b]]
-    if any(not size or size <= 0 for size in sizes) or len(set(sizes)) < 2:
+    if any(not size or size <= 0 for size in sizes):
         return None
-    return (
-        log_mean_ms([_batch_size(r) for r in runs_a]),
-        log_mean_ms([_batch_size(r) for r in runs_b]),
-    )
+    size_a, size_b = _side_batch_size(runs_a), _side_batch_size(runs_b)
+    if max(size_a, size_b) / min(size_a, size_b) < 1 + BATCH_SIZE_CHANGE_SHARE:
+        return None
+    return size_a, size_b
 
 
 def _means_of(before: int, after: int) -> str:

@@ -182,6 +182,12 @@ FALSE_ALARM_RATE = 0.005
 #: The chance a change of the full margin is let through as "no significant change" (a gate's
 #: "not slower"): the one-sided level of the bound that must rule the margin out.
 MISS_RATE = 0.10
+#: Runs whose batch sizes (the median samples of a step) differ by at least this share are
+#: compared per sample (median step / batch size): a real change of the batch is a factor (32 →
+#: 64), while a sampler that buckets by length moves its median batch by a few percent between
+#: runs of one configuration, which would make the step time judged per sample one run and per
+#: step the next.
+BATCH_SIZE_CHANGE_SHARE = 0.10
 #: The least change of the median step time that matters in a comparison of runs (a fraction):
 #: a verdict "slower"/"faster" needs at least half of it, and "no
 #: significant change" needs the whole of it ruled out.

@@ -37,6 +37,7 @@ from ..analysis.judge import NO_CHANGE, SLOWER, Judgement
 from ..analysis.paired import Look, log_ratio, look, round_order
 from ..analysis.thresholds import (
     AB_OUTPUT_TAIL_LINES,
+    BATCH_SIZE_CHANGE_SHARE,
     DEFAULT_AB_ROUNDS,
     DEFAULT_MAX_SLOWDOWN,
     MIN_AB_ROUNDS,
@@ -95,10 +96,11 @@ class AbRound:
 
     @property
     def per_sample(self) -> bool:
-        """The two runs' batch sizes are known and differ: the round compares the time per
-        sample (a step twice as long over twice the samples is no slowdown)."""
+        """The two runs' batch sizes are known and differ by ``BATCH_SIZE_CHANGE_SHARE`` or
+        more: the round compares the time per sample (a step twice as long over twice the
+        samples is no slowdown)."""
         a, b = self.a.batch_size, self.b.batch_size
-        return bool(a and b and a != b)
+        return bool(a and b and max(a, b) / min(a, b) >= 1 + BATCH_SIZE_CHANGE_SHARE)
 
     @property
     def log_ratio(self) -> float:
