@@ -460,3 +460,27 @@ def test_batch_sizes_are_compared_per_sample_from_a_change_of_batch_size_change_
     assert headline(c).startswith("time per sample" if per_sample else "step time")
     expected = 100 / after_batch if per_sample else 1.0
     assert c.step_ratio == pytest.approx(expected)
+
+
+def test_the_parts_of_runs_of_other_batch_sizes_are_compared_per_sample():
+    """Batch 32 → 64, a step 100 → 150 ms: per sample the backward went from 1.25 to 0.94 ms
+    (its step's 40 → 60 ms) and the optimizer step, 10 ms a step either way, halved; the
+    forward, twice as long a step, is the same a sample."""
+    before = entry(1, steps_around(100.0, spread=0.01), batch=32)
+    after = entry(2, steps_around(150.0, spread=0.01, seed=2), batch=64)
+    for summary, scale, backward in ((before.summary, 1, 40.0), (after.summary, 2, 60.0)):
+        summary.data_wait_ms_median, summary.copy_ms_median = 5.0 * scale, 2.0 * scale
+        summary.forward_ms_median, summary.optimizer_ms_median = 30.0 * scale, 10.0
+        summary.backward_ms_median, summary.other_ms_median = backward, 13.0 * scale
+    c = compare(before, after, noise=KNOWN)
+    assert c.verdict == "faster" and c.batch_sizes == (32, 64)
+    assert c.phase_shift is not None and c.phase_shift.per_sample
+    assert c.phase_shift.moved == (
+        ("backward", 1.25, 0.9375),
+        ("optimizer step", 0.3125, 0.15625),
+    )
+    assert "forward" in c.phase_shift.steady
+    assert headline(c).endswith(
+        "; per sample: backward 1.25 ms \u2192 0.938 ms (\u221225%), optimizer step 0.312 ms "
+        "\u2192 0.156 ms (\u221250%), the other parts steady"
+    )

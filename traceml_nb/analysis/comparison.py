@@ -105,9 +105,9 @@ class Comparison:
     after_busy: bool = False
     #: which parts of the step moved (:mod:`.phase_shift`); None: not both runs timed them
     phase_shift: PhaseShift | None = None
-    #: the samples per step of each side (the geometric mean of its runs' median batch sizes)
-    #: where the runs' batch sizes differ: the step times are then judged per sample; None
-    #: where they are the same or a run's is unknown
+    #: the samples per step of each side (its runs' median batch size; the geometric mean of
+    #: them where they differ) where the two differ by ``BATCH_SIZE_CHANGE_SHARE`` or more: the
+    #: step times are then judged per sample; None where they do not or a run's is unknown
     batch_sizes: tuple[float, float] | None = None
 
     def judged_ms(self) -> tuple[float | None, float | None]:
@@ -292,9 +292,8 @@ def _side_batch_size(runs: Sequence[RunLike]) -> float:
 def _batch_sizes(
     runs_a: Sequence[RunLike], runs_b: Sequence[RunLike]
 ) -> tuple[float, float] | None:
-    """Each side's samples per step (the geometric mean of its runs' median batch sizes) where
-    every run's is known and the two differ by ``BATCH_SIZE_CHANGE_SHARE`` or more, else
-    None."""
+    """Each side's samples per step (:func:`_side_batch_size`) where every run's is known and
+    the two differ by ``BATCH_SIZE_CHANGE_SHARE`` or more, else None."""
     sizes = [r.summary.batch_size for r in [*runs_a, *runs_b]]
     if any(not size or size <= 0 for size in sizes):
         return None
@@ -339,7 +338,8 @@ def compare(
     interval to exclude 1."""
     runs_a = [a] if not before else list(before)
     runs_b = [b] if not after else list(after)
-    per_sample = _batch_sizes(runs_a, runs_b) is not None
+    sizes = _batch_sizes(runs_a, runs_b)
+    per_sample = sizes is not None
     values_a = _steps(a, per_sample) if not before else pooled_steps(runs_a, per_sample=per_sample)
     values_b = _steps(b, per_sample) if not after else pooled_steps(runs_b, per_sample=per_sample)
     sized_a, sized_b = _medians_with_sizes(runs_a), _medians_with_sizes(runs_b)
@@ -354,10 +354,7 @@ def compare(
         if per_sample:
             judged_a = [m / size for m, size in sized_a]
             judged_b = [m / size for m, size in sized_b]
-            result.batch_sizes = (
-                log_mean_ms([size for _, size in sized_a]),
-                log_mean_ms([size for _, size in sized_b]),
-            )
+            result.batch_sizes = sizes
         if noise is None:
             noise = estimate_noise([medians_a], center)
         judgement = judge_change(
@@ -380,7 +377,7 @@ def compare(
         result.before_ms, result.after_ms = center, med_b
         step_delta = NOT_AVAILABLE
     sa, sb = a.summary, b.summary
-    result.phase_shift = phase_shift(sa, sb)
+    result.phase_shift = phase_shift(sa, sb, result.batch_sizes)
     # GPM's SM activity, shown where either run had it (a Hopper or later GPU), after NVML's
     # utilisation, which reads 100% while most SMs idle
     sm_row = _points_row(

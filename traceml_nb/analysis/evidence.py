@@ -197,8 +197,8 @@ def _batch_size_finding(s: Summary, m: Measurements) -> Finding:
     size = s.batch_size or 0
     per_batch = m.loader.batch_size if m.loader is not None else None
     if per_batch and size > per_batch and size % per_batch == 0:
-        return Finding("samples-per-step", {"count": size, "batches": size // per_batch,
-                                            "batch_size": per_batch})  # fmt: skip
+        batches = {"count": size, "batches": size // per_batch, "batch_size": per_batch}
+        return Finding("samples-per-step", batches)
     return Finding("count", {"count": size})
 
 

@@ -6,7 +6,9 @@ A part *moved* when its median changed by at least ``PHASE_MOVED_SHARE`` of itse
 at least ``PHASE_MOVED_STEP_SHARE`` of the earlier run's median step: a part of a few
 microseconds that doubles moves nothing that matters. A phase that ran in fewer than half of
 the steps (gradient accumulation's optimizer step, whose median is 0) is compared by its median
-where it ran, and its time per step by that times how often it ran (:func:`part_ms`).
+where it ran, and its time per step by that times how often it ran (:func:`part_ms`). Runs
+of other batch sizes, whose step times are judged per sample (:mod:`.comparison`), have their
+parts compared per sample too.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ PART_NAMES = {"copy": "input copy", "optimizer": "optimizer step", "other": "the
 @dataclass(frozen=True)
 class PhaseShift:
     """``moved``: the parts that moved, as ``(name, before_ms, after_ms)``, the largest move
-    first; ``steady``: the names of the parts both runs timed that did not."""
+    first; ``steady``: the names of the parts both runs timed that did not; ``per_sample``:
+    the times are a sample's (each run's divided by its batch size), not a step's."""
 
     moved: tuple[tuple[str, float, float], ...]
     steady: tuple[str, ...]
+    per_sample: bool = False
 
 
 def part_ms(summary: Summary, part: str) -> tuple[float, float] | None:
@@ -47,10 +51,14 @@ def part_ms(summary: Summary, part: str) -> tuple[float, float] | None:
     return float(median), float(median)
 
 
-def phase_shift(before: Summary, after: Summary) -> PhaseShift | None:
-    """How the parts of ``after``'s steps differ from ``before``'s; None where the runs do not
-    both have their phases timed."""
-    step = before.step_ms_median
+def phase_shift(
+    before: Summary, after: Summary, batch_sizes: tuple[float, float] | None = None
+) -> PhaseShift | None:
+    """How the parts of ``after``'s steps differ from ``before``'s, per sample where
+    ``batch_sizes`` (each run's) are given; None where the runs do not both have their phases
+    timed."""
+    size_a, size_b = batch_sizes or (1.0, 1.0)
+    step = (before.step_ms_median or 0.0) / size_a
     if not step or before.other_ms_median is None or after.other_ms_median is None:
         return None
     # a phase timed in one run only is in the other's rest of the step: that rest is no match
@@ -60,6 +68,7 @@ def phase_shift(before: Summary, after: Summary) -> PhaseShift | None:
         a, b = part_ms(before, part), part_ms(after, part)
         if a is None or b is None or (part == "other" and one_sided):
             continue
+        a, b = (a[0] / size_a, a[1] / size_a), (b[0] / size_b, b[1] / size_b)
         name = PART_NAMES.get(part, part)
         change, per_step = abs(b[0] - a[0]), abs(b[1] - a[1])
         if change >= PHASE_MOVED_SHARE * a[0] and per_step >= PHASE_MOVED_STEP_SHARE * step:
@@ -67,4 +76,4 @@ def phase_shift(before: Summary, after: Summary) -> PhaseShift | None:
         else:
             steady.append(name)
     moved.sort(key=lambda m: -abs(m[2] - m[1]))
-    return PhaseShift(tuple(moved), tuple(steady))
+    return PhaseShift(tuple(moved), tuple(steady), batch_sizes is not None)

@@ -10,7 +10,7 @@ from ..analysis.formatting import fmt_confidence, fmt_ms, fmt_s, signed_pct, sig
 from ..analysis.thresholds import AB_FALSE_ALARM_PER_LOOK, AB_MISS_PER_LOOK, MIN_AB_ROUNDS
 from ..session.ab import ERROR, INCONCLUSIVE, NOT_SLOWER, REGRESSION, AbResult
 from .check_report import _ICON, GateReport
-from .comparison_words import fmt_pct_plain, fmt_size
+from .comparison_words import as_sentence, batch_change_words, fmt_pct_plain
 
 _HEADS = {
     REGRESSION: "REGRESSION",
@@ -61,13 +61,8 @@ def paragraph(r: AbResult) -> str:
     move, per_sample = f"step time {fmt_ms(r.a_ms)} \u2192 {fmt_ms(r.b_ms)}", ""
     sizes = r.batch_sizes
     if sizes is not None and r.a_ms and r.b_ms:
-        size_a, size_b = sizes
-        steps = f"{move}, {signed_pct(r.b_ms / r.a_ms - 1)}"
-        move = f"time per sample {fmt_ms(r.a_ms / size_a)} \u2192 {fmt_ms(r.b_ms / size_b)}"
-        per_sample = (
-            f" The batch size went {fmt_size(size_a)} \u2192 {fmt_size(size_b)}, so the steps "
-            f"are compared per sample ({steps})."
-        )
+        move = f"time per sample {fmt_ms(r.a_ms / sizes[0])} \u2192 {fmt_ms(r.b_ms / sizes[1])}"
+        per_sample = f" {as_sentence(batch_change_words(sizes, r.a_ms, r.b_ms))}"
     allowed = fmt_pct_plain(r.max_slowdown)
     sure = fmt_confidence(1 - AB_FALSE_ALARM_PER_LOOK)
     if r.status == REGRESSION:

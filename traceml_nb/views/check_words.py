@@ -22,6 +22,7 @@ from ..session.check import CheckResult, subject
 from ..session.history import RunEntry
 from ..session.stored_jobs import StoredJob
 from .comparison_words import (
+    as_sentence,
     fmt_pct_plain,
     headline,
     judged_move,
@@ -89,8 +90,7 @@ def check_paragraph(result: CheckResult) -> str:
             f"not slower: {allowed} is ruled out against {band}."
         )
     if comparison.batch_sizes is not None:
-        reason = per_sample_reason(comparison)
-        head += f" {reason[:1].upper()}{reason[1:]}."
+        head += f" {as_sentence(per_sample_reason(comparison))}"
     return head + changed
 
 

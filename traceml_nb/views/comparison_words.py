@@ -145,17 +145,28 @@ def judged_move(comparison: Comparison) -> str:
 
 
 def per_sample_reason(comparison: Comparison) -> str:
-    """Why a comparison judged the time per sample: ``the batch size went 32 → 64, so the
-    steps are compared per sample (step time 0.988 ms → 1.8 ms, +82%)``."""
+    """Why a comparison judged the time per sample (:func:`batch_change_words`)."""
     c = comparison
-    sizes = c.batch_sizes or (1.0, 1.0)
-    steps = f"step time {fmt_ms(c.before_ms)} \u2192 {fmt_ms(c.after_ms)}"
-    if c.before_ms and c.after_ms:
-        steps += f", {signed_pct(c.after_ms / c.before_ms - 1)}"
+    return batch_change_words(c.batch_sizes or (1.0, 1.0), c.before_ms, c.after_ms)
+
+
+def batch_change_words(
+    sizes: tuple[float, float], before_ms: float | None, after_ms: float | None
+) -> str:
+    """``the batch size went 32 → 64, so the steps are compared per sample (step time 0.988 ms →
+    1.8 ms, +82%)``: the batch sizes and the step times (ms) of the two sides."""
+    steps = f"step time {fmt_ms(before_ms)} \u2192 {fmt_ms(after_ms)}"
+    if before_ms and after_ms:
+        steps += f", {signed_pct(after_ms / before_ms - 1)}"
     return (
         f"the batch size went {fmt_size(sizes[0])} \u2192 {fmt_size(sizes[1])}, so the steps "
         f"are compared per sample ({steps})"
     )
+
+
+def as_sentence(words: str) -> str:
+    """``words`` as a sentence of a gate's paragraph: a capital, a full stop."""
+    return f"{words[:1].upper()}{words[1:]}."
 
 
 def fmt_size(size: float) -> str:
@@ -171,8 +182,9 @@ def runs_compared(comparison: Comparison) -> tuple[int, int]:
 def where_it_moved(shift: PhaseShift) -> str:
     """``backward 40 ms → 70 ms (+75%), the other parts steady``: the parts of the step that
     moved (:mod:`~traceml_nb.analysis.phase_shift`) and, where others were timed too, that
-    they did not."""
-    moved = ", ".join(
+    they did not; ``per sample: …`` where the times are a sample's."""
+    moved = "per sample: " if shift.per_sample else ""
+    moved += ", ".join(
         f"{name} {fmt_ms(a)} \u2192 {fmt_ms(b)} ({signed_pct(b / a - 1) if a else 'new'})"
         for name, a, b in shift.moved
     )
