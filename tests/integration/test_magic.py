@@ -529,3 +529,28 @@ def test_one_count_of_steps_in_the_report_the_history_and_the_result(ip, capsys)
 
     [row] = history_table(session_history())
     assert history_cells(row)["steps"] == "24"  # what %traceml history shows
+
+
+def test_a_function_edited_in_another_cell_is_what_changed(ip, capsys):
+    """The cell's text stays ``train(...)``; ``train``, defined in the setup cell, is edited
+    and run again: a new configuration, and what changed names it. Run again unedited, the
+    same configuration."""
+    edited = SETUP.replace("opt.step()\n", "opt.step()\n        loss.item()\n")
+    cell = "%%traceml --view none --name edited\n" + TRAIN
+    try:
+        assert run(ip, cell).success
+        assert run(ip, SETUP).success  # the setup cell run again as it was
+        assert run(ip, cell).success
+        assert run(ip, edited).success
+        capsys.readouterr()
+        assert run(ip, cell).success
+        out = capsys.readouterr().out
+    finally:
+        assert run(ip, SETUP).success
+    first, same, changed = session_history().entries
+    assert first.environment["cell_definitions"] == same.environment["cell_definitions"]
+    assert list(first.environment["cell_definitions"]) == ["train"]
+    assert first.configuration.key == same.configuration.key != changed.configuration.key
+    assert "vs previous run #2 edited" in out
+    assert "what changed: the code changed, same settings" in out
+    assert "notebook code: train changed (defined outside the cell)" in out

@@ -77,6 +77,27 @@ def source_diff(before: str | None, after: str | None, limit: int = SOURCE_DIFF_
     return out
 
 
+def definition_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The notebook's functions and classes a cell uses (``cell_definitions``: name -> a hash
+    of the source) that changed, are new or are no longer used, one line each; where only the
+    later run recorded them, a line that says so (its code cannot be shown the same); [] where
+    neither did."""
+    a, b = before.get("cell_definitions"), after.get("cell_definitions")
+    if not isinstance(b, dict) or not b:
+        return []
+    if not isinstance(a, dict):
+        return ["the functions and classes of other cells it uses were not recorded before"]
+    out = []
+    for name in sorted(set(a) | set(b)):
+        if name not in a:
+            out.append(f"{name} is used now (defined outside the cell)")
+        elif name not in b:
+            out.append(f"{name} is no longer used")
+        elif a[name] != b[name]:
+            out.append(f"{name} changed (defined outside the cell)")
+    return out
+
+
 def training_loader(loaders: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The run's training loader (optimizer steps followed its batches), else its first."""
     for info in loaders:
@@ -266,6 +287,7 @@ def what_changed(
     after_env = after.environment if after is not None else {}
     changes = Changes(
         code=source_diff(before.source if before else None, after.source if after else None),
+        definitions=definition_changes(before_env, after_env),
         script=script_change(before_env, after_env),
         arguments=arguments_change(before_env, after_env),
         settings=loader_changes(before.loaders if before else [], after.loaders if after else []),

@@ -70,12 +70,17 @@ def normalised_source(source: str) -> str:
 def code_of(
     source: str | None, environment: Mapping[str, Any] | None
 ) -> tuple[str | None, str | None]:
-    """``(code, code_kind)`` of a run: the cell's, else the script's, else git's, else
+    """``(code, code_kind)`` of a run: the cell's (its source and the hashes of the notebook's
+    functions and classes it uses, ``cell_definitions``), else the script's, else git's, else
     ``(None, None)``. A dirty git tree whose diff was not hashed (runs stored before
     ``git_diff_sha`` existed, or git timed out) is unknown code, not its commit's."""
     env = environment or {}
     if source is not None:
-        return _sha(normalised_source(source)), "cell"
+        text = normalised_source(source)
+        definitions = env.get("cell_definitions")
+        if isinstance(definitions, dict) and definitions:  # the notebook code the cell runs
+            text += "\n" + _canonical(definitions)
+        return _sha(text), "cell"
     script = env.get("script_sha")
     if isinstance(script, str) and script:
         return script, "script"

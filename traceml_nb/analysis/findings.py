@@ -296,7 +296,9 @@ class IdleCost:
 class Changes:
     """What differs between a run and its baseline (each list: one item a difference).
 
-    ``code``: changed lines of the cell source (``- old`` / ``+ new``); ``script``: a sentence
+    ``code``: changed lines of the cell source (``- old`` / ``+ new``); ``definitions``: the
+    notebook's functions and classes the cell uses (defined in other cells) that changed, one
+    line each (``train changed (defined outside the cell)``); ``script``: a sentence
     when the main script's source changed (runs of a script store a hash of it, not the
     source: no lines to show); ``arguments``: a sentence when its arguments changed (a hash
     too); ``settings``: the
@@ -310,6 +312,7 @@ class Changes:
     """
 
     code: list[str] = field(default_factory=list)
+    definitions: list[str] = field(default_factory=list)
     script: str | None = None
     arguments: str | None = None
     settings: list[str] = field(default_factory=list)
@@ -332,13 +335,14 @@ class Changes:
 
     @property
     def code_changed(self) -> bool:
-        """The cell's source or the script's changed."""
-        return bool(self.code) or self.script is not None
+        """The cell's source, the notebook code it uses or the script's source changed."""
+        return bool(self.code or self.definitions) or self.script is not None
 
     def lines(self) -> list[str]:
         """Every difference as one line, the summary sentence first."""
         out = [self.summary] if self.summary else []
         out += [f"cell source: {line}" for line in self.code]
+        out += [f"notebook code: {line}" for line in self.definitions]
         for sentence in (self.script, self.arguments):
             if sentence is not None:
                 out.append(f"script: {sentence}")

@@ -164,8 +164,8 @@ class Run:
         self.name = name or "run"
         self.named = name is not None
         self.device_kind, self.cuda_index = resolve_device(options.device)
-        self.source = source
-        self.cell_id = cell_id
+        self.source, self.cell_id = source, cell_id
+        self.definitions: dict[str, str] | None = None  #: the magic's: notebook code the cell uses
         self.session = session
         self.code_file = code_file
         self.record = RunRecord()

@@ -17,6 +17,8 @@ from typing import Any
 
 from IPython.core.displayhook import DisplayHook
 
+from .cell_definitions import cell_definitions
+
 NAME_MAX_CHARS = 60
 #: What a cell with a top-level ``await`` is told: IPython runs such a cell as a coroutine on
 #: the kernel's event loop, which a cell magic (ours, ``%%time``'s) cannot do from inside it.
@@ -176,3 +178,13 @@ def execute(compiled: CompiledCell, namespace: dict[str, Any]) -> None:
     exec(compiled.statements, namespace)
     for code in compiled.displayed:
         exec(code, namespace)
+
+
+def definitions_of(shell: Any, cell: str) -> dict[str, str] | None:
+    """The notebook's functions and classes ``cell`` uses, as hashes of their sources
+    (:func:`~.cell_definitions.cell_definitions`, over the user namespace as it is when the
+    cell starts); None where they cannot be read, which is never the cell's error."""
+    try:
+        return cell_definitions(shell.transform_cell(cell), shell.user_ns)
+    except Exception:
+        return None

@@ -32,6 +32,8 @@ def changes_clause(changes: Changes) -> str:
         first = changes.code[0]
         more = f" and {len(changes.code) - 1} more lines" if len(changes.code) > 1 else ""
         parts.append(f"the code changed ({first}{more})")
+    elif changes.definitions:
+        parts.append(f"the notebook code it uses changed ({changes.definitions[0]})")
     elif changes.script is not None:
         parts.append("the script's source changed")
     if changes.arguments is not None:

@@ -1,0 +1,132 @@
+"""The notebook code a cell runs beyond its own text: functions and classes of other cells,
+followed from the names the cell reads, each hashed by its source. Cells are run as a kernel
+runs them: into one ``__main__`` namespace, their source in the line cache."""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+from typing import Any
+
+import torch
+
+from traceml_nb.analysis.attribution import definition_changes, what_changed
+from traceml_nb.analysis.configuration import code_of
+from traceml_nb.notebook.cell_definitions import MAX_DEFINITIONS, cell_definitions
+
+_cells = itertools.count(1)
+
+
+def run_cell(namespace: dict[str, Any], source: str) -> None:
+    """Run ``source`` as a notebook cell: its file in the line cache, ``__main__`` its module."""
+    filename = f"<test-cell-{next(_cells)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+
+
+def notebook(*cells: str) -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": "__main__", "torch": torch}
+    for cell in cells:
+        run_cell(namespace, cell)
+    return namespace
+
+
+HELPERS = """
+def scale(x):
+    return x * 2
+
+def train(model, batches):
+    return [scale(model(b)) for b in batches]
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.layer(x)
+
+model = Net()
+"""
+CELL = "out = train(model, [torch.zeros(1, 2)])\n"
+
+
+def test_the_functions_and_classes_a_cell_uses_are_followed_through_their_code():
+    found = cell_definitions(CELL, notebook(HELPERS))
+    # train (named), scale (named by train's code), Net (model is one); not torch's
+    assert found is not None and sorted(found) == ["Net", "scale", "train"]
+    assert all(len(h) == 16 and int(h, 16) >= 0 for h in found.values())
+
+
+def test_an_edit_in_another_cell_changes_the_hash_of_what_was_edited_only():
+    namespace = notebook(HELPERS)
+    before = cell_definitions(CELL, namespace)
+    run_cell(namespace, HELPERS)  # the cell run again as it was
+    assert cell_definitions(CELL, namespace) == before
+    run_cell(namespace, "def scale(x):\n    return x * 3\n")
+    after = cell_definitions(CELL, namespace)
+    assert before is not None and after is not None
+    assert [n for n in before if before[n] != after[n]] == ["scale"]
+    assert definition_changes({"cell_definitions": before}, {"cell_definitions": after}) == [
+        "scale changed (defined outside the cell)"
+    ]
+    # a model class edited, the instance made again in its cell: the class changed
+    edited = HELPERS.replace("return self.layer(x)", "return self.layer(x).relu()")
+    run_cell(namespace, edited)
+    again = cell_definitions(CELL, namespace)
+    assert again is not None and again["Net"] != before["Net"]
+
+
+def test_what_the_cell_does_not_read_and_library_code_are_not_followed():
+    namespace = notebook(HELPERS, "def unused():\n    return 1\n")
+    assert cell_definitions("y = torch.nn.Linear(2, 2)(torch.zeros(1, 2))\n", namespace) == {}
+    assert cell_definitions("x = 1 +\n", namespace) is None  # does not parse: unknown
+
+
+def test_a_definition_without_source_is_hashed_by_its_code_and_the_count_is_capped():
+    namespace = notebook()
+    exec("def anonymous():\n    return 41\n", namespace)  # no line cache: no source to read
+    found = cell_definitions("anonymous()\n", namespace)
+    assert found is not None and list(found) == ["anonymous"]
+    chain = "".join(f"def f{i}():\n    return f{i + 1}()\n" for i in range(MAX_DEFINITIONS + 10))
+    run_cell(namespace, chain)
+    assert len(cell_definitions("f0()\n", namespace) or {}) == MAX_DEFINITIONS
+
+
+def test_the_definitions_join_the_cells_code_in_its_configuration():
+    source = "train(model, loader)\n"
+    plain = code_of(source, {})
+    assert code_of(source, {"cell_definitions": None}) == plain  # runs stored before: same key
+    assert code_of(source, {"cell_definitions": {}}) == plain  # nothing of the notebook's used
+    one = code_of(source, {"cell_definitions": {"train": "aaaa"}})
+    other = code_of(source, {"cell_definitions": {"train": "bbbb"}})
+    assert one != plain and one != other and one[1] == other[1] == "cell"
+
+
+class _Run:
+    """What :func:`what_changed` reads of a run."""
+
+    def __init__(self, definitions: dict[str, str] | None) -> None:
+        self.source = CELL
+        self.loaders: list[dict[str, Any]] = []
+        self.environment = {"cell_definitions": definitions}
+        self.load: dict[str, Any] = {}
+
+
+def test_what_changed_says_the_notebook_code_changed_though_the_cell_did_not():
+    changes = what_changed(_Run({"scale": "aaaa", "train": "cccc"}), _Run({"train": "dddd"}))
+    assert changes.code == [] and changes.code_changed
+    assert changes.summary.startswith("the code changed, same settings")
+    assert changes.lines()[1:] == [
+        "notebook code: scale is no longer used",
+        "notebook code: train changed (defined outside the cell)",
+    ]
+    added = definition_changes({"cell_definitions": {}}, {"cell_definitions": {"g": "ee"}})
+    assert added == ["g is used now (defined outside the cell)"]
+    # a run stored before they were recorded: the code cannot be shown to be the same
+    assert what_changed(_Run(None), _Run({"train": "dddd"})).definitions == [
+        "the functions and classes of other cells it uses were not recorded before"
+    ]
+    assert what_changed(_Run({"train": "dddd"}), _Run({"train": "dddd"})).summary == (
+        "same code, same settings, same machine, same machine load."
+    )

@@ -1,0 +1,119 @@
+"""The notebook's own code a cell runs: the functions and classes defined in other cells that the
+cell names, and those their code names in turn, each as a hash of its source.
+
+A cell that calls ``train(model, loader)`` runs the code of ``train``, of the model's class and
+of the dataset's, all defined in other cells: editing one of them changes what the cell runs,
+though not its text. Their hashes join the cell's source in the run's configuration, and what
+changed names the one that did ("train changed (defined outside the cell)").
+
+Followed: a name the cell reads whose object is a function or class defined in the notebook
+(``__module__ == "__main__"``), or an instance of such a class (``model = Net()`` in another
+cell: ``Net``); from a function, the globals its code names; from a class, its methods' and its
+bases'. Not followed: modules, libraries, data. At most ``MAX_DEFINITIONS``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import textwrap
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+#: Definitions followed at most: a notebook's helpers, not a library of them.
+MAX_DEFINITIONS = 64
+
+
+def cell_definitions(code: str, namespace: Mapping[str, Any]) -> dict[str, str] | None:
+    """``{name: 16 hex digits of SHA-256 of its source}`` of the notebook's definitions that
+    the cell's ``code`` (plain Python: IPython's ``transform_cell`` of the cell) uses, as they
+    are in ``namespace`` (the kernel's user namespace) now; None where the code does not
+    parse. Never raises for what the namespace holds: a definition whose source cannot be read
+    is hashed by its compiled code."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    names = sorted(
+        {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    )
+    found: dict[str, str] = {}
+    seen: set[int] = set()
+    queue = [(name, namespace.get(name)) for name in names if name in namespace]
+    while queue and len(found) < MAX_DEFINITIONS:
+        name, obj = queue.pop(0)
+        target = _definition(obj)
+        if target is None or id(target) in seen:
+            continue
+        seen.add(id(target))
+        label = getattr(target, "__qualname__", name) if target is not obj else name
+        found[label] = _hash(_source(target))
+        queue.extend(_uses(target))
+    return dict(sorted(found.items()))
+
+
+def _definition(obj: Any) -> Any:
+    """The notebook's function or class ``obj`` is or is an instance of, else None."""
+    if isinstance(obj, (types.FunctionType, type)):
+        return obj if getattr(obj, "__module__", None) == "__main__" else None
+    if isinstance(obj, types.ModuleType):
+        return None
+    cls = type(obj)
+    return cls if getattr(cls, "__module__", None) == "__main__" else None
+
+
+def _functions(target: Any) -> Iterator[types.FunctionType]:
+    """The function, or a class's own methods (properties', static and class methods' too)."""
+    if isinstance(target, types.FunctionType):
+        yield target
+        return
+    for value in vars(target).values():
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        elif isinstance(value, property):
+            yield from (f for f in (value.fget, value.fset) if isinstance(f, types.FunctionType))
+            continue
+        if isinstance(value, types.FunctionType):
+            yield value
+
+
+def _uses(target: Any) -> Iterator[tuple[str, Any]]:
+    """The globals the code of ``target`` names (its bases too, for a class), as
+    ``(name, object)``."""
+    if isinstance(target, type):
+        yield from ((base.__qualname__, base) for base in target.__bases__)
+    for function in _functions(target):
+        scope = function.__globals__
+        for name in sorted(_global_names(function.__code__)):
+            if name in scope:
+                yield name, scope[name]
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # nested functions, comprehensions, lambdas
+            names |= _global_names(const)
+    return names
+
+
+def _source(target: Any) -> str:
+    """The source of a function, or of a class's methods and the names of its bases; a
+    function whose source is not in the line cache, by its compiled code."""
+    parts = []
+    if isinstance(target, type):
+        parts.append(" ".join(base.__qualname__ for base in target.__bases__))
+    for function in _functions(target):
+        try:
+            parts.append(textwrap.dedent(inspect.getsource(function)).strip())
+        except (OSError, TypeError):
+            code = function.__code__
+            parts.append(repr((code.co_code, code.co_consts, code.co_names)))
+    return "\n".join(parts)
+
+
+def _hash(source: str) -> str:
+    lines = [line.rstrip() for line in source.splitlines() if line.strip()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
