@@ -124,9 +124,35 @@ def test_what_changed_says_the_notebook_code_changed_though_the_cell_did_not():
     added = definition_changes({"cell_definitions": {}}, {"cell_definitions": {"g": "ee"}})
     assert added == ["g is used now (defined outside the cell)"]
     # a run stored before they were recorded: the code cannot be shown to be the same
-    assert what_changed(_Run(None), _Run({"train": "dddd"})).definitions == [
-        "the functions and classes of other cells it uses were not recorded before"
-    ]
+    unrecorded = what_changed(_Run(None), _Run({"train": "dddd"}))
+    assert unrecorded.definitions == [] and not unrecorded.code_changed
+    assert unrecorded.summary == (
+        "the same cell (the code of other cells it uses was not recorded before), same "
+        "settings, same machine, same machine load."
+    )
     assert what_changed(_Run({"train": "dddd"}), _Run({"train": "dddd"})).summary == (
         "same code, same settings, same machine, same machine load."
     )
+
+
+def test_runs_stored_before_the_notebook_code_was_recorded_stay_the_cells_baseline():
+    """An upgrade starts recording the notebook code a cell uses: the cell's runs stored
+    before are still its baseline (the same cell, settings and versions; their other code
+    unrecorded), not the runs of another cell of the name that ran last."""
+    from store_helpers import ENV, make_run
+
+    from traceml_nb.session.baselines import EARLIER, SAME, choose_baseline
+    from traceml_nb.session.history import History
+
+    history = History()
+    starved = [history.add(make_run("demo", source=CELL, seed=i)) for i in range(3)]
+    history.add(make_run("demo", source="other(cell)\n", seed=9))  # another cell, run last
+    recorded = {**ENV, "cell_definitions": {"train": "aaaa"}}
+    now = make_run("demo", source=CELL, env=recorded, seed=11)
+    assert now.configuration.key != starved[0].configuration.key  # the code is a part
+    baseline = choose_baseline(now, history, None)
+    assert baseline.kind == SAME and baseline.runs == starved
+    # the same upgrade for an edited cell: the configuration before it, as for any edit
+    edited = make_run("demo", source="train(model, loader, epochs=2)\n", env=recorded, seed=12)
+    baseline = choose_baseline(edited, history, None)
+    assert baseline.kind == EARLIER and [r.source for r in baseline.runs] == ["other(cell)\n"]

@@ -77,16 +77,21 @@ def source_diff(before: str | None, after: str | None, limit: int = SOURCE_DIFF_
     return out
 
 
+def definitions_unrecorded(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Only the later run recorded the notebook code its cell uses (``cell_definitions``): the
+    earlier one was stored before it was recorded, so the two cannot be shown to run the same
+    code beyond the cell's own."""
+    b = after.get("cell_definitions")
+    return isinstance(b, dict) and bool(b) and not isinstance(before.get("cell_definitions"), dict)
+
+
 def definition_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """The notebook's functions and classes a cell uses (``cell_definitions``: name -> a hash
-    of the source) that changed, are new or are no longer used, one line each; where only the
-    later run recorded them, a line that says so (its code cannot be shown the same); [] where
-    neither did."""
+    of the source) that changed, are new or are no longer used, one line each; [] where either
+    run did not record them."""
     a, b = before.get("cell_definitions"), after.get("cell_definitions")
-    if not isinstance(b, dict) or not b:
+    if not isinstance(a, dict) or not isinstance(b, dict):
         return []
-    if not isinstance(a, dict):
-        return ["the functions and classes of other cells it uses were not recorded before"]
     out = []
     for name in sorted(set(a) | set(b)):
         if name not in a:
@@ -288,6 +293,7 @@ def what_changed(
     changes = Changes(
         code=source_diff(before.source if before else None, after.source if after else None),
         definitions=definition_changes(before_env, after_env),
+        definitions_unrecorded=definitions_unrecorded(before_env, after_env),
         script=script_change(before_env, after_env),
         arguments=arguments_change(before_env, after_env),
         settings=loader_changes(before.loaders if before else [], after.loaders if after else []),
@@ -305,6 +311,8 @@ def what_changed(
 
 def _summary(changes: Changes, verdict: str | None) -> str:
     code = "the code changed" if changes.code_changed else "same code"
+    if code == "same code" and changes.definitions_unrecorded:
+        code = "the same cell (the code of other cells it uses was not recorded before)"
     if changes.arguments is not None:
         code = (
             "the code and its arguments changed"

@@ -298,7 +298,8 @@ class Changes:
 
     ``code``: changed lines of the cell source (``- old`` / ``+ new``); ``definitions``: the
     notebook's functions and classes the cell uses (defined in other cells) that changed, one
-    line each (``train changed (defined outside the cell)``); ``script``: a sentence
+    line each (``train changed (defined outside the cell)``); ``definitions_unrecorded``: the
+    earlier run was stored before they were recorded; ``script``: a sentence
     when the main script's source changed (runs of a script store a hash of it, not the
     source: no lines to show); ``arguments``: a sentence when its arguments changed (a hash
     too); ``settings``: the
@@ -313,6 +314,7 @@ class Changes:
 
     code: list[str] = field(default_factory=list)
     definitions: list[str] = field(default_factory=list)
+    definitions_unrecorded: bool = False
     script: str | None = None
     arguments: str | None = None
     settings: list[str] = field(default_factory=list)

@@ -4,7 +4,8 @@ A run's **baseline** (:func:`choose_baseline`) is, in order:
 
 * the runs pinned for its name (``%traceml baseline NAME set``), as they are;
 * else the last ``BASELINE_RUNS`` earlier runs of its own configuration (:mod:`~traceml_nb.
-  analysis.configuration`): same name, hardware class, code, DataLoader settings and versions;
+  analysis.configuration`): same name, hardware class, code, DataLoader settings and versions
+  (runs stored before a cell's notebook code was recorded count where the rest is the same);
 * else, for a run whose configuration is new, the last runs of the configuration before it
   (that of the latest earlier run of the name), and the comparison says what changed.
 
@@ -27,9 +28,10 @@ from typing import TYPE_CHECKING
 from ..analysis.noise import Noise, RunPoint, estimate_noise, is_busy
 from ..analysis.thresholds import BASELINE_RUNS
 from .environment import hardware_class
-from .history import History, RunEntry, stable_name
+from .history import History, RunEntry, run_configuration, stable_name
 
 if TYPE_CHECKING:
+    from ..analysis.configuration import Configuration
     from .store import Store
 
 #: The kinds of baseline (:attr:`Baseline.kind`).
@@ -57,13 +59,36 @@ def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int) -> list[RunEntry
     return runs[-k:]
 
 
-def _same_key(entry: RunEntry, any_hardware: bool) -> str | list[tuple[str, str]]:
+def _same_key(
+    entry: RunEntry, any_hardware: bool, config: Configuration | None = None
+) -> str | list[tuple[str, str]]:
     """What two runs of one configuration share: the key, or with ``any_hardware`` (the
-    hardware class crossed on request) every part but the hardware."""
-    config = entry.configuration
+    hardware class crossed on request) every part but the hardware (of ``config``, default
+    the entry's)."""
+    config = config or entry.configuration
     if not any_hardware:
         return config.key
     return sorted((k, repr(v)) for k, v in config.parts.items() if k != "hardware")
+
+
+def _before_definitions(
+    entry: RunEntry, earlier: list[RunEntry], any_hardware: bool
+) -> list[RunEntry]:
+    """The runs of ``entry``'s configuration stored before a cell's notebook code was recorded
+    (``cell_definitions``, a part of the code since): the same cell source, settings and
+    versions, without it. Their cell is the same as far as was recorded, and their code is
+    said to be unrecorded in what changed; the configuration before it is another cell's."""
+    if not entry.environment.get("cell_definitions"):
+        return []
+    environment = {k: v for k, v in entry.environment.items() if k != "cell_definitions"}
+    config = run_configuration(entry.name, entry.named, entry.source, entry.loaders, environment)
+    key = _same_key(entry, any_hardware, config)
+    return [
+        r
+        for r in earlier
+        if not isinstance(r.environment.get("cell_definitions"), dict)
+        and _same_key(r, any_hardware) == key
+    ]
 
 
 def _split(
@@ -75,6 +100,9 @@ def _split(
     same = [r for r in earlier if _same_key(r, any_hardware) == key]
     if same:
         return Baseline(_quiet_first(same, entry, k), SAME)
+    unrecorded = _before_definitions(entry, earlier, any_hardware)
+    if unrecorded:
+        return Baseline(_quiet_first(unrecorded, entry, k), SAME)
     if not earlier:
         return Baseline([], SAME)
     before = _same_key(earlier[-1], any_hardware)
