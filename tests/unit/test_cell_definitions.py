@@ -79,8 +79,25 @@ def test_an_edit_in_another_cell_changes_the_hash_of_what_was_edited_only():
 
 def test_what_the_cell_does_not_read_and_library_code_are_not_followed():
     namespace = notebook(HELPERS, "def unused():\n    return 1\n")
+    # an attribute of the same name as a function of the notebook is not that function
+    run_cell(namespace, "def fit(m):\n    m.train()\n    return m\n")
+    assert list(cell_definitions("fit(model)\n", namespace) or {}) == ["Net", "fit"]
     assert cell_definitions("y = torch.nn.Linear(2, 2)(torch.zeros(1, 2))\n", namespace) == {}
     assert cell_definitions("x = 1 +\n", namespace) is None  # does not parse: unknown
+
+
+def test_what_the_cell_defines_or_assigns_itself_is_its_own_code():
+    """A cell that defines ``step`` and builds ``model`` itself: at its second run the
+    namespace holds the first run's ``step`` and ``model``; they are the cell's own source,
+    not definitions of other cells (an edit of the cell would otherwise key its next run by
+    the previous version of ``step``)."""
+    cell = "def step(x):\n    return scale(x)\nmodel = Net()\nstep(model(torch.zeros(1, 2)))\n"
+    namespace = notebook(HELPERS)
+    run_cell(namespace, cell)  # the first run: step and a new model now in the namespace
+    # scale (which its step calls) and Net are of other cells; step and model are its own
+    assert list(cell_definitions(cell, namespace) or {}) == ["Net", "scale"]
+    imported = "import train\nfrom x import scale as model\ntrain(model)\n"
+    assert cell_definitions(imported, namespace) == {}
 
 
 def test_a_definition_without_source_is_hashed_by_its_code_and_the_count_is_capped():

@@ -6,7 +6,8 @@ of the dataset's, all defined in other cells: editing one of them changes what t
 though not its text. Their hashes join the cell's source in the run's configuration, and what
 changed names the one that did ("train changed (defined outside the cell)").
 
-Followed: a name the cell reads whose object is a function or class defined in the notebook
+Followed: a name the cell reads, and does not bind itself, whose object is a function or class
+defined in the notebook
 (``__module__ == "__main__"``), or an instance of such a class (``model = Net()`` in another
 cell: ``Net``); from a function, the globals its code names; from a class, its methods' and its
 bases'. Not followed: modules, libraries, data. At most ``MAX_DEFINITIONS``.
@@ -15,6 +16,7 @@ bases'. Not followed: modules, libraries, data. At most ``MAX_DEFINITIONS``.
 from __future__ import annotations
 
 import ast
+import dis
 import hashlib
 import inspect
 import textwrap
@@ -24,6 +26,7 @@ from typing import Any
 
 #: Definitions followed at most: a notebook's helpers, not a library of them.
 MAX_DEFINITIONS = 64
+_GLOBAL_LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
 
 
 def cell_definitions(code: str, namespace: Mapping[str, Any]) -> dict[str, str] | None:
@@ -36,9 +39,17 @@ def cell_definitions(code: str, namespace: Mapping[str, Any]) -> dict[str, str] 
         tree = ast.parse(code)
     except SyntaxError:
         return None
-    names = sorted(
-        {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    )
+    read: set[str] = set()
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    # a name the cell binds is its own code (an earlier run's object in the namespace is not)
+    names = sorted(read - bound)
     found: dict[str, str] = {}
     seen: set[int] = set()
     queue = [(name, namespace.get(name)) for name in names if name in namespace]
@@ -92,9 +103,11 @@ def _uses(target: Any) -> Iterator[tuple[str, Any]]:
 
 
 def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
+    """The global names ``code`` loads (not its attribute names: ``model.train()`` names no
+    global ``train``), its nested functions', comprehensions' and lambdas' too."""
+    names = {str(op.argval) for op in dis.get_instructions(code) if op.opname in _GLOBAL_LOADS}
     for const in code.co_consts:
-        if isinstance(const, types.CodeType):  # nested functions, comprehensions, lambdas
+        if isinstance(const, types.CodeType):
             names |= _global_names(const)
     return names
 
