@@ -554,3 +554,20 @@ def test_a_function_edited_in_another_cell_is_what_changed(ip, capsys):
     assert "vs previous run #2 edited" in out
     assert "what changed: the code changed, same settings" in out
     assert "notebook code: train changed (defined outside the cell)" in out
+
+
+def test_a_value_set_in_another_cell_is_named_in_what_changed(ip, capsys):
+    """A settings cell's ``LIMIT = 24`` read by the traced cell, then 25: the same
+    configuration (a value is not a part of it), and what changed names the value."""
+    cell = "%%traceml --view none --name valued\nassert LIMIT > 0\n" + TRAIN
+    assert run(ip, "LIMIT = 24").success
+    assert run(ip, cell).success
+    assert run(ip, "LIMIT = 25").success
+    capsys.readouterr()
+    assert run(ip, cell).success
+    out = capsys.readouterr().out
+    first, second = session_history().entries
+    assert first.environment["cell_values"] == {"LIMIT": "24"}
+    assert first.configuration.key == second.configuration.key
+    assert "what changed: same code, other values, same settings" in out
+    assert "notebook values: LIMIT 24 \u2192 25" in out

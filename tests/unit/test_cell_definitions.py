@@ -173,3 +173,42 @@ def test_runs_stored_before_the_notebook_code_was_recorded_stay_the_cells_baseli
     edited = make_run("demo", source="train(model, loader, epochs=2)\n", env=recorded, seed=12)
     baseline = choose_baseline(edited, history, None)
     assert baseline.kind == EARLIER and [r.source for r in baseline.runs] == ["other(cell)\n"]
+
+
+def test_the_plain_values_the_cell_and_its_functions_read_are_kept_as_written():
+    """``HIDDEN = 512`` in a settings cell, read by ``make``: kept as written, not in the
+    configuration (a run id read by the cell would split every run), named in what changed;
+    a string only as a hash; data is not a value."""
+    from traceml_nb.notebook.cell_definitions import cell_code, value_text
+
+    settings = 'HIDDEN = 512\nSHAPE = (3, 32, 32)\nDTYPE = torch.bfloat16\nTOKEN = "s3cret"\n'
+    make = "def make():\n    return torch.nn.Linear(HIDDEN, 2).to(DTYPE)\n"
+    namespace = notebook(settings, make, "table = torch.zeros(1000)\n")
+    code = cell_code("m = make()\nx = torch.zeros(SHAPE)\nlog(TOKEN, table)\n", namespace)
+    assert code is not None and list(code.definitions) == ["make"]
+    assert code.values == {
+        "DTYPE": "torch.bfloat16",
+        "HIDDEN": "512",
+        "SHAPE": "(3, 32, 32)",
+        "TOKEN": "str:" + code.values["TOKEN"][4:],
+    }
+    assert "s3cret" not in code.values["TOKEN"] and len(code.values["TOKEN"]) == 12
+    assert value_text(list(range(9))) is None and value_text("x" * 100) is not None
+    assert value_text(10**70) is None  # longer than MAX_VALUE_CHARS: data
+    run_cell(namespace, settings.replace("512", "1024").replace("s3cret", "other"))
+    again = cell_code("m = make()\nx = torch.zeros(SHAPE)\nlog(TOKEN, table)\n", namespace)
+    assert again is not None and again.definitions == code.definitions
+    before, after = _Run({"make": "aaaa"}), _Run({"make": "aaaa"})
+    before.environment["cell_values"], after.environment["cell_values"] = code.values, again.values
+    changes = what_changed(before, after, verdict="slower")
+    assert changes.summary == "same code, other values, same settings, same machine."
+    assert changes.lines()[1:] == [
+        "notebook values: HIDDEN 512 \u2192 1024",
+        "notebook values: TOKEN changed (a string, stored as a hash)",
+    ]
+    assert code_of(CELL, before.environment) == code_of(CELL, after.environment)
+    # other values and a busier machine: not the machine's slowdown
+    from traceml_nb.analysis.findings import Changes
+
+    assert not Changes(values=["HIDDEN 512 \u2192 1024"], load="busier").only_load
+    assert Changes(load="busier").only_load

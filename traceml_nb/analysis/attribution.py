@@ -103,6 +103,25 @@ def definition_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> l
     return out
 
 
+def value_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The plain values a cell reads from the notebook (``cell_values``: name -> as written,
+    a string as a hash) that differ, one line each: ``HIDDEN 512 → 1024``, ``MODEL changed
+    (a string, stored as a hash)``; [] where either run did not record them."""
+    a, b = before.get("cell_values"), after.get("cell_values")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return []
+    out = []
+    for name in sorted(set(a) & set(b)):
+        old, new = a[name], b[name]
+        if old == new:
+            continue
+        if str(old).startswith("str:") or str(new).startswith("str:"):
+            out.append(f"{name} changed (a string, stored as a hash)")
+        else:
+            out.append(f"{name} {old} \u2192 {new}")
+    return out
+
+
 def training_loader(loaders: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The run's training loader (optimizer steps followed its batches), else its first."""
     for info in loaders:
@@ -294,6 +313,7 @@ def what_changed(
         code=source_diff(before.source if before else None, after.source if after else None),
         definitions=definition_changes(before_env, after_env),
         definitions_unrecorded=definitions_unrecorded(before_env, after_env),
+        values=value_changes(before_env, after_env),
         script=script_change(before_env, after_env),
         arguments=arguments_change(before_env, after_env),
         settings=loader_changes(before.loaders if before else [], after.loaders if after else []),
@@ -309,18 +329,27 @@ def what_changed(
     return changes
 
 
+def _code_words(changes: Changes) -> str:
+    """``same code``, ``the code changed``, ``same code, other arguments`` (a script's) or
+    ``… other values`` (a cell's notebook values), ``the code and its arguments changed``, or
+    the same cell where the code of other cells it uses was not recorded before."""
+    other = [
+        what
+        for what, changed in (("arguments", changes.arguments), ("values", changes.values))
+        if changed
+    ]
+    if changes.code_changed:
+        return f"the code and its {' and '.join(other)} changed" if other else "the code changed"
+    if other:
+        return f"same code, other {' and '.join(other)}"
+    if changes.definitions_unrecorded:
+        return "the same cell (the code of other cells it uses was not recorded before)"
+    return "same code"
+
+
 def _summary(changes: Changes, verdict: str | None) -> str:
-    code = "the code changed" if changes.code_changed else "same code"
-    if code == "same code" and changes.definitions_unrecorded:
-        code = "the same cell (the code of other cells it uses was not recorded before)"
-    if changes.arguments is not None:
-        code = (
-            "the code and its arguments changed"
-            if changes.code_changed
-            else "same code, other arguments"
-        )
     parts = [
-        code,
+        _code_words(changes),
         "same settings" if not changes.settings else "the DataLoader settings changed",
         "same machine" if not changes.environment else "the environment changed",
     ]
@@ -343,6 +372,12 @@ def _summary(changes: Changes, verdict: str | None) -> str:
         if verdict == "faster" and moved and not any(moved):
             return text + ": the speed-up is the machine's, not your code's."
         return text + "."
-    if not (changes.code_changed or changes.arguments or changes.settings or changes.environment):
+    if not (
+        changes.code_changed
+        or changes.arguments
+        or changes.values
+        or changes.settings
+        or changes.environment
+    ):
         return f"{head}, same machine load."
     return head + "."

@@ -299,7 +299,8 @@ class Changes:
     ``code``: changed lines of the cell source (``- old`` / ``+ new``); ``definitions``: the
     notebook's functions and classes the cell uses (defined in other cells) that changed, one
     line each (``train changed (defined outside the cell)``); ``definitions_unrecorded``: the
-    earlier run was stored before they were recorded; ``script``: a sentence
+    earlier run was stored before they were recorded; ``values``: the plain values the cell
+    reads from the notebook that differ (``HIDDEN 512 → 1024``); ``script``: a sentence
     when the main script's source changed (runs of a script store a hash of it, not the
     source: no lines to show); ``arguments``: a sentence when its arguments changed (a hash
     too); ``settings``: the
@@ -315,6 +316,7 @@ class Changes:
     code: list[str] = field(default_factory=list)
     definitions: list[str] = field(default_factory=list)
     definitions_unrecorded: bool = False
+    values: list[str] = field(default_factory=list)
     script: str | None = None
     arguments: str | None = None
     settings: list[str] = field(default_factory=list)
@@ -332,7 +334,7 @@ class Changes:
         """Code, arguments, settings and environment are the same; only the machine's load
         (other processes' CPU use, steal time or both) differs."""
         machine = self.load is not None or self.steal is not None
-        changed = self.code_changed or self.arguments is not None
+        changed = self.code_changed or self.arguments is not None or bool(self.values)
         return machine and not (changed or self.settings or self.environment)
 
     @property
@@ -345,6 +347,7 @@ class Changes:
         out = [self.summary] if self.summary else []
         out += [f"cell source: {line}" for line in self.code]
         out += [f"notebook code: {line}" for line in self.definitions]
+        out += [f"notebook values: {line}" for line in self.values]
         for sentence in (self.script, self.arguments):
             if sentence is not None:
                 out.append(f"script: {sentence}")

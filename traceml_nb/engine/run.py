@@ -165,9 +165,9 @@ class Run:
         self.named = name is not None
         self.device_kind, self.cuda_index = resolve_device(options.device)
         self.source, self.cell_id = source, cell_id
-        self.definitions: dict[str, str] | None = None  #: the magic's: notebook code the cell uses
-        self.session = session
-        self.code_file = code_file
+        self.definitions: dict[str, str] | None = None  #: the magic's: the notebook code and
+        self.values: dict[str, str] | None = None  #: values the cell uses (cell_definitions)
+        self.session, self.code_file = session, code_file
         self.record = RunRecord()
         self.capabilities = Capabilities()
         self.status: RunStatus = "created"

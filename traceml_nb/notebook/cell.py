@@ -17,7 +17,7 @@ from typing import Any
 
 from IPython.core.displayhook import DisplayHook
 
-from .cell_definitions import cell_definitions
+from .cell_definitions import CellCode, cell_code
 
 NAME_MAX_CHARS = 60
 #: What a cell with a top-level ``await`` is told: IPython runs such a cell as a coroutine on
@@ -180,11 +180,11 @@ def execute(compiled: CompiledCell, namespace: dict[str, Any]) -> None:
         exec(code, namespace)
 
 
-def definitions_of(shell: Any, cell: str) -> dict[str, str] | None:
-    """The notebook's functions and classes ``cell`` uses, as hashes of their sources
-    (:func:`~.cell_definitions.cell_definitions`, over the user namespace as it is when the
-    cell starts); None where they cannot be read, which is never the cell's error."""
+def code_of_cell(shell: Any, cell: str) -> CellCode | None:
+    """The notebook's functions, classes and values ``cell`` uses
+    (:func:`~.cell_definitions.cell_code`, over the user namespace as it is when the cell
+    starts); None where they cannot be read, which is never the cell's error."""
     try:
-        return cell_definitions(shell.transform_cell(cell), shell.user_ns)
+        return cell_code(shell.transform_cell(cell), shell.user_ns)
     except Exception:
         return None

@@ -7,10 +7,17 @@ though not its text. Their hashes join the cell's source in the run's configurat
 changed names the one that did ("train changed (defined outside the cell)").
 
 Followed: a name the cell reads, and does not bind itself, whose object is a function or class
-defined in the notebook
-(``__module__ == "__main__"``), or an instance of such a class (``model = Net()`` in another
-cell: ``Net``); from a function, the globals its code names; from a class, its methods' and its
-bases'. Not followed: modules, libraries, data. At most ``MAX_DEFINITIONS``.
+defined in the notebook (``__module__ == "__main__"``), or an instance of such a class (``model =
+Net()`` in another cell: ``Net``); from a function, the globals its code loads; from a class,
+its methods' and its bases'. Not followed: modules, libraries, data. At most
+``MAX_DEFINITIONS``.
+
+The plain **values** those names and globals hold are kept too (:func:`value_text`: numbers,
+booleans, ``None``, short tuples of them, torch dtypes and devices as written; strings only as
+a hash, they may be secrets): ``HIDDEN = 512`` in a settings cell, read by ``make_model``, is
+what changed when it became 1024. They are not part of the configuration (a run id or a
+timestamp read by the cell would make every run a configuration of its own), only of what
+changed.
 """
 
 from __future__ import annotations
@@ -22,19 +29,33 @@ import inspect
 import textwrap
 import types
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Definitions followed at most: a notebook's helpers, not a library of them.
 MAX_DEFINITIONS = 64
 _GLOBAL_LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
 
 
+class CellCode(NamedTuple):
+    """What a cell runs beyond its text: ``definitions``, name -> 16 hex digits of SHA-256 of
+    the source of each function and class; ``values``, name -> :func:`value_text` of each
+    plain value read."""
+
+    definitions: dict[str, str]
+    values: dict[str, str]
+
+
 def cell_definitions(code: str, namespace: Mapping[str, Any]) -> dict[str, str] | None:
-    """``{name: 16 hex digits of SHA-256 of its source}`` of the notebook's definitions that
-    the cell's ``code`` (plain Python: IPython's ``transform_cell`` of the cell) uses, as they
-    are in ``namespace`` (the kernel's user namespace) now; None where the code does not
-    parse. Never raises for what the namespace holds: a definition whose source cannot be read
-    is hashed by its compiled code."""
+    """The definitions of :func:`cell_code` alone."""
+    found = cell_code(code, namespace)
+    return None if found is None else found.definitions
+
+
+def cell_code(code: str, namespace: Mapping[str, Any]) -> CellCode | None:
+    """The notebook's definitions and values the cell's ``code`` (plain Python: IPython's
+    ``transform_cell`` of the cell) uses, as they are in ``namespace`` (the kernel's user
+    namespace) now; None where the code does not parse. Never raises for what the namespace
+    holds: a definition whose source cannot be read is hashed by its compiled code."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
@@ -51,18 +72,45 @@ def cell_definitions(code: str, namespace: Mapping[str, Any]) -> dict[str, str] 
     # a name the cell binds is its own code (an earlier run's object in the namespace is not)
     names = sorted(read - bound)
     found: dict[str, str] = {}
+    values: dict[str, str] = {}
     seen: set[int] = set()
     queue = [(name, namespace.get(name)) for name in names if name in namespace]
     while queue and len(found) < MAX_DEFINITIONS:
         name, obj = queue.pop(0)
         target = _definition(obj)
-        if target is None or id(target) in seen:
+        if target is None:
+            text = value_text(obj)
+            if text is not None and len(values) < MAX_DEFINITIONS:
+                values[name] = text
+            continue
+        if id(target) in seen:
             continue
         seen.add(id(target))
         label = getattr(target, "__qualname__", name) if target is not obj else name
         found[label] = _hash(_source(target))
         queue.extend(_uses(target))
-    return dict(sorted(found.items()))
+    return CellCode(dict(sorted(found.items())), dict(sorted(values.items())))
+
+
+#: The longest value written as it is (longer ones are not kept: they are data, not settings).
+MAX_VALUE_CHARS = 64
+
+
+def value_text(value: Any) -> str | None:
+    """A plain value as what changed shows it: a number, boolean or ``None`` as written
+    (``512``, ``0.001``, ``True``), a tuple or list of those (``(3, 224, 224)``), a torch dtype
+    or device (``torch.bfloat16``); a string as ``str:`` and 8 hex digits of its SHA-256 (it
+    may be a secret); None for anything else or longer than ``MAX_VALUE_CHARS``."""
+    if isinstance(value, str):
+        return "str:" + hashlib.sha256(value.encode(errors="replace")).hexdigest()[:8]
+    plain = (bool, int, float, type(None))
+    torch_kind = type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device")
+    if isinstance(value, (tuple, list)):
+        shown = len(value) <= 8 and all(isinstance(v, plain) for v in value)
+    else:
+        shown = isinstance(value, plain) or torch_kind
+    text = repr(value) if shown else ""
+    return text if 0 < len(text) <= MAX_VALUE_CHARS else None
 
 
 def _definition(obj: Any) -> Any:

@@ -38,7 +38,7 @@ from ..views.frontend import (
     detect_frontend,
     prepare_widgets,
 )
-from .cell import cell_context, compile_cell, default_name, definitions_of, execute
+from .cell import cell_context, code_of_cell, compile_cell, default_name, execute
 from .cell_options import (
     CellOptions,
     device_arg,
@@ -240,7 +240,9 @@ class TraceMLMagics(Magics):
             code_file=compiled.filename,
         )
         run.named = options.name is not None
-        run.definitions = definitions_of(self.shell, cell)
+        code = code_of_cell(self.shell, cell)
+        if code is not None:
+            run.definitions, run.values = code
         frontend = detect_frontend(self.shell)
         try:
             run.start()

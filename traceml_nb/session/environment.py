@@ -33,6 +33,9 @@ that cannot be read is ``None`` (never a guess), and for a GPU field of a CUDA r
 ``cell_definitions``     a ``%%traceml`` cell's: name -> 16 hex digits of SHA-256 of the source of
                          each function and class of the notebook the cell uses (defined in other
                          cells: :mod:`traceml_nb.notebook.cell_definitions`); ``None`` elsewhere
+``cell_values``          ...and name -> the plain value each name it reads holds, as written
+                         (``512``, ``torch.bfloat16``; a string as ``str:`` and a hash); ``None``
+                         elsewhere
 ``dataset_type``         the training loader's dataset class, e.g. ``"ImageFolder"``
 ``dataset_len``          its length (``None`` for an iterable dataset)
 ``unavailable``          field -> why it is ``None`` (a CUDA run's GPU fields and CUDA version)
@@ -367,7 +370,7 @@ def capture_environment(
     env: dict[str, Any] = dict.fromkeys(ENVIRONMENT_FIELDS)
     env.update({"dataset_type": None, "dataset_len": None})
     env.update({"git_diff_sha": None, "script_sha": None, "script_args_sha": None})
-    env["cell_definitions"] = None
+    env.update({"cell_definitions": None, "cell_values": None})
     unavailable: dict[str, str] = {}
     env["unavailable"] = unavailable
     try:
@@ -386,8 +389,9 @@ def capture_environment(
             if env.get("cuda_version") is None:
                 unavailable["cuda_version"] = NO_CUDA_VERSION
         env.update(_git(cwd or os.getcwd()))
-        definitions = getattr(run, "definitions", None)
-        env["cell_definitions"] = dict(definitions) if isinstance(definitions, dict) else None
+        for field, attribute in (("cell_definitions", "definitions"), ("cell_values", "values")):
+            found = getattr(run, attribute, None)
+            env[field] = dict(found) if isinstance(found, dict) else None
         env["script_sha"] = script_sha()
         if env["script_sha"] is not None:
             env["script_args_sha"] = script_args_sha()

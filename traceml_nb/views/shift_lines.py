@@ -38,6 +38,8 @@ def changes_clause(changes: Changes) -> str:
         parts.append("the script's source changed")
     if changes.arguments is not None:
         parts.append("the script's arguments changed")
+    if changes.values:
+        parts.append(" and ".join(changes.values))
     if changes.environment:
         parts.append(" and ".join(_went(s) for s in changes.environment))
     if changes.load_share is not None and changes.load is not None:
