@@ -331,7 +331,7 @@ class Changes:
 
     @property
     def only_load(self) -> bool:
-        """Code, arguments, settings and environment are the same; only the machine's load
+        """Code, arguments, values, settings and environment are the same; only the machine's load
         (other processes' CPU use, steal time or both) differs."""
         machine = self.load is not None or self.steal is not None
         changed = self.code_changed or self.arguments is not None or bool(self.values)
