@@ -173,6 +173,10 @@ def test_runs_stored_before_the_notebook_code_was_recorded_stay_the_cells_baseli
     edited = make_run("demo", source="train(model, loader, epochs=2)\n", env=recorded, seed=12)
     baseline = choose_baseline(edited, history, None)
     assert baseline.kind == EARLIER and [r.source for r in baseline.runs] == ["other(cell)\n"]
+    # once a run of it recorded them, the earlier ones stay beside it, in the order they ran
+    history.add(now)
+    later = make_run("demo", source=CELL, env=recorded, seed=13)
+    assert choose_baseline(later, history, None).runs == [*starved, now]
 
 
 def test_the_plain_values_the_cell_and_its_functions_read_are_kept_as_written():

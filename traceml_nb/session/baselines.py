@@ -97,12 +97,10 @@ def _split(
     """Baseline from ``earlier`` runs (oldest first, already of the right name and class): the
     last ``k`` of a configuration."""
     key = _same_key(entry, any_hardware)
-    same = [r for r in earlier if _same_key(r, any_hardware) == key]
+    unrecorded = {id(r) for r in _before_definitions(entry, earlier, any_hardware)}
+    same = [r for r in earlier if id(r) in unrecorded or _same_key(r, any_hardware) == key]
     if same:
         return Baseline(_quiet_first(same, entry, k), SAME)
-    unrecorded = _before_definitions(entry, earlier, any_hardware)
-    if unrecorded:
-        return Baseline(_quiet_first(unrecorded, entry, k), SAME)
     if not earlier:
         return Baseline([], SAME)
     before = _same_key(earlier[-1], any_hardware)
