@@ -12,9 +12,15 @@ import torch
 
 from traceml_nb.analysis.attribution import definition_changes, what_changed
 from traceml_nb.analysis.configuration import code_of
-from traceml_nb.notebook.cell_definitions import MAX_DEFINITIONS, cell_definitions
+from traceml_nb.notebook.cell_definitions import MAX_DEFINITIONS, cell_code
 
 _cells = itertools.count(1)
+
+
+def cell_definitions(code: str, namespace: dict[str, Any]) -> dict[str, str] | None:
+    """The definitions of :func:`cell_code` alone (None: the code does not parse)."""
+    found = cell_code(code, namespace)
+    return None if found is None else found.definitions
 
 
 def run_cell(namespace: dict[str, Any], source: str) -> None:
@@ -183,7 +189,7 @@ def test_the_plain_values_the_cell_and_its_functions_read_are_kept_as_written():
     """``HIDDEN = 512`` in a settings cell, read by ``make``: kept as written, not in the
     configuration (a run id read by the cell would split every run), named in what changed;
     a string only as a hash; data is not a value."""
-    from traceml_nb.notebook.cell_definitions import cell_code, value_text
+    from traceml_nb.notebook.cell_definitions import value_text
 
     settings = 'HIDDEN = 512\nSHAPE = (3, 32, 32)\nDTYPE = torch.bfloat16\nTOKEN = "s3cret"\n'
     make = "def make():\n    return torch.nn.Linear(HIDDEN, 2).to(DTYPE)\n"

@@ -165,8 +165,8 @@ class Run:
         self.named = name is not None
         self.device_kind, self.cuda_index = resolve_device(options.device)
         self.source, self.cell_id = source, cell_id
-        self.definitions: dict[str, str] | None = None  #: the magic's: the notebook code and
-        self.values: dict[str, str] | None = None  #: values the cell uses (cell_definitions)
+        self.definitions: dict[str, str] | None = None  #: notebook code a cell uses (the magic's)
+        self.values: dict[str, str] | None = None  #: notebook values a cell reads (the magic's)
         self.session, self.code_file = session, code_file
         self.record = RunRecord()
         self.capabilities = Capabilities()

@@ -45,12 +45,6 @@ class CellCode(NamedTuple):
     values: dict[str, str]
 
 
-def cell_definitions(code: str, namespace: Mapping[str, Any]) -> dict[str, str] | None:
-    """The definitions of :func:`cell_code` alone."""
-    found = cell_code(code, namespace)
-    return None if found is None else found.definitions
-
-
 def cell_code(code: str, namespace: Mapping[str, Any]) -> CellCode | None:
     """The notebook's definitions and values the cell's ``code`` (plain Python: IPython's
     ``transform_cell`` of the cell) uses, as they are in ``namespace`` (the kernel's user

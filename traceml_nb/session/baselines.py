@@ -71,24 +71,22 @@ def _same_key(
     return sorted((k, repr(v)) for k, v in config.parts.items() if k != "hardware")
 
 
-def _before_definitions(
-    entry: RunEntry, earlier: list[RunEntry], any_hardware: bool
-) -> list[RunEntry]:
-    """The runs of ``entry``'s configuration stored before a cell's notebook code was recorded
+def _key_before_definitions(
+    entry: RunEntry, any_hardware: bool
+) -> str | list[tuple[str, str]] | None:
+    """What ``entry``'s configuration was before a cell's notebook code was recorded
     (``cell_definitions``, a part of the code since): the same cell source, settings and
-    versions, without it. Their cell is the same as far as was recorded, and their code is
-    said to be unrecorded in what changed; the configuration before it is another cell's."""
+    versions, without it; None where the entry recorded none. Runs stored before, of that key,
+    are its configuration's as far as was recorded (what changed says the rest was not)."""
     if not entry.environment.get("cell_definitions"):
-        return []
+        return None
     environment = {k: v for k, v in entry.environment.items() if k != "cell_definitions"}
     config = run_configuration(entry.name, entry.named, entry.source, entry.loaders, environment)
-    key = _same_key(entry, any_hardware, config)
-    return [
-        r
-        for r in earlier
-        if not isinstance(r.environment.get("cell_definitions"), dict)
-        and _same_key(r, any_hardware) == key
-    ]
+    return _same_key(entry, any_hardware, config)
+
+
+def _records_definitions(run: RunEntry) -> bool:
+    return isinstance(run.environment.get("cell_definitions"), dict)
 
 
 def _split(
@@ -97,14 +95,19 @@ def _split(
     """Baseline from ``earlier`` runs (oldest first, already of the right name and class): the
     last ``k`` of a configuration."""
     key = _same_key(entry, any_hardware)
-    unrecorded = {id(r) for r in _before_definitions(entry, earlier, any_hardware)}
-    same = [r for r in earlier if id(r) in unrecorded or _same_key(r, any_hardware) == key]
+    unrecorded = _key_before_definitions(entry, any_hardware)
+    keyed = [(r, _same_key(r, any_hardware)) for r in earlier]
+    same = [
+        r
+        for r, their in keyed
+        if their == key or (their == unrecorded and not _records_definitions(r))
+    ]
     if same:
         return Baseline(_quiet_first(same, entry, k), SAME)
     if not earlier:
         return Baseline([], SAME)
-    before = _same_key(earlier[-1], any_hardware)
-    runs = [r for r in earlier if _same_key(r, any_hardware) == before]
+    before = keyed[-1][1]
+    runs = [r for r, their in keyed if their == before]
     return Baseline(_quiet_first(runs, entry, k), EARLIER)
 
 
