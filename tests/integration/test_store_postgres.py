@@ -333,12 +333,14 @@ def test_check_history_and_pins_work_against_the_server(db):
     assert done.stdout.startswith("REGRESSION: 'smoke' @6 is slower than its baseline, 5 runs")
     assert traceml_nb.check("smoke", store=db.target, against="@1").exit_code == 1
     store.pin("smoke", [1, 2])
-    from traceml_nb.session.shifts import check_history
+    from traceml_nb.session.shifts import check_history, name_shifts
     from traceml_nb.views.history_table import StoredHistory
 
+    store.add(make_run("smoke", step_ms=36.0, seed=13, batch_size=16))  # read from the summary
+    assert name_shifts(store, "smoke").batch_sizes == [8] * 6 + [16]
     assert check_history("smoke", store=db.target).status == "too short"
     listed = StoredHistory.of(store, name="smoke")
-    assert listed.stored == 6 and f"store: {db.target}" in listed.text
+    assert listed.stored == 7 and f"store: {db.target}" in listed.text
     assert "smoke" in StoredHistory.of(store).text
 
 

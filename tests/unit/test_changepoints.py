@@ -4,6 +4,7 @@ rate and power on simulated histories, ``check --history`` on a real store in a 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -13,13 +14,19 @@ from ipython_shell import traceml_shell
 from store_helpers import cli, make_run
 
 from traceml_nb.analysis.changepoints import best_split, change_points, energy_scores
+from traceml_nb.analysis.formatting import fmt_ms
 from traceml_nb.analysis.thresholds import (
+    BATCH_SIZE_CHANGE_SHARE,
     CHANGE_MIN_HISTORY,
     CHANGE_MIN_RUNS,
     CHANGE_MIN_SHIFT,
     DEFAULT_MAX_SLOWDOWN,
 )
+from traceml_nb.session.shifts import check_history, name_shifts
 from traceml_nb.session.store import Store
+from traceml_nb.session.store_rows import batch_size_of
+from traceml_nb.views.history_table import StoredHistory
+from traceml_nb.views.shift_lines import HistoryCheckReport, shift_lines
 
 
 # --- the method on hand-made series -------------------------------------------------------------
@@ -201,6 +208,76 @@ def test_check_history_passes_a_flat_history_and_needs_enough_runs(tmp_path):
     assert f"change points need {CHANGE_MIN_HISTORY} ({CHANGE_MIN_HISTORY - 3} more)" in done.stdout
     done = cli("check", "--name", "smoke", "--history", "--store", str(tmp_path / "none.sqlite"))
     assert done.returncode == 2 and done.stdout.startswith("ERROR: cannot check"), done.stdout
+
+
+# --- a batch size that changed: the time per sample ----------------------------------------------
+def fill_sized(store: Store, medians: list[float], sizes: list[int]) -> None:
+    for i, (median, size) in enumerate(zip(medians, sizes, strict=True)):
+        store.add(make_run("smoke", step_ms=median, seed=i, batch_size=size))
+
+
+def test_check_history_judges_the_time_per_sample_where_the_batch_size_changed(tmp_path):
+    """8 runs of batches of 32 at ~10 ms a step, then 8 of 64 at ~18 ms: each sample 10%
+    faster, which the step time read as "+80%" and failed; at ~24 ms a step, 20% slower a
+    sample: a regression."""
+    faster = Store(tmp_path / "faster.sqlite")
+    fill_sized(faster, wiggle(8, 10.0, 0.02) + wiggle(8, 18.0, 0.02), [32] * 8 + [64] * 8)
+    done = cli("check", "--name", "smoke", "--history", "--store", faster.path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.match(
+        r"OK: 'smoke' latest shift: time per sample \u221210% from @9 \(0\.3\d+ ms \u2192 "
+        r"0\.28\d* ms\), where the DataLoader's batch_size went 32 \u2192 64; not a slowdown",
+        done.stdout,
+    ), done.stdout
+    slower = Store(tmp_path / "slower.sqlite")
+    fill_sized(slower, wiggle(8, 10.0, 0.02) + wiggle(8, 24.0, 0.02), [32] * 8 + [64] * 8)
+    result = check_history("smoke", store=slower.path)
+    assert result.exit_code == 1 and result.to_dict()["per_sample"] is True
+    assert result.shift is not None and result.shift.point.change == pytest.approx(0.2, abs=0.03)
+    assert HistoryCheckReport(result).text().startswith("REGRESSION: 'smoke' time per sample +2")
+
+
+def test_a_history_is_per_sample_only_where_every_batch_size_is_known_and_they_differ(tmp_path):
+    """Both sides of ``BATCH_SIZE_CHANGE_SHARE`` (100 → 109 stays on the step time, 100 → 110
+    is per sample), and a run whose batch size is unknown keeps the whole series on the step
+    time; a series that does not shift says per sample why."""
+    for size, per_sample in ((109, False), (110, True)):
+        store = Store(tmp_path / f"{size}.sqlite")
+        fill_sized(store, wiggle(16, 10.0, 0.02), [100] * 8 + [size] * 8)
+        history = name_shifts(store, "smoke")
+        assert history.per_sample is per_sample
+        assert history.batch_sizes == [100] * 8 + [size] * 8
+    assert BATCH_SIZE_CHANGE_SHARE == 0.10
+    text = "\n".join(shift_lines(history))
+    assert "change points of the time per sample (the batch size went 100 \u2192 110)" in text
+    with store._connect(write=True) as conn:  # one run whose samples were not counted
+        summary = json.loads(conn.execute("SELECT summary FROM runs WHERE id = 3").fetchone()[0])
+        summary["batch_size"] = None
+        conn.execute("UPDATE runs SET summary = ? WHERE id = 3", [json.dumps(summary)])
+    assert [batch_size_of(text) for text in ("{", '{"batch_size": true}', '{"batch_size": 8}')] == [
+        None,
+        None,
+        8,
+    ]
+    unknown = name_shifts(store, "smoke")
+    assert not unknown.per_sample and unknown.batch_sizes[2] is None
+    assert shift_lines(unknown)[0].startswith("change points: no shift of the step time over 16")
+    flat = Store(tmp_path / "flat.sqlite")
+    fill_sized(flat, wiggle(8, 10.0, 0.02) + wiggle(8, 20.0, 0.02), [32] * 8 + [64] * 8)
+    assert (
+        HistoryCheckReport(check_history("smoke", store=flat.path))
+        .text()
+        .startswith(
+            "OK: 'smoke': no shift of the time per sample (the batch size went 32 \u2192 64) over "
+            "its 16 runs"
+        )
+    )
+    table = StoredHistory.of(flat, name="smoke")
+    assert list(table.cells[0])[5:8] == ["step", "per sample", "data wait"]
+    assert [c["per sample"] for c in table.cells] == [
+        fmt_ms(r.step_ms_median / size)
+        for r, size in zip(name_shifts(flat, "smoke").runs, [32] * 8 + [64] * 8, strict=True)
+    ]
 
 
 # --- %traceml history --name in a real IPython shell ---------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -197,8 +198,6 @@ def test_pairing_by_name():
 
 
 def test_the_best_run_is_the_fastest_per_sample_where_every_batch_size_is_known():
-    from dataclasses import replace
-
     h = History()
     small = h.add(make_entry(step_ms=10.0, cell_id="c1", source=CELL))  # 8 a batch: 1.25 ms each
     large = h.add(make_entry(step_ms=16.0, cell_id="c1", source=CELL_TUNED))
@@ -318,6 +317,28 @@ def test_history_table_and_text():
     assert "interrupted" in text[2]
     assert "\u2014" in text[1]  # GPU utilisation: unavailable on CPU, shown as a dash, never 0
     assert render_history_text(History()) == "No traceml_nb runs in this session yet."
+
+
+def test_the_table_compares_with_the_previous_run_per_sample_where_the_batch_size_changed():
+    """Twice the batch in a step 60% longer: 20% less a sample, not "+60%"; a batch size 9%
+    larger (under ``BATCH_SIZE_CHANGE_SHARE``) keeps the step's change."""
+    h = History()
+    h.add(make_entry(step_ms=20.0, cell_id="c1"))  # batches of 8
+    doubled = h.add(make_entry(step_ms=32.0, cell_id="c1"))
+    doubled.summary = replace(doubled.summary, batch_size=16)
+    rows = history_table(h)
+    assert rows[1]["per_sample"] and rows[1]["step_change"] == pytest.approx(-0.2)
+    assert render_history_text(h).splitlines()[2].rstrip().endswith("\u221220% a sample vs #1")
+    for size, per_sample in ((109, False), (110, True)):
+        h = History()
+        first = h.add(make_entry(step_ms=20.0, cell_id="c1"))
+        first.summary = replace(first.summary, batch_size=100)
+        later = h.add(make_entry(step_ms=22.0, cell_id="c1"))
+        later.summary = replace(later.summary, batch_size=size)
+        row = history_table(h)[1]
+        assert row["per_sample"] is per_sample
+        expected = 22.0 / size / 0.2 - 1 if per_sample else 0.1
+        assert row["step_change"] == pytest.approx(expected, rel=0.02)
 
 
 # --- persistence -------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ slowdown.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -289,18 +289,26 @@ def _side_batch_size(runs: Sequence[RunLike]) -> float:
     return sizes.pop() if len(sizes) == 1 else log_mean_ms([_batch_size(r) for r in runs])
 
 
+def batch_sizes_differ(sizes: Iterable[float | None]) -> bool:
+    """Every batch size of ``sizes`` is known (positive) and the largest is
+    ``BATCH_SIZE_CHANGE_SHARE`` or more over the smallest: steps are then compared per sample."""
+    known = []
+    for size in sizes:
+        if size is None or not size > 0:
+            return False
+        known.append(size)
+    return bool(known) and max(known) / min(known) >= 1 + BATCH_SIZE_CHANGE_SHARE
+
+
 def _batch_sizes(
     runs_a: Sequence[RunLike], runs_b: Sequence[RunLike]
 ) -> tuple[float, float] | None:
     """Each side's samples per step (:func:`_side_batch_size`) where every run's is known and
     the two differ by ``BATCH_SIZE_CHANGE_SHARE`` or more, else None."""
-    sizes = [r.summary.batch_size for r in [*runs_a, *runs_b]]
-    if any(not size or size <= 0 for size in sizes):
-        return None
+    if not batch_sizes_differ(r.summary.batch_size for r in [*runs_a, *runs_b]):
+        return None  # an unknown size, or none differs by the share: neither do the sides
     size_a, size_b = _side_batch_size(runs_a), _side_batch_size(runs_b)
-    if max(size_a, size_b) / min(size_a, size_b) < 1 + BATCH_SIZE_CHANGE_SHARE:
-        return None
-    return size_a, size_b
+    return (size_a, size_b) if batch_sizes_differ((size_a, size_b)) else None
 
 
 def _means_of(before: int, after: int) -> str:

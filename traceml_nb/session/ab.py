@@ -33,11 +33,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.comparison import batch_sizes_differ
 from ..analysis.judge import NO_CHANGE, SLOWER, Judgement
 from ..analysis.paired import Look, log_ratio, look, round_order
 from ..analysis.thresholds import (
     AB_OUTPUT_TAIL_LINES,
-    BATCH_SIZE_CHANGE_SHARE,
     DEFAULT_AB_ROUNDS,
     DEFAULT_MAX_SLOWDOWN,
     MIN_AB_ROUNDS,
@@ -99,8 +99,7 @@ class AbRound:
         """The two runs' batch sizes are known and differ by ``BATCH_SIZE_CHANGE_SHARE`` or
         more: the round compares the time per sample (a step twice as long over twice the
         samples is no slowdown)."""
-        a, b = self.a.batch_size, self.b.batch_size
-        return bool(a and b and max(a, b) / min(a, b) >= 1 + BATCH_SIZE_CHANGE_SHARE)
+        return batch_sizes_differ((self.a.batch_size, self.b.batch_size))
 
     @property
     def log_ratio(self) -> float:

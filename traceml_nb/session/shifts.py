@@ -2,8 +2,9 @@
 
 :func:`name_shifts` reads the completed runs of a name with a median step time, on one
 hardware class (the latest run's by default), oldest first, runs the change points
-(:mod:`~traceml_nb.analysis.changepoints`) over their medians, and for each shift compares the
-last run before it with the first run after it (:func:`~traceml_nb.analysis.attribution.
+(:mod:`~traceml_nb.analysis.changepoints`) over their medians (per sample where their batch
+sizes differ, as a comparison's are: a doubled batch is no slowdown), and for each shift
+compares the last run before it with the first run after it (:func:`~traceml_nb.analysis.attribution.
 what_changed`: code, DataLoader settings, environment, machine load). Runs of a ``torchrun``
 job are left out while the name has runs alone; a name whose runs are all ranks of jobs is
 read one job a point, by its slowest rank (:mod:`.stored_jobs`).
@@ -20,6 +21,7 @@ from typing import Any
 
 from ..analysis.attribution import what_changed
 from ..analysis.changepoints import ChangePoint, Shifts, change_points
+from ..analysis.comparison import batch_sizes_differ
 from ..analysis.findings import Changes
 from ..analysis.thresholds import CHANGE_MIN_RUNS, DEFAULT_MAX_SLOWDOWN
 from .store import Store, StoreError, resolve_store_path
@@ -49,7 +51,11 @@ class NameShifts:
     """The step-time history of ``name`` on ``hardware``: ``runs`` (the series, oldest
     first), their change points (``shifts``) and each shift with what came with it
     (``found``). ``left_out``: runs of the name not in the series, by reason (``"failed"``,
-    ``"no step time"``, ``"other hardware"``, ``"torchrun job"``), each a count."""
+    ``"no step time"``, ``"other hardware"``, ``"torchrun job"``), each a count.
+
+    ``per_sample``: the series is the time per sample (median step / batch size), since the
+    runs' batch sizes (``batch_sizes``, one a run; None: not counted) are all known and differ
+    by ``BATCH_SIZE_CHANGE_SHARE`` or more; the shifts' times are then per sample too."""
 
     name: str
     hardware: str | None
@@ -57,6 +63,8 @@ class NameShifts:
     shifts: Shifts
     found: list[Shift] = field(default_factory=list)
     left_out: dict[str, int] = field(default_factory=dict)
+    batch_sizes: list[int | None] = field(default_factory=list)
+    per_sample: bool = False
 
     @property
     def latest(self) -> Shift | None:
@@ -107,7 +115,13 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
     if hardware is None and rows:
         hardware = rows[-1].hardware
     series, left_out = _series(rows, hardware)
-    shifts = change_points([float(r.step_ms_median or 0) for r in series])
+    sizes = store.batch_sizes(name) if series else {}
+    batch_sizes = [sizes.get(r.id) for r in series]
+    per_sample = batch_sizes_differ(batch_sizes)
+    medians = [float(r.step_ms_median or 0) for r in series]
+    if per_sample:
+        medians = [ms / (size or 1) for ms, size in zip(medians, batch_sizes, strict=True)]
+    shifts = change_points(medians)
     found = []
     if shifts.points:
         ids = {r.id for p in shifts.points for r in (series[p.index - 1], series[p.index])}
@@ -116,7 +130,7 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
             before, after = series[p.index - 1], series[p.index]
             changes = what_changed(entries.get(before.id), entries.get(after.id))
             found.append(Shift(p, before, after, changes, len(series) - p.index))
-    return NameShifts(name, hardware, series, shifts, found, left_out)
+    return NameShifts(name, hardware, series, shifts, found, left_out, batch_sizes, per_sample)
 
 
 @dataclass
@@ -152,6 +166,8 @@ class HistoryCheck:
             "hardware": history.hardware if history is not None else None,
             "runs": [r.id for r in history.runs] if history is not None else [],
             "needed": history.shifts.needed if history is not None else None,
+            # the shifts' times are per sample (the runs' batch sizes differ), else per step
+            "per_sample": history.per_sample if history is not None else None,
             "shifts": [
                 {
                     "from": s.after.id,

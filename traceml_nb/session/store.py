@@ -40,7 +40,7 @@ from ..settings import store_setting, xdg_data_home
 from .history import RunEntry
 from .store_backend import Backend, Connection, StoreEmpty, StoreError, one_line
 from .store_postgres import PostgresBackend
-from .store_rows import LIST_COLUMNS, NameTotals, StoredRow, entry_of, row_of
+from .store_rows import LIST_COLUMNS, NameTotals, StoredRow, batch_size_of, entry_of, row_of
 from .store_schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION
 from .store_sqlite import SqliteBackend
 from .store_url import is_url
@@ -312,6 +312,13 @@ class Store:
         with self._connect() as conn:
             found = conn.execute(sql, args).fetchall()
         return [StoredRow(*row) for row in reversed(found)]
+
+    def batch_sizes(self, name: str) -> dict[int, int | None]:
+        """The median batch size (samples a step) of every stored run of ``name``, by run id,
+        read from its summary (None: the run could not count its samples)."""
+        with self._connect() as conn:
+            found = conn.execute("SELECT id, summary FROM runs WHERE name = ?", [name]).fetchall()
+        return {int(run_id): batch_size_of(summary) for run_id, summary in found}
 
     def totals(self, *, since: float, name: str | None = None) -> list[NameTotals]:
         """Per name, the runs started at or after ``since`` (epoch s) and their idle GPU time."""

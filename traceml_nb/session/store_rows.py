@@ -131,6 +131,18 @@ def row_of(e: RunEntry, session: str | None, columns: Sequence[str]) -> tuple[An
     return tuple(values[c] for c in columns)
 
 
+def batch_size_of(summary: str) -> int | None:
+    """The median batch size in a stored summary (its JSON text): a positive integer, else
+    None (not counted, or JSON that is not what was written)."""
+    try:
+        size = json.loads(summary).get("batch_size")
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        return None
+    return size
+
+
 def entry_of(row: Sequence[Any], columns: Sequence[str] = RUN_COLUMNS) -> RunEntry:
     """A row of ``id`` and ``columns`` (default: every column of the schema) read back
     into a :class:`~.history.RunEntry`."""

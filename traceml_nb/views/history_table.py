@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..analysis.comparison import batch_sizes_differ
 from ..analysis.formatting import fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
 from ..session.history import History
 from ..session.store import Store
@@ -24,16 +25,21 @@ def history_table(history: History) -> list[dict[str, Any]]:
     (HH:MM:SS local), ``elapsed_s``, ``total_steps`` (every step the loop made, as the report
     counts them), ``steady_steps``, ``step_ms_median``, ``samples_per_s``,
     ``data_wait_share``, ``gpu_util_median_pct``, ``gpu_mem_peak_mb``, ``verdict``, ``cause``,
-    ``previous_id`` (the earlier run of the same cell, or None) and ``step_change`` (median step
-    time relative to it, e.g. -0.43; None without a previous run).
+    ``previous_id`` (the earlier run of the same cell, or None), ``step_change`` (median step
+    time relative to it, e.g. -0.43; None without a previous run) and ``per_sample`` (the
+    change is of the time per sample: the two runs' batch sizes differ).
     """
     rows = []
     for e in history.entries:
         s = e.summary
         prev = history.previous_of(e)
-        change = None
+        change, per_sample = None, False
         if prev is not None and prev.summary.step_ms_median and s.step_ms_median is not None:
             change = s.step_ms_median / prev.summary.step_ms_median - 1
+            per_sample = batch_sizes_differ((prev.summary.batch_size, s.batch_size))
+            if per_sample:
+                size_ratio = (s.batch_size or 1) / (prev.summary.batch_size or 1)
+                change = (change + 1) / size_ratio - 1
         rows.append(
             {
                 "id": e.id,
@@ -54,6 +60,7 @@ def history_table(history: History) -> list[dict[str, Any]]:
                 "cause": cause_words(e.diagnosis.cause),
                 "previous_id": prev.id if prev is not None else None,
                 "step_change": change,
+                "per_sample": per_sample,
             }
         )
     return rows
@@ -68,7 +75,8 @@ def history_cells(row: dict[str, Any]) -> dict[str, str]:
 
     vs = ""
     if row.get("previous_id") is not None and row.get("step_change") is not None:
-        vs = f"{signed_pct(row['step_change'])} vs #{row['previous_id']}"
+        unit = " a sample" if row.get("per_sample") else ""
+        vs = f"{signed_pct(row['step_change'])}{unit} vs #{row['previous_id']}"
     return {
         "run": str(row["label"]),
         "status": str(row["status"]),
@@ -246,9 +254,20 @@ class StoredHistory:
 
         history = name_shifts(store, name)
         shown = [r for r in rows if r.hardware == history.hardware]
+        per_sample = {  # the series' value of each run in it, where it is per sample
+            r.id: float(r.step_ms_median or 0) / (size or 1)
+            for r, size in zip(history.runs, history.batch_sizes, strict=True)
+            if history.per_sample
+        }
         cells = []
         for group in group_jobs(shown):
             row = job_cells(group)
+            if per_sample:  # a column beside the step's
+                judged = [per_sample[r.id] for r in group if r.id in per_sample]
+                items = list(row.items())
+                at = list(row).index("step") + 1
+                value = fmt_ms(judged[0]) if judged else "\u2014"
+                row = dict([*items[:at], ("per sample", value), *items[at:]])
             found = next((f for f in map(history.shift_from, (r.id for r in group)) if f), None)
             row["shift"] = shift_mark(found) if found is not None else ""
             cells.append(row)

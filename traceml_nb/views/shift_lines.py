@@ -51,12 +51,31 @@ def changes_clause(changes: Changes) -> str:
     return "where " + ", ".join(parts)
 
 
-def shift_line(shift: Shift) -> str:
+def measure(history: NameShifts) -> str:
+    """What the series is: ``time per sample`` where the runs' batch sizes differ, else
+    ``step time``."""
+    return "time per sample" if history.per_sample else "step time"
+
+
+def measure_why(history: NameShifts) -> str:
+    """:func:`measure` with why where it is per sample: ``time per sample (the batch size went
+    32 → 64)``."""
+    if not history.per_sample:
+        return measure(history)
+    sizes = [s for s in history.batch_sizes if s is not None]
+    levels = [a for a, b in zip(sizes, [*sizes[1:], None], strict=True) if a != b]
+    if len(levels) > 4:
+        return f"time per sample (batch sizes from {min(sizes)} to {max(sizes)})"
+    went = " \u2192 ".join(map(str, levels))
+    return f"time per sample (the batch size went {went})"
+
+
+def shift_line(shift: Shift, history: NameShifts) -> str:
     """``step time +18% from @41 (12.1 ms → 14.3 ms), where the DataLoader's num_workers went
-    4 → 0``."""
+    4 → 0`` (``time per sample …`` where ``history`` is per sample)."""
     p = shift.point
     return (
-        f"step time {signed_pct(p.change)} from @{shift.after.id} "
+        f"{measure(history)} {signed_pct(p.change)} from @{shift.after.id} "
         f"({fmt_ms(p.before_ms)} \u2192 {fmt_ms(p.after_ms)}), {changes_clause(shift.changes)}"
     )
 
@@ -79,11 +98,12 @@ def shift_lines(history: NameShifts) -> list[str]:
         ]
     if not history.found:
         return [
-            f"change points: no shift of the step time over {shifts.runs} runs{where} (a shift "
-            f"shows once {CHANGE_MIN_RUNS} runs follow it)"
+            f"change points: no shift of the {measure_why(history)} over {shifts.runs} "
+            f"runs{where} (a shift shows once {CHANGE_MIN_RUNS} runs follow it)"
         ]
-    return [f"change points over {shifts.runs} runs{where}:"] + [
-        f"  {shift_line(s)}" for s in history.found
+    of = f" of the {measure_why(history)}" if history.per_sample else ""
+    return [f"change points{of} over {shifts.runs} runs{where}:"] + [
+        f"  {shift_line(s, history)}" for s in history.found
     ]
 
 
@@ -115,10 +135,10 @@ class HistoryCheckReport(GateReport):
         shift = r.shift
         if shift is None:
             return (
-                f"OK: {r.name!r}: no shift of the step time {over} (a shift shows once "
+                f"OK: {r.name!r}: no shift of the {measure_why(h)} {over} (a shift shows once "
                 f"{CHANGE_MIN_RUNS} runs follow it)."
             )
-        line = shift_line(shift)
+        line = shift_line(shift, h)
         since = f"the {shift.runs_since} runs since hold it"
         p = f"p = {shift.point.p_value:.3f}"
         if r.status == SLOWDOWN:
