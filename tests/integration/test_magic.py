@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from IPython.core.error import UsageError
@@ -571,3 +572,22 @@ def test_a_value_set_in_another_cell_is_named_in_what_changed(ip, capsys):
     assert first.configuration.key == second.configuration.key
     assert "what changed: same code, other values, same settings" in out
     assert "notebook values: LIMIT 24 \u2192 25" in out
+
+
+def test_runs_given_the_same_values_are_the_baseline(ip, capsys):
+    """``LIMIT`` 24 twice, then 25 (judged against the runs at 24, named), 25 again, then 24:
+    judged against the two runs at 24, not a mix of both values (whose scatter would be taken
+    for the machine's noise)."""
+    cell = "%%traceml --view none --name given\nassert LIMIT > 0\n" + TRAIN
+    outs = []
+    for limit in (24, 24, 25, 25, 24):
+        assert run(ip, f"LIMIT = {limit}").success
+        capsys.readouterr()
+        assert run(ip, cell).success
+        outs.append(capsys.readouterr().out)
+    assert re.search(r"2 runs of this configuration of 'given' \([#@]1\u2013[#@]2\), given other "
+                     r"values \(LIMIT\)", outs[2]), outs[2]  # fmt: skip
+    assert "notebook values: LIMIT 24 \u2192 25" in outs[2]
+    assert "vs baseline" not in outs[3]  # its baseline is its previous run, #3
+    assert re.search(r"2 runs of this configuration of 'given' \([#@]1\u2013[#@]2\), given the "
+                     r"same values \(LIMIT\)", outs[4]), outs[4]  # fmt: skip

@@ -47,6 +47,7 @@ from .thresholds import (
     SESSION_NOISE,
     STEP_LENGTH_FACTOR,
 )
+from .variants import Variant
 
 
 def is_busy(load: dict[str, Any] | None) -> bool:
@@ -77,12 +78,14 @@ def default_noise_sigma(step_ms: float, across_sessions: bool = False) -> float:
 
 @dataclass(frozen=True)
 class RunPoint:
-    """One run as the noise model reads it: its configuration key, median step (ms) and
-    whether the machine was busy (:func:`is_busy`)."""
+    """One run as the noise model reads it: its configuration key, median step (ms), whether
+    the machine was busy (:func:`is_busy`) and, where known, its variant: the values that tell
+    its configuration's runs apart (:func:`.variants.variant`)."""
 
     config: str | None
     median_ms: float
     busy: bool = False
+    variant: Variant = ()
 
 
 @dataclass(frozen=True)

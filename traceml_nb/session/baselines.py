@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..analysis.noise import Noise, RunPoint, estimate_noise, is_busy
 from ..analysis.thresholds import BASELINE_RUNS
+from ..analysis.variants import Values, Variant, agree, repeating_names, values_of, variant
 from .environment import hardware_class
 from .history import History, RunEntry, run_configuration, stable_name
 
@@ -36,17 +37,24 @@ if TYPE_CHECKING:
 
 #: The kinds of baseline (:attr:`Baseline.kind`).
 PINNED, SAME, EARLIER = "pinned", "same configuration", "earlier configuration"
+#: How the runs of a configuration were chosen by their values (:attr:`Baseline.values`).
+SAME_VALUES, OTHER_VALUES = "same values", "other values"
 
 
 @dataclass
 class Baseline:
     """The runs a run is judged against (oldest first), ``kind`` (:data:`PINNED`,
     :data:`SAME` or :data:`EARLIER`) and ``note``: '' or why it is what it is (a store that
-    could not be read)."""
+    could not be read). ``values``: where the configuration's runs were given values that tell
+    them apart (:mod:`~traceml_nb.analysis.variants`), :data:`SAME_VALUES` (the runs given the
+    judged run's) or :data:`OTHER_VALUES` (none was: the runs of the latest earlier run's), of
+    ``split_by`` (the names that told them apart); else ''."""
 
     runs: list[RunEntry]
     kind: str = SAME
     note: str = ""
+    values: str = ""
+    split_by: tuple[str, ...] = ()
 
 
 def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int) -> list[RunEntry]:
@@ -103,12 +111,33 @@ def _split(
         if their == key or (their == unrecorded and not _records_definitions(r))
     ]
     if same:
-        return Baseline(_quiet_first(same, entry, k), SAME)
+        runs, values, names = _by_values(entry, same)
+        return Baseline(_quiet_first(runs, entry, k), SAME, values=values, split_by=names)
     if not earlier:
         return Baseline([], SAME)
     before = keyed[-1][1]
     runs = [r for r, their in keyed if their == before]
     return Baseline(_quiet_first(runs, entry, k), EARLIER)
+
+
+def _by_values(
+    entry: RunEntry, runs: list[RunEntry]
+) -> tuple[list[RunEntry], str, tuple[str, ...]]:
+    """Of ``runs`` (``entry``'s configuration), those given ``entry``'s values where values
+    tell the runs apart, else those given the latest run's; with which (:attr:`Baseline.values`)
+    and the names that told them apart."""
+    given = [values_of(r.environment) for r in runs]
+    mine = values_of(entry.environment)
+    names = repeating_names([*given, mine])
+    same = [r for r, values in zip(runs, given, strict=True) if agree(values, mine, names)]
+    if len(same) == len(runs):
+        return runs, "", ()
+    split_by = tuple(sorted(n for n in names if len({v[n] for v in [*given, mine] if n in v}) > 1))
+    if same:
+        return same, SAME_VALUES, split_by
+    latest = given[-1]
+    runs = [r for r, values in zip(runs, given, strict=True) if agree(values, latest, names)]
+    return runs, OTHER_VALUES, split_by
 
 
 #: How many of a name's latest runs are read from the store to choose a baseline among.
@@ -177,15 +206,17 @@ def machine_points(
     from .store import StoreError
 
     hardware = hardware_class(entry.environment)
-    points: list[RunPoint] = []
+    points: list[tuple[RunPoint, Values | None]] = []
     stored: set[int] = set()
     if store is not None and store.exists():
         try:
+            given = store.values_given(entry.name)
             for row in store.class_rows(hardware, before=before):
                 if row.id == entry.stored_id or row.step_ms_median is None or row.job_id:
                     continue
                 stored.add(row.id)
-                points.append(RunPoint(row.config, float(row.step_ms_median), is_busy(row.load)))
+                point = RunPoint(row.config, float(row.step_ms_median), is_busy(row.load))
+                points.append((point, given.get(row.id) if row.name == entry.name else None))
         except StoreError:
             pass
     for e in history.entries if history is not None else []:
@@ -199,8 +230,26 @@ def machine_points(
             or hardware_class(e.environment) != hardware
         ):
             continue
-        points.append(RunPoint(e.configuration.key, float(median), is_busy(e.load)))
-    return points
+        point = RunPoint(e.configuration.key, float(median), is_busy(e.load))
+        points.append((point, values_of(e.environment) if e.name == entry.name else None))
+    return _with_variants(points, entry)
+
+
+def _with_variants(points: list[tuple[RunPoint, Values | None]], entry: RunEntry) -> list[RunPoint]:
+    """The points, those given with values (the judged run's name's) with their variant: the
+    values that repeat among their configuration's runs, ``entry`` among its own
+    (:mod:`~traceml_nb.analysis.variants`; as its baseline is chosen)."""
+    given: dict[str | None, list[Values]] = {
+        entry.configuration.key: [values_of(entry.environment)]
+    }
+    for point, values in points:
+        if values is not None:
+            given.setdefault(point.config, []).append(values)
+    names = {config: repeating_names(runs) for config, runs in given.items()}
+    return [
+        point if values is None else replace(point, variant=variant(values, names[point.config]))
+        for point, values in points
+    ]
 
 
 def across_sessions(entry: RunEntry, runs: Iterable[RunEntry]) -> bool:
@@ -224,10 +273,12 @@ def noise_for(
     wanted = set(configs)
     if is_busy(entry.load):  # a run on a busy machine: the busy runs are its own kind
         points = [replace(p, busy=False) for p in points]
-    groups: dict[str, list[float]] = {}
-    for p in points:
+    groups: dict[tuple[str, Variant], list[float]] = {}
+    for p in points:  # a configuration's runs given other values scatter around their own mean
         if p.config in wanted and p.config is not None and not p.busy:
-            groups.setdefault(p.config, []).append(p.median_ms)
-    return estimate_noise(
+            groups.setdefault((p.config, p.variant), []).append(p.median_ms)
+    noise = estimate_noise(
         list(groups.values()), step_ms, points, own_configs=sorted(wanted), across_sessions=across
     )
+    counted = {config for (config, _), runs in groups.items() if len(runs) >= 2}
+    return replace(noise, own_configs=len(counted))  # configurations, not their variants

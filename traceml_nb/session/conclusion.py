@@ -151,7 +151,14 @@ def compare_with_earlier(
         found.baseline.changes = changes.lines()
         if baseline.note:
             found.baseline.note = baseline.note
-        title = baseline_title(entry, runs, baseline.kind, found.baseline.changed_parts)
+        title = baseline_title(
+            entry,
+            runs,
+            baseline.kind,
+            found.baseline.changed_parts,
+            baseline.values,
+            baseline.split_by,
+        )
         found.comparisons.append(LabelledComparison(title, found.baseline))
     if previous is not None:
         found.previous = compare_runs(previous, entry, **judged([previous]))
@@ -244,6 +251,8 @@ def median_load(runs: list[RunEntry], key: str) -> float | None:
 
 #: How a baseline title names what changed (:func:`~traceml_nb.analysis.configuration.
 #: changed_parts` codes), e.g. ``3 runs of the earlier code``.
+#: A baseline's title names at most this many of the values that chose its runs.
+MAX_NAMED_VALUES = 3
 CHANGED_PART_WORDS = {
     "code": "code",
     "loader": "DataLoader settings",
@@ -252,12 +261,37 @@ CHANGED_PART_WORDS = {
 }
 
 
+def values_words(values: str, split_by: Sequence[str]) -> str:
+    """``, given the same values (HIDDEN)``, ``, given other arguments`` for a
+    baseline chosen by the values its runs were given (:attr:`.baselines.Baseline.values`),
+    else ''."""
+    from ..analysis.variants import ARGUMENTS
+    from .baselines import SAME_VALUES
+
+    if not values:
+        return ""
+    which = "the same" if values == SAME_VALUES else "other"
+    arguments = " and arguments" if ARGUMENTS in split_by else ""
+    names = [n for n in split_by if n != ARGUMENTS]
+    if not names:
+        return f", given {which} arguments" if arguments else f", given {which} values"
+    more = len(names) - MAX_NAMED_VALUES
+    named = ", ".join(names[:MAX_NAMED_VALUES]) + (f" and {more} more" if more > 0 else "")
+    return f", given {which} values ({named}){arguments}"
+
+
 def baseline_title(
-    entry: RunEntry, baseline: list[RunEntry], kind: str = "", changed: Sequence[str] = ()
+    entry: RunEntry,
+    baseline: list[RunEntry],
+    kind: str = "",
+    changed: Sequence[str] = (),
+    values: str = "",
+    split_by: Sequence[str] = (),
 ) -> str:
     """``baseline: 5 runs of this configuration of 'resnet' (@3–@7)``, ``baseline: 3 runs of
     the earlier DataLoader settings of 'resnet' (@1–@3)``, ``baseline: run #2 of 'resnet'``
-    (pinned runs: ``the pinned baseline``)."""
+    (pinned runs: ``the pinned baseline``); ``…, given the same values (HIDDEN)`` where values
+    told the configuration's runs apart (:func:`values_words`)."""
     from .baselines import EARLIER, PINNED, SAME
 
     labels = [("@", r.stored_id) if r.origin == "store" else ("#", r.id) for r in baseline]
@@ -273,7 +307,8 @@ def baseline_title(
         what = f"the pinned {runs}"
     else:
         what = runs
-    return f"baseline: {what} of {entry.name!r} ({fmt_run_span(labels)}){where}"
+    given = values_words(values, split_by) if kind == SAME else ""
+    return f"baseline: {what} of {entry.name!r} ({fmt_run_span(labels)}){where}{given}"
 
 
 def rank_analysis(

@@ -40,7 +40,15 @@ from ..settings import store_setting, xdg_data_home
 from .history import RunEntry
 from .store_backend import Backend, Connection, StoreEmpty, StoreError, one_line
 from .store_postgres import PostgresBackend
-from .store_rows import LIST_COLUMNS, NameTotals, StoredRow, batch_size_of, entry_of, row_of
+from .store_rows import (
+    LIST_COLUMNS,
+    NameTotals,
+    StoredRow,
+    batch_size_of,
+    entry_of,
+    row_of,
+    values_given_of,
+)
 from .store_schema import MIGRATIONS, RUN_COLUMNS, SCHEMA_VERSION
 from .store_sqlite import SqliteBackend
 from .store_url import is_url
@@ -319,6 +327,15 @@ class Store:
         with self._connect() as conn:
             found = conn.execute("SELECT id, summary FROM runs WHERE name = ?", [name]).fetchall()
         return {int(run_id): batch_size_of(summary) for run_id, summary in found}
+
+    def values_given(self, name: str) -> dict[int, dict[str, str]]:
+        """The values every stored run of ``name`` was given (:func:`~traceml_nb.analysis.
+        variants.values_of`: notebook values, a script's arguments' hash), by run id."""
+        with self._connect() as conn:
+            found = conn.execute(
+                "SELECT id, environment FROM runs WHERE name = ?", [name]
+            ).fetchall()
+        return {int(run_id): values_given_of(environment) for run_id, environment in found}
 
     def totals(self, *, since: float, name: str | None = None) -> list[NameTotals]:
         """Per name, the runs started at or after ``since`` (epoch s) and their idle GPU time."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.findings import Diagnosis, Summary
+from ..analysis.variants import values_of
 from .environment import hardware_class
 from .history import RunEntry
 from .store_schema import RUN_COLUMNS, share_or_null
@@ -141,6 +142,16 @@ def batch_size_of(summary: str) -> int | None:
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         return None
     return size
+
+
+def values_given_of(environment: str) -> dict[str, str]:
+    """The values a run was given (:func:`~traceml_nb.analysis.variants.values_of`), from its
+    stored environment (its JSON text); none where that is not what was written."""
+    try:
+        found = json.loads(environment)
+    except (ValueError, TypeError):
+        return {}
+    return values_of(found) if isinstance(found, dict) else {}
 
 
 def entry_of(row: Sequence[Any], columns: Sequence[str] = RUN_COLUMNS) -> RunEntry:

@@ -1,0 +1,147 @@
+"""The values a run was given beside its configuration (notebook values, a script's arguments):
+which of them tell the configuration's runs apart, the baseline chosen by them and the noise
+estimated within them, from the session's history and from a real store."""
+
+from __future__ import annotations
+
+import pytest
+from store_helpers import ENV, make_run
+
+from traceml_nb.analysis.noise import Noise
+from traceml_nb.analysis.variants import (
+    ARGUMENTS,
+    agree,
+    repeating_names,
+    values_of,
+    variant,
+)
+from traceml_nb.session.baselines import (
+    OTHER_VALUES,
+    SAME,
+    SAME_VALUES,
+    choose_baseline,
+    machine_points,
+    noise_for,
+)
+from traceml_nb.session.conclusion import MAX_NAMED_VALUES, baseline_title, values_words
+from traceml_nb.session.history import History
+from traceml_nb.session.store import Store
+
+
+def given(step_ms: float, seed: int, **values: object):
+    """A run of one configuration (the same cell, settings, machine) whose cell read
+    ``values`` from the notebook (none given: a run stored before values were recorded)."""
+    env = {**ENV, "cell_values": {k: str(v) for k, v in values.items()}} if values else ENV
+    return make_run("tweak", step_ms=step_ms, seed=seed, env=env)
+
+
+def test_a_name_tells_runs_apart_once_one_of_its_values_repeats():
+    assert values_of({"cell_values": {"HIDDEN": "256"}, "script_args_sha": "ab12"}) == {
+        "HIDDEN": "256",
+        ARGUMENTS: "ab12",
+    }
+    assert values_of({"cell_values": None, "script_args_sha": None}) == {}
+    stamps = [{"STAMP": str(1.7e9 + i), "HIDDEN": h} for i, h in enumerate(["256", "256", "1k"])]
+    assert repeating_names(stamps) == {"HIDDEN"}  # a timestamp never repeats
+    assert repeating_names(stamps[1:]) == set()  # 256 and 1k once each: not yet told apart
+    assert agree({"HIDDEN": "256"}, {}, {"HIDDEN"})  # not recorded: agrees with any value
+    assert not agree({"HIDDEN": "256"}, {"HIDDEN": "1k"}, {"HIDDEN"})
+    assert variant(stamps[0], {"HIDDEN"}) == (("HIDDEN", "256"),)
+
+
+def test_the_baseline_is_the_runs_given_the_same_values():
+    """Three runs at ``HIDDEN = 256``, then 1024: judged against the three (other values:
+    what changed names HIDDEN); the second at 1024 against the first; back at 256 against the
+    three again, not against a mix of both sizes."""
+    history = History()
+    small = [history.add(given(10.0, i, HIDDEN=256)) for i in range(3)]
+    large = given(20.0, 3, HIDDEN=1024)
+    first = choose_baseline(large, history, None)
+    assert (first.kind, first.values, first.split_by) == (SAME, OTHER_VALUES, ("HIDDEN",))
+    assert first.runs == small
+    history.add(large)
+    second = choose_baseline(given(20.0, 4, HIDDEN=1024), history, None)
+    assert (second.values, second.runs) == (SAME_VALUES, [large])
+    back = choose_baseline(given(10.0, 5, HIDDEN=256), history, None)
+    assert (back.values, back.runs) == (SAME_VALUES, small)
+
+
+def test_a_value_that_never_repeats_or_was_not_recorded_splits_nothing():
+    """A timestamp read by the cell differs in every run: the runs stay one kind (else each
+    would be a configuration of its own); runs stored before values were recorded agree with
+    the values of those after."""
+    history = History()
+    runs = [history.add(given(10.0, i, STAMP=1.7e9 + i)) for i in range(4)]
+    stamped = choose_baseline(given(10.0, 9, STAMP=1.8e9), history, None)
+    assert (stamped.values, stamped.runs) == ("", runs)
+    history = History()
+    before = [history.add(given(10.0, i)) for i in range(3)]
+    after = history.add(given(10.0, 3, HIDDEN=256))
+    now = choose_baseline(given(10.0, 4, HIDDEN=256), history, None)
+    assert (now.values, now.runs) == ("", [*before, after])
+
+
+def test_a_scripts_arguments_that_repeat_tell_its_runs_apart():
+    """``--model small`` and ``--model big`` in turn (one hash each): each judged against its
+    own; the title says so."""
+    history = History()
+    for i in range(4):
+        sha = "1111222233334444" if i % 2 == 0 else "5555666677778888"
+        env = {**ENV, "script_sha": "aaaa1111bbbb2222", "script_args_sha": sha}
+        history.add(make_run("train", step_ms=10.0 * (1 + i % 2), seed=i, source=None, env=env))
+    env = {**ENV, "script_sha": "aaaa1111bbbb2222", "script_args_sha": "5555666677778888"}
+    big = make_run("train", step_ms=20.0, seed=9, source=None, env=env)
+    chosen = choose_baseline(big, history, None)
+    assert chosen.values == SAME_VALUES and chosen.split_by == (ARGUMENTS,)
+    assert [r.summary.step_ms_median for r in chosen.runs] == pytest.approx([20.0, 20.0], rel=0.02)
+    title = baseline_title(big, chosen.runs, chosen.kind, (), chosen.values, chosen.split_by)
+    assert (
+        title
+        == "baseline: 2 runs of this configuration of 'train' (#2, #4), given the same arguments"
+    )
+
+
+def test_the_titles_words_for_the_values_that_chose_the_runs():
+    assert values_words("", ("HIDDEN",)) == ""
+    assert values_words(OTHER_VALUES, ("HIDDEN",)) == ", given other values (HIDDEN)"
+    assert values_words(SAME_VALUES, ("HIDDEN", ARGUMENTS)) == (
+        ", given the same values (HIDDEN) and arguments"
+    )
+    names = tuple(f"V{i}" for i in range(MAX_NAMED_VALUES + 2))
+    assert values_words(SAME_VALUES, names) == ", given the same values (V0, V1, V2 and 2 more)"
+    assert MAX_NAMED_VALUES == 3
+
+
+def test_the_noise_is_each_values_scatter_around_its_own_mean(tmp_path):
+    """Three runs at 10 ms (``HIDDEN = 256``) and three at 20 ms (1024) are two kinds of run,
+    not a configuration whose runs scatter by 37%: the noise is that of each kind, from the
+    session's history and from a store alike; unrecorded, the same runs read as scatter."""
+
+    def noise(earlier: list, judged, store: Store | None) -> Noise:
+        history: History | None = History()
+        for run in earlier:
+            history.add(run)
+        if store is not None:
+            store.add_many(earlier)
+            history = None
+        points = machine_points(judged, history, store)
+        return noise_for(judged, {judged.configuration.key}, points, 20.0)
+
+    told = [given(m, i, HIDDEN=h) for i, (m, h) in enumerate(SIX)]
+    mixed = [given(m, i) for i, (m, _) in enumerate(SIX)]
+    judged = given(20.1, 9, HIDDEN=1024)
+    from_history = noise(told, judged, None)
+    from_store = noise(told, judged, Store(tmp_path / "told.sqlite"))
+    unrecorded = noise(mixed, given(20.1, 9), Store(tmp_path / "mixed.sqlite"))
+    assert from_history.sigma == pytest.approx(from_store.sigma)
+    assert from_store.sigma < 0.10 < 0.20 < unrecorded.sigma
+    # one configuration (two kinds of run in it), as the noise's words count them
+    assert (from_store.own_configs, from_store.own_runs) == (1, 6)
+    # 256 and 1024 once each: the judged run's 256 makes HIDDEN repeat, as for its baseline
+    once = noise(
+        [given(10.0, 0, HIDDEN=256), given(20.0, 1, HIDDEN=1024)], given(10.1, 2, HIDDEN=256), None
+    )
+    assert once.own_runs == 0
+
+
+SIX = [(10.0, 256), (10.2, 256), (9.9, 256), (20.0, 1024), (20.3, 1024), (19.8, 1024)]

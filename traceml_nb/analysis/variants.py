@@ -1,0 +1,66 @@
+"""The values a run was given beside its configuration, and which of them tell its runs apart.
+
+A configuration (:mod:`.configuration`) is the code, the DataLoader's settings and the versions;
+the **values** a run was given are not part of it: the plain values its cell read from the
+notebook (the environment's ``cell_values``: ``HIDDEN = 1024`` in a settings cell) and a
+script's arguments (``script_args_sha``, one hash for all of them, named :data:`ARGUMENTS`
+here). A value that differs in every run (a timestamp, a run id, an output directory per run)
+would make each run a configuration of its own, with no noise and no baseline of its own.
+
+So a value tells runs apart only once it **repeats**: a name counts when two or more of the
+runs hold the same value of it (:func:`repeating_names`). ``HIDDEN`` 256, 256, 1024 counts
+(the runs at 256 are one kind, the run at 1024 another); a timestamp never does. Within a
+configuration, runs whose counted values agree are one **variant**: the baseline prefers the
+runs of the judged run's variant, and the noise is each variant's scatter around its own mean
+(a changed value shifts the mean, as a changed DataLoader does, and is not noise). A run that
+did not record a name (stored before values were recorded) agrees with any value of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: The name a script's arguments go by among a run's values (their one hash).
+ARGUMENTS = "(arguments)"
+
+#: A run's values: name -> the value as written (a hash for a string or the arguments).
+Values = Mapping[str, str]
+#: The values of the names that tell runs apart, sorted (:func:`variant`).
+Variant = tuple[tuple[str, str], ...]
+
+
+def values_of(environment: Mapping[str, Any]) -> dict[str, str]:
+    """The values a run was given, from its environment: the notebook values its cell read
+    (``cell_values``) and, for a script, its arguments' hash (as :data:`ARGUMENTS`)."""
+    found: dict[str, str] = {}
+    cell = environment.get("cell_values")
+    if isinstance(cell, Mapping):
+        found.update({str(name): str(value) for name, value in cell.items()})
+    arguments = environment.get("script_args_sha")
+    if isinstance(arguments, str):
+        found[ARGUMENTS] = arguments
+    return found
+
+
+def repeating_names(runs: Iterable[Values]) -> set[str]:
+    """The names some value of which two or more of ``runs`` hold."""
+    seen: set[tuple[str, str]] = set()
+    repeated: set[str] = set()
+    for values in runs:
+        for item in values.items():
+            if item in seen:
+                repeated.add(item[0])
+            seen.add(item)
+    return repeated
+
+
+def agree(a: Values, b: Values, names: Iterable[str]) -> bool:
+    """``a`` and ``b`` hold the same value of every one of ``names`` that both recorded."""
+    return all(a[n] == b[n] for n in names if n in a and n in b)
+
+
+def variant(values: Values, names: Iterable[str]) -> Variant:
+    """The values of ``names`` a run recorded, sorted: equal variants are one kind of run
+    (a run that recorded none of them is a kind of its own)."""
+    return tuple(sorted((n, values[n]) for n in names if n in values))
