@@ -249,10 +249,10 @@ def median_load(runs: list[RunEntry], key: str) -> float | None:
     return known[len(known) // 2] if known else None
 
 
-#: How a baseline title names what changed (:func:`~traceml_nb.analysis.configuration.
-#: changed_parts` codes), e.g. ``3 runs of the earlier code``.
 #: A baseline's title names at most this many of the values that chose its runs.
 MAX_NAMED_VALUES = 3
+#: How a baseline title names what changed (:func:`~traceml_nb.analysis.configuration.
+#: changed_parts` codes), e.g. ``3 runs of the earlier code``.
 CHANGED_PART_WORDS = {
     "code": "code",
     "loader": "DataLoader settings",
