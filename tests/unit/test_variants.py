@@ -145,3 +145,26 @@ def test_the_noise_is_each_values_scatter_around_its_own_mean(tmp_path):
 
 
 SIX = [(10.0, 256), (10.2, 256), (9.9, 256), (20.0, 1024), (20.3, 1024), (19.8, 1024)]
+
+
+def test_the_gate_judges_a_script_against_its_runs_given_the_same_arguments(tmp_path):
+    """``train.py --model small`` and ``--model big`` in turn in CI, then ``big`` once more at
+    its usual speed: against the runs given the same arguments it passes, where the last five
+    runs of both and a noise of both sizes in one made it "+32%, inconclusive" (exit 3), as
+    every later run of either would have been."""
+    import traceml_nb
+
+    store = Store(tmp_path / "gate.sqlite")
+    small, big = "1111222233334444", "5555666677778888"
+
+    def script(step_ms: float, seed: int, args: str):
+        env = {**ENV, "script_sha": "aaaa1111bbbb2222", "script_args_sha": args}
+        return make_run("train", step_ms=step_ms, seed=seed, source=None, env=env)
+
+    for i in range(12):
+        args = small if i % 2 == 0 else big
+        store.add(script((10.0 if args == small else 20.0) * (1 + 0.005 * (i % 3)), i, args))
+    store.add(script(20.1, 99, big))
+    result = traceml_nb.check("train", store=store.path).result
+    assert result.exit_code == 0, result.why
+    assert [r.summary.step_ms_median for r in result.baseline] == pytest.approx([20.0] * 5, rel=0.1)

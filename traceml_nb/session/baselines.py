@@ -196,13 +196,19 @@ def choose_baseline(
 
 
 def machine_points(
-    entry: RunEntry, history: History | None, store: Store | None, *, before: int | None = None
+    entry: RunEntry,
+    history: History | None,
+    store: Store | None,
+    *,
+    before: int | None = None,
+    also: Sequence[RunEntry] = (),
 ) -> list[RunPoint]:
     """Every run of ``entry``'s hardware class the noise model may learn from: the store's
-    (all names; older than store id ``before`` when given) and this session's that are not
-    stored, ``entry`` itself left out, and so are the ranks of ``torchrun`` jobs (a job's ranks
-    differ by their roles, not by noise: a job's noise is that of its slowest ranks). A store
-    that cannot be read adds nothing."""
+    (all names; older than store id ``before`` when given), this session's that are not
+    stored and the runs ``also`` (the gate's candidates, stored after ``before``), ``entry``
+    itself left out, and so are the ranks of ``torchrun`` jobs (a job's ranks differ by their
+    roles, not by noise: a job's noise is that of its slowest ranks). A store that cannot be
+    read adds nothing."""
     from .store import StoreError
 
     hardware = hardware_class(entry.environment)
@@ -231,6 +237,11 @@ def machine_points(
         ):
             continue
         point = RunPoint(e.configuration.key, float(median), is_busy(e.load))
+        points.append((point, values_of(e.environment) if e.name == entry.name else None))
+    for e in also:
+        point = RunPoint(
+            e.configuration.key, float(e.summary.step_ms_median or 0.0), is_busy(e.load)
+        )
         points.append((point, values_of(e.environment) if e.name == entry.name else None))
     return _with_variants(points, entry)
 

@@ -31,7 +31,7 @@ from ..analysis.comparison import Comparison
 from ..analysis.configuration import changed_parts
 from ..analysis.formatting import fmt_run_span
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
-from ..analysis.noise import RunPoint, estimate_noise, is_busy, log_mean_ms
+from ..analysis.noise import estimate_noise, is_busy, log_mean_ms
 from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
 from .baselines import SAME, across_sessions, choose_baseline, machine_points, noise_for
 from .environment import hardware_class
@@ -255,19 +255,14 @@ def check(
         if quiet and len(quiet) < len(candidates):  # as from a baseline: busy runs left out
             left_out = [c for c in candidates if is_busy(c.load)]
             candidates, candidate = quiet, quiet[-1]
-    try:
-        points = machine_points(first, None, target, before=first.stored_id)
+    try:  # the candidates' scatter is noise of their configuration too
+        points = machine_points(first, None, target, before=first.stored_id, also=candidates)
     except StoreError:
-        points = []
+        points = machine_points(first, None, None, also=candidates)
     keys = {candidate.configuration.key, *(r.configuration.key for r in baseline)}
     step_ms = candidate.summary.step_ms_median or 0.0
-    if candidates:  # their scatter is noise of their configuration too
-        medians = [float(c.summary.step_ms_median or 0.0) for c in candidates]
-        points += [
-            RunPoint(c.configuration.key, m, is_busy(c.load))
-            for c, m in zip(candidates, medians, strict=True)
-        ]
-        step_ms = log_mean_ms(medians)
+    if candidates:
+        step_ms = log_mean_ms([float(c.summary.step_ms_median or 0.0) for c in candidates])
     judged = candidates or [candidate]
     across = across_sessions(candidate, baseline)
     if job is None:
