@@ -4,8 +4,9 @@
 hardware class (the latest run's by default), oldest first, runs the change points
 (:mod:`~traceml_nb.analysis.changepoints`) over their medians (per sample where their batch
 sizes differ, as a comparison's are: a doubled batch is no slowdown), and for each shift
-compares the last run before it with the first run after it (:func:`~traceml_nb.analysis.attribution.
-what_changed`: code, DataLoader settings, environment, machine load). Runs of a ``torchrun``
+compares the last run before it with the first run after it
+(:func:`~traceml_nb.analysis.attribution.what_changed`: code, DataLoader settings,
+environment, machine load). Runs of a ``torchrun``
 job are left out while the name has runs alone; a name whose runs are all ranks of jobs is
 read one job a point, by its slowest rank (:mod:`.stored_jobs`).
 

@@ -51,6 +51,10 @@ def changes_clause(changes: Changes) -> str:
     return "where " + ", ".join(parts)
 
 
+#: The lines name the batch sizes a history went through up to this many, else their range.
+MAX_BATCH_SIZES_NAMED = 4
+
+
 def measure(history: NameShifts) -> str:
     """What the series is: ``time per sample`` where the runs' batch sizes differ, else
     ``step time``."""
@@ -64,7 +68,7 @@ def measure_why(history: NameShifts) -> str:
         return measure(history)
     sizes = [s for s in history.batch_sizes if s is not None]
     levels = [a for a, b in zip(sizes, [*sizes[1:], None], strict=True) if a != b]
-    if len(levels) > 4:
+    if len(levels) > MAX_BATCH_SIZES_NAMED:
         return f"time per sample (batch sizes from {min(sizes)} to {max(sizes)})"
     went = " \u2192 ".join(map(str, levels))
     return f"time per sample (the batch size went {went})"
