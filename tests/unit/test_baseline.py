@@ -169,6 +169,29 @@ def test_the_step_row_reads_the_mean_of_the_baseline_runs():
     assert result.judgement is not None and result.noise is not None
 
 
+def test_compare_judges_a_pair_with_the_noise_the_report_used(tmp_path):
+    """``%traceml compare 5 6`` (``Session.compare``) and ``compare @5 @6`` read the noise of
+    the runs' configuration, as the report's "vs previous run" line does: before, they took
+    the default's 17% for two runs of 1.2 ms steps whose configuration scattered by 2%, and
+    a stored run compared with itself counted in its own noise."""
+    from traceml_nb.session.baselines import judging, machine_points
+    from traceml_nb.session.session import Session
+
+    session = Session(store=str(tmp_path / "runs.sqlite"))
+    store = session.store()
+    assert store is not None
+    for i, median in enumerate([1.20, 1.23, 1.18, 1.21, 1.22, 1.19]):
+        entry = session.history.add(make_run(step_ms=median, seed=i))
+        entry.stored_id = store.add(entry)
+    first, second = session.history.entries[4:6]
+    report = judging(second, [first], machine_points(second, session.history, store))["noise"]
+    by_number = session.compare(5, 6).noise
+    before, after, _ = session.compare_refs("@5", "@6")
+    by_id = session.judge_pair(before, after).noise
+    assert by_number == report and by_id == report
+    assert report.own_runs == 5 and report.sigma < default_noise_sigma(1.2) - 0.04
+
+
 def test_the_gate_asks_one_question_is_it_slower():
     runs = baseline_runs([100.0, 101.0, 99.0, 100.5, 99.5], jitter=0.002)
     slower = compare_with_baseline(

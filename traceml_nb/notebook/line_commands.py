@@ -81,7 +81,6 @@ def _cmd_history(session: Session, *args: str) -> None:
 def _cmd_compare(session: Session, ref_a: str, ref_b: str) -> None:
     from IPython.display import display
 
-    from ..analysis import compare
     from ..analysis.attribution import what_changed
     from ..views.report import ComparisonView
 
@@ -91,7 +90,7 @@ def _cmd_compare(session: Session, ref_a: str, ref_b: str) -> None:
         raise UsageError(f"%traceml compare: {exc.args[0]}") from None
     if note:
         print(f"traceml: {note}")
-    comparison = compare(before, after)
+    comparison = session.judge_pair(before, after)
     comparison.changes = what_changed(before, after, verdict=comparison.verdict).lines()
     display(ComparisonView(before.label, after.label, comparison))
 

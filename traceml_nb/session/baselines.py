@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.noise import Noise, RunPoint, estimate_noise, is_busy
 from ..analysis.thresholds import BASELINE_RUNS
@@ -213,7 +213,8 @@ def machine_points(
 
     hardware = hardware_class(entry.environment)
     points: list[tuple[RunPoint, Values | None]] = []
-    stored: set[int] = set()
+    # ``entry`` read back from the store is also this session's run of that id: left out too
+    stored: set[int] = {entry.stored_id} if entry.stored_id is not None else set()
     if store is not None and store.exists():
         try:
             given = store.values_given(entry.name)
@@ -261,6 +262,23 @@ def _with_variants(points: list[tuple[RunPoint, Values | None]], entry: RunEntry
         point if values is None else replace(point, variant=variant(values, names[point.config]))
         for point, values in points
     ]
+
+
+def judging(
+    entry: RunEntry, before: Sequence[RunEntry], points: Sequence[RunPoint]
+) -> dict[str, Any]:
+    """The keyword arguments that judge ``entry`` against the runs ``before`` (for
+    :func:`~traceml_nb.analysis.compare` and :func:`~traceml_nb.analysis.baseline.
+    compare_with_baseline`): the noise of the configurations they compare (:func:`noise_for`
+    over ``points``, :func:`machine_points`) and whether ``entry`` alone ran on a busy
+    machine."""
+    keys = {entry.configuration.key, *(r.configuration.key for r in before)}
+    step_ms = entry.summary.step_ms_median or 0.0
+    across = across_sessions(entry, before)
+    return {
+        "noise": noise_for(entry, keys, points, step_ms, across=across),
+        "after_busy": is_busy(entry.load) and not all(is_busy(r.load) for r in before),
+    }
 
 
 def across_sessions(entry: RunEntry, runs: Iterable[RunEntry]) -> bool:

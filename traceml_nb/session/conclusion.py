@@ -114,21 +114,14 @@ def compare_with_earlier(
     from ..analysis.attribution import what_changed
     from ..analysis.baseline import compare_with_baseline
     from ..analysis.configuration import changed_parts
-    from ..analysis.noise import is_busy
-    from .baselines import across_sessions, machine_points, noise_for
+    from .baselines import judging, machine_points
 
     runs = baseline.runs
     points = machine_points(entry, history, target)
-    step_ms = entry.summary.step_ms_median or 0.0
     config = entry.configuration
 
     def judged(before: list[RunEntry]) -> dict[str, Any]:
-        """The keyword arguments that judge ``entry`` against ``before``."""
-        keys = {config.key, *(r.configuration.key for r in before)}
-        return {
-            "noise": noise_for(entry, keys, points, step_ms, across=across_sessions(entry, before)),
-            "after_busy": is_busy(entry.load) and not all(is_busy(r.load) for r in before),
-        }
+        return judging(entry, before, points)
 
     previous = history.previous_of(entry)
     best = history.best_of(entry)

@@ -240,11 +240,23 @@ class Session:
 
     def compare(self, before: int | str, after: int | str) -> Comparison:
         """Run ``after`` against run ``before`` (numbers or names, as :meth:`pair` takes
-        them)."""
-        from ..analysis import compare as compare_runs
-
+        them), judged as :meth:`judge_pair` judges them."""
         first, second, _ = self.pair(before, after)
-        return compare_runs(first, second)
+        return self.judge_pair(first, second)
+
+    def judge_pair(self, before: RunEntry, after: RunEntry) -> Comparison:
+        """``after`` against ``before``, judged as a run's report judges it against its
+        previous run: with the noise of their configurations as this session's runs and the
+        store's show it (:func:`~.baselines.judging`), not only the default's."""
+        from ..analysis import compare as compare_runs
+        from .baselines import judging, machine_points
+        from .store import StoreError
+
+        try:
+            points = machine_points(after, self.history, self.store())
+        except StoreError:  # a store that cannot be read: this session's runs alone
+            points = machine_points(after, self.history, None)
+        return compare_runs(before, after, **judging(after, [before], points))
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the history to ``path`` (JSON, atomically); returns the path written."""
