@@ -4,6 +4,7 @@ post-step hooks, module forward hooks, the ``torch.autograd.backward`` wrapper).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 
@@ -18,7 +19,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 import traceml_nb
 from traceml_nb.engine.instrument import hooks
 from traceml_nb.engine.instrument.step_phases import FIRST_SKIP
-from traceml_nb.engine.instrument.tracer import StepTracer
+from traceml_nb.engine.instrument.tracer import EPOCH_PROCESS_EVENTS, StepTracer
 from traceml_nb.engine.record import FLAG_OPTIMIZER_STEP, RunRecord
 
 
@@ -398,3 +399,51 @@ def test_a_window_over_a_step_does_not_keep_its_optimizer_alive() -> None:
     gc.collect()
     assert freed() is None and window.opened_by is None
     assert window.closes_at(other)
+
+
+def test_an_iterator_the_loop_breaks_out_of_keeps_its_workers_no_longer_than_an_epoch() -> None:
+    """A loop that breaks out of each epoch leaves the iterator to be freed, which stops its
+    workers at once; the run's log names each iterator until it is processed (every 256 events
+    without a live view), so 8 such epochs of 2 workers kept 16 worker processes alive, 2 more
+    each epoch. The log is now processed as an iterator with workers begins its epoch: at most
+    the last iterator left lives on, until the next epoch's first batch; none after the run."""
+    import psutil
+
+    me = psutil.Process()
+    before = len(me.children(recursive=True))
+    loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.zeros(64).long()), batch_size=4,
+                        num_workers=2)  # fmt: skip
+    model, opt = _model_and_opt()
+    alive = []
+    with traceml_nb.Run("breaks", sample=False) as run:
+        for _ in range(8):
+            alive.append(len(me.children(recursive=True)) - before)
+            for i, (x, y) in enumerate(loader):
+                _step(model, opt, x, y)
+                if i == 2:
+                    break
+    assert alive == [0] + [2] * 7  # the epoch before's workers, not every epoch's
+    assert len(me.children(recursive=True)) == before
+    assert run.record.optimizer_steps == 24
+
+
+def test_a_sweeps_earlier_models_are_freed_as_without_the_run() -> None:
+    """Trials in one cell, each a fresh model, optimizer and loader for 30 steps: the log's
+    optimizer steps name the optimizer (and so its parameters and state) until processed,
+    which kept up to 4 earlier trials' parameters alive (256 events); now, as without a run,
+    only the trial before, which the loop's own names still hold at the next trial's start."""
+    import weakref
+
+    data = TensorDataset(torch.randn(120, 8), torch.zeros(120).long())
+    alive: dict[str, list[int]] = {}
+    for traced in (False, True):
+        refs: list[weakref.ref] = []
+        seen = alive.setdefault("traced" if traced else "plain", [])
+        with traceml_nb.Run("sweep", sample=False) if traced else contextlib.nullcontext():
+            for _ in range(8):
+                seen.append(sum(r() is not None for r in refs))
+                model, opt = _model_and_opt(torch.optim.Adam)
+                refs.append(weakref.ref(model.weight))
+                _train(model, opt, DataLoader(data, batch_size=4))
+    assert alive["traced"] == alive["plain"] == [0] + [1] * 7
+    assert EPOCH_PROCESS_EVENTS == 32

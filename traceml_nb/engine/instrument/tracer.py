@@ -48,6 +48,12 @@ CHECK_EVERY = 256
 #: events (a reader that fell behind or stopped); without one, an optimizer step or a marker
 #: processes it at this length too (a loop without a DataLoader). About 1 MB of log.
 READER_MAX_EVENTS = 8192
+#: The log names the iterators and optimizers of its events until it is processed, so an
+#: iterator the loop left by a ``break`` (and its worker processes), or a sweep's earlier model
+#: and optimizer, would live on until then. An iterator that begins its epoch processes the log
+#: once it holds this many events, and always when the iterator has workers (starting them took
+#: milliseconds; processing takes microseconds): at most an epoch's worth stays named.
+EPOCH_PROCESS_EVENTS = 32
 
 T = TypeVar("T")
 #: A global optimizer post-step hook: called with ``(optimizer, args, kwargs)``.
@@ -249,7 +255,12 @@ class StepTracer:
         except Exception:
             pass
         self.log.append((EPOCH_STARTED, it, samples, driver, grad))
-        self.check()  # a loop that makes a new iterator for every few batches checks here
+        workers = bool(getattr(it, "_num_workers", 0))
+        if self.active and (workers or len(self.log) >= EPOCH_PROCESS_EVENTS):
+            # what the log names lives no longer than an epoch (EPOCH_PROCESS_EVENTS)
+            self.processing_ns += self._process()
+        else:
+            self.check()  # a loop that makes a new iterator for every few batches checks here
 
     def marker(self) -> None:
         """An explicit end of a step (``traceml_nb.step()``)."""
