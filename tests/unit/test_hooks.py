@@ -428,22 +428,31 @@ def test_an_iterator_the_loop_breaks_out_of_keeps_its_workers_no_longer_than_an_
 
 
 def test_a_sweeps_earlier_models_are_freed_as_without_the_run() -> None:
-    """Trials in one cell, each a fresh model, optimizer and loader for 30 steps: the log's
-    optimizer steps name the optimizer (and so its parameters and state) until processed,
-    which kept up to 4 earlier trials' parameters alive (256 events); now, as without a run,
-    only the trial before, which the loop's own names still hold at the next trial's start."""
+    """Trials in one cell, each a fresh model, optimizer and loader for 30 steps (or slices of
+    tensors, no loader): the log's optimizer steps name the optimizer (and so its parameters
+    and state) until processed, which kept up to 4 earlier trials' parameters alive with a
+    loader and 7 without (256 events); now, as without a run, only the trial before, which the
+    loop's own names still hold at the next trial's start."""
     import weakref
 
     data = TensorDataset(torch.randn(120, 8), torch.zeros(120).long())
-    alive: dict[str, list[int]] = {}
-    for traced in (False, True):
-        refs: list[weakref.ref] = []
-        seen = alive.setdefault("traced" if traced else "plain", [])
-        with traceml_nb.Run("sweep", sample=False) if traced else contextlib.nullcontext():
-            for _ in range(8):
-                seen.append(sum(r() is not None for r in refs))
-                model, opt = _model_and_opt(torch.optim.Adam)
-                refs.append(weakref.ref(model.weight))
-                _train(model, opt, DataLoader(data, batch_size=4))
-    assert alive["traced"] == alive["plain"] == [0] + [1] * 7
+    alive: dict[tuple[str, bool], list[int]] = {}
+    for loader in (True, False):  # a trial without a loader: its new optimizer lets go
+        for traced in (False, True):
+            refs: list[weakref.ref] = []
+            seen = alive.setdefault(("traced" if traced else "plain", loader), [])
+            with traceml_nb.Run("sweep", sample=False) if traced else contextlib.nullcontext():
+                for _ in range(8):
+                    seen.append(sum(r() is not None for r in refs))
+                    model, opt = _model_and_opt(torch.optim.Adam)
+                    refs.append(weakref.ref(model.weight))
+                    if loader:
+                        _train(model, opt, DataLoader(data, batch_size=4))
+                    else:
+                        for i in range(30):
+                            _step(
+                                model, opt, data.tensors[0][i : i + 4], data.tensors[1][i : i + 4]
+                            )
+    for loader in (True, False):
+        assert alive[("traced", loader)] == alive[("plain", loader)] == [0] + [1] * 7, alive
     assert EPOCH_PROCESS_EVENTS == 32

@@ -52,7 +52,9 @@ READER_MAX_EVENTS = 8192
 #: iterator the loop left by a ``break`` (and its worker processes), or a sweep's earlier model
 #: and optimizer, would live on until then. An iterator that begins its epoch processes the log
 #: once it holds this many events, and always when the iterator has workers (starting them took
-#: milliseconds; processing takes microseconds): at most an epoch's worth stays named.
+#: milliseconds; processing takes microseconds): at most an epoch's worth stays named. The
+#: first step of an optimizer other than the last two processes it too (a sweep's next trial,
+#: with or without a loader; a GAN's two optimizers in turn do not).
 EPOCH_PROCESS_EVENTS = 32
 
 T = TypeVar("T")
@@ -125,6 +127,10 @@ class WorkerPids:
 
 def _itself(obj: T) -> T:
     return obj
+
+
+def _nothing() -> None:
+    return None
 
 
 class StepTracer:
@@ -220,9 +226,13 @@ class StepTracer:
         append = log.append
         told = tuple(listeners)
         due = owed = 1  # steps until the least countdown runs out, and that countdown when seen
+        # the optimizer that stepped last and the one before, held weakly: holding one would
+        # hold its parameters, and an id() comes back as the next trial's optimizer's
+        latest: Callable[[], Any] = _nothing
+        before: Callable[[], Any] = _nothing
 
         def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-            nonlocal due, owed
+            nonlocal due, owed, latest, before
             due -= 1
             if due <= 0:
                 for listener in told:
@@ -231,7 +241,15 @@ class StepTracer:
                         listener.optimizer_step_ended(optimizer)
                 due = owed = max(1, min((x.countdown for x in told), default=1 << 62))
             append((OPTIMIZER_STEP, optimizer, clock()))
-            if len(log) > READER_MAX_EVENTS:
+            if optimizer is not latest():  # a GAN's other optimizer, or a new one
+                if optimizer is not before() and tracer.active:
+                    tracer.processing_ns += tracer._process()  # a sweep's earlier trial goes
+                before = latest
+                try:
+                    latest = weakref.ref(optimizer)
+                except TypeError:  # no weak references: held, as the log holds it anyway
+                    latest = functools.partial(_itself, optimizer)
+            elif len(log) > READER_MAX_EVENTS:
                 tracer.check()
 
         return on_optimizer_step
