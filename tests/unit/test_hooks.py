@@ -455,4 +455,29 @@ def test_a_sweeps_earlier_models_are_freed_as_without_the_run() -> None:
                             )
     for loader in (True, False):
         assert alive[("traced", loader)] == alive[("plain", loader)] == [0] + [1] * 7, alive
+
+
+def test_a_new_iterator_processes_the_log_once_it_holds_epoch_process_events(monkeypatch) -> None:
+    """A fresh iterator a step without workers (``next(iter(loader))``): its epoch's start
+    processes the log exactly when the log holds ``EPOCH_PROCESS_EVENTS`` or more (3 events a
+    step here), never below."""
+    seen: list[tuple[int, bool]] = []
+    original = StepTracer.epoch_started
+
+    def spy(self: StepTracer, it: object) -> None:
+        logged, processed = len(self.log) + 1, self.processing_ns  # with its EPOCH_STARTED
+        original(self, it)
+        seen.append((logged, self.processing_ns != processed))
+
+    monkeypatch.setattr(StepTracer, "epoch_started", spy)
+    loader = _loader(n=40)
+    model, opt = _model_and_opt()
+    with traceml_nb.Run("one batch a step", sample=False):
+        for _ in range(60):
+            _step(model, opt, *next(iter(loader)))
+    assert [processed for _, processed in seen] == [n >= EPOCH_PROCESS_EVENTS for n, _ in seen]
+    assert sum(processed for _, processed in seen) >= 3
+    # both sides, within a step's 3 events: left below it, processed as soon as past it
+    assert max(n for n, processed in seen if not processed) >= EPOCH_PROCESS_EVENTS - 3
+    assert max(n for n, processed in seen if processed) < EPOCH_PROCESS_EVENTS + 3
     assert EPOCH_PROCESS_EVENTS == 32
