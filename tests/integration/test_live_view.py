@@ -964,9 +964,10 @@ def test_the_tick_is_never_shorter_than_a_quarter_second():
 def test_the_view_thread_turns_the_step_log_into_rows_not_the_training_loop(monkeypatch):
     """With a live view the training loop only logs its steps: the view's thread has them
     segmented before each update, so the loop never does (it would every few hundred events),
-    and the rows are complete at the end. The one exception, by design: the FLOP count's end
+    and the rows are complete at the end. The exceptions, by design: the FLOP count's end
     asks whether an evaluation ran during it, which segments the log there, once a try (in
-    the suite it seldom shows: once a test has compiled a model, no FLOPs are counted)."""
+    the suite it seldom shows: once a test has compiled a model, no FLOPs are counted); and
+    an iterator with workers beginning its epoch (``EPOCH_PROCESS_EVENTS``; none here)."""
     from traceml_nb.engine.instrument.flop_count import FLOP_COUNT_TRIES
     from traceml_nb.engine.instrument.tracer import PROCESS_EVENTS, StepTracer
 

@@ -54,7 +54,8 @@ READER_MAX_EVENTS = 8192
 #: once it holds this many events, and always when the iterator has workers (starting them took
 #: milliseconds; processing takes microseconds): at most an epoch's worth stays named. The
 #: first step of an optimizer other than the last two processes it too (a sweep's next trial,
-#: with or without a loader; a GAN's two optimizers in turn do not).
+#: with or without a loader; a GAN's two optimizers in turn do not). With a reader attached
+#: (the live view's thread processes the log at its own pace) only the workers' case does.
 EPOCH_PROCESS_EVENTS = 32
 
 T = TypeVar("T")
@@ -153,6 +154,8 @@ class StepTracer:
         self.log: list[tuple[Any, ...]] = []
         #: the log length at which the logging thread processes it
         self.max_log = PROCESS_EVENTS
+        #: a reader (the live view's thread) processes the log: the training thread only logs
+        self.reader_attached = False
         #: held while the log is processed; a reader holds it to read rows and loaders alike
         self.lock = threading.Lock()
         #: time the logging threads (the training loop) spent processing, ns
@@ -242,7 +245,7 @@ class StepTracer:
                 due = owed = max(1, min((x.countdown for x in told), default=1 << 62))
             append((OPTIMIZER_STEP, optimizer, clock()))
             if optimizer is not latest():  # a GAN's other optimizer, or a new one
-                if optimizer is not before() and tracer.active:
+                if optimizer is not before() and tracer.active and not tracer.reader_attached:
                     tracer.processing_ns += tracer._process()  # a sweep's earlier trial goes
                 before = latest
                 try:
@@ -274,7 +277,8 @@ class StepTracer:
             pass
         self.log.append((EPOCH_STARTED, it, samples, driver, grad))
         workers = bool(getattr(it, "_num_workers", 0))
-        if self.active and (workers or len(self.log) >= EPOCH_PROCESS_EVENTS):
+        due = not self.reader_attached and len(self.log) >= EPOCH_PROCESS_EVENTS
+        if self.active and (workers or due):
             # what the log names lives no longer than an epoch (EPOCH_PROCESS_EVENTS)
             self.processing_ns += self._process()
         else:
@@ -305,9 +309,11 @@ class StepTracer:
     # --- processing the log ---------------------------------------------------------------
     def attach_reader(self, attached: bool = True) -> None:
         """A thread that reads the rows while the run goes on calls :meth:`process` before each
-        read; the training thread then only logs, up to :data:`READER_MAX_EVENTS` events.
+        read; the training thread then only logs, up to :data:`READER_MAX_EVENTS` events
+        (and the epoch's start of an iterator with workers: :data:`EPOCH_PROCESS_EVENTS`).
         ``False`` when the reader stops: the training thread takes the work back."""
         self.max_log = READER_MAX_EVENTS if attached else PROCESS_EVENTS
+        self.reader_attached = attached
 
     def process(self) -> None:
         """Process the events logged so far, now (a reader, before it reads; its time counts in
