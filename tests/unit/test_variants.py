@@ -16,6 +16,7 @@ from traceml_nb.analysis.variants import (
     variant,
 )
 from traceml_nb.session.baselines import (
+    EARLIER,
     OTHER_VALUES,
     SAME,
     SAME_VALUES,
@@ -64,6 +65,24 @@ def test_the_baseline_is_the_runs_given_the_same_values():
     assert (second.values, second.runs) == (SAME_VALUES, [large])
     back = choose_baseline(given(10.0, 5, HIDDEN=256), history, None)
     assert (back.values, back.runs) == (SAME_VALUES, small)
+
+
+def test_the_configuration_before_an_edit_is_taken_at_the_judged_runs_values():
+    """The cell edited while ``HIDDEN`` is 1024, after runs of the earlier code at 256 and at
+    1024: the edit is judged against the earlier code's runs at 1024, not a mix of both."""
+    history = History()
+    for i, hidden in enumerate([256, 256, 1024, 1024, 256]):
+        history.add(given(10.0 if hidden == 256 else 20.0, i, HIDDEN=hidden))
+    env = {**ENV, "cell_values": {"HIDDEN": "1024"}}
+    edited = make_run("tweak", step_ms=21.0, seed=9, env=env, source="train(loader, log=1)\n")
+    chosen = choose_baseline(edited, history, None)
+    assert (chosen.kind, chosen.values, chosen.split_by) == (EARLIER, SAME_VALUES, ("HIDDEN",))
+    assert [r.summary.step_ms_median for r in chosen.runs] == pytest.approx([20.0] * 2, rel=0.02)
+    title = baseline_title(edited, chosen.runs, EARLIER, ("code",), chosen.values, chosen.split_by)
+    assert title == (
+        "baseline: 2 runs of the earlier code of 'tweak' (#3\u2013#4), given the same values "
+        "(HIDDEN)"
+    )
 
 
 def test_a_value_that_never_repeats_or_was_not_recorded_splits_nothing():

@@ -116,16 +116,16 @@ def _split(
     if not earlier:
         return Baseline([], SAME)
     before = keyed[-1][1]
-    runs = [r for r, their in keyed if their == before]
-    return Baseline(_quiet_first(runs, entry, k), EARLIER)
+    runs, values, names = _by_values(entry, [r for r, their in keyed if their == before])
+    return Baseline(_quiet_first(runs, entry, k), EARLIER, values=values, split_by=names)
 
 
 def _by_values(
     entry: RunEntry, runs: list[RunEntry]
 ) -> tuple[list[RunEntry], str, tuple[str, ...]]:
-    """Of ``runs`` (``entry``'s configuration), those given ``entry``'s values where values
-    tell the runs apart, else those given the latest run's; with which (:attr:`Baseline.values`)
-    and the names that told them apart."""
+    """Of ``runs`` (one configuration: ``entry``'s, or the one before it), those given
+    ``entry``'s values where values tell the runs apart, else those given the latest run's;
+    with which (:attr:`Baseline.values`) and the names that told them apart."""
     given = [values_of(r.environment) for r in runs]
     mine = values_of(entry.environment)
     names = repeating_names([*given, mine])

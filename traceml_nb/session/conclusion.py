@@ -300,7 +300,7 @@ def baseline_title(
         what = f"the pinned {runs}"
     else:
         what = runs
-    given = values_words(values, split_by) if kind == SAME else ""
+    given = values_words(values, split_by) if kind in (SAME, EARLIER) else ""
     return f"baseline: {what} of {entry.name!r} ({fmt_run_span(labels)}){where}{given}"
 
 
