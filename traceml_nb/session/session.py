@@ -244,16 +244,21 @@ class Session:
         first, second, _ = self.pair(before, after)
         return self.judge_pair(first, second)
 
-    def judge_pair(self, before: RunEntry, after: RunEntry) -> Comparison:
+    def judge_pair(
+        self, before: RunEntry, after: RunEntry, *, store: Store | None = None
+    ) -> Comparison:
         """``after`` against ``before``, judged as a run's report judges it against its
         previous run: with the noise of their configurations as this session's runs and the
-        store's show it (:func:`~.baselines.judging`), not only the default's."""
+        store's show it (``store``, default :meth:`store`; :func:`~.baselines.judging`), not
+        only the default's."""
         from ..analysis import compare as compare_runs
         from .baselines import judging, machine_points
         from .store import StoreError
 
         try:
-            points = machine_points(after, self.history, self.store())
+            points = machine_points(
+                after, self.history, store if store is not None else self.store()
+            )
         except StoreError:  # a store that cannot be read: this session's runs alone
             points = machine_points(after, self.history, None)
         return compare_runs(before, after, **judging(after, [before], points))
