@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..analysis.comparison import Comparison
 from ..analysis.findings import IdleCost, Summary
@@ -119,10 +119,6 @@ def compare_with_earlier(
     runs = baseline.runs
     points = machine_points(entry, history, target)
     config = entry.configuration
-
-    def judged(before: list[RunEntry]) -> dict[str, Any]:
-        return judging(entry, before, points)
-
     previous = history.previous_of(entry)
     best = history.best_of(entry)
     found = Compared()
@@ -132,7 +128,7 @@ def compare_with_earlier(
         and (runs[0] is previous or runs[0].stored_id == previous.stored_id)
     )
     if runs and not same_as_previous:
-        found.baseline = compare_with_baseline(runs, entry, **judged(runs))
+        found.baseline = compare_with_baseline(runs, entry, **judging(entry, runs, points))
         found.baseline.changed_parts = changed_parts(runs[-1].configuration, config)
         changes = what_changed(
             runs[-1],
@@ -154,7 +150,7 @@ def compare_with_earlier(
         )
         found.comparisons.append(LabelledComparison(title, found.baseline))
     if previous is not None:
-        found.previous = compare_runs(previous, entry, **judged([previous]))
+        found.previous = compare_runs(previous, entry, **judging(entry, [previous], points))
         found.previous.changed_parts = changed_parts(previous.configuration, config)
         found.previous.changes = what_changed(
             previous, entry, verdict=found.previous.verdict
@@ -165,7 +161,7 @@ def compare_with_earlier(
     # the best of several runs of this very configuration is only its luckiest: the
     # baseline judges those; the best run is compared where it is another configuration
     if best is not None and best is not previous and best.configuration.key != config.key:
-        found.best = compare_runs(best, entry, **judged([best]))
+        found.best = compare_runs(best, entry, **judging(entry, [best], points))
         found.best.changed_parts = changed_parts(best.configuration, config)
         found.comparisons.append(LabelledComparison(f"best run {best.label}", found.best))
     return found

@@ -56,7 +56,8 @@ class NameShifts:
 
     ``per_sample``: the series is the time per sample (median step / batch size), since the
     runs' batch sizes (``batch_sizes``, one a run; None: not counted) are all known and differ
-    by ``BATCH_SIZE_CHANGE_SHARE`` or more; the shifts' times are then per sample too."""
+    by ``BATCH_SIZE_CHANGE_SHARE`` or more; the shifts' times are then per sample too.
+    ``judged_ms``: each run's value in the series (ms: its median step, or per sample)."""
 
     name: str
     hardware: str | None
@@ -66,6 +67,7 @@ class NameShifts:
     left_out: dict[str, int] = field(default_factory=dict)
     batch_sizes: list[int | None] = field(default_factory=list)
     per_sample: bool = False
+    judged_ms: list[float] = field(default_factory=list)
 
     @property
     def latest(self) -> Shift | None:
@@ -131,7 +133,9 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
             before, after = series[p.index - 1], series[p.index]
             changes = what_changed(entries.get(before.id), entries.get(after.id))
             found.append(Shift(p, before, after, changes, len(series) - p.index))
-    return NameShifts(name, hardware, series, shifts, found, left_out, batch_sizes, per_sample)
+    return NameShifts(
+        name, hardware, series, shifts, found, left_out, batch_sizes, per_sample, medians
+    )
 
 
 @dataclass

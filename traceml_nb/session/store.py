@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ..settings import store_setting, xdg_data_home
 from .history import RunEntry
@@ -54,6 +54,8 @@ from .store_sqlite import SqliteBackend
 from .store_url import is_url
 
 __all__ = ["Store", "StoreEmpty", "StoreError", "default_store_path", "resolve_store_path"]
+
+T = TypeVar("T")
 
 #: Values of ``TRACEML_NB_STORE`` that turn the store off (any case).
 OFF_VALUES = frozenset({"off", "no", "none", "false", "0"})
@@ -324,18 +326,18 @@ class Store:
     def batch_sizes(self, name: str) -> dict[int, int | None]:
         """The median batch size (samples a step) of every stored run of ``name``, by run id,
         read from its summary (None: the run could not count its samples)."""
-        with self._connect() as conn:
-            found = conn.execute("SELECT id, summary FROM runs WHERE name = ?", [name]).fetchall()
-        return {int(run_id): batch_size_of(summary) for run_id, summary in found}
+        return self._read_each(name, "summary", batch_size_of)
 
     def values_given(self, name: str) -> dict[int, dict[str, str]]:
         """The values every stored run of ``name`` was given (:func:`~traceml_nb.analysis.
         variants.values_of`: notebook values, a script's arguments' hash), by run id."""
+        return self._read_each(name, "environment", values_given_of)
+
+    def _read_each(self, name: str, column: str, read: Callable[[str], T]) -> dict[int, T]:
+        """``read`` of one JSON ``column`` of every stored run of ``name``, by run id."""
         with self._connect() as conn:
-            found = conn.execute(
-                "SELECT id, environment FROM runs WHERE name = ?", [name]
-            ).fetchall()
-        return {int(run_id): values_given_of(environment) for run_id, environment in found}
+            found = conn.execute(f"SELECT id, {column} FROM runs WHERE name = ?", [name]).fetchall()
+        return {int(run_id): read(text) for run_id, text in found}
 
     def totals(self, *, since: float, name: str | None = None) -> list[NameTotals]:
         """Per name, the runs started at or after ``since`` (epoch s) and their idle GPU time."""

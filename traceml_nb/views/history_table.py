@@ -255,8 +255,8 @@ class StoredHistory:
         history = name_shifts(store, name)
         shown = [r for r in rows if r.hardware == history.hardware]
         per_sample = {  # the series' value of each run in it, where it is per sample
-            r.id: float(r.step_ms_median or 0) / (size or 1)
-            for r, size in zip(history.runs, history.batch_sizes, strict=True)
+            r.id: ms
+            for r, ms in zip(history.runs, history.judged_ms, strict=True)
             if history.per_sample
         }
         cells = []
