@@ -24,6 +24,7 @@ from traceml_nb.tune.constants import (
     COMPUTE_CHANGE_SHARE,
     EARLY_DROP_FACTOR,
     IDLE_WORKER_SHARE,
+    LOADING_HEADROOM_SHARE,
     MAX_TUNE_WORKERS,
     PREFETCH_CHOICES,
     RAM_SHARE,
@@ -35,13 +36,16 @@ from traceml_nb.tune.predict import (
     Measurement,
     TuneResult,
     drop_slow,
+    headroom_note,
+    making_ms,
     predict_for_compute_ms,
     predict_ms,
     recommend,
+    spare_share,
     update_predictions,
 )
 from traceml_nb.tune.prediction import Prediction
-from traceml_nb.tune.tuner import _idle_extension
+from traceml_nb.tune.tuner import _conclude, _idle_extension
 from traceml_nb.views.comparison_words import prediction_rows, prediction_sentence
 from traceml_nb.views.tune import TuneReport, render_html, render_text
 
@@ -159,6 +163,68 @@ def test_among_close_candidates_fewer_batches_in_flight_win():
     shallow = measured(2, 101.0, prefetch=2, train_ms=0.0)
     update_predictions([deep, shallow], 1.0, cpus=2)
     assert recommend([deep, shallow]) is shallow
+
+
+def balanced(making_ms: float) -> list[Measurement]:
+    """The quickstart's tuning where a batch takes ``making_ms`` to make: the training takes
+    20 ms a batch (compute 19 ms, training side 1 ms), and 1 and 2 workers both keep up."""
+    own = measured(0, making_ms)
+    one = measured(1, 20.5, train_ms=1.0)
+    two = measured(2, 20.3, train_ms=1.0)
+    update_predictions([own, one, two], 19.0, cpus=2)
+    return [own, one, two]
+
+
+@pytest.mark.parametrize(
+    ("spare", "winner"),
+    [(LOADING_HEADROOM_SHARE + 0.01, 1), (LOADING_HEADROOM_SHARE - 0.01, 2)],
+)
+def test_a_worker_count_with_too_little_to_spare_is_passed_over(spare, winner):
+    # one worker making a batch in 20 × (1 − spare) ms: it keeps up with 20 ms a batch, and
+    # only past LOADING_HEADROOM_SHARE would a rerun computing that much faster still keep it
+    grid = balanced(20.0 * (1 - spare))
+    assert recommend(grid, compute_ms=19.0).candidate.num_workers == winner
+    assert recommend(grid, compute_ms=19.0, headroom=None).candidate.num_workers == 1
+
+
+def test_the_room_is_judged_only_where_the_time_to_make_a_batch_is_known():
+    _, one, two = balanced(20.0)
+    assert recommend([one, two], compute_ms=19.0) is one  # no loader without workers measured
+    assert recommend(balanced(20.0), compute_ms=None).candidate.num_workers == 1
+    one.worker_cpu_ms_per_batch = 19.0  # the workers' CPU time a batch tells it too
+    assert recommend([one, two], compute_ms=19.0) is two
+
+
+def test_without_a_candidate_that_has_the_room_the_cheapest_close_one_stays():
+    own, one, two = balanced(45.0)  # even 2 workers deliver only every 22.5 ms at best
+    assert recommend([own, one, two], compute_ms=19.0) is one
+
+
+def test_a_loader_without_workers_needs_no_room():
+    own, one, two = balanced(1.0)  # the step of 20 ms with the batch made in it: the best
+    assert spare_share(own, making_ms([own, one, two]), 19.0) is None
+    assert spare_share(one, making_ms([own, one, two]), 19.0) == pytest.approx(0.95)
+    assert recommend([own, one, two], compute_ms=19.0) is own
+
+
+def test_the_note_says_why_a_costlier_loader_was_recommended():
+    own, one, two = balanced(19.6)
+    assert recommend([own, one, two], compute_ms=19.0) is two
+    note = headroom_note(one, two, [own, one, two], 19.0)
+    assert note.startswith("2 workers, prefetch 2 rather than 1 worker, prefetch 2")
+    assert "with 2% to spare" in note and "makes a batch in about 19.6 ms" in note
+    assert f"computes {LOADING_HEADROOM_SHARE:.0%} faster" in note
+    # the tuning's result: the costlier loader to paste, and the note among its notes
+    result = TuneResult(None, "#1 run", "completed", 1.0, 60.0, [own, one, two], None)
+    result.compute_ms = 19.0
+    _conclude(result, LoaderSpec("data", [("batch_size", "32")]), None, False, None)
+    assert result.paste == "DataLoader(data, batch_size=32, num_workers=2, persistent_workers=True)"
+    assert note in result.notes
+    result = TuneResult(None, "#1 run", "completed", 1.0, 60.0, balanced(12.0), None)
+    result.compute_ms = 19.0
+    _conclude(result, LoaderSpec("data"), None, False, None)  # 1 worker has the room: no note
+    assert result.recommended == one.candidate
+    assert not any("rather than" in n for n in result.notes)
 
 
 @pytest.mark.parametrize(

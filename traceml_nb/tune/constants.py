@@ -56,3 +56,10 @@ FIRST_ROUND_BUDGET_SHARE = 0.5
 #: 2-vCPU VM in alternating runs); past it the compute itself changed (reruns with one core
 #: kept busy ran the quickstart's model up to 20% faster or 10% slower).
 COMPUTE_CHANGE_SHARE = 0.10
+#: A worker candidate is recommended only where its workers would have this share of the
+#: training's time per batch (*c* + *r*) to spare: *n* workers, each making a batch in about
+#: the time the main process took without workers, deliver one every that time / *n* at best.
+#: The paced measurement cannot see it (every loader that keeps up reads *c* + *r*, however
+#: much it has to spare), and a rerun's model computed up to 20% faster than the tuned run's
+#: (docs/tune.md): a loader with less to spare than that leaves the rerun waiting for data.
+LOADING_HEADROOM_SHARE = 0.20

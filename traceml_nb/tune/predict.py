@@ -17,6 +17,10 @@ training. Without a compute time (a run without steady steps, or the Python API 
 candidates are ranked by *d* alone and the predicted step time is unavailable, with the reason.
 A rerun whose model computed faster or slower gets the prediction made again for its own
 compute (:func:`predict_for_compute_ms`).
+
+**The recommendation.** The cheapest candidate within ``WITHIN_BEST_SHARE`` of the best, and
+of those the cheapest whose workers have ``LOADING_HEADROOM_SHARE`` of *c* + *r* to spare
+(:func:`spare_share`): a loader that keeps up measures *c* + *r* however much it has to spare.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 from ..analysis.formatting import fmt_ms, fmt_s, signed_pct
 from .candidates import Candidate
-from .constants import EARLY_DROP_FACTOR, WITHIN_BEST_SHARE
+from .constants import EARLY_DROP_FACTOR, LOADING_HEADROOM_SHARE, WITHIN_BEST_SHARE
 from .recorded_run import RecordedRun
 
 MEASURING = "measuring"
@@ -184,10 +188,41 @@ def drop_slow(
     return dropped
 
 
+def making_ms(measurements: list[Measurement]) -> float | None:
+    """About what one worker takes to make a batch, ms: the time between batches of a loader
+    without workers, which makes each batch in the training process (None: none measured)."""
+    made = [m.between_ms for m in measurements if not m.candidate.num_workers and m.usable]
+    return min(ms for ms in made if ms is not None) if made else None
+
+
+def worker_batch_ms(m: Measurement, making: float | None) -> float | None:
+    """What one of ``m``'s workers takes to make a batch at least, ms: ``making`` (the time
+    without workers, :func:`making_ms`) or the CPU time the workers were measured to spend on
+    one, whichever is longer (None: neither known)."""
+    made = [ms for ms in (making, m.worker_cpu_ms_per_batch) if ms is not None]
+    return max(made) if made else None
+
+
+def spare_share(m: Measurement, making: float | None, compute_ms: float | None) -> float | None:
+    """The share of the training's time per batch (*c* + *r*) that ``m``'s workers would have
+    to spare at best: 1 − :func:`worker_batch_ms` / workers / (*c* + *r*). None without
+    workers, a compute time or a time to make a batch."""
+    r, made = m.training_side_ms, worker_batch_ms(m, making)
+    if not m.candidate.num_workers or compute_ms is None or r is None or made is None:
+        return None
+    return 1 - made / m.candidate.num_workers / (compute_ms + r)
+
+
 def recommend(
-    measurements: list[Measurement], within: float = WITHIN_BEST_SHARE
+    measurements: list[Measurement],
+    within: float = WITHIN_BEST_SHARE,
+    *,
+    compute_ms: float | None = None,
+    headroom: float | None = LOADING_HEADROOM_SHARE,
 ) -> Measurement | None:
-    """The cheapest candidate (:attr:`Candidate.cost`) ranked within ``within`` of the best."""
+    """The cheapest candidate (:attr:`Candidate.cost`) ranked within ``within`` of the best,
+    of those whose workers have ``headroom`` to spare (:func:`spare_share`, where known) if
+    any has; ``headroom=None`` leaves the spare out."""
     best = best_of(measurements)
     if best is None:
         return None
@@ -198,7 +233,37 @@ def recommend(
         for m in measurements
         if m.usable and (key := rank_key(m)) is not None and key <= top * (1 + within)
     ]
+    if headroom is not None:
+        making = making_ms(measurements)
+        roomy = [
+            m
+            for m in close
+            if (spare := spare_share(m, making, compute_ms)) is None or spare >= headroom
+        ]
+        close = roomy or close
     return min(close, key=lambda m: m.candidate.cost)
+
+
+def headroom_note(
+    passed_over: Measurement,
+    chosen: Measurement,
+    measurements: list[Measurement],
+    compute_ms: float,
+) -> str:
+    """Why ``chosen`` was recommended over the cheaper ``passed_over``, which kept up as well
+    but with less than ``LOADING_HEADROOM_SHARE`` to spare (:func:`recommend`)."""
+    making = making_ms(measurements)
+    made, spare = worker_batch_ms(passed_over, making), spare_share(passed_over, making, compute_ms)
+    assert made is not None and spare is not None and passed_over.training_side_ms is not None
+    workers = passed_over.candidate.num_workers
+    return (
+        f"{chosen.candidate.label} rather than {passed_over.candidate.label}, which kept up as "
+        f"well here but with {spare:.0%} to spare: a worker makes a batch in about "
+        f"{fmt_ms(made)}, so {workers} deliver one every {fmt_ms(made / workers)} at best, "
+        f"and the training takes {fmt_ms(compute_ms + passed_over.training_side_ms)} a batch; "
+        f"a rerun whose model computes {LOADING_HEADROOM_SHARE:.0%} faster (reruns have) "
+        "would wait for data again"
+    )
 
 
 @dataclass

@@ -52,6 +52,7 @@ from .predict import (
     TuneResult,
     best_of,
     drop_slow,
+    headroom_note,
     rank_key,
     recommend,
     update_predictions,
@@ -280,7 +281,8 @@ def _conclude(
     """The recommendation, the line to paste and the notes."""
     from ..analysis.formatting import fmt_ms, fmt_s
 
-    chosen = recommend(result.measurements)
+    chosen = recommend(result.measurements, compute_ms=result.compute_ms)
+    cheaper = recommend(result.measurements, compute_ms=result.compute_ms, headroom=None)
     if problem:
         result.notes.append(problem)
     if iterable:
@@ -296,6 +298,8 @@ def _conclude(
     result.recommended = chosen.candidate
     result.predicted_ms = chosen.predicted_ms
     result.paste = paste_line(spec, chosen.candidate)
+    if cheaper is not chosen and cheaper is not None and result.compute_ms is not None:
+        result.notes.append(headroom_note(cheaper, chosen, result.measurements, result.compute_ms))
     if chosen.candidate.num_workers and chosen.startup_s is not None:
         result.persistent_saving_s = chosen.startup_s
         result.notes.append(
