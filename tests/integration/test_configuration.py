@@ -228,10 +228,12 @@ from types import SimpleNamespace
 from traceml_nb.session.environment import capture_environment
 env = capture_environment(SimpleNamespace(device_kind="cpu"), cwd={cwd!r})
 print(json.dumps({{key: env[key] for key in ("script_sha", "script_args_sha", "git_diff_sha")}}))
+print(json.dumps(env["script_args"]))
 """
 
 
-def run_script(path, *args: str) -> dict:
+def run_script(path, *args: str, by_name: bool = False) -> dict:
+    """The script's environment fields (``by_name``: its ``script_args`` instead)."""
     done = subprocess.run(
         [sys.executable, str(path), *args],
         capture_output=True,
@@ -241,7 +243,7 @@ def run_script(path, *args: str) -> dict:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1 if by_name else -2])
 
 
 def test_a_script_has_the_hash_of_its_source(tmp_path):
@@ -256,6 +258,11 @@ def test_a_script_has_the_hash_of_its_source(tmp_path):
     assert run_script(script, "--model", "small") == first  # tmp_path: outside git
     assert run_script(script, "--model small")["script_args_sha"] not in (None, arguments)
     assert run_script(script)["script_args_sha"] not in (None, arguments)
+    # each argument by name, its value a hash: what tells a script's runs apart
+    by_name = run_script(script, "--model", "small", "--lr=0.1", "data", by_name=True)
+    assert list(by_name) == ["--model", "--lr", "argument 1"]
+    assert by_name["--model"] == hashlib.sha256(b"small\0").hexdigest()[:16]
+    assert "small" not in json.dumps(by_name)
     script.write_text(CAPTURE.format(cwd=str(tmp_path)) + "# an edit\n")
     assert run_script(script)["script_sha"] not in (None, expected)
     code = CAPTURE.format(cwd=str(tmp_path))
@@ -268,8 +275,9 @@ def test_a_script_has_the_hash_of_its_source(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    last = json.loads(done.stdout.strip().splitlines()[-1])
+    last = json.loads(done.stdout.strip().splitlines()[-2])
     assert last["script_sha"] is None and last["script_args_sha"] is None
+    assert done.stdout.strip().splitlines()[-1] == "null"  # nor its arguments by name
 
 
 def test_an_ipython_shell_has_no_script():
@@ -284,6 +292,7 @@ def test_an_ipython_shell_has_no_script():
         env = shell.user_ns["_env"]
     assert "script_sha" in env and env["script_sha"] is None
     assert "script_args_sha" in env and env["script_args_sha"] is None  # the kernel's own argv
+    assert "script_args" in env and env["script_args"] is None
 
 
 def git(cwd, *args: str) -> str:
@@ -326,7 +335,7 @@ def test_the_uncommitted_diff_of_a_real_repository(tmp_path):
 
 def test_the_code_fields_are_not_compared_field_by_field():
     """A comparison shows the configuration's changed parts, not two opaque hashes."""
-    hashes = ("script_sha", "script_args_sha", "git_diff_sha")
+    hashes = ("script_sha", "script_args_sha", "script_args", "git_diff_sha")
     assert not set(hashes) & set(ENVIRONMENT_FIELDS)
 
 
@@ -335,7 +344,7 @@ def test_the_module_docstring_lists_the_new_fields():
 
     doc = textwrap.dedent(environment.__doc__ or "")
     assert "``script_sha``" in doc and "``git_diff_sha``" in doc
-    assert "``script_args_sha``" in doc
+    assert "``script_args_sha``" in doc and "``script_args``" in doc
 
 
 def test_a_cell_given_no_name_is_its_code():

@@ -477,6 +477,56 @@ def test_a_baseline_with_a_gap_names_only_its_own_runs():
     )
 
 
+def argv_run(*argv: str, args_sha: str = "1" * 16):
+    """A run of a main script that recorded its arguments by name (``script_args``)."""
+    from traceml_nb.session.environment import argument_values
+
+    env = {**ENV, "script_sha": "a" * 16, "script_args_sha": args_sha}
+    return make_run(source=None, env={**env, "script_args": argument_values(list(argv))})
+
+
+def test_a_scripts_arguments_recorded_by_name_are_named_where_they_changed():
+    from traceml_nb.views.shift_lines import changes_clause
+
+    before = argv_run("--model", "small", "--debug", "data")
+    after = argv_run("--model", "big", "--fp16", "data", args_sha="2" * 16)
+    changed = what_changed(before, after)
+    assert changed.argument_names == ["--model", "--fp16", "--debug"]
+    assert changed.arguments == (
+        "its arguments changed: --model, --fp16 (given now), --debug (no longer given) "
+        "(each stored as a hash: not its value)"
+    )
+    assert changed.summary.startswith("same code, other arguments, same settings")
+    assert changes_clause(what_changed(before, argv_run("--model", "big", "--debug", "data"))) == (
+        "where the script's argument --model changed"
+    )
+    assert changes_clause(changed) == (
+        "where the script's arguments --model, --fp16, --debug changed"
+    )
+    # the same arguments in another order: an argument parser reads them alike
+    flags = argv_run("data", "--model", "small", "--debug")
+    reordered = what_changed(flags, argv_run("data", "--debug", "--model", "small"))
+    assert reordered.arguments is None and reordered.argument_names == []
+    # one run recorded them by name, the other only their hash: the hashes are compared
+    older = script_run(args_sha="9" * 16)
+    assert what_changed(older, after).arguments.startswith("its arguments changed (stored as")
+
+
+def test_a_scripts_arguments_are_read_as_an_argument_parser_reads_them():
+    from traceml_nb.session.environment import argument_values
+
+    named = argument_values(["--model=big", "--lr", "-0.5", "-v", "--", "--not-an-option"])
+    assert list(named) == ["--model", "--lr", "-v", "argument 1"]
+    assert named == argument_values(["--model", "big", "--lr=-0.5", "-v", "--", "--not-an-option"])
+    assert argument_values(["-"]) == argument_values(["-"]) and "argument 1" in argument_values(
+        ["-"]
+    )
+    assert argument_values(["--tag", "a", "--tag", "b"]) != argument_values(
+        ["--tag", "b", "--tag", "a"]
+    )
+    assert argument_values([]) == {}
+
+
 def test_a_shift_says_a_scripts_source_or_arguments_changed():
     """The clause under a change point names what a script's run stores only as hashes."""
     from traceml_nb.views.shift_lines import changes_clause

@@ -11,6 +11,7 @@ from traceml_nb.analysis.noise import Noise
 from traceml_nb.analysis.variants import (
     ARGUMENTS,
     agree,
+    is_argument,
     repeating_names,
     values_of,
     variant,
@@ -120,11 +121,46 @@ def test_a_scripts_arguments_that_repeat_tell_its_runs_apart():
     )
 
 
+def test_a_scripts_arguments_by_name_tell_its_runs_apart_past_a_run_id():
+    """``--run-name`` new in every run (a CI job's id) and ``--model small``/``big`` in turn:
+    one hash of all the arguments never repeats, so the baseline mixed both models; by name,
+    ``--model`` repeats and chooses the runs, ``--run-name`` never does."""
+    from traceml_nb.session.environment import argument_values
+
+    def run(step_ms: float, seed: int, model: str, *, by_name: bool = True):
+        argv = ["--run-name", f"job-{seed}", "--model", model]
+        env = {**ENV, "script_sha": "aaaa1111bbbb2222", "script_args_sha": f"{seed:016x}"}
+        if by_name:
+            env["script_args"] = argument_values(argv)
+        return make_run("train", step_ms=step_ms, seed=seed, source=None, env=env)
+
+    for by_name, expected in ((False, [20.0, 10.0, 20.0, 10.0, 20.0]), (True, [20.0] * 3)):
+        history = History()
+        for i in range(6):
+            history.add(run(10.0 * (1 + i % 2), i, ("small", "big")[i % 2], by_name=by_name))
+        big = run(20.1, 9, "big", by_name=by_name)
+        chosen = choose_baseline(big, history, None)
+        medians = [r.summary.step_ms_median for r in chosen.runs]
+        assert medians == pytest.approx(expected, rel=0.02), by_name
+    assert chosen.split_by == ("--model",)
+    title = baseline_title(big, chosen.runs, chosen.kind, (), chosen.values, chosen.split_by)
+    assert title.endswith("(#2, #4, #6), given the same arguments (--model)")
+    assert values_of(big.environment) == argument_values(["--run-name", "job-9", "--model", "big"])
+    assert is_argument("--model") and is_argument("argument 1") and is_argument(ARGUMENTS)
+    assert not is_argument("HIDDEN")
+
+
 def test_the_titles_words_for_the_values_that_chose_the_runs():
     assert values_words("", ("HIDDEN",)) == ""
     assert values_words(OTHER_VALUES, ("HIDDEN",)) == ", given other values (HIDDEN)"
     assert values_words(SAME_VALUES, ("HIDDEN", ARGUMENTS)) == (
         ", given the same values (HIDDEN) and arguments"
+    )
+    assert values_words(OTHER_VALUES, ("--model", "argument 1")) == (
+        ", given other arguments (--model, argument 1)"
+    )
+    assert values_words(SAME_VALUES, ("HIDDEN", "--lr")) == (
+        ", given the same values (HIDDEN) and arguments (--lr)"
     )
     names = tuple(f"V{i}" for i in range(MAX_NAMED_VALUES + 2))
     assert values_words(SAME_VALUES, names) == ", given the same values (V0, V1, V2 and 2 more)"
@@ -166,24 +202,37 @@ def test_the_noise_is_each_values_scatter_around_its_own_mean(tmp_path):
 SIX = [(10.0, 256), (10.2, 256), (9.9, 256), (20.0, 1024), (20.3, 1024), (19.8, 1024)]
 
 
-def test_the_gate_judges_a_script_against_its_runs_given_the_same_arguments(tmp_path):
+@pytest.mark.parametrize("by_name", [False, True])
+def test_the_gate_judges_a_script_against_its_runs_given_the_same_arguments(tmp_path, by_name):
     """``train.py --model small`` and ``--model big`` in turn in CI, then ``big`` once more at
     its usual speed: against the runs given the same arguments it passes, where the last five
     runs of both and a noise of both sizes in one made it "+32%, inconclusive" (exit 3), as
-    every later run of either would have been."""
+    every later run of either would have been. ``by_name``: each job also given its own
+    ``--run-name``, its arguments recorded one by one (one hash of all never repeats)."""
     import traceml_nb
+    from traceml_nb.session.environment import argument_values
 
     store = Store(tmp_path / "gate.sqlite")
     small, big = "1111222233334444", "5555666677778888"
 
     def script(step_ms: float, seed: int, args: str):
         env = {**ENV, "script_sha": "aaaa1111bbbb2222", "script_args_sha": args}
+        if by_name:
+            model = "small" if args == small else "big"
+            argv = ["--run-name", f"job-{seed}", "--model", model]
+            env.update(script_args_sha=f"{seed:016x}", script_args=argument_values(argv))
         return make_run("train", step_ms=step_ms, seed=seed, source=None, env=env)
 
     for i in range(12):
         args = small if i % 2 == 0 else big
         store.add(script((10.0 if args == small else 20.0) * (1 + 0.005 * (i % 3)), i, args))
     store.add(script(20.1, 99, big))
-    result = traceml_nb.check("train", store=store.path).result
+    report = traceml_nb.check("train", store=store.path)
+    result = report.result
     assert result.exit_code == 0, result.why
+    split = ("--model",) if by_name else (ARGUMENTS,)
+    assert (result.baseline_values, result.baseline_split_by) == (SAME_VALUES, split)
+    said = "given the same arguments (--model):" if by_name else "given the same arguments:"
+    assert said in report.text(), report.text()
+    assert result.to_dict()["baseline_split_by"] == list(split)
     assert [r.summary.step_ms_median for r in result.baseline] == pytest.approx([20.0] * 5, rel=0.1)

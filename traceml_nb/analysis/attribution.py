@@ -163,12 +163,34 @@ def script_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | 
     return _hash_change(before, after, "script_sha", "source", "its lines")
 
 
+def changed_arguments(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str] | None:
+    """The names of the main script's arguments (``script_args``) whose values differ, or
+    that one run gave and the other did not, in ``after``'s order; None where either run did
+    not record its arguments by name."""
+    a, b = before.get("script_args"), after.get("script_args")
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+        return None
+    return [n for n in (*b, *(n for n in a if n not in b)) if a.get(n) != b.get(n)]
+
+
 def arguments_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
-    """A sentence when both runs were of a main script that recorded its arguments
-    (``script_args_sha``) and they differ, else None: ``python train.py --model big`` after
-    ``--model small`` is one configuration (a timestamped ``--output-dir`` must not split every
-    run into its own), but not the same work."""
-    return _hash_change(before, after, "script_args_sha", "arguments", "the arguments")
+    """A sentence when both runs were of a main script that recorded its arguments and they
+    differ, else None: ``its arguments changed: --model, --fp16 (given now) (each stored as
+    a hash: not its value)``, or, where either run recorded only their one hash
+    (``script_args_sha``), ``its arguments changed (stored as a hash, …)``. ``python
+    train.py --model big`` after ``--model small`` is one configuration (a timestamped
+    ``--output-dir`` must not split every run into its own), but not the same work."""
+    names = changed_arguments(before, after)
+    if names is None:
+        return _hash_change(before, after, "script_args_sha", "arguments", "the arguments")
+    if not names:
+        return None
+    a, b = before["script_args"], after["script_args"]
+    listed = ", ".join(
+        f"{n} (given now)" if n not in a else f"{n} (no longer given)" if n not in b else n
+        for n in names
+    )
+    return f"its arguments changed: {listed} (each stored as a hash: not its value)"
 
 
 def loader_changes(
@@ -316,6 +338,7 @@ def what_changed(
         values=value_changes(before_env, after_env),
         script=script_change(before_env, after_env),
         arguments=arguments_change(before_env, after_env),
+        argument_names=changed_arguments(before_env, after_env) or [],
         settings=loader_changes(before.loaders if before else [], after.loaders if after else []),
         environment=environment_changes(before_env, after_env),
         load=load_sentence(share, base_load),

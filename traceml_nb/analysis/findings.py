@@ -303,7 +303,8 @@ class Changes:
     reads from the notebook that differ (``HIDDEN 512 → 1024``); ``script``: a sentence
     when the main script's source changed (runs of a script store a hash of it, not the
     source: no lines to show); ``arguments``: a sentence when its arguments changed (a hash
-    too); ``settings``: the
+    too), ``argument_names`` the arguments that changed where each was recorded by name
+    (``--model``); ``settings``: the
     training DataLoader's settings and dataset (``num_workers 0 → 4``); ``environment``: the
     hardware and software fields (``torch_version 2.2.0 → 2.3.1``); ``load``: a sentence on
     the machine's load when it differs (others' CPU share ``load_share``, 0..1, in this run,
@@ -319,6 +320,7 @@ class Changes:
     values: list[str] = field(default_factory=list)
     script: str | None = None
     arguments: str | None = None
+    argument_names: list[str] = field(default_factory=list)
     settings: list[str] = field(default_factory=list)
     environment: list[str] = field(default_factory=list)
     load: str | None = None

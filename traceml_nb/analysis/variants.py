@@ -3,8 +3,9 @@
 A configuration (:mod:`.configuration`) is the code, the DataLoader's settings and the versions;
 the **values** a run was given are not part of it: the plain values its cell read from the
 notebook (the environment's ``cell_values``: ``HIDDEN = 1024`` in a settings cell) and a
-script's arguments (``script_args_sha``, one hash for all of them, named :data:`ARGUMENTS`
-here). A value that differs in every run (a timestamp, a run id, an output directory per run)
+script's arguments, each by its name (``script_args``: ``--model``, ``argument 1``; a run
+stored before those were recorded has one hash for all of them, ``script_args_sha``, named
+:data:`ARGUMENTS` here). A value that differs in every run (a timestamp, a run id, an output directory per run)
 would make each run a configuration of its own, with no noise and no baseline of its own.
 
 So a value tells runs apart only once it **repeats**: a name counts when two or more of the
@@ -21,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-#: The name a script's arguments go by among a run's values (their one hash).
+#: The name a script's arguments go by among a run's values where only their one hash was
+#: recorded (``script_args_sha``).
 ARGUMENTS = "(arguments)"
 
 #: A run's values: name -> the value as written (a hash for a string or the arguments).
@@ -32,15 +34,24 @@ Variant = tuple[tuple[str, str], ...]
 
 def values_of(environment: Mapping[str, Any]) -> dict[str, str]:
     """The values a run was given, from its environment: the notebook values its cell read
-    (``cell_values``) and, for a script, its arguments' hash (as :data:`ARGUMENTS`)."""
+    (``cell_values``) and, for a script, each of its arguments (``script_args``), else
+    their one hash (as :data:`ARGUMENTS`)."""
     found: dict[str, str] = {}
     cell = environment.get("cell_values")
     if isinstance(cell, Mapping):
         found.update({str(name): str(value) for name, value in cell.items()})
-    arguments = environment.get("script_args_sha")
-    if isinstance(arguments, str):
-        found[ARGUMENTS] = arguments
+    arguments = environment.get("script_args")
+    if isinstance(arguments, Mapping):
+        found.update({str(name): str(value) for name, value in arguments.items()})
+    elif isinstance(environment.get("script_args_sha"), str):
+        found[ARGUMENTS] = environment["script_args_sha"]
     return found
+
+
+def is_argument(name: str) -> bool:
+    """``name`` is a script's argument (``--model``, ``argument 1``, :data:`ARGUMENTS`), not a
+    notebook value (a Python name)."""
+    return name == ARGUMENTS or name.startswith("-") or name.startswith("argument ")
 
 
 def repeating_names(runs: Iterable[Values]) -> set[str]:

@@ -22,7 +22,7 @@ which one run against a stored baseline cannot match at this machine class's noi
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..analysis.attribution import what_changed
@@ -33,7 +33,15 @@ from ..analysis.formatting import fmt_run_span
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.noise import estimate_noise, is_busy, log_mean_ms
 from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
-from .baselines import SAME, across_sessions, choose_baseline, machine_points, noise_for
+from .baselines import (
+    PINNED,
+    SAME,
+    Baseline,
+    across_sessions,
+    choose_baseline,
+    machine_points,
+    noise_for,
+)
 from .environment import hardware_class
 from .history import RunEntry
 from .store import Store, StoreEmpty, StoreError, resolve_store_path
@@ -78,6 +86,9 @@ class CheckResult:
     baseline_jobs: list[StoredJob | None] = field(default_factory=list)
     #: which baseline it is: "same configuration", "earlier configuration" or "pinned"
     baseline_kind: str = SAME
+    #: the values that chose the baseline's runs (:attr:`.baselines.Baseline.values`), of
+    baseline_values: str = ""
+    baseline_split_by: tuple[str, ...] = ()  #: ...these names (``--model``, ``HIDDEN``)
     #: ``--runs K``: the K latest runs judged together (oldest first; ``candidate`` is the
     #: latest of them); empty when one run is judged
     candidates: list[RunEntry] = field(default_factory=list)
@@ -109,6 +120,8 @@ class CheckResult:
             "job": self.job.to_dict() if self.job is not None else None,
             "baseline_jobs": [j.to_dict() if j is not None else None for j in self.baseline_jobs],
             "baseline_kind": self.baseline_kind,
+            "baseline_values": self.baseline_values,
+            "baseline_split_by": list(self.baseline_split_by),
         }
 
 
@@ -207,10 +220,10 @@ def check(
             assert slowest is not None  # a job without one was not judged, just above
             candidate = slowest
         hardware = None if any_hardware else hardware_class(candidate.environment)
-        kind = SAME
+        given = Baseline([])
         if against == "baseline":
             for_baseline = first if job is None else candidate
-            baseline, units, skipped, kind = _baseline(
+            given, units, skipped = _baseline(
                 target, name, for_baseline, job, hardware, any_hardware, baseline_runs
             )
         else:
@@ -228,7 +241,7 @@ def check(
                     name, f"--against @{text} is one of the runs checked", max_slowdown, path
                 )
             baseline, units, skipped = _stand_for_jobs(target, [chosen], exclude=job)
-            kind = "run"
+            given = Baseline(baseline, "run")
             if not baseline:
                 why = skipped[0] if skipped else "not a run to compare with"
                 return _fail(name, f"--against @{text}: {why}", max_slowdown, path, NO_BASELINE)
@@ -238,6 +251,7 @@ def check(
     except StoreError as exc:
         return _fail(name, f"cannot read the store: {exc}", max_slowdown, path)
     who = subject(name, candidate, job, candidates)
+    baseline, kind = given.runs, given.kind
     if not baseline:
         return CheckResult(
             EXIT_NO_VERDICT,
@@ -298,22 +312,9 @@ def check(
     else:
         exit_code, status = EXIT_OK, PASS
     return CheckResult(
-        exit_code,
-        status,
-        name,
-        "",
-        max_slowdown,
-        path,
-        candidate,
-        baseline,
-        comparison,
-        changes,
-        job,
-        units,
-        kind,
-        candidates,
-        left_out,
-    )
+        exit_code, status, name, "", max_slowdown, path, candidate, baseline, comparison,
+        changes, job, units, kind, given.values, given.split_by, candidates, left_out,
+    )  # fmt: skip
 
 
 def subject(
@@ -395,9 +396,9 @@ def _baseline(
     hardware: str | None,
     any_hardware: bool,
     k: int = BASELINE_RUNS,
-) -> tuple[list[RunEntry], list[StoredJob | None], list[str], str]:
-    """The baseline runs (oldest first), the job each stands for (None: a run alone), why
-    earlier jobs were left out, and the baseline's kind. A run alone: :func:`.baselines.
+) -> tuple[Baseline, list[StoredJob | None], list[str]]:
+    """The baseline (its runs oldest first), the job each run stands for (None: a run alone)
+    and why earlier jobs were left out. A run alone: :func:`.baselines.
     choose_baseline` (its pins, else its configuration's runs, else the configuration's before
     it; never ranks of a job); a job: its pins, else the slowest ranks of the last complete jobs
     of its world size; ``k`` of them at most."""
@@ -405,11 +406,13 @@ def _baseline(
         chosen = choose_baseline(
             candidate, None, target, any_hardware=any_hardware, before=candidate.stored_id, k=k
         )
-        return (*_stand_for_jobs(target, chosen.runs), chosen.kind)
+        runs, units, skipped = _stand_for_jobs(target, chosen.runs)
+        return replace(chosen, runs=runs), units, skipped
     if target.pins(name):
         runs = target.baseline(name, hardware=hardware, before=candidate.stored_id, k=k, alone=True)
         runs = [r for r in runs if r.stored_id != candidate.stored_id]
-        return (*_stand_for_jobs(target, runs, exclude=job), "pinned")
+        runs, units, skipped = _stand_for_jobs(target, runs, exclude=job)
+        return Baseline(runs, PINNED), units, skipped
     kept: list[tuple[StoredJob[StoredRow], StoredRow]] = []  # a job and its slowest rank
     skipped = []
     for other in split_jobs(target.job_rows(name)):
@@ -428,8 +431,7 @@ def _baseline(
             kept.append((other, slowest))
     kept = kept[-k:]
     by_id = {r.stored_id: r for r in target.entries([row.id for _, row in kept])}
-    units: list[StoredJob | None] = [unit for unit, _ in kept]
-    return [by_id[row.id] for _, row in kept], units, skipped, SAME
+    return Baseline([by_id[row.id] for _, row in kept]), [unit for unit, _ in kept], skipped
 
 
 def _stand_for_jobs(

@@ -251,22 +251,26 @@ CHANGED_PART_WORDS = {
 
 
 def values_words(values: str, split_by: Sequence[str]) -> str:
-    """``, given the same values (HIDDEN)``, ``, given other arguments`` for a
+    """``, given the same values (HIDDEN)``, ``, given other arguments (--model)`` for a
     baseline chosen by the values its runs were given (:attr:`.baselines.Baseline.values`),
     else ''."""
-    from ..analysis.variants import ARGUMENTS
+    from ..analysis.variants import ARGUMENTS, is_argument
     from .baselines import SAME_VALUES
 
     if not values:
         return ""
     which = "the same" if values == SAME_VALUES else "other"
-    arguments = " and arguments" if ARGUMENTS in split_by else ""
-    names = [n for n in split_by if n != ARGUMENTS]
-    if not names:
-        return f", given {which} arguments" if arguments else f", given {which} values"
-    more = len(names) - MAX_NAMED_VALUES
-    named = ", ".join(names[:MAX_NAMED_VALUES]) + (f" and {more} more" if more > 0 else "")
-    return f", given {which} values ({named}){arguments}"
+    parts = []
+    for kind, names in (
+        ("values", [n for n in split_by if not is_argument(n)]),
+        ("arguments", [n for n in split_by if is_argument(n)]),
+    ):
+        named = [n for n in names if n != ARGUMENTS]
+        more = len(named) - MAX_NAMED_VALUES
+        listed = ", ".join(named[:MAX_NAMED_VALUES]) + (f" and {more} more" if more > 0 else "")
+        if names:
+            parts.append(f"{kind} ({listed})" if named else kind)
+    return f", given {which} {' and '.join(parts) or 'values'}"
 
 
 def baseline_title(

@@ -30,6 +30,10 @@ that cannot be read is ``None`` (never a guess), and for a GPU field of a CUDA r
 ``script_args_sha``      first 16 hex digits of SHA-256 of the main script's arguments
                          (``sys.argv[1:]``, each ended by a NUL byte): never the arguments, which
                          may hold secrets; ``None`` where ``script_sha`` is
+``script_args``          ...and each argument by name -> 16 hex digits of SHA-256 of its value
+                         (:func:`argument_values`: ``--model big`` as ``--model``, a positional
+                         one by its place, ``argument 1``): the names, never the values;
+                         ``None`` where ``script_sha`` is
 ``cell_definitions``     a ``%%traceml`` cell's: name -> 16 hex digits of SHA-256 of the source of
                          each function and class of the notebook the cell uses (defined in other
                          cells: :mod:`traceml_nb.notebook.cell_definitions`); ``None`` elsewhere
@@ -355,6 +359,49 @@ def script_args_sha(argv: list[str] | None = None) -> str:
     return _sha(b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in args))
 
 
+def argument_values(argv: list[str] | None = None) -> dict[str, str]:
+    """``script_args``: the main script's arguments (default ``sys.argv[1:]``) by name, each
+    -> the hash of its value, as an argument parser reads them: ``--model big`` and
+    ``--model=big`` as ``--model``; an option followed by another option or by nothing a flag
+    (``--fp16``, the hash of ""); any other argument, and every one after ``--``, positional,
+    named by its place (``argument 1``). An option given twice hashes its values in order.
+    Which of them repeat from run to run tells a script's runs apart
+    (:mod:`traceml_nb.analysis.variants`)."""
+    args = sys.argv[1:] if argv is None else argv
+    given: dict[str, list[str]] = {}
+    positional = 0
+    options = True
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if options and arg == "--":
+            options = False
+        elif options and _is_option(arg):
+            name, equals, value = arg.partition("=")
+            if not equals and i < len(args) and not _is_option(args[i]):
+                value, i = args[i], i + 1
+            given.setdefault(name, []).append(value)
+        else:
+            positional += 1
+            given[f"argument {positional}"] = [arg]
+    return {
+        name: _sha(b"".join(v.encode("utf-8", "surrogateescape") + b"\0" for v in values))
+        for name, values in given.items()
+    }
+
+
+def _is_option(arg: str) -> bool:
+    """``-m``, ``--lr=0.1``; not ``-``, ``-0.5`` (a negative number is a value)."""
+    if not arg.startswith("-") or arg == "-":
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return True
+    return False
+
+
 def capture_environment(
     run: Run,
     *,
@@ -370,6 +417,7 @@ def capture_environment(
     env: dict[str, Any] = dict.fromkeys(ENVIRONMENT_FIELDS)
     env.update({"dataset_type": None, "dataset_len": None})
     env.update({"git_diff_sha": None, "script_sha": None, "script_args_sha": None})
+    env["script_args"] = None
     env.update({"cell_definitions": None, "cell_values": None})
     unavailable: dict[str, str] = {}
     env["unavailable"] = unavailable
@@ -395,6 +443,7 @@ def capture_environment(
         env["script_sha"] = script_sha()
         if env["script_sha"] is not None:
             env["script_args_sha"] = script_args_sha()
+            env["script_args"] = argument_values()
         loaders = list(getattr(getattr(run, "record", None), "loaders", ()) or ())
         training = [info for info in loaders if getattr(info, "is_training", False)]
         main = (training or loaders or [None])[0]

@@ -19,6 +19,7 @@ from ..analysis.judge import SLOWER
 from ..analysis.thresholds import FALSE_ALARM_RATE, MISS_RATE
 from ..session.baselines import EARLIER
 from ..session.check import CheckResult, subject
+from ..session.conclusion import values_words
 from ..session.history import RunEntry
 from ..session.stored_jobs import StoredJob
 from .comparison_words import (
@@ -46,6 +47,7 @@ def check_paragraph(result: CheckResult) -> str:
     of = baseline_words(r.baseline, r.baseline_jobs or [None] * len(r.baseline))
     if r.baseline_kind == EARLIER:
         of += " of the configuration before it"
+    of += values_words(r.baseline_values, r.baseline_split_by)
     move = judged_move(comparison)
     change = signed_pct(ratio - 1)
     low = judgement.bound(FALSE_ALARM_RATE)

@@ -37,7 +37,12 @@ def changes_clause(changes: Changes) -> str:
     elif changes.script is not None:
         parts.append("the script's source changed")
     if changes.arguments is not None:
-        parts.append("the script's arguments changed")
+        names = changes.argument_names
+        parts.append(
+            f"the script's argument{'s' if len(names) > 1 else ''} {', '.join(names)} changed"
+            if names
+            else "the script's arguments changed"
+        )
     if changes.values:
         parts.append(" and ".join(changes.values))
     if changes.environment:
