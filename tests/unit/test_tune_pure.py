@@ -213,6 +213,7 @@ def test_the_note_says_why_a_costlier_loader_was_recommended():
     note = headroom_note(one, two, [own, one, two], 19.0)
     assert note.startswith("2 workers, prefetch 2 rather than 1 worker, prefetch 2")
     assert "with 2% to spare" in note and "makes a batch in about 19.6 ms" in note
+    assert "so 1 worker delivers one every 19.6 ms at best" in note
     assert f"computes {LOADING_HEADROOM_SHARE:.0%} faster" in note
     # the tuning's result: the costlier loader to paste, and the note among its notes
     result = TuneResult(None, "#1 run", "completed", 1.0, 60.0, [own, one, two], None)

@@ -39,9 +39,14 @@ class Candidate:
         return (self.num_workers, self.in_flight, self.pin_memory)
 
     @property
+    def num_workers_label(self) -> str:
+        """``1 worker``, ``2 workers``."""
+        return f"{self.num_workers} worker{'s' if self.num_workers != 1 else ''}"
+
+    @property
     def label(self) -> str:
         """``0 workers`` / ``2 workers, prefetch 4`` / ``2 workers, prefetch 4, pinned``."""
-        text = f"{self.num_workers} worker{'s' if self.num_workers != 1 else ''}"
+        text = self.num_workers_label
         if self.num_workers:
             text += f", prefetch {self.prefetch_factor}"
         if self.pin_memory:

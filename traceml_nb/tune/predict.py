@@ -259,7 +259,8 @@ def headroom_note(
     return (
         f"{chosen.candidate.label} rather than {passed_over.candidate.label}, which kept up as "
         f"well here but with {spare:.0%} to spare: a worker makes a batch in about "
-        f"{fmt_ms(made)}, so {workers} deliver one every {fmt_ms(made / workers)} at best, "
+        f"{fmt_ms(made)}, so {passed_over.candidate.num_workers_label} "
+        f"{'delivers' if workers == 1 else 'deliver'} one every {fmt_ms(made / workers)} at best, "
         f"and the training takes {fmt_ms(compute_ms + passed_over.training_side_ms)} a batch; "
         f"a rerun whose model computes {LOADING_HEADROOM_SHARE:.0%} faster (reruns have) "
         "would wait for data again"
