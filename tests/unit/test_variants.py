@@ -9,6 +9,7 @@ from store_helpers import ENV, make_run
 
 from traceml_nb.analysis.noise import Noise
 from traceml_nb.analysis.variants import (
+    ARGUMENT_NAMES,
     ARGUMENTS,
     agree,
     is_argument,
@@ -145,9 +146,41 @@ def test_a_scripts_arguments_by_name_tell_its_runs_apart_past_a_run_id():
     assert chosen.split_by == ("--model",)
     title = baseline_title(big, chosen.runs, chosen.kind, (), chosen.values, chosen.split_by)
     assert title.endswith("(#2, #4, #6), given the same arguments (--model)")
-    assert values_of(big.environment) == argument_values(["--run-name", "job-9", "--model", "big"])
+    assert values_of(big.environment) == {
+        **argument_values(["--run-name", "job-9", "--model", "big"]),
+        ARGUMENT_NAMES: "--model --run-name",
+    }
     assert is_argument("--model") and is_argument("argument 1") and is_argument(ARGUMENTS)
     assert not is_argument("HIDDEN")
+
+
+def test_a_flag_given_or_not_tells_a_scripts_runs_apart():
+    """``--fp16`` in two runs, not in two others: the runs without it did not leave it
+    unrecorded (which would agree with any value), they did not give it."""
+    from traceml_nb.session.environment import argument_values
+
+    def run(step_ms: float, seed: int, *flags: str):
+        argv = ["--run-name", f"job-{seed}", "--model", "big", *flags]
+        env = {**ENV, "script_sha": "a" * 16, "script_args_sha": f"{seed:016x}"}
+        env["script_args"] = argument_values(argv)
+        return make_run("train", step_ms=step_ms, seed=seed, source=None, env=env)
+
+    history = History()
+    for i in range(4):
+        history.add(run(20.0, i) if i % 2 == 0 else run(12.0, i, "--fp16"))
+    fp16 = choose_baseline(run(12.1, 8, "--fp16"), history, None)
+    fp32 = choose_baseline(run(20.1, 9), history, None)
+    assert [r.summary.step_ms_median for r in fp16.runs] == pytest.approx([12.0] * 2, rel=0.02)
+    assert [r.summary.step_ms_median for r in fp32.runs] == pytest.approx([20.0] * 2, rel=0.02)
+    assert values_words(fp16.values, fp16.split_by) == ", given the same arguments (--fp16)"
+    assert values_words(fp32.values, fp32.split_by) == ", given the same arguments (--fp16)"
+    # a flag given for the first time: the runs given the latest run's arguments, named
+    first = History()
+    for i in range(3):
+        first.add(run(20.0, i))
+    new = choose_baseline(run(12.0, 9, "--fp16"), first, None)
+    assert (new.values, len(new.runs)) == (OTHER_VALUES, 3)
+    assert values_words(new.values, new.split_by) == ", given other arguments (--fp16)"
 
 
 def test_the_titles_words_for_the_values_that_chose_the_runs():

@@ -14,17 +14,22 @@ runs hold the same value of it (:func:`repeating_names`). ``HIDDEN`` 256, 256, 1
 configuration, runs whose counted values agree are one **variant**: the baseline prefers the
 runs of the judged run's variant, and the noise is each variant's scatter around its own mean
 (a changed value shifts the mean, as a changed DataLoader does, and is not noise). A run that
-did not record a name (stored before values were recorded) agrees with any value of it.
+did not record a name (stored before values were recorded) agrees with any value of it; a
+script's run that recorded its arguments by name and did not give one (a flag) is told apart
+by the names it gave (:data:`ARGUMENT_NAMES`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 #: The name a script's arguments go by among a run's values where only their one hash was
 #: recorded (``script_args_sha``).
 ARGUMENTS = "(arguments)"
+#: ...and, where each was recorded by name, the names given (a flag given or not: a run
+#: without ``--fp16`` did not leave it unrecorded, it did not give it).
+ARGUMENT_NAMES = "(argument names)"
 
 #: A run's values: name -> the value as written (a hash for a string or the arguments).
 Values = Mapping[str, str]
@@ -43,15 +48,16 @@ def values_of(environment: Mapping[str, Any]) -> dict[str, str]:
     arguments = environment.get("script_args")
     if isinstance(arguments, Mapping):
         found.update({str(name): str(value) for name, value in arguments.items()})
+        found[ARGUMENT_NAMES] = " ".join(sorted(str(name) for name in arguments))
     elif isinstance(environment.get("script_args_sha"), str):
         found[ARGUMENTS] = environment["script_args_sha"]
     return found
 
 
 def is_argument(name: str) -> bool:
-    """``name`` is a script's argument (``--model``, ``argument 1``, :data:`ARGUMENTS`), not a
-    notebook value (a Python name)."""
-    return name == ARGUMENTS or name.startswith("-") or name.startswith("argument ")
+    """``name`` is a script's argument (``--model``, ``argument 1``, :data:`ARGUMENTS`,
+    :data:`ARGUMENT_NAMES`), not a notebook value (a Python name)."""
+    return name in (ARGUMENTS, ARGUMENT_NAMES) or name.startswith(("-", "argument "))
 
 
 def repeating_names(runs: Iterable[Values]) -> set[str]:
@@ -69,6 +75,28 @@ def repeating_names(runs: Iterable[Values]) -> set[str]:
 def agree(a: Values, b: Values, names: Iterable[str]) -> bool:
     """``a`` and ``b`` hold the same value of every one of ``names`` that both recorded."""
     return all(a[n] == b[n] for n in names if n in a and n in b)
+
+
+def differing_names(runs: Sequence[Values], names: Iterable[str]) -> tuple[str, ...]:
+    """Of ``names``, those that ``runs`` recorded more than one value of, sorted: where runs
+    were told apart, by what. An argument a run recorded by name did not give (a flag) counts
+    as a value of its own, and where the names given told runs apart (:data:`ARGUMENT_NAMES`),
+    the arguments given in some of them only are among ``names``."""
+
+    def held(values: Values, name: str) -> str | None:
+        return values.get(name) if name in values or not is_argument(name) else None
+
+    names = set(names)
+    if ARGUMENT_NAMES in names:
+        given: list[set[str]] = [set(v) for v in runs if ARGUMENT_NAMES in v]
+        some, every = set[str]().union(*given), given[0].intersection(*given[1:])
+        names |= {n for n in some - every if is_argument(n)}
+    differing = []
+    for name in names:
+        recorded = [v for v in runs if name in v or (ARGUMENT_NAMES in v and is_argument(name))]
+        if len({held(v, name) for v in recorded}) > 1:
+            differing.append(name)
+    return tuple(sorted(differing))
 
 
 def variant(values: Values, names: Iterable[str]) -> Variant:

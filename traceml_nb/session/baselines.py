@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.noise import Noise, RunPoint, estimate_noise, is_busy
 from ..analysis.thresholds import BASELINE_RUNS
-from ..analysis.variants import Values, Variant, agree, repeating_names, values_of, variant
+from ..analysis.variants import (
+    Values,
+    Variant,
+    agree,
+    differing_names,
+    repeating_names,
+    values_of,
+    variant,
+)
 from .environment import hardware_class
 from .history import History, RunEntry, run_configuration, stable_name
 
@@ -132,7 +140,7 @@ def _by_values(
     same = [r for r, values in zip(runs, given, strict=True) if agree(values, mine, names)]
     if len(same) == len(runs):
         return runs, "", ()
-    split_by = tuple(sorted(n for n in names if len({v[n] for v in [*given, mine] if n in v}) > 1))
+    split_by = differing_names([*given, mine], names)
     if same:
         return same, SAME_VALUES, split_by
     latest = given[-1]

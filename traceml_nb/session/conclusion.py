@@ -254,7 +254,7 @@ def values_words(values: str, split_by: Sequence[str]) -> str:
     """``, given the same values (HIDDEN)``, ``, given other arguments (--model)`` for a
     baseline chosen by the values its runs were given (:attr:`.baselines.Baseline.values`),
     else ''."""
-    from ..analysis.variants import ARGUMENTS, is_argument
+    from ..analysis.variants import ARGUMENT_NAMES, ARGUMENTS, is_argument
     from .baselines import SAME_VALUES
 
     if not values:
@@ -265,7 +265,7 @@ def values_words(values: str, split_by: Sequence[str]) -> str:
         ("values", [n for n in split_by if not is_argument(n)]),
         ("arguments", [n for n in split_by if is_argument(n)]),
     ):
-        named = [n for n in names if n != ARGUMENTS]
+        named = [n for n in names if n not in (ARGUMENTS, ARGUMENT_NAMES)]
         more = len(named) - MAX_NAMED_VALUES
         listed = ", ".join(named[:MAX_NAMED_VALUES]) + (f" and {more} more" if more > 0 else "")
         if names:
