@@ -210,6 +210,46 @@ def test_check_history_passes_a_flat_history_and_needs_enough_runs(tmp_path):
     assert done.returncode == 2 and done.stdout.startswith("ERROR: cannot check"), done.stdout
 
 
+# --- values that tell runs apart: the history of the latest run's -------------------------------
+def fill_given(store: Store, runs: list[tuple[float, str]]) -> None:
+    """A CI job's runs of one script, each (median ms, ``--model``) and its own ``--run-name``."""
+    from store_helpers import ENV
+
+    from traceml_nb.session.environment import argument_values
+
+    for i, (median, model) in enumerate(runs):
+        argv = ["--run-name", f"job-{i}", "--model", model]
+        env = {**ENV, "script_sha": "a" * 16, "script_args_sha": f"{i:016x}"}
+        env["script_args"] = argument_values(argv)
+        store.add(make_run("smoke", step_ms=median, seed=i, source=None, env=env))
+
+
+def test_check_history_follows_the_runs_given_the_latest_runs_values(tmp_path):
+    """``--model small`` and ``big`` in turn: mixed, the series swung by 2x at every run and
+    hid a +20% slowdown of the big model (read "no shift"); the big runs' own history finds
+    it. A switch for good to ``--model big`` is the history of the big runs from then on."""
+    small = wiggle(14, 10.0, 0.02)
+    big = wiggle(8, 20.0, 0.02) + wiggle(6, 24.0, 0.02)
+    turns = Store(tmp_path / "turns.sqlite")
+    in_turn = [(m, "small") for m in small], [(m, "big") for m in big]
+    fill_given(turns, [run for pair in zip(*in_turn, strict=True) for run in pair])
+    done = cli("check", "--name", "smoke", "--history", "--store", turns.path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.match(r"REGRESSION: 'smoke' step time \+2[01]% from @18 ", done.stdout), done.stdout
+    # a --run-name new in every run came with the shift, as with every run: not named
+    assert "from @18 (19.9 ms \u2192 24.1 ms), with the same code, settings and" in done.stdout
+    assert "given the same arguments (--model)" in done.stdout
+    history = name_shifts(turns, "smoke")
+    assert len(history.runs) == 14 and history.left_out == {"given other values": 14}
+    assert history.split_by == ("--model",)
+    switched = Store(tmp_path / "switched.sqlite")
+    fill_given(switched, [(m, "small") for m in small[:6]] + [(m, "big") for m in big[:8]])
+    done = cli("check", "--name", "smoke", "--history", "--store", switched.path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "has 8 completed runs with a step time" in done.stdout
+    assert "(6 given other values left out)" in done.stdout
+
+
 # --- a batch size that changed: the time per sample ----------------------------------------------
 def fill_sized(store: Store, medians: list[float], sizes: list[int]) -> None:
     for i, (median, size) in enumerate(zip(medians, sizes, strict=True)):

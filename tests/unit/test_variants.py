@@ -11,9 +11,11 @@ from traceml_nb.analysis.noise import Noise
 from traceml_nb.analysis.variants import (
     ARGUMENT_NAMES,
     ARGUMENTS,
+    UNSETTLED_MIN_RUNS,
     agree,
     is_argument,
     repeating_names,
+    unsettled_names,
     values_of,
     variant,
 )
@@ -183,6 +185,38 @@ def test_a_flag_given_or_not_tells_a_scripts_runs_apart():
     assert values_words(new.values, new.split_by) == ", given other arguments (--fp16)"
 
 
+@pytest.mark.parametrize("runs", [UNSETTLED_MIN_RUNS - 1, UNSETTLED_MIN_RUNS])
+def test_an_argument_or_string_that_differs_in_every_run_is_an_identifier(runs):
+    given = [
+        {"--run-name": f"h{i}", "--model": "big", "STAMP": f"str:{i:08x}", "LR": f"0.{i + 1}"}
+        for i in range(runs)
+    ]
+    unsettled = unsettled_names(given)
+    assert unsettled == ({"--run-name", "STAMP"} if runs >= UNSETTLED_MIN_RUNS else set())
+    # a value two runs hold alike is a setting however many runs there are
+    assert unsettled_names([*given, {"--run-name": "h0"}]) == unsettled - {"--run-name"}
+
+
+def test_what_changed_names_an_identifier_apart_from_the_changes():
+    """A notebook cell that reads a run id (a string) and a HIDDEN size: the id differs in
+    every run and is no change of the work; HIDDEN is shown as written whatever it does."""
+    from traceml_nb.analysis.attribution import unsettled_of, what_changed
+
+    def cell(i: int, hidden: int):
+        values = {"RUN_ID": f"str:{i:08x}", "HIDDEN": str(hidden)}
+        return make_run("tweak", seed=i, env={**ENV, "cell_values": values})
+
+    runs = [cell(0, 256), cell(1, 256), cell(2, 256)]
+    same = what_changed(runs[1], runs[2], unsettled=unsettled_of(runs))
+    assert same.summary.startswith("same code (RUN_ID differs in every run), same settings,")
+    assert same.values == [] and same.unsettled == ["RUN_ID"]
+    other = what_changed(runs[2], cell(3, 1024), unsettled=unsettled_of([*runs, cell(3, 1024)]))
+    assert other.values == ["HIDDEN 256 \u2192 1024"]
+    assert other.summary.startswith("same code, other values (RUN_ID differs in every run)")
+    unknown = what_changed(runs[1], runs[2])  # nothing says RUN_ID is an identifier
+    assert unknown.values == ["RUN_ID changed (a string, stored as a hash)"]
+
+
 def test_the_titles_words_for_the_values_that_chose_the_runs():
     assert values_words("", ("HIDDEN",)) == ""
     assert values_words(OTHER_VALUES, ("HIDDEN",)) == ", given other values (HIDDEN)"
@@ -268,4 +302,9 @@ def test_the_gate_judges_a_script_against_its_runs_given_the_same_arguments(tmp_
     said = "given the same arguments (--model):" if by_name else "given the same arguments:"
     assert said in report.text(), report.text()
     assert result.to_dict()["baseline_split_by"] == list(split)
+    # the job's own --run-name, new in every run, is no change of the work
+    if by_name:
+        assert "Same code (--run-name differs in every run), same settings" in report.text()
+    else:  # one hash of all the arguments, the same in every run of a model
+        assert "Same code, same settings" in report.text()
     assert [r.summary.step_ms_median for r in result.baseline] == pytest.approx([20.0] * 5, rel=0.1)

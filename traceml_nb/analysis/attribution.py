@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .findings import Changes
@@ -25,6 +25,7 @@ from .thresholds import (
     SOURCE_DIFF_LINES,
     STEAL_CHANGE_SHARE,
 )
+from .variants import ARGUMENTS, unsettled_names, values_of
 
 #: The environment fields compared (see ``traceml_nb.session.environment``).
 ENVIRONMENT_FIELDS = (
@@ -103,17 +104,20 @@ def definition_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> l
     return out
 
 
-def value_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+def value_changes(
+    before: Mapping[str, Any], after: Mapping[str, Any], unsettled: Collection[str] = ()
+) -> list[str]:
     """The plain values a cell reads from the notebook (``cell_values``: name -> as written,
     a string as a hash) that differ, one line each: ``HIDDEN 512 → 1024``, ``MODEL changed
-    (a string, stored as a hash)``; [] where either run did not record them."""
+    (a string, stored as a hash)``; [] where either run did not record them. ``unsettled``:
+    names left out (identifiers, :func:`~.variants.unsettled_names`)."""
     a, b = before.get("cell_values"), after.get("cell_values")
     if not isinstance(a, dict) or not isinstance(b, dict):
         return []
     out = []
     for name in sorted(set(a) & set(b)):
         old, new = a[name], b[name]
-        if old == new:
+        if old == new or name in unsettled:
             continue
         if str(old).startswith("str:") or str(new).startswith("str:"):
             out.append(f"{name} changed (a string, stored as a hash)")
@@ -173,16 +177,23 @@ def changed_arguments(before: Mapping[str, Any], after: Mapping[str, Any]) -> li
     return [n for n in (*b, *(n for n in a if n not in b)) if a.get(n) != b.get(n)]
 
 
-def arguments_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+def arguments_change(
+    before: Mapping[str, Any], after: Mapping[str, Any], unsettled: Collection[str] = ()
+) -> str | None:
     """A sentence when both runs were of a main script that recorded its arguments and they
     differ, else None: ``its arguments changed: --model, --fp16 (given now) (each stored as
     a hash: not its value)``, or, where either run recorded only their one hash
     (``script_args_sha``), ``its arguments changed (stored as a hash, …)``. ``python
     train.py --model big`` after ``--model small`` is one configuration (a timestamped
-    ``--output-dir`` must not split every run into its own), but not the same work."""
+    ``--output-dir`` must not split every run into its own), but not the same work.
+    ``unsettled``: arguments left out (identifiers; :data:`~.variants.ARGUMENTS` for the one
+    hash of them all)."""
     names = changed_arguments(before, after)
     if names is None:
+        if ARGUMENTS in unsettled:
+            return None
         return _hash_change(before, after, "script_args_sha", "arguments", "the arguments")
+    names = [n for n in names if n not in unsettled]
     if not names:
         return None
     a, b = before["script_args"], after["script_args"]
@@ -304,6 +315,25 @@ class RunSetup(Protocol):
     def load(self) -> dict[str, Any]: ...  # ``other_cpu_share``, ``steal_share``
 
 
+def unsettled_of(runs: Iterable[RunSetup]) -> set[str]:
+    """The identifiers among the values ``runs`` were given (:func:`~.variants.
+    unsettled_names`), to leave out of what changed between two of them."""
+    return unsettled_names(values_of(r.environment) for r in runs)
+
+
+def unsettled_changes(
+    before: Mapping[str, Any], after: Mapping[str, Any], unsettled: Collection[str]
+) -> list[str]:
+    """Of ``unsettled`` (identifiers), those whose value differs between the two runs, as the
+    words name them (``--run-name``, ``RUN_ID``, ``the arguments`` for their one hash)."""
+    a, b = values_of(before), values_of(after)
+    return [
+        "the arguments" if n == ARGUMENTS else n
+        for n in sorted(unsettled)
+        if n in a and n in b and a[n] != b[n]
+    ]
+
+
 def what_changed(
     before: RunSetup | None,
     after: RunSetup | None,
@@ -311,12 +341,15 @@ def what_changed(
     verdict: str | None = None,
     baseline_load_share: float | None = None,
     baseline_steal_share: float | None = None,
+    unsettled: Collection[str] = (),
 ) -> Changes:
     """What differs from run ``before`` (the latest baseline run) to run ``after``: both have
     ``source``, ``loaders`` (dicts), ``environment`` and ``load`` (``other_cpu_share``,
     ``steal_share``; None: a run not known, nothing said of it). ``baseline_load_share`` and
     ``baseline_steal_share`` (default: ``before``'s) are the baseline's load; ``verdict`` the
-    comparison's ("slower" lets the summary say whose slowdown it is)."""
+    comparison's ("slower" lets the summary say whose slowdown it is). ``unsettled``: the
+    identifiers among the runs' values (:func:`~.variants.unsettled_names` of the runs around:
+    a run id differs in every run), named apart from the changes."""
     before_load = before.load if before is not None else {}
     after_load = after.load if after is not None else {}
     base_load = (
@@ -335,10 +368,13 @@ def what_changed(
         code=source_diff(before.source if before else None, after.source if after else None),
         definitions=definition_changes(before_env, after_env),
         definitions_unrecorded=definitions_unrecorded(before_env, after_env),
-        values=value_changes(before_env, after_env),
+        values=value_changes(before_env, after_env, unsettled),
         script=script_change(before_env, after_env),
-        arguments=arguments_change(before_env, after_env),
-        argument_names=changed_arguments(before_env, after_env) or [],
+        arguments=arguments_change(before_env, after_env, unsettled),
+        argument_names=[
+            n for n in changed_arguments(before_env, after_env) or [] if n not in unsettled
+        ],
+        unsettled=unsettled_changes(before_env, after_env, unsettled),
         settings=loader_changes(before.loaders if before else [], after.loaders if after else []),
         environment=environment_changes(before_env, after_env),
         load=load_sentence(share, base_load),
@@ -361,13 +397,18 @@ def _code_words(changes: Changes) -> str:
         for what, changed in (("arguments", changes.arguments), ("values", changes.values))
         if changed
     ]
+    every = ""
+    if changes.unsettled:
+        differs = "differs" if len(changes.unsettled) == 1 else "differ"
+        every = f" ({', '.join(changes.unsettled)} {differs} in every run)"
     if changes.code_changed:
-        return f"the code and its {' and '.join(other)} changed" if other else "the code changed"
+        changed = f"the code and its {' and '.join(other)} changed" if other else "the code changed"
+        return changed + every
     if other:
-        return f"same code, other {' and '.join(other)}"
+        return f"same code, other {' and '.join(other)}{every}"
     if changes.definitions_unrecorded:
-        return "the same cell (the code of other cells it uses was not recorded before)"
-    return "same code"
+        return "the same cell (the code of other cells it uses was not recorded before)" + every
+    return "same code" + every
 
 
 def _summary(changes: Changes, verdict: str | None) -> str:

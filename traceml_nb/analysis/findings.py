@@ -321,6 +321,8 @@ class Changes:
     script: str | None = None
     arguments: str | None = None
     argument_names: list[str] = field(default_factory=list)
+    #: identifiers that differ here, left out of the changes (``--run-name``: in every run)
+    unsettled: list[str] = field(default_factory=list)
     settings: list[str] = field(default_factory=list)
     environment: list[str] = field(default_factory=list)
     load: str | None = None

@@ -16,7 +16,8 @@ runs of the judged run's variant, and the noise is each variant's scatter around
 (a changed value shifts the mean, as a changed DataLoader does, and is not noise). A run that
 did not record a name (stored before values were recorded) agrees with any value of it; a
 script's run that recorded its arguments by name and did not give one (a flag) is told apart
-by the names it gave (:data:`ARGUMENT_NAMES`).
+by the names it gave (:data:`ARGUMENT_NAMES`). An argument or a string that differs in every
+run is an identifier, and what changed names it apart from the changes (:func:`unsettled_names`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ ARGUMENTS = "(arguments)"
 #: ...and, where each was recorded by name, the names given (a flag given or not: a run
 #: without ``--fp16`` did not leave it unrecorded, it did not give it).
 ARGUMENT_NAMES = "(argument names)"
+#: A script's argument or a string value (stored as a hash) that differs in every one of at
+#: least this many runs that recorded it is an identifier — a run id, an output directory per
+#: run, a timestamp — and what changed names it apart from the changes (:func:`unsettled_names`).
+#: Two runs cannot tell: two values of a setting differ too. A number is shown as written
+#: (``HIDDEN 512 → 1024``) and stays a change whatever it does.
+UNSETTLED_MIN_RUNS = 3
 
 #: A run's values: name -> the value as written (a hash for a string or the arguments).
 Values = Mapping[str, str]
@@ -70,6 +77,22 @@ def repeating_names(runs: Iterable[Values]) -> set[str]:
                 repeated.add(item[0])
             seen.add(item)
     return repeated
+
+
+def unsettled_names(runs: Iterable[Values], min_runs: int = UNSETTLED_MIN_RUNS) -> set[str]:
+    """The arguments and string values that ``min_runs`` or more of ``runs`` recorded and no
+    two of them hold alike: identifiers (:data:`UNSETTLED_MIN_RUNS`)."""
+    held: dict[str, list[str]] = {}
+    for values in runs:
+        for name, value in values.items():
+            held.setdefault(name, []).append(value)
+    return {
+        name
+        for name, values in held.items()
+        if len(values) >= min_runs
+        and len(set(values)) == len(values)
+        and (is_argument(name) or all(v.startswith("str:") for v in values))
+    }
 
 
 def agree(a: Values, b: Values, names: Iterable[str]) -> bool:

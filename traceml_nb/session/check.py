@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..analysis.attribution import what_changed
+from ..analysis.attribution import unsettled_of, what_changed
 from ..analysis.baseline import compare_with_baseline, is_regression
 from ..analysis.comparison import Comparison
 from ..analysis.configuration import changed_parts
@@ -297,8 +297,9 @@ def check(
         and not all(is_busy(r.load) for r in baseline),
     )
     comparison.changed_parts = changed_parts(baseline[-1].configuration, candidate.configuration)
-    changes = what_changed(baseline[-1], candidate, verdict=comparison.verdict).lines()
-    comparison.changes = changes
+    unsettled = unsettled_of([*baseline, *judged])
+    found = what_changed(baseline[-1], candidate, verdict=comparison.verdict, unsettled=unsettled)
+    comparison.changes = changes = found.lines()
     if comparison.step_ratio is None:
         return CheckResult(
             EXIT_NO_VERDICT, ERROR, name, "", max_slowdown, path, candidate, baseline,

@@ -111,7 +111,7 @@ def compare_with_earlier(
     configurations it compares (:mod:`.baselines`; ``target``: the store the machine class's
     noise is read from)."""
     from ..analysis import compare as compare_runs
-    from ..analysis.attribution import what_changed
+    from ..analysis.attribution import unsettled_of, what_changed
     from ..analysis.baseline import compare_with_baseline
     from ..analysis.configuration import changed_parts
     from .baselines import judging, machine_points
@@ -127,6 +127,8 @@ def compare_with_earlier(
         and previous is not None
         and (runs[0] is previous or runs[0].stored_id == previous.stored_id)
     )
+    around = [*runs, *([previous] if previous is not None else []), entry]
+    unsettled = unsettled_of(r for r in around if r.environment)
     if runs and not same_as_previous:
         found.baseline = compare_with_baseline(runs, entry, **judging(entry, runs, points))
         found.baseline.changed_parts = changed_parts(runs[-1].configuration, config)
@@ -136,6 +138,7 @@ def compare_with_earlier(
             verdict=found.baseline.verdict,
             baseline_load_share=median_load(runs, "other_cpu_share"),
             baseline_steal_share=median_load(runs, "steal_share"),
+            unsettled=unsettled,
         )
         found.baseline.changes = changes.lines()
         if baseline.note:
@@ -153,7 +156,7 @@ def compare_with_earlier(
         found.previous = compare_runs(previous, entry, **judging(entry, [previous], points))
         found.previous.changed_parts = changed_parts(previous.configuration, config)
         found.previous.changes = what_changed(
-            previous, entry, verdict=found.previous.verdict
+            previous, entry, verdict=found.previous.verdict, unsettled=unsettled
         ).lines()
         found.comparisons.append(
             LabelledComparison(f"previous run {previous.label}", found.previous)

@@ -1,7 +1,9 @@
 """A name's stored history and the shifts of its step time, with what came with each.
 
 :func:`name_shifts` reads the completed runs of a name with a median step time, on one
-hardware class (the latest run's by default), oldest first, runs the change points
+hardware class (the latest run's by default), oldest first — where values the runs were given
+tell them apart (:mod:`~traceml_nb.analysis.variants`: ``--model small`` and ``big`` in turn),
+those given the latest run's, as a comparison's baseline takes them — runs the change points
 (:mod:`~traceml_nb.analysis.changepoints`) over their medians (per sample where their batch
 sizes differ, as a comparison's are: a doubled batch is no slowdown), and for each shift
 compares the last run before it with the first run after it
@@ -25,12 +27,15 @@ from ..analysis.changepoints import ChangePoint, Shifts, change_points
 from ..analysis.comparison import batch_sizes_differ
 from ..analysis.findings import Changes
 from ..analysis.thresholds import CHANGE_MIN_RUNS, DEFAULT_MAX_SLOWDOWN
+from ..analysis.variants import agree, differing_names, repeating_names, unsettled_names
 from .store import Store, StoreError, resolve_store_path
 from .store_rows import StoredRow
 from .stored_jobs import split_jobs
 
 EXIT_OK, EXIT_SLOWDOWN, EXIT_NO_VERDICT = 0, 1, 2
 PASS, SLOWDOWN, TOO_SHORT, ERROR = "pass", "regression", "too short", "error"
+#: ``NameShifts.left_out``'s reason for the runs given other values than the latest run's
+OTHER_VALUES_LEFT_OUT = "given other values"
 
 
 @dataclass
@@ -57,7 +62,9 @@ class NameShifts:
     ``per_sample``: the series is the time per sample (median step / batch size), since the
     runs' batch sizes (``batch_sizes``, one a run; None: not counted) are all known and differ
     by ``BATCH_SIZE_CHANGE_SHARE`` or more; the shifts' times are then per sample too.
-    ``judged_ms``: each run's value in the series (ms: its median step, or per sample)."""
+    ``judged_ms``: each run's value in the series (ms: its median step, or per sample).
+    ``split_by``: the values (names) that told the name's runs apart: the series holds those
+    given the latest run's, the others are left out (``"given other values"``)."""
 
     name: str
     hardware: str | None
@@ -68,6 +75,7 @@ class NameShifts:
     batch_sizes: list[int | None] = field(default_factory=list)
     per_sample: bool = False
     judged_ms: list[float] = field(default_factory=list)
+    split_by: tuple[str, ...] = ()
 
     @property
     def latest(self) -> Shift | None:
@@ -118,6 +126,11 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
     if hardware is None and rows:
         hardware = rows[-1].hardware
     series, left_out = _series(rows, hardware)
+    values = store.values_given(name) if series else {}
+    alike, split_by = _given_the_latest_values(series, values)
+    if split_by:
+        left_out[OTHER_VALUES_LEFT_OUT] = len(series) - len(alike)
+    series = alike
     sizes = store.batch_sizes(name) if series else {}
     batch_sizes = [sizes.get(r.id) for r in series]
     per_sample = batch_sizes_differ(batch_sizes)
@@ -127,15 +140,33 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
     shifts = change_points(medians)
     found = []
     if shifts.points:
+        unsettled = unsettled_names(values.get(r.id, {}) for r in series)
         ids = {r.id for p in shifts.points for r in (series[p.index - 1], series[p.index])}
         entries = {e.stored_id: e for e in store.entries(sorted(ids))}
         for p in shifts.points:
             before, after = series[p.index - 1], series[p.index]
-            changes = what_changed(entries.get(before.id), entries.get(after.id))
+            changes = what_changed(
+                entries.get(before.id), entries.get(after.id), unsettled=unsettled
+            )
             found.append(Shift(p, before, after, changes, len(series) - p.index))
     return NameShifts(
-        name, hardware, series, shifts, found, left_out, batch_sizes, per_sample, medians
+        name, hardware, series, shifts, found, left_out, batch_sizes, per_sample, medians, split_by
     )
+
+
+def _given_the_latest_values(
+    series: list[StoredRow], values: dict[int, dict[str, str]]
+) -> tuple[list[StoredRow], tuple[str, ...]]:
+    """Of ``series``, the runs given the latest run's values where values tell them apart
+    (a name counts once a value of it repeats), and the names that told them apart."""
+    if not series:
+        return series, ()
+    given = [values.get(r.id, {}) for r in series]
+    names = repeating_names(given)
+    kept = [r for r, v in zip(series, given, strict=True) if agree(v, given[-1], names)]
+    if len(kept) == len(series):
+        return series, ()
+    return kept, differing_names(given, names)
 
 
 @dataclass

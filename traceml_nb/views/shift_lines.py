@@ -96,10 +96,20 @@ def shift_mark(shift: Shift) -> str:
     return f"{arrow} {signed_pct(shift.point.change)}"
 
 
+def given_words(history: NameShifts) -> str:
+    """``, given the same arguments (--model)`` where values told the name's runs apart and
+    the series holds those given the latest run's (:attr:`NameShifts.split_by`), else ''."""
+    from ..session.baselines import SAME_VALUES
+    from ..session.conclusion import values_words
+
+    return values_words(SAME_VALUES, history.split_by) if history.split_by else ""
+
+
 def shift_lines(history: NameShifts) -> list[str]:
     """The lines under ``%traceml history --name``'s table: one per shift, or why none."""
     shifts = history.shifts
     where = f" on {history.hardware}" if history.hardware else ""
+    where += given_words(history)
     if not shifts.judged:
         return [
             f"change points: {shifts.runs} run{'s' if shifts.runs != 1 else ''} with a step "
@@ -130,6 +140,7 @@ class HistoryCheckReport(GateReport):
             return f"ERROR: cannot check the history of {r.name!r}: {r.error}."
         h = r.history
         where = f" on {h.hardware}" if h.hardware else ""
+        where += given_words(h)
         over = f"over its {h.shifts.runs} runs{where}"
         allowed = f"the {fmt_share(r.max_slowdown)} allowed"
         if r.status == TOO_SHORT:
