@@ -287,8 +287,8 @@ def test_runs_must_be_the_latest_runs_of_one_configuration(store):
     assert mixed.exit_code == 2, mixed.text()
     assert mixed.text() == (
         "--runs 3: the latest 3 stored runs of 'smoke' are judged together, and @6 is of another "
-        "configuration than @8: each must be a completed run of one configuration, alone, on one "
-        "machine class (the CI job trained that many times in a row)"
+        "configuration than @8: each must be a completed run of one configuration and values, "
+        "alone, on one machine class (the CI job trained that many times in a row)"
     )
     assert traceml_nb.check("smoke", store=store.path, runs=2).exit_code in (0, 3)
     too_many = traceml_nb.check("smoke", store=store.path, runs=9)

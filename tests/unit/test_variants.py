@@ -14,6 +14,7 @@ from traceml_nb.analysis.variants import (
     UNSETTLED_MIN_RUNS,
     agree,
     is_argument,
+    other_values,
     repeating_names,
     unsettled_names,
     values_of,
@@ -183,6 +184,32 @@ def test_a_flag_given_or_not_tells_a_scripts_runs_apart():
     new = choose_baseline(run(12.0, 9, "--fp16"), first, None)
     assert (new.values, len(new.runs)) == (OTHER_VALUES, 3)
     assert values_words(new.values, new.split_by) == ", given other arguments (--fp16)"
+
+
+def test_the_runs_judged_together_are_given_the_same_values_but_a_run_id(tmp_path):
+    """``check --runs K``: the K latest runs are one job trained K times; ``--model small``
+    among them is not (refused, as another configuration is); a ``--run-name`` new in every run
+    is no other job."""
+    import traceml_nb
+    from traceml_nb.session.environment import argument_values
+
+    store = Store(tmp_path / "runs.sqlite")
+    for i, model in enumerate(["big"] * 5 + ["small", "big", "big"]):
+        argv = ["--run-name", f"job-{i}", "--model", model]
+        env = {**ENV, "script_sha": "a" * 16, "script_args_sha": f"{i:016x}"}
+        env["script_args"] = argument_values(argv)
+        step_ms = 10.0 if model == "small" else 20.0
+        store.add(make_run("train", step_ms=step_ms, seed=i, source=None, env=env))
+    mixed = traceml_nb.check("train", store=store.path, runs=3)
+    assert mixed.exit_code == 2
+    assert "and @6 was given other values than @8 (--model):" in mixed.text()
+    together = traceml_nb.check("train", store=store.path, runs=2)
+    assert together.exit_code in (0, 3), together.text()
+    assert [r.stored_id for r in together.result.candidates] == [7, 8]
+    assert other_values({"--fp16": "h", ARGUMENT_NAMES: "--fp16"}, {ARGUMENT_NAMES: ""}) == [
+        "--fp16"
+    ]
+    assert other_values({"HIDDEN": "1"}, {}) == []  # not recorded: agrees
 
 
 @pytest.mark.parametrize("runs", [UNSETTLED_MIN_RUNS - 1, UNSETTLED_MIN_RUNS])

@@ -95,6 +95,19 @@ def unsettled_names(runs: Iterable[Values], min_runs: int = UNSETTLED_MIN_RUNS) 
     }
 
 
+def other_values(a: Values, b: Values, ignore: Iterable[str] = ()) -> list[str]:
+    """The names that ``a`` and ``b`` both recorded and hold other values of, sorted, or an
+    argument one of them gave and the other did not (both recorded by name); ``ignore``
+    (identifiers, :func:`unsettled_names`) left out."""
+    by_name = ARGUMENT_NAMES in a and ARGUMENT_NAMES in b
+    skip = {ARGUMENT_NAMES, *ignore}
+    return [
+        n
+        for n in sorted((set(a) | set(b)) - skip)
+        if (a[n] != b[n] if n in a and n in b else by_name and is_argument(n))
+    ]
+
+
 def agree(a: Values, b: Values, names: Iterable[str]) -> bool:
     """``a`` and ``b`` hold the same value of every one of ``names`` that both recorded."""
     return all(a[n] == b[n] for n in names if n in a and n in b)

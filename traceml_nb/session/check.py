@@ -33,6 +33,7 @@ from ..analysis.formatting import fmt_run_span
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.noise import estimate_noise, is_busy, log_mean_ms
 from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
+from ..analysis.variants import other_values, unsettled_names
 from .baselines import (
     PINNED,
     SAME,
@@ -174,12 +175,8 @@ def check(
         return _fail(name, why, max_slowdown, None)
     path = resolve_store_path(store)
     if path is None:
-        return _fail(
-            name,
-            "storing is off (TRACEML_NB_STORE=off): there are no runs to check",
-            max_slowdown,
-            None,
-        )
+        why = "storing is off (TRACEML_NB_STORE=off): there are no runs to check"
+        return _fail(name, why, max_slowdown, None)
     target = Store(path)
     path = target.path  # what may be shown (a server's password hidden)
     job: StoredJob | None = None
@@ -344,8 +341,11 @@ def subject(
 
 def _latest_runs(target: Store, name: str, latest: RunEntry, k: int) -> tuple[list[RunEntry], str]:
     """The latest ``k`` stored runs of ``name`` (oldest first) when they are ``k`` completed
-    runs, each with steady steps, alone, of ``latest``'s configuration; else [] and why not."""
+    runs, each with steady steps, alone, of ``latest``'s configuration and values (but the
+    identifiers: a run id); else [] and why not."""
     rows = target.rows(name=name, limit=k)
+    given = target.values_given(name)
+    identifiers, mine = unsettled_names(given.values()), given.get(latest.stored_id or 0, {})
     want = f"--runs {k}: the latest {k} stored runs of {name!r} are judged together"
     if len(rows) < k:
         return [], f"{want}, and it has {len(rows)}"
@@ -360,11 +360,13 @@ def _latest_runs(target: Store, name: str, latest: RunEntry, k: int) -> tuple[li
             why = f"@{row.id} is of another configuration than @{latest.stored_id}"
         elif row.hardware != hardware_class(latest.environment):
             why = f"@{row.id} ran on another machine class ({row.hardware})"
+        elif other := other_values(given.get(row.id, {}), mine, identifiers):
+            why = f"@{row.id} was given other values than @{latest.stored_id} ({', '.join(other)})"
         else:
             continue
         return [], (
-            f"{want}, and {why}: each must be a completed run of one configuration, alone, on "
-            "one machine class (the CI job trained that many times in a row)"
+            f"{want}, and {why}: each must be a completed run of one configuration and values, "
+            "alone, on one machine class (the CI job trained that many times in a row)"
         )
     return target.entries([row.id for row in rows]), ""
 
