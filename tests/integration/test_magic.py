@@ -591,3 +591,19 @@ def test_runs_given_the_same_values_are_the_baseline(ip, capsys):
     assert "vs baseline" not in outs[3]  # its baseline is its previous run, #3
     assert re.search(r"2 runs of this configuration of 'given' \([#@]1\u2013[#@]2\), given the "
                      r"same values \(LIMIT\)", outs[4]), outs[4]  # fmt: skip
+
+
+def test_a_run_id_the_cell_reads_is_named_apart_from_what_changed(ip, capsys):
+    """A settings cell sets ``RUN_ID`` (a string) anew before every run: from the third run on,
+    it differs in every run and is no change of the work; the previous run, which is also the
+    baseline's latest, counts once."""
+    cell = "%%traceml --view none --name tagged\nassert RUN_ID\n" + TRAIN
+    outs = []
+    for i in range(3):
+        assert run(ip, f"RUN_ID = 'run-{i}'").success
+        capsys.readouterr()
+        assert run(ip, cell).success
+        outs.append(capsys.readouterr().out)
+    assert "notebook values: RUN_ID changed (a string, stored as a hash)" in outs[1]
+    assert "what changed: same code (RUN_ID differs in every run), same settings" in outs[2]
+    assert "notebook values: RUN_ID" not in outs[2], outs[2]

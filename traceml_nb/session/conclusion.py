@@ -128,7 +128,8 @@ def compare_with_earlier(
         and (runs[0] is previous or runs[0].stored_id == previous.stored_id)
     )
     around = [*runs, *([previous] if previous is not None else []), entry]
-    unsettled = unsettled_of(r for r in around if r.environment)
+    once = {r.stored_id if r.stored_id is not None else id(r): r for r in around}  # a run once
+    unsettled = unsettled_of(r for r in once.values() if r.environment)
     if runs and not same_as_previous:
         found.baseline = compare_with_baseline(runs, entry, **judging(entry, runs, points))
         found.baseline.changed_parts = changed_parts(runs[-1].configuration, config)
