@@ -5,8 +5,9 @@ the **values** a run was given are not part of it: the plain values its cell rea
 notebook (the environment's ``cell_values``: ``HIDDEN = 1024`` in a settings cell) and a
 script's arguments, each by its name (``script_args``: ``--model``, ``argument 1``; a run
 stored before those were recorded has one hash for all of them, ``script_args_sha``, named
-:data:`ARGUMENTS` here). A value that differs in every run (a timestamp, a run id, an output directory per run)
-would make each run a configuration of its own, with no noise and no baseline of its own.
+:data:`ARGUMENTS` here). A value that differs in every run (a timestamp, a run id, an output
+directory per run) would make each run a configuration of its own, with no noise and no
+baseline of its own.
 
 So a value tells runs apart only once it **repeats**: a name counts when two or more of the
 runs hold the same value of it (:func:`repeating_names`). ``HIDDEN`` 256, 256, 1024 counts
