@@ -242,6 +242,10 @@ def test_check_history_follows_the_runs_given_the_latest_runs_values(tmp_path):
     history = name_shifts(turns, "smoke")
     assert len(history.runs) == 14 and history.left_out == {"given other values": 14}
     assert history.split_by == ("--model",)
+    table = StoredHistory.of(turns, name="smoke").text
+    assert "given" in table.splitlines()[0]
+    assert re.search(r"@1 smoke .* --model #1 *\n", table) and "--model #2 \u2190" in table
+    assert "given the same arguments (--model) (marked \u2190):" in table
     switched = Store(tmp_path / "switched.sqlite")
     fill_given(switched, [(m, "small") for m in small[:6]] + [(m, "big") for m in big[:8]])
     done = cli("check", "--name", "smoke", "--history", "--store", switched.path)

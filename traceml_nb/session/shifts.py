@@ -64,7 +64,9 @@ class NameShifts:
     by ``BATCH_SIZE_CHANGE_SHARE`` or more; the shifts' times are then per sample too.
     ``judged_ms``: each run's value in the series (ms: its median step, or per sample).
     ``split_by``: the values (names) that told the name's runs apart: the series holds those
-    given the latest run's, the others are left out (``"given other values"``)."""
+    given the latest run's, the others are left out (``"given other values"``); ``given``:
+    then every run's values on the hardware, by run id (:func:`~traceml_nb.analysis.variants.
+    values_of`)."""
 
     name: str
     hardware: str | None
@@ -76,6 +78,7 @@ class NameShifts:
     per_sample: bool = False
     judged_ms: list[float] = field(default_factory=list)
     split_by: tuple[str, ...] = ()
+    given: dict[int, dict[str, str]] = field(default_factory=dict)
 
     @property
     def latest(self) -> Shift | None:
@@ -150,8 +153,9 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
             )
             found.append(Shift(p, before, after, changes, len(series) - p.index))
     return NameShifts(
-        name, hardware, series, shifts, found, left_out, batch_sizes, per_sample, medians, split_by
-    )
+        name, hardware, series, shifts, found, left_out, batch_sizes, per_sample, medians, split_by,
+        values if split_by else {},
+    )  # fmt: skip
 
 
 def _given_the_latest_values(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..analysis.comparison import batch_sizes_differ
 from ..analysis.formatting import fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
@@ -13,6 +13,9 @@ from ..session.history import History
 from ..session.store import Store
 from ..session.store_rows import NameTotals, StoredRow
 from ..session.stored_jobs import split_jobs
+
+if TYPE_CHECKING:
+    from ..session.shifts import NameShifts
 from .diagnosis_words import cause_words
 
 NO_RUNS = "No traceml_nb runs in this session yet."
@@ -193,6 +196,34 @@ def job_cells(rows: list[StoredRow]) -> dict[str, str]:
     return out
 
 
+def given_cell(history: NameShifts, run_id: int, seen: dict[str, list[str]]) -> str:
+    """The values of :attr:`NameShifts.split_by` run ``run_id`` was given: a number as written
+    (``HIDDEN 512``), a hash as the order of its first run (``--model #2``: the values are not
+    stored), an argument another run gave and this one did not as ``no --fp16``; an arrow
+    marks the runs of the series (given the latest run's values)."""
+    from ..analysis.variants import ARGUMENT_NAMES, ARGUMENTS, is_argument
+
+    values = history.given.get(run_id, {})
+    parts = []
+    for name in history.split_by:
+        if name == ARGUMENT_NAMES:
+            continue
+        label = "arguments" if name == ARGUMENTS else name
+        value = values.get(name)
+        if value is None:
+            if ARGUMENT_NAMES in values and is_argument(name):
+                parts.append(f"no {label}")
+            continue
+        if is_argument(name) or value.startswith("str:"):
+            order = seen.setdefault(name, [])
+            if value not in order:
+                order.append(value)
+            value = f"#{order.index(value) + 1}"
+        parts.append(f"{label} {value}")
+    mark = " ←" if any(r.id == run_id for r in history.runs) else ""
+    return (", ".join(parts) or "—") + mark
+
+
 def totals_sentence(total: NameTotals, days: int = TOTALS_DAYS) -> str:
     """``'resnet': 12 runs in the last 7 days left 3.1 GPU-hours idle ≈ $1.63``."""
     runs = f"{total.runs} run{'s' if total.runs != 1 else ''}"
@@ -260,6 +291,7 @@ class StoredHistory:
             if history.per_sample
         }
         cells = []
+        shown_values: dict[str, list[str]] = {}  # each name's hashed values, in order of first run
         for group in group_jobs(shown):
             row = job_cells(group)
             if per_sample:  # a column beside the step's
@@ -268,6 +300,8 @@ class StoredHistory:
                 at = list(row).index("step") + 1
                 value = fmt_ms(judged[0]) if judged else "\u2014"
                 row = dict([*items[:at], ("per sample", value), *items[at:]])
+            if history.split_by:  # which values each run was given, beside its step
+                row = {**row, "given": given_cell(history, group[0].id, shown_values)}
             found = next((f for f in map(history.shift_from, (r.id for r in group)) if f), None)
             row["shift"] = shift_mark(found) if found is not None else ""
             cells.append(row)

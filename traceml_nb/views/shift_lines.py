@@ -109,7 +109,7 @@ def shift_lines(history: NameShifts) -> list[str]:
     """The lines under ``%traceml history --name``'s table: one per shift, or why none."""
     shifts = history.shifts
     where = f" on {history.hardware}" if history.hardware else ""
-    where += given_words(history)
+    where += given_words(history) + (" (marked \u2190)" if history.split_by else "")
     if not shifts.judged:
         return [
             f"change points: {shifts.runs} run{'s' if shifts.runs != 1 else ''} with a step "
