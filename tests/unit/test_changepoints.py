@@ -254,6 +254,25 @@ def test_check_history_follows_the_runs_given_the_latest_runs_values(tmp_path):
     assert "(6 given other values left out)" in done.stdout
 
 
+def test_the_given_column_names_a_flag_not_given_and_numbers_as_written():
+    from types import SimpleNamespace
+
+    from traceml_nb.analysis.variants import ARGUMENT_NAMES
+    from traceml_nb.views.history_table import given_cell
+
+    given = {
+        1: {"--fp16": "h0", ARGUMENT_NAMES: "--fp16", "HIDDEN": "256"},
+        2: {ARGUMENT_NAMES: "", "HIDDEN": "512"},
+    }
+    history = SimpleNamespace(
+        given=given, split_by=(ARGUMENT_NAMES, "--fp16", "HIDDEN"), runs=[SimpleNamespace(id=2)]
+    )
+    seen: dict[str, list[str]] = {}
+    assert given_cell(history, 1, seen) == "--fp16 #1, HIDDEN 256"
+    assert given_cell(history, 2, seen) == "no --fp16, HIDDEN 512 \u2190"
+    assert given_cell(history, 3, seen) == "\u2014"  # stored before values were recorded
+
+
 # --- a batch size that changed: the time per sample ----------------------------------------------
 def fill_sized(store: Store, medians: list[float], sizes: list[int]) -> None:
     for i, (median, size) in enumerate(zip(medians, sizes, strict=True)):
