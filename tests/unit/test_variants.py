@@ -152,7 +152,32 @@ def test_a_scripts_arguments_by_name_tell_its_runs_apart_past_a_run_id():
     assert values_of(big.environment) == {
         **argument_values(["--run-name", "job-9", "--model", "big"]),
         ARGUMENT_NAMES: "--model --run-name",
+        ARGUMENTS: f"{9:016x}",
     }
+
+
+def test_runs_stored_before_the_arguments_were_recorded_by_name_stay_told_apart():
+    """A CI job alternating ``--model small`` and ``big`` (no run id) stored its runs with one
+    hash of the arguments; the first jobs of a version that records them by name share that
+    hash with the runs before, so the big ones are judged against the big runs before, not
+    against every run (which agreed with any argument they did not record)."""
+    from traceml_nb.session.environment import argument_values, script_args_sha
+
+    def run(step_ms: float, seed: int, model: str, *, by_name: bool):
+        argv = ["--model", model]
+        env = {**ENV, "script_sha": "a" * 16, "script_args_sha": script_args_sha(argv)}
+        if by_name:
+            env["script_args"] = argument_values(argv)
+        return make_run("train", step_ms=step_ms, seed=seed, source=None, env=env)
+
+    history = History()
+    for i in range(8):
+        model = ("small", "big")[i % 2]
+        history.add(run(10.0 * (1 + i % 2), i, model, by_name=False))
+    history.add(run(20.0, 8, "big", by_name=True))
+    chosen = choose_baseline(run(20.1, 9, "big", by_name=True), history, None)
+    assert [r.summary.step_ms_median for r in chosen.runs] == pytest.approx([20.0] * 5, rel=0.02)
+    assert chosen.values == SAME_VALUES
     assert is_argument("--model") and is_argument("argument 1") and is_argument(ARGUMENTS)
     assert not is_argument("HIDDEN")
 

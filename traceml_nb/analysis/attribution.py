@@ -25,7 +25,7 @@ from .thresholds import (
     SOURCE_DIFF_LINES,
     STEAL_CHANGE_SHARE,
 )
-from .variants import ARGUMENTS, unsettled_names, values_of
+from .variants import ARGUMENT_NAMES, ARGUMENTS, unsettled_names, values_of
 
 #: The environment fields compared (see ``traceml_nb.session.environment``).
 ENVIRONMENT_FIELDS = (
@@ -327,10 +327,11 @@ def unsettled_changes(
     """Of ``unsettled`` (identifiers), those whose value differs between the two runs, as the
     words name them (``--run-name``, ``RUN_ID``, ``the arguments`` for their one hash)."""
     a, b = values_of(before), values_of(after)
+    by_name = ARGUMENT_NAMES in a and ARGUMENT_NAMES in b  # their names say which differ
     return [
         "the arguments" if n == ARGUMENTS else n
         for n in sorted(unsettled)
-        if n in a and n in b and a[n] != b[n]
+        if n in a and n in b and a[n] != b[n] and not (n == ARGUMENTS and by_name)
     ]
 
 

@@ -47,8 +47,9 @@ Variant = tuple[tuple[str, str], ...]
 
 def values_of(environment: Mapping[str, Any]) -> dict[str, str]:
     """The values a run was given, from its environment: the notebook values its cell read
-    (``cell_values``) and, for a script, each of its arguments (``script_args``), else
-    their one hash (as :data:`ARGUMENTS`)."""
+    (``cell_values``) and, for a script, each of its arguments (``script_args``) and their
+    one hash (as :data:`ARGUMENTS`: all that runs stored before arguments were recorded by
+    name have, so that they are told apart from the later runs as among themselves)."""
     found: dict[str, str] = {}
     cell = environment.get("cell_values")
     if isinstance(cell, Mapping):
@@ -57,7 +58,7 @@ def values_of(environment: Mapping[str, Any]) -> dict[str, str]:
     if isinstance(arguments, Mapping):
         found.update({str(name): str(value) for name, value in arguments.items()})
         found[ARGUMENT_NAMES] = " ".join(sorted(str(name) for name in arguments))
-    elif isinstance(environment.get("script_args_sha"), str):
+    if isinstance(environment.get("script_args_sha"), str):  # what runs stored before share
         found[ARGUMENTS] = environment["script_args_sha"]
     return found
 

@@ -205,8 +205,9 @@ def given_cell(history: NameShifts, run_id: int, seen: dict[str, list[str]]) -> 
 
     values = history.given.get(run_id, {})
     parts = []
+    named = any(is_argument(n) and n not in (ARGUMENTS, ARGUMENT_NAMES) for n in history.split_by)
     for name in history.split_by:
-        if name == ARGUMENT_NAMES:
+        if name == ARGUMENT_NAMES or (name == ARGUMENTS and named):
             continue
         label = "arguments" if name == ARGUMENTS else name
         value = values.get(name)
