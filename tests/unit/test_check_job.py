@@ -449,3 +449,27 @@ def test_the_slowest_rank_of_a_ddp_job_is_its_straggler_by_data_wait(tmp_path):
         even.add(entry)
     (job,) = split_jobs(even.job_runs(job_id(2)))
     assert job.slowest.rank == 0
+
+
+def test_a_jobs_baseline_is_the_jobs_given_the_same_arguments_but_each_ranks_own(tmp_path):
+    """Jobs of ``--model small`` and ``--model big`` in turn, each rank given its own
+    ``--local-rank=N`` (as ``torch.distributed.launch`` passes it): a big job is judged against
+    the big jobs; the rank's own argument tells nothing apart."""
+    from traceml_nb.session.environment import argument_values, script_args_sha
+
+    target = Store(tmp_path / "models.sqlite")
+    for k, model in enumerate(["small", "big"] * 3 + ["big"]):
+        for rank in range(2):
+            argv = [f"--local-rank={rank}", "--model", model]
+            env = {**ENV, "script_sha": "a" * 16, "script_args_sha": script_args_sha(argv)}
+            env["script_args"] = argument_values(argv)
+            step_ms = (10.0 if model == "small" else 20.0) * (1 + 0.02 * rank)
+            entry = make_run("train", step_ms=step_ms, seed=k * 10 + rank, source=None, env=env)
+            entry.rank, entry.job_id, entry.world_size = rank, job_id(k), 2
+            target.add(entry)
+    result = check("train", store=target.path, max_slowdown=LENIENT)
+    assert result.exit_code == 0, said(result)
+    medians = [r.summary.step_ms_median for r in result.baseline]
+    assert medians == pytest.approx([20.4] * 3, rel=0.03)
+    assert result.baseline_split_by == ("--model",)
+    assert "given the same arguments (--model)" in said(result)

@@ -137,6 +137,24 @@ def differing_names(runs: Sequence[Values], names: Iterable[str]) -> tuple[str, 
     return tuple(sorted(differing))
 
 
+def told_apart(
+    mine: Values, given: Sequence[Values]
+) -> tuple[list[int], bool | None, tuple[str, ...]]:
+    """Which of the runs given ``given`` (oldest first) to judge a run given ``mine`` against:
+    where values tell them apart (:func:`repeating_names`, the judged run among them), the
+    indices of those given ``mine`` (True), else, for values not run before, of those given the
+    latest run's (False), and the names that told them apart (:func:`differing_names`); all of
+    them (None) where values tell nothing apart."""
+    names = repeating_names([*given, mine])
+    same = [i for i, values in enumerate(given) if agree(values, mine, names)]
+    if len(same) == len(given):
+        return same, None, ()
+    split_by = differing_names([*given, mine], names)
+    if same:
+        return same, True, split_by
+    return [i for i, values in enumerate(given) if agree(values, given[-1], names)], False, split_by
+
+
 def variant(values: Values, names: Iterable[str]) -> Variant:
     """The values of ``names`` a run recorded, sorted: equal variants are one kind of run
     (a run that recorded none of them is a kind of its own)."""

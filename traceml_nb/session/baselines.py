@@ -30,9 +30,8 @@ from ..analysis.thresholds import BASELINE_RUNS
 from ..analysis.variants import (
     Values,
     Variant,
-    agree,
-    differing_names,
     repeating_names,
+    told_apart,
     values_of,
     variant,
 )
@@ -134,18 +133,14 @@ def _by_values(
     """Of ``runs`` (one configuration: ``entry``'s, or the one before it), those given
     ``entry``'s values where values tell the runs apart, else those given the latest run's;
     with which (:attr:`Baseline.values`) and the names that told them apart."""
-    given = [values_of(r.environment) for r in runs]
-    mine = values_of(entry.environment)
-    names = repeating_names([*given, mine])
-    same = [r for r, values in zip(runs, given, strict=True) if agree(values, mine, names)]
-    if len(same) == len(runs):
-        return runs, "", ()
-    split_by = differing_names([*given, mine], names)
-    if same:
-        return same, SAME_VALUES, split_by
-    latest = given[-1]
-    runs = [r for r, values in zip(runs, given, strict=True) if agree(values, latest, names)]
-    return runs, OTHER_VALUES, split_by
+    chosen, same, split_by = told_apart(
+        values_of(entry.environment), [values_of(r.environment) for r in runs]
+    )
+    return [runs[i] for i in chosen], VALUES_WORDS[same], split_by
+
+
+#: :attr:`Baseline.values` of :func:`~traceml_nb.analysis.variants.told_apart`'s outcome.
+VALUES_WORDS = {None: "", True: SAME_VALUES, False: OTHER_VALUES}
 
 
 #: How many of a name's latest runs are read from the store to choose a baseline among.

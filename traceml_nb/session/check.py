@@ -33,10 +33,11 @@ from ..analysis.formatting import fmt_run_span
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.noise import estimate_noise, is_busy, log_mean_ms
 from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
-from ..analysis.variants import other_values, unsettled_names
+from ..analysis.variants import other_values, told_apart, unsettled_names
 from .baselines import (
     PINNED,
     SAME,
+    VALUES_WORDS,
     Baseline,
     across_sessions,
     choose_baseline,
@@ -46,8 +47,7 @@ from .baselines import (
 from .environment import hardware_class
 from .history import RunEntry
 from .store import Store, StoreEmpty, StoreError, resolve_store_path
-from .store_rows import StoredRow
-from .stored_jobs import StoredJob, job_of, run_hardware, split_jobs, steady_steps, step_median_ms
+from .stored_jobs import StoredJob, earlier_jobs, job_of, job_values, split_jobs, step_median_ms
 
 EXIT_OK, EXIT_REGRESSION, EXIT_NO_VERDICT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 PASS, REGRESSION, NO_BASELINE, ERROR = "pass", "regression", "no baseline", "error"
@@ -416,25 +416,15 @@ def _baseline(
         runs = [r for r in runs if r.stored_id != candidate.stored_id]
         runs, units, skipped = _stand_for_jobs(target, runs, exclude=job)
         return Baseline(runs, PINNED), units, skipped
-    kept: list[tuple[StoredJob[StoredRow], StoredRow]] = []  # a job and its slowest rank
-    skipped = []
-    for other in split_jobs(target.job_rows(name)):
-        slowest = other.slowest
-        if set(other.ids) & set(job.ids):
-            continue
-        if hardware is not None and run_hardware(slowest or other.runs[0]) != hardware:
-            continue
-        if other.world_size != job.world_size:
-            skipped.append(f"{other.label()} had {other.world_size} ranks")
-        elif not other.complete:
-            skipped.append(f"{other.label()} is partial ({'; '.join(other.partial_reasons())})")
-        elif slowest is None or steady_steps(slowest) < 2:
-            skipped.append(f"{other.label()} has a rank without steady steps")
-        else:
-            kept.append((other, slowest))
-    kept = kept[-k:]
+    kept, skipped = earlier_jobs(split_jobs(target.job_rows(name)), job, hardware)
+    given = target.values_given(name)
+    picked, same, split_by = told_apart(
+        job_values(job, given), [job_values(j, given) for j, _ in kept]
+    )
+    kept = [kept[i] for i in picked][-k:]
     by_id = {r.stored_id: r for r in target.entries([row.id for _, row in kept])}
-    return Baseline([by_id[row.id] for _, row in kept]), [unit for unit, _ in kept], skipped
+    runs = [by_id[row.id] for _, row in kept]
+    return Baseline(runs, SAME, "", VALUES_WORDS[same], split_by), [j for j, _ in kept], skipped
 
 
 def _stand_for_jobs(

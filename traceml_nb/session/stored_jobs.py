@@ -18,7 +18,7 @@ figures on rank 0 while they run.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -234,3 +234,38 @@ def split_jobs(runs: Sequence[R]) -> list[StoredJob[R]]:
 def job_of(jobs: list[StoredJob[R]], run_id: int) -> StoredJob[R] | None:
     """The job of ``jobs`` that holds the run ``run_id``."""
     return next((j for j in jobs if run_id in j.ids), None)
+
+
+def earlier_jobs(
+    jobs: Sequence[StoredJob[StoredRow]], job: StoredJob[Any], hardware: str | None
+) -> tuple[list[tuple[StoredJob[StoredRow], StoredRow]], list[str]]:
+    """The jobs of ``jobs`` that can be ``job``'s baseline, each with its slowest rank (oldest
+    first): complete, of its world size, each rank with steady steps, on ``hardware`` (None:
+    any); and why the others of its hardware were left out."""
+    kept: list[tuple[StoredJob[StoredRow], StoredRow]] = []
+    skipped = []
+    for other in jobs:
+        slowest = other.slowest
+        if set(other.ids) & set(job.ids):
+            continue
+        if hardware is not None and run_hardware(slowest or other.runs[0]) != hardware:
+            continue
+        if other.world_size != job.world_size:
+            skipped.append(f"{other.label()} had {other.world_size} ranks")
+        elif not other.complete:
+            skipped.append(f"{other.label()} is partial ({'; '.join(other.partial_reasons())})")
+        elif slowest is None or steady_steps(slowest) < 2:
+            skipped.append(f"{other.label()} has a rank without steady steps")
+        else:
+            kept.append((other, slowest))
+    return kept, skipped
+
+
+def job_values(job: StoredJob[Any], given: Mapping[int, Mapping[str, str]]) -> dict[str, str]:
+    """The values a job was given (``given``: each stored run's, by id): those every rank was
+    given alike. A value that differs between ranks (a ``--local-rank=N`` a launcher passes each
+    process) is the rank's, not the job's."""
+    ranks = [given.get(_store_id(r), {}) for r in job.runs]
+    if not ranks:
+        return {}
+    return {n: v for n, v in ranks[0].items() if all(other.get(n) == v for other in ranks[1:])}
