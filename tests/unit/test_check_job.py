@@ -473,3 +473,24 @@ def test_a_jobs_baseline_is_the_jobs_given_the_same_arguments_but_each_ranks_own
     assert medians == pytest.approx([20.4] * 3, rel=0.03)
     assert result.baseline_split_by == ("--model",)
     assert "given the same arguments (--model)" in said(result)
+
+
+def test_a_jobs_history_is_not_split_by_which_rank_was_slowest(tmp_path):
+    """One point a job, its slowest rank's: which rank that was (and so its ``--local-rank``)
+    changes from job to job, and tells no jobs apart."""
+    from traceml_nb.session.environment import argument_values, script_args_sha
+    from traceml_nb.session.shifts import name_shifts
+
+    target = Store(tmp_path / "history.sqlite")
+    for k in range(14):
+        for rank in range(2):
+            argv = [f"--local-rank={rank}", "--model", "big"]
+            env = {**ENV, "script_sha": "a" * 16, "script_args_sha": script_args_sha(argv)}
+            env["script_args"] = argument_values(argv)
+            step_ms = 20.0 * (1.03 if rank == k % 2 else 1.0)
+            entry = make_run("train", step_ms=step_ms, seed=k * 10 + rank, source=None, env=env)
+            entry.rank, entry.job_id, entry.world_size = rank, job_id(k), 2
+            target.add(entry)
+    history = name_shifts(target, "train")
+    assert len(history.runs) == 14 and history.split_by == ()
+    assert {r.rank for r in history.runs} == {0, 1}

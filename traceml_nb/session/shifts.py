@@ -30,7 +30,7 @@ from ..analysis.thresholds import CHANGE_MIN_RUNS, DEFAULT_MAX_SLOWDOWN
 from ..analysis.variants import agree, differing_names, repeating_names, unsettled_names
 from .store import Store, StoreError, resolve_store_path
 from .store_rows import StoredRow
-from .stored_jobs import split_jobs
+from .stored_jobs import job_values, split_jobs
 
 EXIT_OK, EXIT_SLOWDOWN, EXIT_NO_VERDICT = 0, 1, 2
 PASS, SLOWDOWN, TOO_SHORT, ERROR = "pass", "regression", "too short", "error"
@@ -130,6 +130,9 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
         hardware = rows[-1].hardware
     series, left_out = _series(rows, hardware)
     values = store.values_given(name) if series else {}
+    if series and series[0].job_id is not None:  # a job a point: what all its ranks were given
+        jobs = [j for j in split_jobs(rows) if j.slowest is not None]
+        values = {j.slowest.id: job_values(j, values) for j in jobs if j.slowest is not None}
     alike, split_by = _given_the_latest_values(series, values)
     if split_by:
         left_out[OTHER_VALUES_LEFT_OUT] = len(series) - len(alike)
