@@ -463,7 +463,8 @@ def test_a_jobs_baseline_is_the_jobs_given_the_same_arguments_but_each_ranks_own
             argv = [f"--local-rank={rank}", "--model", model]
             env = {**ENV, "script_sha": "a" * 16, "script_args_sha": script_args_sha(argv)}
             env["script_args"] = argument_values(argv)
-            step_ms = (10.0 if model == "small" else 20.0) * (1 + 0.02 * rank)
+            slower = rank if k < 6 else 1 - rank  # the last job's slowest rank is rank 0
+            step_ms = (10.0 if model == "small" else 20.0) * (1 + 0.02 * slower)
             entry = make_run("train", step_ms=step_ms, seed=k * 10 + rank, source=None, env=env)
             entry.rank, entry.job_id, entry.world_size = rank, job_id(k), 2
             target.add(entry)
@@ -473,11 +474,13 @@ def test_a_jobs_baseline_is_the_jobs_given_the_same_arguments_but_each_ranks_own
     assert medians == pytest.approx([20.4] * 3, rel=0.03)
     assert result.baseline_split_by == ("--model",)
     assert "given the same arguments (--model)" in said(result)
+    # rank 0 against the earlier jobs' rank 1: their --local-rank is no change of the work
+    assert said(result).endswith("Same code, same settings, same machine, same machine load.")
 
 
 def test_a_jobs_history_is_not_split_by_which_rank_was_slowest(tmp_path):
     """One point a job, its slowest rank's: which rank that was (and so its ``--local-rank``)
-    changes from job to job, and tells no jobs apart."""
+    changes from job to job, and tells no jobs apart nor comes with a shift."""
     from traceml_nb.session.environment import argument_values, script_args_sha
     from traceml_nb.session.shifts import name_shifts
 
@@ -487,10 +490,14 @@ def test_a_jobs_history_is_not_split_by_which_rank_was_slowest(tmp_path):
             argv = [f"--local-rank={rank}", "--model", "big"]
             env = {**ENV, "script_sha": "a" * 16, "script_args_sha": script_args_sha(argv)}
             env["script_args"] = argument_values(argv)
-            step_ms = 20.0 * (1.03 if rank == k % 2 else 1.0)
+            step_ms = 20.0 * (1.03 if rank == k % 2 else 1.0) * (1.25 if k >= 8 else 1.0)
             entry = make_run("train", step_ms=step_ms, seed=k * 10 + rank, source=None, env=env)
             entry.rank, entry.job_id, entry.world_size = rank, job_id(k), 2
             target.add(entry)
     history = name_shifts(target, "train")
     assert len(history.runs) == 14 and history.split_by == ()
     assert {r.rank for r in history.runs} == {0, 1}
+    # a shift at the ninth job, whose slowest rank is not the eighth's: not "--local-rank"
+    assert [s.after.job_id for s in history.found] == [job_id(8)]
+    assert history.found[0].changes.argument_names == []
+    assert history.found[0].changes.arguments is None

@@ -343,6 +343,7 @@ def what_changed(
     baseline_load_share: float | None = None,
     baseline_steal_share: float | None = None,
     unsettled: Collection[str] = (),
+    ranks_own: Collection[str] = (),
 ) -> Changes:
     """What differs from run ``before`` (the latest baseline run) to run ``after``: both have
     ``source``, ``loaders`` (dicts), ``environment`` and ``load`` (``other_cpu_share``,
@@ -350,7 +351,9 @@ def what_changed(
     ``baseline_steal_share`` (default: ``before``'s) are the baseline's load; ``verdict`` the
     comparison's ("slower" lets the summary say whose slowdown it is). ``unsettled``: the
     identifiers among the runs' values (:func:`~.variants.unsettled_names` of the runs around:
-    a run id differs in every run), named apart from the changes."""
+    a run id differs in every run), named apart from the changes; ``ranks_own``: the values
+    that differ between the ranks of a job (a ``--local-rank``), left out where ``before``
+    and ``after`` are two jobs' ranks."""
     before_load = before.load if before is not None else {}
     after_load = after.load if after is not None else {}
     base_load = (
@@ -365,16 +368,15 @@ def what_changed(
     steal = after_load.get("steal_share")
     before_env = before.environment if before is not None else {}
     after_env = after.environment if after is not None else {}
+    skip = {*unsettled, *ranks_own}
     changes = Changes(
         code=source_diff(before.source if before else None, after.source if after else None),
         definitions=definition_changes(before_env, after_env),
         definitions_unrecorded=definitions_unrecorded(before_env, after_env),
-        values=value_changes(before_env, after_env, unsettled),
+        values=value_changes(before_env, after_env, skip),
         script=script_change(before_env, after_env),
-        arguments=arguments_change(before_env, after_env, unsettled),
-        argument_names=[
-            n for n in changed_arguments(before_env, after_env) or [] if n not in unsettled
-        ],
+        arguments=arguments_change(before_env, after_env, skip),
+        argument_names=[n for n in changed_arguments(before_env, after_env) or [] if n not in skip],
         unsettled=unsettled_changes(before_env, after_env, unsettled),
         settings=loader_changes(before.loaders if before else [], after.loaders if after else []),
         environment=environment_changes(before_env, after_env),

@@ -110,6 +110,14 @@ def other_values(a: Values, b: Values, ignore: Iterable[str] = ()) -> list[str]:
     ]
 
 
+def ranks_own(ranks: Sequence[Values]) -> set[str]:
+    """The names whose values differ between the ranks of one job (``ranks``: each rank's
+    values): the rank's own (a ``--local-rank=N`` a launcher passes each process), not the
+    job's."""
+    names = {n for values in ranks for n in values}
+    return {n for n in names if len({values.get(n) for values in ranks}) > 1}
+
+
 def agree(a: Values, b: Values, names: Iterable[str]) -> bool:
     """``a`` and ``b`` hold the same value of every one of ``names`` that both recorded."""
     return all(a[n] == b[n] for n in names if n in a and n in b)

@@ -33,7 +33,7 @@ from ..analysis.formatting import fmt_run_span
 from ..analysis.judge import INCONCLUSIVE as INCONCLUSIVE_VERDICT
 from ..analysis.noise import estimate_noise, is_busy, log_mean_ms
 from ..analysis.thresholds import BASELINE_RUNS, DEFAULT_MAX_SLOWDOWN
-from ..analysis.variants import other_values, told_apart, unsettled_names
+from ..analysis.variants import other_values, ranks_own, told_apart, unsettled_names, values_of
 from .baselines import (
     PINNED,
     SAME,
@@ -295,7 +295,10 @@ def check(
     )
     comparison.changed_parts = changed_parts(baseline[-1].configuration, candidate.configuration)
     unsettled = unsettled_of([*baseline, *judged])
-    found = what_changed(baseline[-1], candidate, verdict=comparison.verdict, unsettled=unsettled)
+    own = ranks_own([values_of(r.environment) for r in job.runs]) if job is not None else ()
+    found = what_changed(
+        baseline[-1], candidate, verdict=comparison.verdict, unsettled=unsettled, ranks_own=own
+    )
     comparison.changes = changes = found.lines()
     if comparison.step_ratio is None:
         return CheckResult(

@@ -27,7 +27,13 @@ from ..analysis.changepoints import ChangePoint, Shifts, change_points
 from ..analysis.comparison import batch_sizes_differ
 from ..analysis.findings import Changes
 from ..analysis.thresholds import CHANGE_MIN_RUNS, DEFAULT_MAX_SLOWDOWN
-from ..analysis.variants import agree, differing_names, repeating_names, unsettled_names
+from ..analysis.variants import (
+    agree,
+    differing_names,
+    ranks_own,
+    repeating_names,
+    unsettled_names,
+)
 from .store import Store, StoreError, resolve_store_path
 from .store_rows import StoredRow
 from .stored_jobs import job_values, split_jobs
@@ -130,8 +136,10 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
         hardware = rows[-1].hardware
     series, left_out = _series(rows, hardware)
     values = store.values_given(name) if series else {}
+    own: set[str] = set()  # what differs between a job's ranks (a --local-rank): the rank's
     if series and series[0].job_id is not None:  # a job a point: what all its ranks were given
         jobs = [j for j in split_jobs(rows) if j.slowest is not None]
+        own = set().union(*(ranks_own([values.get(r.id, {}) for r in j.runs]) for j in jobs))
         values = {j.slowest.id: job_values(j, values) for j in jobs if j.slowest is not None}
     alike, split_by = _given_the_latest_values(series, values)
     if split_by:
@@ -152,7 +160,7 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
         for p in shifts.points:
             before, after = series[p.index - 1], series[p.index]
             changes = what_changed(
-                entries.get(before.id), entries.get(after.id), unsettled=unsettled
+                entries.get(before.id), entries.get(after.id), unsettled=unsettled, ranks_own=own
             )
             found.append(Shift(p, before, after, changes, len(series) - p.index))
     return NameShifts(

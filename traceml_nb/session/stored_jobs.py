@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from ..analysis.formatting import fmt_ms
 from ..analysis.stragglers import RankFigures, slowest_rank
+from ..analysis.variants import ranks_own
 from .environment import hardware_class
 from .history import RunEntry
 from .store_rows import StoredRow
@@ -266,6 +267,5 @@ def job_values(job: StoredJob[Any], given: Mapping[int, Mapping[str, str]]) -> d
     given alike. A value that differs between ranks (a ``--local-rank=N`` a launcher passes each
     process) is the rank's, not the job's."""
     ranks = [given.get(_store_id(r), {}) for r in job.runs]
-    if not ranks:
-        return {}
-    return {n: v for n, v in ranks[0].items() if all(other.get(n) == v for other in ranks[1:])}
+    own = ranks_own(ranks)
+    return {n: v for n, v in ranks[0].items() if n not in own} if ranks else {}
