@@ -13,8 +13,9 @@
 * **3** inconclusive: the run-to-run noise is too wide to tell; the verdict says how many
   more runs would decide.
 
-The baseline is the runs of the latest run's configuration, or of the configuration before it
-(:mod:`.baselines`); the noise is theirs, with what the machine class has shown as a prior.
+The baseline is the runs of the latest run's configuration, or of the configuration before it,
+given its values where values tell the runs apart (:mod:`.baselines`); the noise is theirs, with
+what the machine class has shown as a prior.
 With ``runs=K`` (``--runs K``: the job trained K times) the latest K runs are judged together,
 which one run against a stored baseline cannot match at this machine class's noise.
 """
