@@ -105,19 +105,19 @@ def definition_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> l
 
 
 def value_changes(
-    before: Mapping[str, Any], after: Mapping[str, Any], unsettled: Collection[str] = ()
+    before: Mapping[str, Any], after: Mapping[str, Any], skip: Collection[str] = ()
 ) -> list[str]:
     """The plain values a cell reads from the notebook (``cell_values``: name -> as written,
     a string as a hash) that differ, one line each: ``HIDDEN 512 → 1024``, ``MODEL changed
-    (a string, stored as a hash)``; [] where either run did not record them. ``unsettled``:
-    names left out (identifiers, :func:`~.variants.unsettled_names`)."""
+    (a string, stored as a hash)``; [] where either run did not record them. ``skip``: names
+    left out (identifiers, :func:`~.variants.unsettled_names`; a job's ranks' own)."""
     a, b = before.get("cell_values"), after.get("cell_values")
     if not isinstance(a, dict) or not isinstance(b, dict):
         return []
     out = []
     for name in sorted(set(a) & set(b)):
         old, new = a[name], b[name]
-        if old == new or name in unsettled:
+        if old == new or name in skip:
             continue
         if str(old).startswith("str:") or str(new).startswith("str:"):
             out.append(f"{name} changed (a string, stored as a hash)")
@@ -178,7 +178,7 @@ def changed_arguments(before: Mapping[str, Any], after: Mapping[str, Any]) -> li
 
 
 def arguments_change(
-    before: Mapping[str, Any], after: Mapping[str, Any], unsettled: Collection[str] = ()
+    before: Mapping[str, Any], after: Mapping[str, Any], skip: Collection[str] = ()
 ) -> str | None:
     """A sentence when both runs were of a main script that recorded its arguments and they
     differ, else None: ``its arguments changed: --model, --fp16 (given now) (each stored as
@@ -186,14 +186,14 @@ def arguments_change(
     (``script_args_sha``), ``its arguments changed (stored as a hash, …)``. ``python
     train.py --model big`` after ``--model small`` is one configuration (a timestamped
     ``--output-dir`` must not split every run into its own), but not the same work.
-    ``unsettled``: arguments left out (identifiers; :data:`~.variants.ARGUMENTS` for the one
-    hash of them all)."""
+    ``skip``: arguments left out (identifiers, a job's ranks' own; :data:`~.variants.
+    ARGUMENTS` for the one hash of them all)."""
     names = changed_arguments(before, after)
     if names is None:
-        if ARGUMENTS in unsettled:
+        if ARGUMENTS in skip:
             return None
         return _hash_change(before, after, "script_args_sha", "arguments", "the arguments")
-    names = [n for n in names if n not in unsettled]
+    names = [n for n in names if n not in skip]
     if not names:
         return None
     a, b = before["script_args"], after["script_args"]
