@@ -607,3 +607,7 @@ def test_a_run_id_the_cell_reads_is_named_apart_from_what_changed(ip, capsys):
     assert "notebook values: RUN_ID changed (a string, stored as a hash)" in outs[1]
     assert "what changed: same code (RUN_ID differs in every run), same settings" in outs[2]
     assert "notebook values: RUN_ID" not in outs[2], outs[2]
+    # %traceml compare of the same two runs says what the report said
+    assert run(ip, "%traceml compare 2 3").success
+    compared = capsys.readouterr().out
+    assert "same code (RUN_ID differs in every run), same settings" in compared, compared

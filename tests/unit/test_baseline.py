@@ -189,6 +189,8 @@ def test_compare_judges_a_pair_with_the_noise_the_report_used(tmp_path):
     before, after, _ = session.compare_refs("@5", "@6")
     by_id = session.judge_pair(before, after).noise
     assert by_number == report and by_id == report
+    # and what changed between them, as the report says it (before: none from the API)
+    assert session.compare(5, 6).changes[0].startswith("same code, same settings, same machine")
     assert report.own_runs == 5 and report.sigma < default_noise_sigma(1.2) - 0.04
 
 

@@ -81,7 +81,6 @@ def _cmd_history(session: Session, *args: str) -> None:
 def _cmd_compare(session: Session, ref_a: str, ref_b: str) -> None:
     from IPython.display import display
 
-    from ..analysis.attribution import what_changed
     from ..views.report import ComparisonView
 
     try:
@@ -90,8 +89,7 @@ def _cmd_compare(session: Session, ref_a: str, ref_b: str) -> None:
         raise UsageError(f"%traceml compare: {exc.args[0]}") from None
     if note:
         print(f"traceml: {note}")
-    comparison = session.judge_pair(before, after)
-    comparison.changes = what_changed(before, after, verdict=comparison.verdict).lines()
+    comparison = session.judge_pair(before, after)  # what changed too
     display(ComparisonView(before.label, after.label, comparison))
 
 

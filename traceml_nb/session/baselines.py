@@ -32,6 +32,7 @@ from ..analysis.variants import (
     Variant,
     repeating_names,
     told_apart,
+    unsettled_names,
     values_of,
     variant,
 )
@@ -248,6 +249,19 @@ def machine_points(
         )
         points.append((point, values_of(e.environment) if e.name == entry.name else None))
     return _with_variants(points, entry)
+
+
+def identifiers(name: str, history: History | None, store: Store | None) -> set[str]:
+    """The identifiers among the values the runs of ``name`` were given, ``history``'s and
+    ``store``'s (:func:`~traceml_nb.analysis.variants.unsettled_names`: a run id), each run
+    once. :class:`~.store.StoreError` when the store cannot be read."""
+    given: dict[int, Values] = {}
+    if store is not None and store.exists():
+        given.update(store.values_given(name))
+    for i, e in enumerate(history.entries if history is not None else []):
+        if e.name == name and e.environment:
+            given[e.stored_id if e.stored_id is not None else -1 - i] = values_of(e.environment)
+    return unsettled_names(given.values())
 
 
 def _with_variants(points: list[tuple[RunPoint, Values | None]], entry: RunEntry) -> list[RunPoint]:

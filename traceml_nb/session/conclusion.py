@@ -103,6 +103,30 @@ def conclude(run: Run, warmup: str | int) -> Concluded:
     return Concluded(snapshot, analysis, ranks, entry, cost)
 
 
+def compare_pair(
+    before: RunEntry, after: RunEntry, history: History, target: Store | None
+) -> Comparison:
+    """``after`` against ``before`` (``%traceml compare``, :meth:`.Session.compare`), as the
+    report of ``after`` judges it against its previous run: the noise of their configurations
+    as ``history``'s and ``target``'s runs show it, and what changed between them with the
+    identifiers among the name's runs named apart (:func:`~.baselines.identifiers`)."""
+    from ..analysis import compare as compare_runs
+    from ..analysis.attribution import what_changed
+    from .baselines import identifiers, judging, machine_points
+    from .store import StoreError
+
+    try:
+        points = machine_points(after, history, target)
+        unsettled = identifiers(after.name, history, target)
+    except StoreError:  # a store that cannot be read: this session's runs alone
+        points = machine_points(after, history, None)
+        unsettled = identifiers(after.name, history, None)
+    comparison = compare_runs(before, after, **judging(after, [before], points))
+    found = what_changed(before, after, verdict=comparison.verdict, unsettled=unsettled)
+    comparison.changes = found.lines()
+    return comparison
+
+
 def compare_with_earlier(
     entry: RunEntry, history: History, baseline: Baseline, target: Store | None
 ) -> Compared:

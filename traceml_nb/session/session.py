@@ -249,19 +249,13 @@ class Session:
     ) -> Comparison:
         """``after`` against ``before``, judged as a run's report judges it against its
         previous run: with the noise of their configurations as this session's runs and the
-        store's show it (``store``, default :meth:`store`; :func:`~.baselines.judging`), not
-        only the default's."""
-        from ..analysis import compare as compare_runs
-        from .baselines import judging, machine_points
-        from .store import StoreError
+        store's show it (``store``, default :meth:`store`; :func:`~.conclusion.compare_pair`),
+        not only the default's, and what changed between them as the report says it."""
+        from .conclusion import compare_pair
 
-        try:
-            points = machine_points(
-                after, self.history, store if store is not None else self.store()
-            )
-        except StoreError:  # a store that cannot be read: this session's runs alone
-            points = machine_points(after, self.history, None)
-        return compare_runs(before, after, **judging(after, [before], points))
+        return compare_pair(
+            before, after, self.history, store if store is not None else self.store()
+        )
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the history to ``path`` (JSON, atomically); returns the path written."""
