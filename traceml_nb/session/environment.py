@@ -355,7 +355,11 @@ def script_sha() -> str | None:
 def script_args_sha(argv: list[str] | None = None) -> str:
     """``script_args_sha``: the hash of ``argv`` (default ``sys.argv[1:]``); one of the main
     script's runs only (an IPython kernel's arguments name its connection file)."""
-    args = sys.argv[1:] if argv is None else argv
+    return _args_sha(sys.argv[1:] if argv is None else argv)
+
+
+def _args_sha(args: list[str]) -> str:
+    """The hash of ``args``, each ended by a NUL byte (so ``a b`` is not ``ab``)."""
     return _sha(b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in args))
 
 
@@ -385,10 +389,7 @@ def argument_values(argv: list[str] | None = None) -> dict[str, str]:
         else:
             positional += 1
             given[f"argument {positional}"] = [arg]
-    return {
-        name: _sha(b"".join(v.encode("utf-8", "surrogateescape") + b"\0" for v in values))
-        for name, values in given.items()
-    }
+    return {name: _args_sha(values) for name, values in given.items()}
 
 
 def _is_option(arg: str) -> bool:

@@ -27,13 +27,7 @@ from ..analysis.changepoints import ChangePoint, Shifts, change_points
 from ..analysis.comparison import batch_sizes_differ
 from ..analysis.findings import Changes
 from ..analysis.thresholds import CHANGE_MIN_RUNS, DEFAULT_MAX_SLOWDOWN
-from ..analysis.variants import (
-    agree,
-    differing_names,
-    ranks_own,
-    repeating_names,
-    unsettled_names,
-)
+from ..analysis.variants import ranks_own, told_apart, unsettled_names
 from .store import Store, StoreError, resolve_store_path
 from .store_rows import StoredRow
 from .stored_jobs import job_values, split_jobs
@@ -177,11 +171,10 @@ def _given_the_latest_values(
     if not series:
         return series, ()
     given = [values.get(r.id, {}) for r in series]
-    names = repeating_names(given)
-    kept = [r for r, v in zip(series, given, strict=True) if agree(v, given[-1], names)]
-    if len(kept) == len(series):
+    picked, same, split_by = told_apart(given[-1], given[:-1])
+    if same is None:
         return series, ()
-    return kept, differing_names(given, names)
+    return [*(series[i] for i in picked if same), series[-1]], split_by
 
 
 @dataclass
