@@ -12,13 +12,20 @@ The medians say what a typical step spends in each part; they need not add up to
 step. The shares do add up: each part's time summed over the steps whose phases are known,
 divided by those steps' time.
 
-The phases are timed on a sample of the steps, from one optimizer step's end to its next, so
-a sample holds whole cycles of gradient accumulation; but the warm-up's steps are left out of
-the statistics, which can cut the first sample's cycle short (its last micro-steps kept, the
-one with the optimizer among them). So the timed steps are weighted by whether an optimizer
-step ran in them (a flag every step has, timed or not): those with one and those without
-count in the proportions of all the steady steps (post-stratification), and "ran in 25% of the
-steps" is the loop's own count, not the sample's.
+The phases are timed on a sample of the steps, one in about every so much training time
+(:mod:`traceml_nb.engine.instrument.step_phases`): one in a few steps where the steps are
+slow, one in many where they are fast, more often in the run's first seconds. So each timed
+step stands for the steps from its sample to the next one (:func:`sample_weights`), and is
+weighted by their number: a stretch of slow steps, a machine busy for a while, weighs what its
+steps weigh among the run's, not what its samples weigh among the samples.
+
+A sample runs from one optimizer step's end to its next, so it holds whole cycles of gradient
+accumulation; but the warm-up's steps are left out of the statistics, which can cut the first
+sample's cycle short (its last micro-steps kept, the one with the optimizer among them). So the
+timed steps are weighted again by whether an optimizer step ran in them (a flag every step
+has, timed or not): those with one and those without count in the proportions of all the
+steady steps (post-stratification), and "ran in 25% of the steps" is the loop's own count, not
+the sample's.
 """
 
 from __future__ import annotations
@@ -118,26 +125,24 @@ def step_anatomy(
 ) -> StepAnatomy:
     """The anatomy of the steps whose ``wall_ms`` and ``wait_ms`` are given, with the
     ``PHASES`` of those that have them in ``phase_ms`` (positions among the steps);
-    ``stepped``: whether an optimizer step ran in each step (None: the timed steps are taken
-    as they are); on a GPU, ``gpu`` is the steps' ``(phases on the GPU timeline, GPU stall,
-    GPU span)``, ms, NaN where unresolved, and the anatomy is theirs; ``inside``: the
+    ``stepped``: whether an optimizer step ran in each step (None: the timed steps are
+    weighted by the steps they stand for alone); on a GPU, ``gpu`` is the steps' ``(phases on
+    the GPU timeline, GPU stall, GPU span)``, ms, NaN where unresolved, and the anatomy is theirs; ``inside``: the
     ``(outer, inner)`` phases that started inside another (``RunRecord.phases_inside``)."""
     if gpu is not None:
         phase_ms, stall, span = gpu
         wall_ms, wait_ms = stall + span, stall  # NaN where either is unresolved
     rows, values = phase_ms.index, phase_ms.values
     whole = np.isfinite(values).all(axis=1) & np.isfinite(wall_ms[rows])
+    w = sample_weights(rows, len(wall_ms))[whole]  # (the samples as they were taken)
     rows, phases = rows[whole], values[whole]
     if not len(rows):
         return StepAnatomy(why=NO_PHASES if gpu is None else NO_GPU_PHASES)
     if not phases.any():  # timed, and nothing ran to time: a loop without a model
         return StepAnatomy(why=NO_PHASES)
     wall, wait = wall_ms[rows], wait_ms[rows]
-    w = None
     if stepped is not None:
-        known = np.zeros(len(wall_ms), bool)
-        known[rows] = True
-        w = timed_weights(stepped, known)
+        w = w * timed_weights(stepped, rows, w)
     other = np.maximum(0.0, wall - wait - phases.sum(axis=1))
     unavailable = _untimed(phases, inside)
     optimizer = phases[:, PHASES.index("optimizer")]
@@ -146,7 +151,7 @@ def step_anatomy(
     timed = [(i, name) for i, name in enumerate(PHASES) if name not in unavailable]
     medians = {name: weighted_median(phases[:, i], w) for i, name in timed}
     medians["other"] = weighted_median(other, w)
-    weight = np.ones(len(wall)) if w is None else w
+    weight = w
     total = float(weight @ wall)
     sums = [float(weight @ wait), *(float(x) for x in weight @ phases), float(weight @ other)]
     scale = max(total, sum(sums))  # parts of a step never add up past the step
@@ -160,10 +165,7 @@ def step_anatomy(
         ran = phases[:, i] > 0
         if medians[name] == 0 and ran.any():
             share = float(weight[ran].sum() / weight.sum())
-            occasional[name] = (
-                share,
-                weighted_median(phases[ran, i], None if w is None else w[ran]),
-            )
+            occasional[name] = (share, weighted_median(phases[ran, i], w[ran]))
     return StepAnatomy(medians, shares, occasional=occasional, unavailable=unavailable)
 
 
@@ -188,16 +190,34 @@ def _untimed(phases: np.ndarray, inside: Iterable[tuple[str, str]]) -> dict[str,
     return unavailable
 
 
-def timed_weights(stepped: np.ndarray, timed: np.ndarray) -> np.ndarray | None:
-    """The weight of each timed step (``timed``: a mask over the steps) that makes the timed
-    steps with an optimizer step and those without (``stepped``, every step's flag) count in
-    the proportions of all the steps: 1 for each where they already do, None (all 1) where
-    the timed steps hold only one kind and there is nothing to reweight."""
+def sample_weights(timed: np.ndarray, n: int) -> np.ndarray:
+    """How many of the ``n`` steps each timed step stands for (``timed``: the positions of the
+    timed steps among them, ascending). A sample is a run of consecutive timed steps (one
+    step, or a cycle of gradient accumulation; where the sampling is on at every other step
+    or more often, several samples in a row); it stands for itself and the steps up to the
+    next sample (the first one for the steps before it too), each of its steps for an equal
+    part: as the sampling took one in so many steps, at the pace it saw."""
+    if not len(timed):
+        return np.zeros(0)
+    first = np.flatnonzero(np.diff(timed, prepend=timed[0] - 2) != 1)  # each sample's start
+    length = np.diff(np.append(first, len(timed)))
+    starts = timed[first]
+    stretch = np.diff(np.append(starts, n))
+    stretch[0] += starts[0]
+    return np.repeat(stretch / length, length)
+
+
+def timed_weights(stepped: np.ndarray, timed: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The factor on each timed step's weight (``timed``: their positions among the steps,
+    ``weights``: theirs, :func:`sample_weights`) that makes the timed steps with an optimizer
+    step and those without (``stepped``, every step's flag) count in the proportions of all
+    the steps: 1 for each where they already do, or where the timed steps hold only one kind
+    and there is nothing to reweight."""
     p_all = float(stepped.mean())
-    p_timed = float(stepped[timed].mean())
-    if p_timed in (0.0, 1.0) or p_timed == p_all:
-        return None
     ran = stepped[timed]
+    p_timed = float(weights @ ran / weights.sum())
+    if p_timed in (0.0, 1.0) or np.isclose(p_timed, p_all):
+        return np.ones(len(timed))
     return np.where(ran, p_all / p_timed, (1.0 - p_all) / (1.0 - p_timed))
 
 
