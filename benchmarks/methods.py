@@ -474,6 +474,10 @@ def monitor_steady_cost(work: Workload, seconds: float) -> dict[str, Any]:
         out["view"] = f"not available ({why})"
     else:
         out["view_pct"] = 100.0 * view.busy_s / run.elapsed_s
+        # its parts: the rows' reading is the engine's segmenting, which the loop's thread
+        # does itself without a view; the running verdict; the rest, the view's own work
+        out["view_reading_pct"] = 100.0 * view.reading_s / run.elapsed_s
+        out["view_verdict_pct"] = 100.0 * view.analysis_busy_s / run.elapsed_s
         out["view_ticks"] = view.ticks
         out["view_messages"] = view.messages
         out["view_error"] = view.error

@@ -277,6 +277,13 @@ def monitor_steady_line(steady: dict[str, Any]) -> str:
         f"live view {steady['view_pct']:.2f}% of the run time, {steady['view_ticks']} ticks, "
         f"{steady['view_messages']} messages"
     )
+    if "view_reading_pct" in steady:
+        own = steady["view_pct"] - steady["view_reading_pct"] - steady["view_verdict_pct"]
+        text += (
+            f" (reading the rows {steady['view_reading_pct']:.2f}%: the engine's segmenting, "
+            f"which the loop's thread does without a view; the running verdict "
+            f"{steady['view_verdict_pct']:.2f}%; the view's own work {own:.2f}%)"
+        )
     if steady.get("view_error"):
         text += f"; view error: {steady['view_error']}"
     return text
