@@ -10,7 +10,7 @@ boundaries) and the rest is the span less the phases.
 
 The medians say what a typical step spends in each part; they need not add up to the median
 step. The shares do add up: each part's time summed over the steps whose phases are known,
-divided by those steps' time.
+divided by those steps' time (each step weighted as below).
 
 The phases are timed on a sample of the steps, one in about every so much training time
 (:mod:`traceml_nb.engine.instrument.step_phases`): one in a few steps where the steps are
@@ -127,8 +127,9 @@ def step_anatomy(
     ``PHASES`` of those that have them in ``phase_ms`` (positions among the steps);
     ``stepped``: whether an optimizer step ran in each step (None: the timed steps are
     weighted by the steps they stand for alone); on a GPU, ``gpu`` is the steps' ``(phases on
-    the GPU timeline, GPU stall, GPU span)``, ms, NaN where unresolved, and the anatomy is theirs; ``inside``: the
-    ``(outer, inner)`` phases that started inside another (``RunRecord.phases_inside``)."""
+    the GPU timeline, GPU stall, GPU span)``, ms, NaN where unresolved, and the anatomy is
+    theirs; ``inside``: the ``(outer, inner)`` phases that started inside another
+    (``RunRecord.phases_inside``)."""
     if gpu is not None:
         phase_ms, stall, span = gpu
         wall_ms, wait_ms = stall + span, stall  # NaN where either is unresolved
@@ -151,9 +152,8 @@ def step_anatomy(
     timed = [(i, name) for i, name in enumerate(PHASES) if name not in unavailable]
     medians = {name: weighted_median(phases[:, i], w) for i, name in timed}
     medians["other"] = weighted_median(other, w)
-    weight = w
-    total = float(weight @ wall)
-    sums = [float(weight @ wait), *(float(x) for x in weight @ phases), float(weight @ other)]
+    total = float(w @ wall)
+    sums = [float(w @ wait), *(float(x) for x in w @ phases), float(w @ other)]
     scale = max(total, sum(sums))  # parts of a step never add up past the step
     shares = {
         part: (x / scale if scale > 0 else 0.0)
@@ -164,7 +164,7 @@ def step_anatomy(
     for i, name in timed:
         ran = phases[:, i] > 0
         if medians[name] == 0 and ran.any():
-            share = float(weight[ran].sum() / weight.sum())
+            share = float(w[ran].sum() / w.sum())
             occasional[name] = (share, weighted_median(phases[ran, i], w[ran]))
     return StepAnatomy(medians, shares, occasional=occasional, unavailable=unavailable)
 
