@@ -125,8 +125,15 @@ def test_spawned_ranks_name_the_straggler(ip, capsys, tmp_path, launcher):
     assert res.to_dict()["ranks"]["straggler"]["rank"] == 1
 
 
-def test_notebook_launcher_ranks_name_the_straggler(ip, capsys, tmp_path):
+def test_notebook_launcher_ranks_name_the_straggler(ip, capsys, tmp_path, monkeypatch):
     pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, PartialState
+
+    # a fresh notebook's state: notebook_launcher refuses to launch in a process that made an
+    # Accelerator, as an earlier test's transformers Trainer does where it runs first (and the
+    # ranks it forks would inherit that process's state, rank 0 of 1)
+    monkeypatch.setattr(AcceleratorState, "_shared_state", {})
+    monkeypatch.setattr(PartialState, "_shared_state", {})
     ip.user_ns["out_dir"] = str(tmp_path)
     source = (
         "%%traceml --view none -o res\n"

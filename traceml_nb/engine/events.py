@@ -39,8 +39,10 @@ FETCH, EXHAUSTED, OPTIMIZER_STEP, MARKER, EPOCH_STARTED, ITERATOR_STARTED, PHASE
 )
 
 #: What a :class:`Phase` spanned (its ``phase`` field): the model's forward (the outermost
-#: modules' calls), the autograd backward, the optimizer's ``step()``.
-FORWARD, BACKWARD, OPTIMIZER = range(3)
+#: modules' calls), the autograd backward, the optimizer's ``step()``; and ``SETUP``, the phase
+#: instruments put in place at a sampled step's model call, before its forward is timed: it
+#: ends the input copy and is no phase of the step (its time is in the rest).
+FORWARD, BACKWARD, OPTIMIZER, SETUP = range(4)
 #: Each of those by its name (the analysis's).
 PHASE_NAMES = ("forward", "backward", "optimizer")
 
@@ -158,7 +160,7 @@ class Phase(_Event):
 
     __slots__ = ()
     _fields = ("phase", "t_start_ns", "t_end_ns", "gpu_start", "gpu_end")
-    phase: int = _field(1, "FORWARD, BACKWARD or OPTIMIZER")
+    phase: int = _field(1, "FORWARD, BACKWARD, OPTIMIZER, or SETUP")
     t_start_ns: int = _field(2, "when it started")
     t_end_ns: int = _field(3, "when it ended")
     gpu_start: EventLike | None = _field(

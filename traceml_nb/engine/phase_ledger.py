@@ -16,7 +16,7 @@ others are let go of.
 
 from __future__ import annotations
 
-from .events import FORWARD, EventLike, Phase, Sampling
+from .events import FORWARD, SETUP, EventLike, Phase, Sampling
 from .step_table import PHASE_WIDTH
 
 #: A step's mark: the totals when it began, the times the instruments had been turned off and
@@ -51,9 +51,11 @@ class PhaseLedger:
     def phase(self, ev: Phase) -> None:
         _, phase, t_start, t_end, gpu_start, gpu_end = ev
         totals = self.totals
-        if phase == FORWARD and self.copy_from >= 0:
+        if phase in (FORWARD, SETUP) and self.copy_from >= 0:
             totals[0] += max(0, t_start - self.copy_from)
             self.copy_from = -1
+        if phase == SETUP:
+            return  # our instruments' time: no phase of the step
         totals[phase + 1] += t_end - t_start
         if gpu_start is not None or gpu_end is not None:
             self._gpu.append((self._gpu_seq, phase, gpu_start, gpu_end))

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..events import OPTIMIZER, PHASE, EventLike
+from ..events import OPTIMIZER, PHASE, SETUP, EventLike
 from .compilation import compiling_check
 
 
@@ -80,6 +80,17 @@ class PhaseClock:
             self._log_open()  # the closure's phase; the optimizer's step goes on
             self.closure_depth = 0
             self._open(OPTIMIZER)
+
+    def set_up(self, t_start: int) -> None:
+        """Log the instruments put in place from ``t_start`` (this clock's ns) to now, where no
+        phase is open (a :data:`~traceml_nb.engine.events.SETUP`: it ends the input copy and
+        is timed as no phase)."""
+        if self.depth or threading.get_ident() != self.thread:
+            return
+        log = self.log
+        log.append((PHASE, SETUP, t_start, self.clock(), None, None))
+        if len(log) > self.max_log:
+            self.check()
 
     def reset(self) -> None:
         """No phase open (the instruments were taken away mid-phase)."""
