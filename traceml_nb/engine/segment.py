@@ -30,7 +30,7 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   (``traceml_nb.step()``) make rows of their own.
 * **Phases.** Each :class:`~traceml_nb.engine.events.Phase` (forward, backward, optimizer) is
   added to the running totals when it ends; the input copy is the time from a fetch's return
-  to the first forward that starts after it. A step that began while the phase instruments
+  to the first forward after it (or its hooks' ``SETUP``). A step begun while the instruments
   were on (:class:`~traceml_nb.engine.events.Sampling`) gets what was added between its start
   and its end, unless an optimizer step other than the one that turned them off ran in it
   after they had been off (even if they were on again by then); the others get none.

@@ -1,7 +1,8 @@
 """The phase open on the training thread: :class:`PhaseClock` logs a
 :class:`~traceml_nb.engine.events.Phase` for each outermost pair of :meth:`~PhaseClock.start`
 and :meth:`~PhaseClock.end`, on the tracer's clock (and on CUDA with an event at each end); an
-optimizer's step is logged in pieces around the forwards and backwards of its closure."""
+optimizer's step is logged in pieces around the forwards and backwards of its closure; the
+hooks put in place at a model's call are logged as a ``SETUP`` (:meth:`PhaseClock.set_up`)."""
 
 from __future__ import annotations
 

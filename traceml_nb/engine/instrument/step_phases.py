@@ -28,7 +28,8 @@ first called after that first step is not seen. The backward is
 ``torch.autograd.backward`` (what ``loss.backward()`` calls), wrapped while sampled; the
 optimizer's step starts at a global optimizer pre-step hook and ends in the tracer's post-step
 hook (:meth:`StepPhases.optimizer_step_ended`), so a step's optimizer phase is logged before
-the step's end.
+the step's end. Putting the model's hooks in place at its call is timed as no phase (a
+:data:`~traceml_nb.engine.events.SETUP`, which ends the input copy): the forward starts after.
 
 A phase that starts inside another (a forward recomputed by activation checkpointing inside the
 backward, the forward and backward of an optimizer's closure) is part of the outer one. Calls on
