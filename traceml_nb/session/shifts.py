@@ -27,10 +27,10 @@ from ..analysis.changepoints import ChangePoint, Shifts, change_points
 from ..analysis.comparison import batch_sizes_differ
 from ..analysis.findings import Changes
 from ..analysis.thresholds import CHANGE_MIN_RUNS, DEFAULT_MAX_SLOWDOWN
-from ..analysis.variants import ranks_own, told_apart, unsettled_names
+from ..analysis.variants import told_apart, unsettled_names
 from .store import Store, StoreError, resolve_store_path
 from .store_rows import StoredRow
-from .stored_jobs import job_values, split_jobs
+from .stored_jobs import jobs_values, split_jobs
 
 EXIT_OK, EXIT_SLOWDOWN, EXIT_NO_VERDICT = 0, 1, 2
 PASS, SLOWDOWN, TOO_SHORT, ERROR = "pass", "regression", "too short", "error"
@@ -132,9 +132,7 @@ def name_shifts(store: Store, name: str, *, hardware: str | None = None) -> Name
     values = store.values_given(name) if series else {}
     own: set[str] = set()  # what differs between a job's ranks (a --local-rank): the rank's
     if series and series[0].job_id is not None:  # a job a point: what all its ranks were given
-        jobs = [j for j in split_jobs(rows) if j.slowest is not None]
-        own = set().union(*(ranks_own([values.get(r.id, {}) for r in j.runs]) for j in jobs))
-        values = {j.slowest.id: job_values(j, values) for j in jobs if j.slowest is not None}
+        values, own = jobs_values(split_jobs(rows), values)
     alike, split_by = _given_the_latest_values(series, values)
     if split_by:
         left_out[OTHER_VALUES_LEFT_OUT] = len(series) - len(alike)

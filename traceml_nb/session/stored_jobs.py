@@ -266,6 +266,29 @@ def job_values(job: StoredJob[Any], given: Mapping[int, Mapping[str, str]]) -> d
     """The values a job was given (``given``: each stored run's, by id): those every rank was
     given alike. A value that differs between ranks (a ``--local-rank=N`` a launcher passes each
     process) is the rank's, not the job's."""
+    return _job_and_ranks_own(job, given)[0]
+
+
+def jobs_values(
+    jobs: Sequence[StoredJob[Any]], given: Mapping[int, Mapping[str, str]]
+) -> tuple[dict[int, dict[str, str]], set[str]]:
+    """Each of ``jobs``' values (:func:`job_values`) by the store id of its slowest rank (a job
+    without one left out), and the names whose values differ between the ranks of any of
+    them (:func:`~traceml_nb.analysis.variants.ranks_own`)."""
+    values: dict[int, dict[str, str]] = {}
+    own: set[str] = set()
+    for job in jobs:
+        if job.slowest is not None:
+            values[_store_id(job.slowest)], ranks = _job_and_ranks_own(job, given)
+            own |= ranks
+    return values, own
+
+
+def _job_and_ranks_own(
+    job: StoredJob[Any], given: Mapping[int, Mapping[str, str]]
+) -> tuple[dict[str, str], set[str]]:
+    """The values every rank of ``job`` was given alike, and the names whose values differ
+    between its ranks."""
     ranks = [given.get(_store_id(r), {}) for r in job.runs]
     own = ranks_own(ranks)
-    return {n: v for n, v in ranks[0].items() if n not in own} if ranks else {}
+    return ({n: v for n, v in ranks[0].items() if n not in own} if ranks else {}), own

@@ -9,14 +9,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..analysis.comparison import batch_sizes_differ
 from ..analysis.formatting import fmt_ms, fmt_pct, fmt_rate, fmt_s, fmt_share, signed_pct
+from ..analysis.variants import ARGUMENT_NAMES, ARGUMENTS, is_argument
 from ..session.history import History
 from ..session.store import Store
 from ..session.store_rows import NameTotals, StoredRow
 from ..session.stored_jobs import split_jobs
+from .diagnosis_words import cause_words
 
 if TYPE_CHECKING:
     from ..session.shifts import NameShifts
-from .diagnosis_words import cause_words
 
 NO_RUNS = "No traceml_nb runs in this session yet."
 
@@ -201,8 +202,6 @@ def given_cell(history: NameShifts, run_id: int, seen: dict[str, list[str]]) -> 
     (``HIDDEN 512``), a hash as the order of its first run (``--model #2``: the values are not
     stored), an argument another run gave and this one did not as ``no --fp16``; an arrow
     marks the runs of the series (given the latest run's values)."""
-    from ..analysis.variants import ARGUMENT_NAMES, ARGUMENTS, is_argument
-
     values = history.given.get(run_id, {})
     parts = []
     named = any(is_argument(n) and n not in (ARGUMENTS, ARGUMENT_NAMES) for n in history.split_by)

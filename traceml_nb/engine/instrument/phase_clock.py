@@ -88,10 +88,7 @@ class PhaseClock:
         is timed as no phase)."""
         if self.depth or threading.get_ident() != self.thread:
             return
-        log = self.log
-        log.append((PHASE, SETUP, t_start, self.clock(), None, None))
-        if len(log) > self.max_log:
-            self.check()
+        self._log((PHASE, SETUP, t_start, self.clock(), None, None))
 
     def reset(self) -> None:
         """No phase open (the instruments were taken away mid-phase)."""
@@ -110,7 +107,10 @@ class PhaseClock:
         """Log the open phase, from its start to now."""
         t_end = self.clock()
         gpu_end = self.gpu_mark() if self.gpu_mark is not None else None
+        self._log((PHASE, self.phase, self.t_start, t_end, self.gpu_start, gpu_end))
+
+    def _log(self, event: tuple[Any, ...]) -> None:
         log = self.log
-        log.append((PHASE, self.phase, self.t_start, t_end, self.gpu_start, gpu_end))
+        log.append(event)
         if len(log) > self.max_log:  # a loop with neither a DataLoader nor an optimizer
             self.check()
