@@ -116,7 +116,7 @@ class IteratorCount:
 
 
 def credited_loaders(
-    loaders: Iterable[LoaderSteps], last: LoaderSteps
+    loaders: Collection[LoaderSteps], last: LoaderSteps
 ) -> tuple[list[LoaderSteps], list[LoaderSteps]]:
     """Which loaders an optimizer step credits (their batches train), ``last`` the loader
     fetched last before it, and which lose what they were credited: ``(credited, taken_back)``.
@@ -134,24 +134,29 @@ def credited_loaders(
     beside the first). Each credit for lack of a step before is counted in the loader's
     ``unsteady_credits``."""
     ahead_of = last.since_optimizer
-    trains = [
-        st
-        for st in loaders
-        if (st is last or 0 < st.since_optimizer <= ahead_of and st.start >= 0)
-        and not st.evaluating
-    ]
-    steady = [st for st in trains if not st.fresh_draws or st.drawn_last_step]
+    trains: list[LoaderSteps] = []
+    steady: list[LoaderSteps] = []
+    fetched = False  # one of the steady loaders was fetched since the previous optimizer step
+    for st in loaders:  # (a loop, not comprehensions: this runs at every optimizer step)
+        if st.evaluating or not (
+            st is last or 0 < st.since_optimizer <= ahead_of and st.start >= 0
+        ):
+            continue
+        trains.append(st)
+        if not st.fresh_draws or st.drawn_last_step:
+            steady.append(st)
+            fetched = fetched or st.since_optimizer > 0
     if not steady:
         for st in trains:
             st.unsteady_credits += 1
         return trains, []
-    if not any(st.since_optimizer for st in steady):  # (a GAN's second optimizer)
+    if not fetched:  # (a GAN's second optimizer)
         return steady, []
-    taken_back = [
-        st
-        for st in loaders
-        if not st.since_optimizer and 0 < st.info.optimizer_steps == st.unsteady_credits
-    ]
+    taken_back = []
+    for st in loaders:
+        credits = st.unsteady_credits  # (0 < optimizer_steps == credits, not drawn in this one)
+        if credits and not st.since_optimizer and st.info.optimizer_steps == credits:
+            taken_back.append(st)
     return steady, taken_back
 
 
@@ -159,10 +164,13 @@ def optimizer_stepped(loaders: Collection[LoaderSteps]) -> None:
     """After an optimizer step is credited: the loaders fetched since the one before it are the
     ones drawn in the step before, unless none was (a GAN's second optimizer), and each
     loader's count of fetches starts again."""
-    if any(st.since_optimizer for st in loaders):
-        for st in loaders:
-            st.drawn_last_step = st.since_optimizer > 0
     for st in loaders:
+        if st.since_optimizer:
+            break
+    else:
+        return  # none was fetched: the counts are 0, and the step before stays the one it was
+    for st in loaders:
+        st.drawn_last_step = st.since_optimizer > 0
         st.since_optimizer = 0
 
 
