@@ -901,6 +901,28 @@ def test_the_optimizer_hook_looks_at_its_listeners_only_when_the_least_countdown
     assert every3.looked == every5.looked == [1, 4, 6, 7, 10, 11, 13]
 
 
+def test_a_loop_without_a_loader_bounds_its_log_at_the_optimizer_hooks_looks() -> None:
+    """The optimizer hook measures the log only when it looks (every ``CHECK_EVERY`` steps at
+    most): a loop without a DataLoader has its log processed once it passes
+    ``READER_MAX_EVENTS``, within ``CHECK_EVERY`` steps, and not before."""
+    from traceml_nb.engine.instrument.tracer import CHECK_EVERY, READER_MAX_EVENTS, StepTracer
+    from traceml_nb.engine.record import RunRecord
+
+    model, opt = model_and_opt()
+    tracer = StepTracer(RunRecord())
+    hook = tracer.optimizer_hook()
+    hook(opt, (opt,), {})  # an optimizer new to the run processes the log (a sweep's trial)
+    assert len(tracer.log) == 0
+    steps = 0
+    while len(tracer.log) == steps and steps <= 2 * READER_MAX_EVENTS:
+        hook(opt, (opt,), {})
+        steps += 1
+    assert READER_MAX_EVENTS < steps <= READER_MAX_EVENTS + CHECK_EVERY
+    assert len(tracer.log) == 0
+    assert tracer.record.optimizer_steps == steps + 1
+    tracer.close()
+
+
 def test_a_dataset_the_loop_lets_go_is_freed_during_the_run() -> None:
     """The tracer holds a loader's batch sampler weakly, and with it the dataset: a stage's
     or a sweep's dataset is freed once the log that names its iterator is processed, as

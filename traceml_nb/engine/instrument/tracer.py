@@ -14,8 +14,8 @@ starting an epoch over, with its loader's settings. Who processes:
   :data:`READER_MAX_EVENTS` events (a reader that fell behind or stopped);
 * without one, the training thread, once the log holds :data:`PROCESS_EVENTS` events, at an
   iterator's first batch of an epoch and every :data:`CHECK_EVERY`-th (torch's ``__next__``
-  counts an iterator's batches; an optimizer step or a marker checks only against
-  :data:`READER_MAX_EVENTS`, the log's bound);
+  counts an iterator's batches; an optimizer step, every :data:`CHECK_EVERY`-th, or a marker
+  checks only against :data:`READER_MAX_EVENTS`, the log's bound);
 * the run's end processes the rest and closes what is still open.
 
 A failure of our own bookkeeping stops the tracing for the rest of the run (the steps before it
@@ -46,7 +46,8 @@ PROCESS_EVENTS = 256
 CHECK_EVERY = 256
 #: With a reader attached, the training thread processes the log only once it holds this many
 #: events (a reader that fell behind or stopped); without one, an optimizer step or a marker
-#: processes it at this length too (a loop without a DataLoader). About 1 MB of log.
+#: processes it at this length too (a loop without a DataLoader: looked at every
+#: ``CHECK_EVERY`` optimizer steps). About 1 MB of log.
 READER_MAX_EVENTS = 8192
 #: The log names the iterators and optimizers of its events until it is processed, so an
 #: iterator the loop left by a ``break`` (and its worker processes), or a sweep's earlier model
@@ -220,15 +221,17 @@ class StepTracer:
     def optimizer_hook(self, listeners: Sequence[StepEndListener] = ()) -> OptimizerHook:
         """A global optimizer post-step hook that logs each step; each of ``listeners`` (the
         phase instruments, the FLOP count) is told first when its countdown runs out. The
-        listeners are looked at only then: the hook counts down on its own in between (after
-        a step that evicted the caches, every object touched costs: the step's end took 2.7 us
-        less on the 2-core VM once it touched neither listener, benchmarks/README.md)."""
+        listeners, and the log's length against :data:`READER_MAX_EVENTS`, are looked at only
+        then, or every :data:`CHECK_EVERY` steps: the hook counts down on its own in between
+        (after a step that evicted the caches, every object touched costs: the step's end took
+        2.7 us less on the 2-core VM once it touched neither listener, and about 1 us less
+        once it no longer measured the log at every step, benchmarks/README.md)."""
         tracer = self
         clock = self.clock
         log = self.log
         append = log.append
         told = tuple(listeners)
-        due = owed = 1  # steps until the least countdown runs out, and that countdown when seen
+        due = owed = 1  # steps until the next look (the least countdown runs out, or a check)
         # the optimizer that stepped last and the one before, held weakly: holding one would
         # hold its parameters, and an id() comes back as the next trial's optimizer's
         latest: Callable[[], Any] = _nothing
@@ -237,12 +240,13 @@ class StepTracer:
         def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             nonlocal due, owed, latest, before
             due -= 1
-            if due <= 0:
+            look = due <= 0
+            if look:
                 for listener in told:
                     listener.countdown -= owed
                     if listener.countdown <= 0:
                         listener.optimizer_step_ended(optimizer)
-                due = owed = max(1, min((x.countdown for x in told), default=1 << 62))
+                due = owed = max(1, min([CHECK_EVERY, *(x.countdown for x in told)]))
             append((OPTIMIZER_STEP, optimizer, clock()))
             if optimizer is not latest():  # a GAN's other optimizer, or a new one
                 if optimizer is not before() and tracer.active and not tracer.reader_attached:
@@ -252,7 +256,7 @@ class StepTracer:
                     latest = weakref.ref(optimizer)
                 except TypeError:  # no weak references: held, as the log holds it anyway
                     latest = functools.partial(_itself, optimizer)
-            elif len(log) > READER_MAX_EVENTS:
+            elif look and len(log) > READER_MAX_EVENTS:
                 tracer.check()
 
         return on_optimizer_step
