@@ -224,8 +224,8 @@ class StepTracer:
         listeners, and the log's length against :data:`READER_MAX_EVENTS`, are looked at only
         then, or every :data:`CHECK_EVERY` steps: the hook counts down on its own in between
         (after a step that evicted the caches, every object touched costs: the step's end took
-        2.7 us less on the 2-core VM once it touched neither listener, and about 1 us less
-        once it no longer measured the log at every step, benchmarks/README.md)."""
+        2.7 us less on the 2-core VM once it touched neither listener, and 0.75 us less once
+        it no longer measured the log at every step, benchmarks/README.md)."""
         tracer = self
         clock = self.clock
         log = self.log
