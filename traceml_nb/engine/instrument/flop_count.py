@@ -1,15 +1,18 @@
 """The FLOPs of one training step, counted once per run with
 ``torch.utils.flop_counter.FlopCounterMode`` over one whole step (:class:`~.whole_step.WholeStep`:
 from the end of an optimizer step to the same optimizer's next end, or where another optimizer
-stepped in between, a GAN's, to the one after), after :data:`COUNT_AFTER_STEPS` optimizer steps (past the first steps' one-off work). The
-counting slows the step it counts (every operator goes through a Python dispatch mode), so the
-step that began inside it is left out of the statistics, as profiled steps are
+stepped in between, a GAN's, to the one after), after :data:`COUNT_AFTER_STEPS` optimizer
+steps (past the first steps' one-off work). The counting slows the step it counts (every
+operator goes through a Python dispatch mode), so the step that began inside it is left out of
+the statistics, as profiled steps are
 (:attr:`~traceml_nb.engine.flop_capture.FlopCount.window_ns`).
 
-The counter also adds each operator's FLOPs to the precision it ran in (its first tensor's dtype;
-float32 on a GPU with tensor cores for it, compute capability 8.0 or later, counts as tf32 where
-torch allows it: ``torch.backends.cudnn.allow_tf32`` for convolutions, a float32 matmul
-precision other than "highest" for the rest), which the MFU's peak is looked up by.
+Operators the counter has no formula for, which common models run, are counted by
+:mod:`.flop_formulas` (the recurrent layers, attention on a CPU). The counter also adds each
+operator's FLOPs to the precision it ran in (its first tensor's dtype; float32 on a GPU with
+tensor cores for it, compute capability 8.0 or later, counts as tf32 where torch allows it:
+``torch.backends.cudnn.allow_tf32`` for convolutions, a float32 matmul precision other than
+"highest" for the rest), which the MFU's peak is looked up by.
 
 A count during which a loader that does not train was iterated (an evaluation: the common
 ``if step % N == 0: evaluate()`` after the optimizer step runs one right after the first step)
@@ -33,6 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, FlopCount
+from .flop_formulas import extra_formulas
 from .whole_step import WholeStep
 
 #: Optimizer steps before the counted one: the second step is counted (the first does one-off
@@ -98,22 +102,38 @@ class _WholeStepOnly:
 
 
 def _counter() -> Any:
-    """A FlopCounterMode that also sums each operator's FLOPs by the precision it ran in
-    (``by_dtype``) and notes the device (``device``), through the counter's per-operator
-    method: where a torch has no such method, the count stands and ``by_dtype`` stays empty;
-    FLOPs whose precision cannot be read count as ``"unknown"`` (the MFU then says so)."""
+    """A FlopCounterMode with formulas for the operators it has none for
+    (:mod:`.flop_formulas`: recurrent layers, attention on a CPU) that also sums each
+    operator's FLOPs by the precision it ran in (``by_dtype``) and notes the device
+    (``device``), through the counter's per-operator method: where a torch has no such method,
+    the count stands and ``by_dtype`` stays empty; FLOPs whose precision cannot be read count
+    as ``"unknown"`` (the MFU then says so)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     tf32_matmul = torch.get_float32_matmul_precision() != "highest"
     tf32_conv = bool(torch.backends.cudnn.allow_tf32)
 
+    failed: list[str] = []  # "aten.<name> (<error>)" of each formula that failed
+
+    def note(name: str, exc: Exception) -> None:
+        failed.append(f"aten.{name} ({exc!r})")
+
+    try:
+        formulas = extra_formulas(note)
+    except Exception:  # a torch whose counter has no registry to add to: its own formulas
+        formulas = {}
+
     class PrecisionFlopCounter(FlopCounterMode):
         def __init__(self) -> None:
-            super().__init__(display=False)
+            try:
+                super().__init__(display=False, custom_mapping=formulas)
+            except TypeError:  # a counter that takes no formulas: its own
+                super().__init__(display=False)
             if hasattr(self, "mod_tracker"):
                 self.mod_tracker = _WholeStepOnly()  # type: ignore[assignment]
             self.by_dtype: dict[str, int] = {}
+            self.failed_formulas = failed
             self.device = ""
             self.conv_flops = self.channels_last_flops = 0
             self._tensor_cores: dict[int, bool] = {}
@@ -278,6 +298,10 @@ class FlopWindow:
             self._conclude(FlopCount(why=f"the FLOP counter failed ({exc!r})"))
             return
         window = (self._first_ns - self.t0_ns, end_ns - self.t0_ns)
+        if mode.failed_formulas:  # part of the step counted nothing: no count rather than less
+            why = f"the FLOP formula for {mode.failed_formulas[0]} failed"
+            self._conclude(FlopCount(why=why, window_ns=window))
+            return
         count = FlopCount(
             flops,
             window,

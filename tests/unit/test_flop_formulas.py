@@ -1,0 +1,169 @@
+"""The FLOP formulas for the operators torch's counter has none for (``flop_formulas``): a
+recurrent layer run as one operator counts what the same layer counts run as matrix products
+(oneDNN switched off), attention on a CPU what torch counts for flash attention, and a run of an
+LSTM model counts its recurrent layers."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+import traceml_nb
+from traceml_nb.engine.instrument import flop_count, flop_formulas
+from traceml_nb.engine.instrument.flop_count import _counter
+from traceml_nb.engine.instrument.flop_formulas import recurrent_flops
+
+SEQ, BATCH, INPUT, HIDDEN = 10, 16, 32, 64
+
+
+def _flops(step, mode) -> int:
+    with mode as counter:
+        step()
+    return int(counter.get_total_flops())
+
+
+def _decomposed(step) -> int:
+    """torch's own count of ``step`` with oneDNN off: the layers run as matrix products."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the flags' own note on TF32 for Intel GPUs)
+        with torch.backends.mkldnn.flags(enabled=False):
+            return _flops(step, FlopCounterMode(display=False))
+
+
+def _lstm_step(layer: nn.LSTM):
+    """A forward and backward in which every gradient is needed (the input's and the initial
+    state's too: a fused kernel computes them, where autograd over matrix products skips
+    those nobody asked for)."""
+    layers = layer.num_layers * (2 if layer.bidirectional else 1)
+    x = torch.randn(BATCH, SEQ, INPUT, requires_grad=True)
+    h0 = torch.zeros(layers, BATCH, layer.proj_size or HIDDEN, requires_grad=True)
+    c0 = torch.zeros(layers, BATCH, HIDDEN, requires_grad=True)
+    return lambda: layer(x, (h0, c0))[0].sum().backward()
+
+
+@pytest.mark.parametrize("shape", [{}, {"num_layers": 2, "bidirectional": True}])
+def test_an_lstm_on_onednn_counts_as_its_matrix_products(shape) -> None:
+    torch.manual_seed(0)
+    layer = nn.LSTM(INPUT, HIDDEN, batch_first=True, **shape)
+    step = _lstm_step(layer)
+    assert _flops(step, FlopCounterMode(display=False)) < _decomposed(step) / 10  # (uncounted)
+    assert _flops(step, _counter()) == _decomposed(step) > 0
+
+
+@pytest.mark.parametrize("cls", [nn.GRU, nn.RNN])
+def test_layers_torch_runs_as_matrix_products_on_a_cpu_are_not_counted_twice(cls) -> None:
+    layer = cls(INPUT, HIDDEN, num_layers=2, batch_first=True)
+    x = torch.randn(BATCH, SEQ, INPUT)
+
+    def step() -> None:
+        layer(x)[0].sum().backward()
+
+    assert _flops(step, _counter()) == _flops(step, FlopCounterMode(display=False)) > 0
+
+
+@pytest.mark.parametrize("shape", [{}, {"num_layers": 2, "bidirectional": True}, {"proj_size": 16}])
+def test_the_cudnn_formula_counts_an_lstm_as_its_matrix_products(shape) -> None:
+    """cuDNN's operator cannot run here: its formula, as the counter calls it (the
+    arguments' shapes), on an LSTM's own weights, against the layer run as matrix products;
+    with ``proj_size`` too (which oneDNN does not run)."""
+    torch.manual_seed(0)
+    layer = nn.LSTM(INPUT, HIDDEN, batch_first=True, **shape)
+    x = torch.randn(BATCH, SEQ, INPUT)
+    common = (x, layer._flat_weights, 4, None, None, None)
+    stack = (2, HIDDEN, layer.proj_size, layer.num_layers, True, 0.0, True, layer.bidirectional)
+    formulas = _counter().flop_registry
+    forward = formulas[torch.ops.aten._cudnn_rnn](*common, *stack, [], None, out_val=None)
+    backward = formulas[torch.ops.aten._cudnn_rnn_backward]
+    both = backward(*common, None, None, None, *stack, [], None, None, [True] * 4, out_val=None)
+    frozen = backward(*common, None, None, None, *stack, [], None, None, [True] * 3 + [False])
+    assert forward + both == _decomposed(_lstm_step(layer)) > 0
+    assert both == 2 * forward and frozen == forward  # no weight gradients: the data's only
+
+
+def test_a_recurrent_stack_counts_two_flops_per_weight_element_per_input_row() -> None:
+    weights = [(4 * 8, 3), (4 * 8, 8), (4 * 8,), (4 * 8,)]  # w_ih, w_hh, the two biases
+    assert recurrent_flops((5, 2, 3), weights) == 2 * 5 * 2 * (4 * 8 * 3 + 4 * 8 * 8)
+    assert recurrent_flops((7, 3), weights) == 2 * 7 * (4 * 8 * 3 + 4 * 8 * 8)  # packed rows
+
+
+def test_attention_on_a_cpu_counts_as_torch_counts_flash_attention() -> None:
+    q, k, v = (torch.randn(2, 4, 32, 16, requires_grad=True) for _ in "qkv")
+
+    def step() -> None:
+        nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
+
+    shape = (2, 4, 32, 16)
+    expected = sdpa_flop_count(shape, shape, shape) + sdpa_backward_flop_count(*[shape] * 4)
+    assert _flops(step, FlopCounterMode(display=False)) == 0  # the CPU kernel: uncounted
+    assert _flops(step, _counter()) == expected > 0
+    with torch.no_grad():  # the forward alone: the math backend's two matrix products
+        forward = _flops(lambda: nn.functional.scaled_dot_product_attention(q, k, v), _counter())
+    assert forward == sdpa_flop_count(shape, shape, shape) == 2 * 2 * (2 * 4 * 32 * 32 * 16)
+
+
+class _LstmModel:
+    """An embedding, an LSTM and a linear head, trained with Adam on token sequences."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.embed, self.lstm = nn.Embedding(100, INPUT), nn.LSTM(INPUT, HIDDEN)
+        self.head = nn.Linear(HIDDEN, 2)
+        params = [*self.embed.parameters(), *self.lstm.parameters(), *self.head.parameters()]
+        self.opt = torch.optim.Adam(params)
+        tokens = torch.randint(0, 100, (96, SEQ), generator=torch.Generator().manual_seed(1))
+        self.data = TensorDataset(tokens, torch.arange(96) % 2)
+
+    def step(self, x, y) -> float:
+        out = self.lstm(self.embed(x).transpose(0, 1))[0][-1]
+        loss = nn.functional.cross_entropy(self.head(out), y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return loss.item()
+
+    def train(self) -> list[float]:
+        return [self.step(x, y) for x, y in DataLoader(self.data, batch_size=BATCH)]
+
+
+def test_a_run_of_an_lstm_model_counts_its_recurrent_layers(monkeypatch) -> None:
+    """The run's count is the step's with the LSTM's work in it, not the head's alone."""
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    model = _LstmModel()
+    with traceml_nb.Run("lstm", sample=False) as run:
+        model.train()
+    x, y = next(iter(DataLoader(model.data, batch_size=BATCH)))
+    by_hand = _flops(lambda: model.step(x, y), _counter())
+    head_alone = 3 * 2 * BATCH * HIDDEN * 2  # forward, and the backward's two products
+    count = run.record.flops
+    assert count is not None and count.why == ""
+    assert count.flops == by_hand
+    assert count.flops > 100 * head_alone
+
+
+def test_a_formula_that_fails_leaves_the_step_alone_and_the_count_unavailable(
+    monkeypatch,
+) -> None:
+    """A formula runs inside the user's step: one that raises counts nothing there, the step
+    goes on as without the run, and the FLOPs are unavailable with why (not a count short of
+    the LSTM's work)."""
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+
+    def broken(*args, **kwargs) -> int:
+        raise ValueError("a shape it did not expect")
+
+    monkeypatch.setitem(flop_formulas.FORMULAS, "mkldnn_rnn_layer", broken)
+    plain = _LstmModel().train()
+    with traceml_nb.Run("lstm", sample=False) as run:
+        traced = _LstmModel().train()
+    assert traced == plain
+    count = run.record.flops
+    assert count is not None and count.flops is None
+    assert count.why == (
+        "the FLOP formula for aten.mkldnn_rnn_layer "
+        "(ValueError('a shape it did not expect')) failed"
+    )

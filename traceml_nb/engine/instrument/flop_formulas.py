@@ -1,0 +1,132 @@
+"""FLOP formulas for operators that torch's FLOP counter has none for, and that a training step
+of a common model runs: the recurrent layers, which ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` run
+as one operator per layer on a CPU with oneDNN (LSTM) and per stack on CUDA with cuDNN (all
+three) or MIOpen, and attention on a CPU (``F.scaled_dot_product_attention``'s CPU kernel).
+Without them the counter counts nothing for these operators: an LSTM model's step counted its
+output layer alone (12 kFLOP of a step that does 10 MFLOP), and MFU and the advice read from it
+would be those of a model that hardly computes.
+
+Counted as the counter counts its own operators: a multiply-add is 2 FLOPs; a backward is
+twice its forward (the gradients of the input and of the weights); elementwise work (gates,
+activations, softmax) counts nothing. A recurrent layer over ``rows`` input rows (time steps x
+batch, or a packed sequence's rows) multiplies each row by its input weights and its
+recurrent weights (and a projection's, ``proj_size``): ``2 * rows * (the weights' elements)``
+for each layer and direction, whatever its gates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from math import prod
+from typing import Any
+
+Shape = Sequence[int]
+
+
+def _rows(input_shape: Shape) -> int:
+    """Rows of a recurrent layer's input: every time step of every sequence, packed or not."""
+    return prod(input_shape[:-1])
+
+
+def _matrix_elements(weights: Sequence[Shape | None]) -> int:
+    """Elements of the weight matrices among ``weights`` (the biases are vectors)."""
+    return sum(prod(shape) for shape in weights if shape is not None and len(shape) == 2)
+
+
+def recurrent_flops(input_shape: Shape, weights: Sequence[Shape | None]) -> int:
+    """FLOPs of a recurrent stack's forward over ``input_shape`` with these weight shapes (all
+    its layers and directions, as cuDNN and MIOpen take them; one layer's, as oneDNN does)."""
+    return 2 * _rows(input_shape) * _matrix_elements(weights)
+
+
+def _onednn_layer(input_shape: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> int:
+    return recurrent_flops(input_shape, (w_ih, w_hh))
+
+
+def _onednn_layer_backward(input_shape: Shape, w_ih: Shape, w_hh: Shape, *_: Any, **__: Any) -> int:
+    return 2 * recurrent_flops(input_shape, (w_ih, w_hh))
+
+
+def _stack(input_shape: Shape, weights: Sequence[Shape], *_: Any, **__: Any) -> int:
+    return recurrent_flops(input_shape, weights)
+
+
+def _stack_backward(input_shape: Shape, weights: Sequence[Shape], *args: Any, **__: Any) -> int:
+    mask = args[-1] if args else ()  # output_mask: input, hx, cx, weights given gradients
+    weights_too = not (isinstance(mask, (list, tuple)) and len(mask) == 4 and not mask[3])
+    return (2 if weights_too else 1) * recurrent_flops(input_shape, weights)
+
+
+def _attention(query: Shape, key: Shape, value: Shape, *_: Any, **__: Any) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return int(sdpa_flop_count(query, key, value))
+
+
+def _attention_backward(
+    grad_out: Shape, query: Shape, key: Shape, value: Shape, *_: Any, **__: Any
+) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return int(sdpa_backward_flop_count(grad_out, query, key, value))
+
+
+def _matmul(mat1: Shape, mat2: Shape, *_: Any, **__: Any) -> int:
+    return 2 * mat1[0] * mat1[1] * mat2[1]
+
+
+def _matmul_added(_bias: Shape, mat1: Shape, mat2: Shape, *_: Any, **__: Any) -> int:
+    return _matmul(mat1, mat2)
+
+
+#: Operator name -> its formula over the shapes of its arguments (tensors given as shapes).
+FORMULAS: dict[str, Callable[..., int]] = {
+    "mkldnn_rnn_layer": _onednn_layer,
+    "mkldnn_rnn_layer_backward": _onednn_layer_backward,
+    "_cudnn_rnn": _stack,
+    "_cudnn_rnn_backward": _stack_backward,
+    "miopen_rnn": _stack,
+    "miopen_rnn_backward": _stack_backward,
+    "_scaled_dot_product_flash_attention_for_cpu": _attention,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _attention_backward,
+    "_scaled_dot_product_fused_attention_overrideable": _attention,
+    "_scaled_dot_product_fused_attention_overrideable_backward": _attention_backward,
+    "_addmm_activation": _matmul_added,
+    "_int_mm": _matmul,
+}
+
+
+def extra_formulas(
+    on_error: Callable[[str, Exception], None],
+) -> dict[Any, Callable[..., int]]:
+    """:data:`FORMULAS` keyed by the operators of this torch that have them and that its
+    counter has no formula for (an operator it lacks is left out; so is attention where its
+    counter has no attention formulas to follow), for ``FlopCounterMode(custom_mapping=...)``,
+    which hands a formula its arguments' shapes. A formula that fails counts 0 and tells
+    ``on_error`` the operator's name and the error: it runs inside the user's step."""
+    import torch
+    import torch.utils.flop_counter as counter
+
+    attention = all(hasattr(counter, f) for f in ("sdpa_flop_count", "sdpa_backward_flop_count"))
+    out: dict[Any, Callable[..., int]] = {}
+    for name, formula in FORMULAS.items():
+        op = getattr(torch.ops.aten, name, None)
+        if op is None or op in counter.flop_registry:
+            continue
+        if formula in (_attention, _attention_backward) and not attention:
+            continue
+        out[op] = _guarded(name, formula, on_error)
+    return out
+
+
+def _guarded(
+    name: str, formula: Callable[..., int], on_error: Callable[[str, Exception], None]
+) -> Callable[..., int]:
+    def count(*args: Any, **kwargs: Any) -> int:
+        try:
+            return formula(*args, **kwargs)
+        except Exception as exc:
+            on_error(name, exc)
+            return 0
+
+    return count
