@@ -3,7 +3,7 @@ of a common model runs: the recurrent layers, which ``nn.LSTM``, ``nn.GRU`` and 
 as one operator per layer on a CPU with oneDNN (LSTM) and per stack on CUDA with cuDNN (all
 three) or MIOpen, and attention on a CPU (``F.scaled_dot_product_attention``'s CPU kernel).
 Without them the counter counts nothing for these operators: an LSTM model's step counted its
-output layer alone (12 kFLOP of a step that does 10 MFLOP), and MFU and the advice read from it
+output layer alone (12 kFLOP of a step that does 57 MFLOP), and MFU and the advice read from it
 would be those of a model that hardly computes.
 
 Counted as the counter counts its own operators: a multiply-add is 2 FLOPs; a backward is
