@@ -3,8 +3,8 @@ model's matrix work runs in, and the model FLOPs utilisation (MFU) against it.
 
 Peaks are the vendor's data-sheet figures for **dense** work (the "with sparsity" figures
 halved), in TFLOP/s (10¹² floating-point operations a second), at the boost clock. The dtype
-keys: ``"fp32"`` (CUDA cores, no tensor cores), ``"tf32"`` (float32 tensors on tensor cores:
-``torch.backends.cuda.matmul.allow_tf32`` or a float32 matmul precision of "high"/"medium"),
+keys: ``"fp32"`` (CUDA cores, no tensor cores), ``"tf32"`` (float32 tensors on tensor cores,
+where torch's TF32 settings allow it: ``engine/instrument/tf32.py``),
 ``"fp16"`` and ``"bf16"`` (tensor cores, float32 accumulate; autocast or half parameters).
 A GPU is told by the name NVML reports (``"Tesla T4"``, ``"NVIDIA A100-SXM4-80GB"``); a GPU or a
 dtype not in the table has no peak, and MFU is then unavailable with why, never guessed.

@@ -10,9 +10,9 @@ the statistics, as profiled steps are
 Operators the counter has no formula for, which common models run, are counted by
 :mod:`.flop_formulas` (the recurrent layers, attention on a CPU). The counter also adds each
 operator's FLOPs to the precision it ran in (its first tensor's dtype; float32 on a GPU with
-tensor cores for it, compute capability 8.0 or later, counts as tf32 where torch allows it:
-``torch.backends.cudnn.allow_tf32`` for convolutions, a float32 matmul precision other than
-"highest" for the rest), which the MFU's peak is looked up by.
+tensor cores for it, compute capability 8.0 or later, counts as tf32 where torch allows it for
+that kind of operator, :mod:`.tf32`: convolutions and cuDNN's recurrent layers by cuDNN's
+settings, the rest by the matmul precision), which the MFU's peak is looked up by.
 
 A count during which a loader that does not train was iterated (an evaluation: the common
 ``if step % N == 0: evaluate()`` after the optimizer step runs one right after the first step)
@@ -37,6 +37,7 @@ from typing import Any
 
 from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, FlopCount
 from .flop_formulas import extra_formulas
+from .tf32 import CONV, MATMUL, RNN, tf32_allowed
 from .whole_step import WholeStep
 
 #: Optimizer steps before the counted one: the second step is counted (the first does one-off
@@ -52,9 +53,12 @@ FLOP_COUNT_TRIES = 3
 
 #: The PyTorch dtypes the peak table has columns for, by their names there.
 PRECISIONS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-#: Operators whose float32 work uses tensor cores under ``torch.backends.cudnn.allow_tf32``
-#: (the others follow the float32 matmul precision).
+#: Convolutions: their float32 work follows cuDNN's convolution TF32 setting (:mod:`.tf32`),
+#: and their FLOPs are counted apart (``conv_flops``, for the channels_last advice).
 CONVOLUTIONS = frozenset({"convolution", "convolution_backward", "_convolution"})
+#: cuDNN's recurrent layers: their float32 work follows cuDNN's RNN TF32 setting (the other
+#: operators follow the matmul one).
+CUDNN_RNNS = frozenset({"_cudnn_rnn", "_cudnn_rnn_backward"})
 
 
 def _first_tensor(values: Any) -> Any:
@@ -111,8 +115,7 @@ def _counter() -> Any:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    tf32_matmul = torch.get_float32_matmul_precision() != "highest"
-    tf32_conv = bool(torch.backends.cudnn.allow_tf32)
+    tf32 = {kind: tf32_allowed(kind) for kind in (MATMUL, CONV, RNN)}
 
     failed: list[str] = []  # "aten.<name> (<error>)" of each formula that failed
 
@@ -168,8 +171,13 @@ def _counter() -> Any:
             index = device.index or 0
             if index not in self._tensor_cores:
                 self._tensor_cores[index] = torch.cuda.get_device_capability(index) >= (8, 0)
-            allowed = tf32_conv if str(func_packet).split(".")[-1] in CONVOLUTIONS else tf32_matmul
-            return "tf32" if allowed and self._tensor_cores[index] else "fp32"
+            if not self._tensor_cores[index]:
+                return "fp32"
+            op = str(func_packet).split(".")[-1]
+            allowed = tf32[CONV if op in CONVOLUTIONS else RNN if op in CUDNN_RNNS else MATMUL]
+            if allowed is None:  # torch's settings could not be read
+                return "unknown"
+            return "tf32" if allowed else "fp32"
 
     return PrecisionFlopCounter()
 
