@@ -12,6 +12,8 @@ legacy and new APIs"), so the new ones are read first, each up its chain of pare
 
 from __future__ import annotations
 
+from typing import Any
+
 MATMUL = "matmul"
 CONV = "conv"
 RNN = "rnn"
@@ -30,7 +32,7 @@ def tf32_allowed(kind: str) -> bool | None:
     import torch
 
     for path in _CHAINS[kind]:
-        owner = torch.backends
+        owner: Any = torch.backends
         for name in filter(None, path.split(".")):
             owner = getattr(owner, name, None)
         try:
