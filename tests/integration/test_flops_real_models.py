@@ -1,7 +1,8 @@
 """The anatomy of a step on real models, on CPU: a ResNet-18 (torch.nn only: torchvision's
 layout and parameter count, small inputs) in a plain loop and a tiny BERT built from a config in
 the transformers ``Trainer``. Each has its phases, and its FLOPs per step equal FlopCounterMode
-run by hand on one step of the same shape; the BERT's are the analytic 6·N·tokens as well."""
+run by hand on one step of the same shape; the BERT's are the analytic 6·N·tokens as well, and
+with gradient checkpointing on, the same, the recomputed forwards apart."""
 
 from __future__ import annotations
 
@@ -89,27 +90,37 @@ def fresh_accelerate():
     GradientState._reset_state()
 
 
-def test_a_tiny_bert_in_the_transformers_trainer(tmp_path, fresh_accelerate) -> None:
-    transformers = pytest.importorskip("transformers")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    transformers.logging.set_verbosity_error()
+def _tiny_bert(transformers):
     torch.manual_seed(0)
     config = transformers.BertConfig(
         vocab_size=1000, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=4 * HIDDEN, max_position_embeddings=SEQ, num_labels=2,
     )  # fmt: skip
-    model = transformers.BertForSequenceClassification(config)
-    batch = 8
+    return transformers.BertForSequenceClassification(config)
+
+
+def _train_in_the_trainer(transformers, model, tmp_path, batch: int, **arguments):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=batch,
         logging_steps=1000, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
-        dataloader_num_workers=0,
+        dataloader_num_workers=0, **arguments,
     )  # fmt: skip
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens())
     with traceml_nb.Run("bert", sample=False) as run:
         trainer.train()
+    return run
+
+
+def test_a_tiny_bert_in_the_transformers_trainer(tmp_path, fresh_accelerate) -> None:
+    transformers = pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers.logging.set_verbosity_error()
+    model = _tiny_bert(transformers)
+    batch = 8
+    run = _train_in_the_trainer(transformers, model, tmp_path, batch)
     count = run.record.flops
     assert count is not None and count.why == "", count
+    assert count.recomputed_flops == 0
 
     one = {
         "input_ids": torch.stack([Tokens()[i]["input_ids"] for i in range(batch)]),
@@ -129,3 +140,23 @@ def test_a_tiny_bert_in_the_transformers_trainer(tmp_path, fresh_accelerate) -> 
     summary = summary_of(run)
     assert summary.flops_per_step == count.flops
     assert_phases(summary)
+
+
+def test_gradient_checkpointing_in_the_trainer_keeps_the_models_flops(
+    tmp_path, fresh_accelerate
+) -> None:
+    """``gradient_checkpointing=True`` recomputes each layer's forward in the backward: the
+    count keeps the model's FLOPs, those of the same BERT without it, and the recomputed ones
+    apart (the encoder's layers once more: a third of the model's at most)."""
+    transformers = pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers.logging.set_verbosity_error()
+    plain = _train_in_the_trainer(transformers, _tiny_bert(transformers), tmp_path / "plain", 8)
+    run = _train_in_the_trainer(
+        transformers, _tiny_bert(transformers), tmp_path / "checkpointed", 8,
+        gradient_checkpointing=True,
+    )  # fmt: skip
+    model, checkpointed = plain.record.flops, run.record.flops
+    assert model is not None and checkpointed is not None and checkpointed.why == ""
+    assert checkpointed.flops == model.flops
+    assert 0.1 * model.flops < checkpointed.recomputed_flops <= model.flops / 3

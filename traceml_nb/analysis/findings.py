@@ -121,6 +121,10 @@ class Summary:
     #: with FlopCounterMode (:mod:`traceml_nb.engine.instrument.flop_count`) over
     #: ``flop_window_steps`` steps, divided by them
     flops_per_step: float | None = None
+    #: floating-point operations per step of the forwards activation checkpointing recomputed
+    #: in the backward: done, but not the model's (not in ``flops_per_step``, the FLOP/s or the
+    #: MFU); 0 where none ran or none could be told
+    recomputed_flops_per_step: float = 0.0
     #: those FLOPs over the median rest of the step (the step less its data wait), TFLOP/s
     achieved_tflops: float | None = None
     #: the share (0..1) of those FLOPs each precision did: "fp32", "tf32", "fp16", "bf16"

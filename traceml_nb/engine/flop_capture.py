@@ -33,7 +33,9 @@ class FlopCount:
     tell. ``device``: what they ran on, ``"cpu"`` or the CUDA device's name (``"Tesla T4"``).
     ``conv_flops``: those of convolutions (forward and backward), and ``channels_last_flops``
     those of them whose input or weight was in channels_last memory format (both 0 where not
-    told).
+    told). ``recomputed_flops``: the FLOPs of the forwards that activation checkpointing
+    recomputed in the backward, counted but not in ``flops`` (the model's: each forward once,
+    as MFU counts them), over the same steps; 0 where none ran or none could be told.
     """
 
     flops: int | None = None
@@ -44,6 +46,7 @@ class FlopCount:
     conv_flops: int = 0
     channels_last_flops: int = 0
     counted_ns: tuple[int, int] | None = None
+    recomputed_flops: int = 0
 
     @property
     def count_window_ns(self) -> tuple[int, int] | None:

@@ -130,13 +130,23 @@ def _step_phases(s: Summary, v: float) -> str:
 
 def _flops(s: Summary, v: float) -> str:
     """``3.2 GFLOP (counted on one step)``; ``(counted over 4 steps, their mean)`` where the
-    count spanned an optimizer step's cycle of several."""
+    count spanned an optimizer step's cycle of several; and the forwards recomputed by
+    activation checkpointing, which the figure leaves out."""
     n = s.flop_window_steps
     how = f"counted over {n:,} steps, their mean" if n > 1 else "counted on one step"
+    if s.recomputed_flops_per_step:
+        how += (
+            f"; {_flop_amount(s.recomputed_flops_per_step)} more recomputed by activation "
+            "checkpointing, not counted as the model's"
+        )
+    return f"{_flop_amount(v)} ({how})"
+
+
+def _flop_amount(v: float) -> str:
     for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
         if v >= scale:
-            return f"{v / scale:.3g} {unit} ({how})"
-    return f"{v:.0f} FLOP ({how})"
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.0f} FLOP"
 
 
 def _tflops(s: Summary, v: float) -> str:

@@ -7,6 +7,9 @@ operator goes through a Python dispatch mode), so the step that began inside it 
 the statistics, as profiled steps are
 (:attr:`~traceml_nb.engine.flop_capture.FlopCount.window_ns`).
 
+The count is of the model's FLOPs: a forward that activation checkpointing recomputes in the
+backward is counted apart (:mod:`.recompute`), as the MFU counts each forward once.
+
 Operators the counter has no formula for, which common models run, are counted by
 :mod:`.flop_formulas` (the recurrent layers, attention on a CPU). The counter also adds each
 operator's FLOPs to the precision it ran in (its first tensor's dtype; float32 on a GPU with
@@ -37,6 +40,7 @@ from typing import Any
 
 from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, FlopCount
 from .flop_formulas import extra_formulas
+from .recompute import recomputing
 from .tf32 import CONV, MATMUL, RNN, tf32_allowed
 from .whole_step import WholeStep
 
@@ -139,13 +143,16 @@ def _counter() -> Any:
             self.failed_formulas = failed
             self.device = ""
             self.conv_flops = self.channels_last_flops = 0
+            self.recomputed = 0  #: of the total, the forwards activation checkpointing redid
             self._tensor_cores: dict[int, bool] = {}
 
         def _count_flops(self, *args: Any, **kwargs: Any) -> Any:
             before = self.get_total_flops()
             result = super()._count_flops(*args, **kwargs)  # type: ignore[misc]
             added = self.get_total_flops() - before
-            if added:
+            if added and recomputing():
+                self.recomputed += added  # the model's FLOPs count each forward once
+            elif added:
                 try:
                     func_packet, out, op_args = args[0], args[1], args[2]
                     tensor = _first_tensor((out, *op_args))
@@ -301,7 +308,7 @@ class FlopWindow:
         without_grad = self._stop_watching()
         try:
             mode.__exit__(None, None, None)
-            flops = int(mode.get_total_flops())
+            flops = int(mode.get_total_flops()) - mode.recomputed
         except Exception as exc:
             self._conclude(FlopCount(why=f"the FLOP counter failed ({exc!r})"))
             return
@@ -319,6 +326,7 @@ class FlopWindow:
             mode.conv_flops,
             mode.channels_last_flops,
             counted_ns=(self._start_ns - self.t0_ns, window[1]),
+            recomputed_flops=mode.recomputed,
         )
         evaluated = self.evaluated_since is not None and self.evaluated_since(self._start_ns)
         if not evaluated and not without_grad:
