@@ -125,6 +125,9 @@ class Summary:
     #: in the backward: done, but not the model's (not in ``flops_per_step``, the FLOP/s or the
     #: MFU); 0 where none ran or none could be told
     recomputed_flops_per_step: float = 0.0
+    #: ...and of the work done with autograd off outside the model's forward and backward (an
+    #: optimizer's own matrix work, as Muon's), likewise left out
+    outside_flops_per_step: float = 0.0
     #: those FLOPs over the median rest of the step (the step less its data wait), TFLOP/s
     achieved_tflops: float | None = None
     #: the share (0..1) of those FLOPs each precision did: "fp32", "tf32", "fp16", "bf16"

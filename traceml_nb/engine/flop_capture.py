@@ -36,6 +36,9 @@ class FlopCount:
     told). ``recomputed_flops``: the FLOPs of the forwards that activation checkpointing
     recomputed in the backward, counted but not in ``flops`` (the model's: each forward once,
     as MFU counts them), over the same steps; 0 where none ran or none could be told.
+    ``outside_flops``: those done with autograd off outside every module call and outside the
+    autograd engine (an optimizer's own matrix work, as Muon's), not in ``flops`` either; 0
+    where none, or where this torch could not tell module calls apart.
     """
 
     flops: int | None = None
@@ -47,6 +50,7 @@ class FlopCount:
     channels_last_flops: int = 0
     counted_ns: tuple[int, int] | None = None
     recomputed_flops: int = 0
+    outside_flops: int = 0
 
     @property
     def count_window_ns(self) -> tuple[int, int] | None:

@@ -130,14 +130,19 @@ def _step_phases(s: Summary, v: float) -> str:
 
 def _flops(s: Summary, v: float) -> str:
     """``3.2 GFLOP (counted on one step)``; ``(counted over 4 steps, their mean)`` where the
-    count spanned an optimizer step's cycle of several; and the forwards recomputed by
-    activation checkpointing, which the figure leaves out."""
+    count spanned an optimizer step's cycle of several; and the work the figure leaves out: the
+    forwards recomputed by activation checkpointing, an optimizer's own."""
     n = s.flop_window_steps
     how = f"counted over {n:,} steps, their mean" if n > 1 else "counted on one step"
     if s.recomputed_flops_per_step:
         how += (
             f"; {_flop_amount(s.recomputed_flops_per_step)} more recomputed by activation "
             "checkpointing, not counted as the model's"
+        )
+    if s.outside_flops_per_step:
+        how += (
+            f"; {_flop_amount(s.outside_flops_per_step)} more with autograd off outside the "
+            "model (an optimizer's own work), not counted as the model's"
         )
     return f"{_flop_amount(v)} ({how})"
 

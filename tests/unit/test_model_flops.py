@@ -1,6 +1,8 @@
-"""Activation checkpointing recomputes forwards in the backward: the FLOP count keeps the
-model's FLOPs (each forward once, as MFU counts them) and the recomputed ones apart, for the
-reentrant and the non-reentrant checkpoint, and says so in the report."""
+"""What the FLOP count keeps out of the model's FLOPs (each forward and backward once, as MFU
+counts them), and says beside them: the forwards activation checkpointing recomputes in the
+backward (reentrant and non-reentrant), and an optimizer's own matrix work (autograd off,
+outside every module call and the autograd engine: Muon); an LBFGS closure's forward and
+backward stay the model's."""
 
 from __future__ import annotations
 
@@ -125,3 +127,81 @@ def test_a_torch_that_tells_nothing_counts_the_recomputed_forwards_as_the_models
     monkeypatch.undo()
     told_model, told_recomputed = _by_hand(True)
     assert recomputed == 0 and model == told_model + told_recomputed
+
+
+class MatrixStep(torch.optim.Optimizer):
+    """SGD whose step first multiplies each weight matrix by its own transpose (a stand-in for
+    Muon's orthogonalisation, which this torch may not have)."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, {"lr": 0.01})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    g = p.grad @ (p.grad.T @ p.grad) if p.dim() == 2 else p.grad
+                    p.add_(g, alpha=-group["lr"])
+
+
+def _outside_count(make_optimizer) -> tuple[int, int, int]:
+    """(the run's model FLOPs, its FLOPs outside the model, the model's by hand with SGD)."""
+    with traceml_nb.Run("optimizer", sample=False) as run:
+        model = Blocks(None)
+        opt = make_optimizer(model)
+        data = TensorDataset(torch.randn(8 * BATCH, WIDTH), torch.randint(0, 2, (8 * BATCH,)))
+        for x, y in DataLoader(data, batch_size=BATCH):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    plain, _ = _by_hand(None)
+    count = run.record.flops
+    assert count is not None and count.why == ""
+    return count.flops, count.outside_flops, plain
+
+
+@pytest.mark.parametrize("name", ["matrix step", "Muon"])
+def test_an_optimizers_own_matrix_work_is_counted_apart(monkeypatch, name) -> None:
+    """Work done with autograd off, outside every module call and the autograd engine (the
+    optimizer's step) is not the model's: MFU counts the forwards and backwards."""
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    if name == "Muon" and not hasattr(torch.optim, "Muon"):
+        pytest.skip("this torch has no Muon")
+
+    def make(model):
+        if name == "matrix step":
+            return MatrixStep(model.parameters())
+        return torch.optim.Muon([p for p in model.parameters() if p.dim() == 2])
+
+    flops, outside, plain = _outside_count(make)
+    assert flops == plain
+    if name == "matrix step":  # a gradient g (out x in): g.T @ g, then g @ that
+        weights = [(HIDDEN, WIDTH), (WIDTH, HIDDEN)] * 4 + [(2, WIDTH)]
+        assert outside == sum(2 * i * o * i + 2 * o * i * i for o, i in weights)
+    else:  # five Newton-Schulz iterations of three products for each weight matrix
+        assert outside > 5 * flops
+
+
+def test_an_lbfgs_closure_is_the_models_work_and_adam_does_none_outside(monkeypatch) -> None:
+    """LBFGS runs the forward and backward inside its step (autograd on again in the closure):
+    the model's. Adam's step is elementwise: nothing counted outside."""
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    flops, outside, plain = _outside_count(lambda model: torch.optim.Adam(model.parameters()))
+    assert (flops, outside) == (plain, 0)
+    with traceml_nb.Run("lbfgs", sample=False) as run:
+        model = Blocks(None)
+        opt = torch.optim.LBFGS(model.parameters(), max_iter=3)
+        data = TensorDataset(torch.randn(8 * BATCH, WIDTH), torch.randint(0, 2, (8 * BATCH,)))
+        for x, y in DataLoader(data, batch_size=BATCH):
+
+            def closure(x=x, y=y):
+                opt.zero_grad()
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+    count = run.record.flops
+    assert count is not None and count.why == "" and count.outside_flops == 0
+    assert count.flops >= 3 * plain  # a closure call per iteration, each a step's work
