@@ -205,7 +205,8 @@ class _CallsWithoutGrad:
     a model that ``optimizers`` train made with autograd off (``torch.no_grad()``,
     ``inference_mode()``): an evaluation on tensors, which the count cannot tell from the
     step's own forwards. A frozen backbone or a teacher, whose parameters no optimizer holds,
-    is the step's. :meth:`remove` takes the hooks away and tells whether one was seen."""
+    is the step's. The same hooks know when no module call is open: :meth:`outside_model`.
+    :meth:`remove` takes the hooks away and tells whether one was seen."""
 
     def __init__(self, optimizers: list[Any]) -> None:
         import torch
