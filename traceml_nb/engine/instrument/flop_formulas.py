@@ -7,8 +7,9 @@ output layer alone (12 kFLOP of a step that does 57 MFLOP), and MFU and the advi
 would be those of a model that hardly computes.
 
 Counted as the counter counts its own operators: a multiply-add is 2 FLOPs; a backward is
-twice its forward (the gradients of the input and of the weights); elementwise work (gates,
-activations, softmax) counts nothing. A recurrent layer over ``rows`` input rows (time steps x
+twice its forward (the gradients of the input and of the weights, which a fused kernel computes
+whether or not the input needs one), attention's as torch counts its flash kernels (the scores
+recomputed); elementwise work (gates, activations, softmax) counts nothing. A recurrent layer over ``rows`` input rows (time steps x
 batch, or a packed sequence's rows) multiplies each row by its input weights and its
 recurrent weights (and a projection's, ``proj_size``): ``2 * rows * (the weights' elements)``
 for each layer and direction, whatever its gates.
