@@ -633,7 +633,7 @@ def test_the_self_check_lists_every_check_once() -> None:
     names = [name for name, _check, _needs in CHECKS]
     assert names == [
         "env", "stall", "nvml", "gpm", "sampler", "samplercpu", "mapping", "hostcost", "anatomy",
-        "overhead",
+        "formulas", "overhead",
     ]  # fmt: skip
     assert all(len(name) <= 10 for name in names)  # the table's column
 
@@ -694,3 +694,31 @@ def test_the_anatomy_checks_hand_count_and_its_rules_on_both_sides() -> None:
     assert judge_anatomy(figures(phases_ms={**tiny, "copy": 0.01 + PHASE_SLACK_MS * 1.2},
                                  hand_phases_ms=tiny))  # fmt: skip
     assert judge_anatomy(figures(phases_ms={}))  # no timed phase at all fails
+
+
+def test_the_formulas_check_judges_both_sides_and_measures_on_a_cpu() -> None:
+    """The GPU check's rule on both sides of its tolerance, and its measurement where it can
+    run here: oneDNN's fused LSTM against the same LSTM as matrix products (on a GPU, cuDNN's
+    LSTM and GRU)."""
+    import warnings
+
+    import torch
+
+    from traceml_nb.selfcheck.formulas_check import (
+        FORMULA_TOLERANCE,
+        judge_formulas,
+        layer_counts,
+    )
+
+    products = 1_000_000
+    assert judge_formulas({"LSTM": (products, products)}) == []
+    assert (
+        judge_formulas({"LSTM": (int(products * (1 + FORMULA_TOLERANCE * 0.99)), products)}) == []
+    )
+    assert judge_formulas({"LSTM": (int(products * (1 + FORMULA_TOLERANCE * 1.01)), products)})
+    assert judge_formulas({"GRU": (0, products)}) and judge_formulas({"GRU": (products, 0)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (oneDNN's flags' note on TF32 for Intel GPUs)
+        counts, precisions = layer_counts(torch, "cpu")
+    assert list(counts) == ["LSTM"] and judge_formulas(counts) == []
+    assert precisions == {"LSTM": "fp32"}

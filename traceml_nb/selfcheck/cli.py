@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from .anatomy_check import check_anatomy
 from .environment_check import check_environment
+from .formulas_check import check_formulas
 from .gpm_check import check_gpm
 from .host_cost import check_host_cost
 from .mapping import check_mapping
@@ -46,6 +47,7 @@ CHECKS: list[tuple[str, Callable[[Budget], CheckResult], float]] = [
     ("mapping", check_mapping, 30),
     ("hostcost", check_host_cost, 15),
     ("anatomy", check_anatomy, 15),
+    ("formulas", check_formulas, 5),
     ("overhead", check_overhead, 20),
 ]
 
