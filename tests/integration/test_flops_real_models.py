@@ -58,6 +58,7 @@ def test_a_resnet18_in_a_plain_loop() -> None:
         step(x, y)
     count = run.record.flops
     assert count is not None and count.why == "", count
+    assert count.uncounted_ops == ()  # nothing of another library's
     assert count.flops == pytest.approx(by_hand.get_total_flops(), rel=0.05)
     summary = summary_of(run)
     assert summary.flops_per_step == count.flops
@@ -120,7 +121,7 @@ def test_a_tiny_bert_in_the_transformers_trainer(tmp_path, fresh_accelerate) -> 
     run = _train_in_the_trainer(transformers, model, tmp_path, batch)
     count = run.record.flops
     assert count is not None and count.why == "", count
-    assert count.recomputed_flops == 0
+    assert count.recomputed_flops == count.outside_flops == 0 and count.uncounted_ops == ()
 
     one = {
         "input_ids": torch.stack([Tokens()[i]["input_ids"] for i in range(batch)]),

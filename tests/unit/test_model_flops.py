@@ -205,3 +205,50 @@ def test_an_lbfgs_closure_is_the_models_work_and_adam_does_none_outside(monkeypa
     count = run.record.flops
     assert count is not None and count.why == "" and count.outside_flops == 0
     assert count.flops >= 3 * plain  # a closure call per iteration, each a step's work
+
+
+@torch.library.custom_op("tracemltest::project", mutates_args=())
+def project(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Another library's operator: a matrix product the counter cannot see into."""
+    return x @ basis
+
+
+@project.register_fake
+def _(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], basis.shape[1])
+
+
+def test_operators_of_other_libraries_are_named_and_the_figures_read_as_lower_bounds(
+    monkeypatch,
+) -> None:
+    """A custom operator (as ``flash_attn::_flash_attn_forward``) counts nothing: the count
+    names it, and the report reads the FLOPs and FLOP/s as lower bounds. The profiler's marks
+    (``record_function``, every optimizer step's) and torch's own operators are not named."""
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    basis = torch.randn(WIDTH, WIDTH)
+    model = Blocks(None)
+    opt = torch.optim.Adam(model.parameters())
+    data = TensorDataset(torch.randn(8 * BATCH, WIDTH), torch.randint(0, 2, (8 * BATCH,)))
+    with traceml_nb.Run("custom", sample=False) as run:
+        for x, y in DataLoader(data, batch_size=BATCH):
+            with torch.profiler.record_function("features"):
+                features = project(x, basis)
+            nn.functional.cross_entropy(model(features), y).backward()
+            opt.step()
+            opt.zero_grad()
+    count = run.record.flops
+    assert count is not None and count.why == ""
+    assert count.uncounted_ops == ("tracemltest::project",)
+    assert count.flops == _by_hand(None)[0]  # the blocks', without the projection's
+    result = analyze(run.record.snapshot(), run.capabilities)
+    assert result.summary.uncounted_ops == ["tracemltest::project"]
+    line = _flops_line(run, result)
+    assert line.startswith("at least ") and line.endswith(
+        "without whatever FLOPs these operators did, which the counter has no formula for: "
+        "tracemltest::project)"
+    )
+    rate = next(
+        m.text for m in metric_lines(result.summary, run.capabilities)
+        if m.label == "achieved FLOP/s"
+    )  # fmt: skip
+    assert rate.startswith("at least ")

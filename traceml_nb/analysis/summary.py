@@ -283,6 +283,7 @@ def _flop_figures(
     if flops is not None and count is not None:
         figures["recomputed_flops_per_step"] = count.recomputed_flops / max(1, window)
         figures["outside_flops_per_step"] = count.outside_flops / max(1, window)
+        figures["uncounted_ops"] = list(count.uncounted_ops)
     if count is not None and count.by_dtype:
         total = sum(count.by_dtype.values())
         figures["flop_precisions"] = {k: v / total for k, v in count.by_dtype.items()}

@@ -38,7 +38,10 @@ class FlopCount:
     as MFU counts them), over the same steps; 0 where none ran or none could be told.
     ``outside_flops``: those done with autograd off outside every module call and outside the
     autograd engine (an optimizer's own matrix work, as Muon's), not in ``flops`` either; 0
-    where none, or where this torch could not tell module calls apart.
+    where none, or where this torch could not tell module calls apart. ``uncounted_ops``: the
+    operators of other libraries that ran in the counted steps and that the counter has no
+    formula for (``"flash_attn::_flash_attn_forward"``): whatever FLOPs they did are not in
+    ``flops``, which is then a lower bound.
     """
 
     flops: int | None = None
@@ -51,6 +54,7 @@ class FlopCount:
     counted_ns: tuple[int, int] | None = None
     recomputed_flops: int = 0
     outside_flops: int = 0
+    uncounted_ops: tuple[str, ...] = ()
 
     @property
     def count_window_ns(self) -> tuple[int, int] | None:

@@ -144,7 +144,12 @@ def _flops(s: Summary, v: float) -> str:
             f"; {_flop_amount(s.outside_flops_per_step)} more with autograd off outside the "
             "model (an optimizer's own work), not counted as the model's"
         )
-    return f"{_flop_amount(v)} ({how})"
+    if s.uncounted_ops:
+        how += (
+            "; without whatever FLOPs these operators did, which the counter has no formula "
+            f"for: {', '.join(s.uncounted_ops)}"
+        )
+    return f"{_at_least(s)}{_flop_amount(v)} ({how})"
 
 
 def _flop_amount(v: float) -> str:
@@ -154,19 +159,25 @@ def _flop_amount(v: float) -> str:
     return f"{v:.0f} FLOP"
 
 
+def _at_least(s: Summary) -> str:
+    """Where operators without a formula ran, the FLOPs are a lower bound, and so is what they
+    make of the device."""
+    return "at least " if s.uncounted_ops else ""
+
+
 def _tflops(s: Summary, v: float) -> str:
-    return f"{v:.3g} TFLOP/s" if v >= 0.1 else f"{v * 1e3:.3g} GFLOP/s"
+    return _at_least(s) + (f"{v:.3g} TFLOP/s" if v >= 0.1 else f"{v * 1e3:.3g} GFLOP/s")
 
 
 def _mfu(s: Summary, v: float) -> str:
     """``23% (of a 65 TFLOP/s peak: fp16 98%, fp32 2%)``."""
     if not _finite(s.mfu_peak_tflops):
-        return fmt_share(v)
+        return _at_least(s) + fmt_share(v)
     ranked = sorted(s.flop_precisions.items(), key=lambda kv: -kv[1])
     mix = ", ".join(f"{k} {fmt_share(share)}" for k, share in ranked)
     if len(ranked) == 1:
         mix = ranked[0][0]
-    return f"{fmt_share(v)} (of a {s.mfu_peak_tflops:.3g} TFLOP/s peak: {mix})"
+    return f"{_at_least(s)}{fmt_share(v)} (of a {s.mfu_peak_tflops:.3g} TFLOP/s peak: {mix})"
 
 
 METRICS: tuple[_Metric, ...] = (

@@ -66,6 +66,17 @@ CONVOLUTIONS = frozenset({"convolution", "convolution_backward", "_convolution"}
 #: cuDNN's recurrent layers: their float32 work follows cuDNN's RNN TF32 setting (the other
 #: operators follow the matmul one).
 CUDNN_RNNS = frozenset({"_cudnn_rnn", "_cudnn_rnn_backward"})
+#: Operator namespaces whose operators do no floating-point work of their own that a count would
+#: miss: torch's own (``aten``, its primitives), the profiler's marks (``record_function``, which
+#: every optimizer step opens) and the collectives. An operator of any other library (a custom
+#: attention kernel, ``flash_attn::_flash_attn_forward``) that the counter has no formula for is
+#: named in the count (``FlopCount.uncounted_ops``): its FLOPs, if any, are not in it.
+FLOP_FREE_NAMESPACES = frozenset(
+    {"aten", "prims", "prim", "debugprims", "profiler", "c10d", "_c10d_functional",
+     "_c10d_functional_autograd", "fsdp", "_dtensor", "symm_mem"}
+)  # fmt: skip
+#: At most this many such operators are named.
+MAX_UNCOUNTED_OPS = 5
 
 
 def _never() -> bool:
@@ -153,9 +164,17 @@ def _counter() -> Any:
             self.recomputed = 0  #: of the total, the forwards activation checkpointing redid
             self.outside = 0  #: ...and the work outside the model (``outside_model``)
             self.outside_model: Callable[[], bool] = _never
+            self.uncounted: dict[str, None] = {}  #: other libraries' operators, in order seen
+            self._looked_at: set[Any] = set()  #: operators without a formula, looked at once
             self._tensor_cores: dict[int, bool] = {}
 
         def _count_flops(self, *args: Any, **kwargs: Any) -> Any:
+            packet = args[0] if args else None
+            if packet not in self.flop_registry and packet not in self._looked_at:
+                self._looked_at.add(packet)
+                name = str(getattr(packet, "_qualified_op_name", packet))
+                if name.split("::")[0] not in FLOP_FREE_NAMESPACES:
+                    self.uncounted[name] = None
             before = self.get_total_flops()
             result = super()._count_flops(*args, **kwargs)  # type: ignore[misc]
             added = self.get_total_flops() - before
@@ -351,6 +370,7 @@ class FlopWindow:
             counted_ns=(self._start_ns - self.t0_ns, window[1]),
             recomputed_flops=mode.recomputed,
             outside_flops=mode.outside,
+            uncounted_ops=tuple(mode.uncounted)[:MAX_UNCOUNTED_OPS],
         )
         evaluated = self.evaluated_since is not None and self.evaluated_since(self._start_ns)
         if not evaluated and not without_grad:
