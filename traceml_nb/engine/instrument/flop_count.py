@@ -172,8 +172,8 @@ def _counter() -> Any:
             packet = args[0] if args else None
             if packet not in self.flop_registry and packet not in self._looked_at:
                 self._looked_at.add(packet)
-                name = str(getattr(packet, "_qualified_op_name", packet))
-                if name.split("::")[0] not in FLOP_FREE_NAMESPACES:
+                name = str(getattr(packet, "_qualified_op_name", packet))  # "ns::op" ("ns.op")
+                if name.split("::")[0].split(".")[0] not in FLOP_FREE_NAMESPACES:
                     self.uncounted[name] = None
             before = self.get_total_flops()
             result = super()._count_flops(*args, **kwargs)  # type: ignore[misc]
