@@ -94,13 +94,13 @@ def test_header_chart_and_verdict_agree_at_every_tick(monkeypatch):
     assert final_steps == 40 and final_verdict.startswith("verdict: ")
 
 
-def _analysis(verdict: str, steady: int, mfu: float | None = None):
+def _analysis(verdict: str, steady: int, mfu: float | None = None, uncounted: tuple = ()):
     from types import SimpleNamespace
 
     from traceml_nb.analysis.findings import TEXT, Diagnosis, Finding
 
     title = Finding(TEXT, {"text": verdict.title()})
-    summary = SimpleNamespace(steady_steps=steady, mfu=mfu)
+    summary = SimpleNamespace(steady_steps=steady, mfu=mfu, uncounted_ops=list(uncounted))
     return Analysis(summary, Diagnosis(verdict, title, "high"))  # type: ignore[arg-type]
 
 
@@ -114,6 +114,17 @@ def test_the_header_gives_the_mfu_once_the_flops_were_counted_on_a_known_gpu():
     line = header_html("r", "running", 5, 1.0, 2.0, v.text(5, running=True), mfu=v.mfu)
     assert '<span class="traceml-mfu">MFU 23%</span>' in line
     assert "traceml-mfu" not in header_html("r", "running", 5, 1.0, 2.0, "")
+
+
+def test_the_header_reads_the_mfu_as_a_lower_bound_where_the_report_does():
+    v = RunningVerdict()
+    varlen = "flash_attn::_flash_attn_varlen_forward"
+    v.update(_analysis("compute-bound", 4, mfu=0.231, uncounted=(varlen,)))
+    assert v.mfu_at_least  # an operator without a formula ran: its FLOPs are not in the count
+    line = header_html("r", "running", 5, 1.0, 2.0, "", mfu=v.mfu, mfu_at_least=v.mfu_at_least)
+    assert '<span class="traceml-mfu">MFU at least 23%</span>' in line
+    v.update(_analysis("compute-bound", 5, mfu=0.25))  # a later count that missed nothing
+    assert v.mfu == 0.25 and not v.mfu_at_least
 
 
 def test_running_verdict_waits_for_enough_steady_steps_and_a_confirmed_change():

@@ -294,11 +294,13 @@ def header_html(
     verdict: str,
     rank: str = "",
     mfu: float | None = None,
+    mfu_at_least: bool = False,
 ) -> str:
     """The header line: run name, status, step count, elapsed seconds, recent steps/s, the
-    MFU where known (0..1; None: not shown) and the verdict part
-    (:meth:`~.verdict.RunningVerdict.text`; '' for none). ``rank``: for a run that launched
-    ranks, the rank whose steps and steps/s these are (''; none)."""
+    MFU where known (0..1; None: not shown; ``mfu_at_least``: a lower bound, read "at least",
+    as the report reads it) and the verdict part (:meth:`~.verdict.RunningVerdict.text`; ''
+    for none). ``rank``: for a run that launched ranks, the rank whose steps and steps/s these
+    are (''; none)."""
     rate = f"{steps_per_s:,.1f} steps/s" if steps_per_s is not None else "– steps/s"
     parts = [
         f'<b class="traceml-name">{html.escape(name)}</b>',
@@ -309,7 +311,8 @@ def header_html(
         f'<span class="traceml-rate">{rate}</span>',
     ]
     if mfu is not None:
-        parts.append(f'<span class="traceml-mfu">MFU {fmt_share(mfu)}</span>')
+        bound = "at least " if mfu_at_least else ""
+        parts.append(f'<span class="traceml-mfu">MFU {bound}{fmt_share(mfu)}</span>')
     if verdict:
         parts.append(f'<span class="traceml-verdict">{html.escape(verdict)}</span>')
     return '<div class="traceml-live-header">' + " · ".join(parts) + "</div>"

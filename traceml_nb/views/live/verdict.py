@@ -39,12 +39,15 @@ class RunningVerdict:
         self._seen = 0
         #: the run's MFU (0..1) once its FLOPs were counted on a GPU whose peak is known
         self.mfu: float | None = None
+        #: the MFU is a lower bound: operators without a FLOP formula ran (``uncounted_ops``)
+        self.mfu_at_least = False
 
     def update(self, analysis: Analysis, *, final: bool = False) -> None:
         """Take the analysis of the rows now; ``final``: the run has ended (shown at once)."""
         d = analysis.diagnosis
         if analysis.summary.mfu is not None:
             self.mfu = analysis.summary.mfu
+            self.mfu_at_least = bool(analysis.summary.uncounted_ops)
         if analysis.summary.steady_steps < MIN_STEADY_STEPS and not final:
             return  # not a verdict yet: the header keeps collecting (or its verdict so far)
         if final or self.shown is None or d.verdict == self.shown:

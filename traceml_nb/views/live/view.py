@@ -397,7 +397,8 @@ class LiveView:
         while len(history) > 2 and history[1][0] <= elapsed - RATE_WINDOW_S:
             history.popleft()
         rate = recent_rate(list(history))
-        return header_html(run.name, status, steps, elapsed, rate, verdict, rank, self.verdict.mfu)
+        mfu, at_least = self.verdict.mfu, self.verdict.mfu_at_least
+        return header_html(run.name, status, steps, elapsed, rate, verdict, rank, mfu, at_least)
 
     def _analysis_due(self, final: bool) -> bool:
         """The running verdict is recomputed at most every ``analysis_interval_s`` (and less
