@@ -366,8 +366,8 @@ def test_float32_on_a_gpu_counts_as_tf32_where_its_tensor_cores_and_torch_allow(
     monkeypatch, capability, precision, conv
 ) -> None:
     """A fake CUDA tensor: float32 is tf32 from compute capability 8.0 with a matmul precision
-    other than "highest" (convolutions: cudnn.allow_tf32), and the device is named as CUDA
-    names it."""
+    other than "highest" (convolutions: cudnn.allow_tf32; a matrix-vector product never), and
+    the device is named as CUDA names it."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
@@ -382,6 +382,7 @@ def test_float32_on_a_gpu_counts_as_tf32_where_its_tensor_cores_and_torch_allow(
         assert counter._precision(torch.ops.aten.mm, tensor) == precision
         assert counter._precision(torch.ops.aten.convolution, tensor) == conv
         assert counter._precision(torch.ops.aten.mm, half) == "fp16"
+        assert counter._precision(torch.ops.aten.mv, tensor) == "fp32"  # no tensor cores
         assert counter.device == "NVIDIA A100-SXM4-40GB"
         torch.set_float32_matmul_precision("highest")
         assert flop_count._counter()._precision(torch.ops.aten.mm, tensor) == "fp32"

@@ -106,6 +106,59 @@ def test_attention_on_a_cpu_counts_as_torch_counts_flash_attention() -> None:
     assert forward == sdpa_flop_count(shape, shape, shape) == 2 * 2 * (2 * 4 * 32 * 32 * 16)
 
 
+def _torch_count(step) -> int:
+    return _flops(step, FlopCounterMode(display=False))
+
+
+def test_products_torch_counts_nothing_for_count_as_the_same_matrix_products() -> None:
+    """``torch.mv``, ``dot``, ``addmv``, ``addbmm`` and ``cdist``'s matrix-product path: each
+    counts what torch counts for the same work written with the products it counts."""
+    a, b = torch.randn(6, 5), torch.randn(3, 5, 4)
+    v, w, bias = torch.randn(5), torch.randn(5), torch.randn(6)
+    pairs = {
+        "mv": (lambda: torch.mv(a, v), lambda: a @ v.unsqueeze(1)),
+        "addmv": (lambda: torch.addmv(bias, a, v), lambda: a @ v.unsqueeze(1)),
+        "dot": (lambda: torch.dot(v, w), lambda: v.unsqueeze(0) @ w.unsqueeze(1)),
+        "vdot": (lambda: torch.vdot(v, w), lambda: v.unsqueeze(0) @ w.unsqueeze(1)),
+        "addbmm": (lambda: torch.addbmm(torch.randn(6, 4), a.expand(3, 6, 5), b),
+                   lambda: torch.bmm(a.expand(3, 6, 5), b)),
+    }  # fmt: skip
+    for name, (op, products) in pairs.items():
+        assert _torch_count(op) == 0, name  # torch's counter: nothing
+        assert _flops(op, _counter()) == _torch_count(products) > 0, name
+    x1, x2 = torch.randn(2, 30, 8), torch.randn(2, 40, 8)  # points, coordinates
+
+    def cdist() -> None:
+        torch.cdist(x1, x2, compute_mode="use_mm_for_euclid_dist")
+
+    def its_product() -> None:  # each point, its squared norm and a 1, against the other set's
+        torch.bmm(torch.randn(2, 30, 8 + 2), torch.randn(2, 8 + 2, 40))
+
+    assert _flops(cdist, _counter()) == _torch_count(its_product) > 0
+
+
+def test_torch_operators_that_compute_without_a_formula_are_named() -> None:
+    """An FFT, a solve and ``nn.Bilinear`` count nothing: the count names them (its figures
+    are then lower bounds); torch's operators without such work (the solve's error check, the
+    reshapes) are not named. Every name in the list is an operator of this torch."""
+    x = torch.randn(4, 64, requires_grad=True)
+    bilinear = nn.Bilinear(8, 8, 2)
+
+    def step() -> None:
+        spectrum = torch.fft.rfft(x).abs()
+        solved = torch.linalg.solve(torch.eye(4) * 2, spectrum[:, :8])
+        bilinear(solved, solved).sum().backward()
+
+    with _counter() as mode:
+        step()
+    assert mode.get_total_flops() == 0
+    assert list(mode.uncounted) == [
+        "aten::_fft_r2c", "aten::_linalg_solve_ex", "aten::_trilinear", "aten::linalg_lu_solve",
+        "aten::_fft_c2c",
+    ]  # fmt: skip
+    assert all(hasattr(torch.ops.aten, name) for name in flop_formulas.WITHOUT_FORMULA)
+
+
 class _LstmModel:
     """An embedding, an LSTM and a linear head, trained with Adam on token sequences."""
 

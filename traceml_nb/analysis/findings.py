@@ -128,8 +128,9 @@ class Summary:
     #: ...and of the work done with autograd off outside the model's forward and backward (an
     #: optimizer's own matrix work, as Muon's), likewise left out
     outside_flops_per_step: float = 0.0
-    #: operators of other libraries the count has no formula for (their FLOPs, if any, are not
-    #: in ``flops_per_step``, a lower bound then), by name ("flash_attn::_flash_attn_forward")
+    #: operators the count has no formula for, other libraries' and torch's that compute (their
+    #: FLOPs, if any, are not in ``flops_per_step``, a lower bound then), by name
+    #: ("flash_attn::_flash_attn_forward", "aten::_fft_r2c")
     uncounted_ops: list[str] = field(default_factory=list)
     #: those FLOPs over the median rest of the step (the step less its data wait), TFLOP/s
     achieved_tflops: float | None = None

@@ -39,9 +39,9 @@ class FlopCount:
     ``outside_flops``: those done with autograd off outside every module call and outside the
     autograd engine (an optimizer's own matrix work, as Muon's), not in ``flops`` either; 0
     where none, or where this torch could not tell module calls apart. ``uncounted_ops``: the
-    operators of other libraries that ran in the counted steps and that the counter has no
-    formula for (``"flash_attn::_flash_attn_forward"``): whatever FLOPs they did are not in
-    ``flops``, which is then a lower bound.
+    operators of other libraries, and those of torch's that compute, that ran in the counted
+    steps and that the counter has no formula for (``"flash_attn::_flash_attn_forward"``,
+    ``"aten::_fft_r2c"``): whatever FLOPs they did are not in ``flops``, a lower bound then.
     """
 
     flops: int | None = None

@@ -42,7 +42,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, FlopCount
-from .flop_formulas import extra_formulas
+from .flop_formulas import WITHOUT_FORMULA, extra_formulas
 from .recompute import recomputing
 from .tf32 import CONV, MATMUL, RNN, tf32_allowed
 from .whole_step import WholeStep
@@ -66,11 +66,16 @@ CONVOLUTIONS = frozenset({"convolution", "convolution_backward", "_convolution"}
 #: cuDNN's recurrent layers: their float32 work follows cuDNN's RNN TF32 setting (the other
 #: operators follow the matmul one).
 CUDNN_RNNS = frozenset({"_cudnn_rnn", "_cudnn_rnn_backward"})
+#: Products of a matrix and a vector, or of two vectors: cuBLAS runs them without tensor cores
+#: (gemv, dot), so their float32 work is fp32 whatever TF32 torch allows.
+VECTOR_PRODUCTS = frozenset({"mv", "addmv", "dot", "vdot"})
 #: Operator namespaces whose operators do no floating-point work of their own that a count would
-#: miss: torch's own (``aten``, its primitives), the profiler's marks (``record_function``, which
-#: every optimizer step opens) and the collectives. An operator of any other library (a custom
-#: attention kernel, ``flash_attn::_flash_attn_forward``) that the counter has no formula for is
-#: named in the count (``FlopCount.uncounted_ops``): its FLOPs, if any, are not in it.
+#: miss: torch's own (``aten``, its primitives; but for those of
+#: :data:`~.flop_formulas.WITHOUT_FORMULA`, an FFT, a solve), the profiler's marks
+#: (``record_function``, which every optimizer step opens) and the collectives. An operator of
+#: any other library (a custom attention kernel, ``flash_attn::_flash_attn_forward``)
+#: that the counter has no formula for (:mod:`.flop_formulas`) is named in the count
+#: (``FlopCount.uncounted_ops``): its FLOPs, if any, are not in it.
 FLOP_FREE_NAMESPACES = frozenset(
     {"aten", "prims", "prim", "debugprims", "profiler", "c10d", "_c10d_functional",
      "_c10d_functional_autograd", "fsdp", "_dtensor", "symm_mem"}
@@ -173,7 +178,10 @@ def _counter() -> Any:
             if packet not in self.flop_registry and packet not in self._looked_at:
                 self._looked_at.add(packet)
                 name = str(getattr(packet, "_qualified_op_name", packet))  # "ns::op" ("ns.op")
-                if name.split("::")[0].split(".")[0] not in FLOP_FREE_NAMESPACES:
+                namespace, _, op = name.replace("::", ".").partition(".")
+                if namespace not in FLOP_FREE_NAMESPACES or (
+                    namespace == "aten" and op in WITHOUT_FORMULA
+                ):
                     self.uncounted[name] = None
             before = self.get_total_flops()
             result = super()._count_flops(*args, **kwargs)  # type: ignore[misc]
@@ -211,6 +219,8 @@ def _counter() -> Any:
             if not self._tensor_cores[index]:
                 return "fp32"
             op = str(func_packet).split(".")[-1]
+            if op in VECTOR_PRODUCTS:
+                return "fp32"
             allowed = tf32[CONV if op in CONVOLUTIONS else RNN if op in CUDNN_RNNS else MATMUL]
             if allowed is None:  # torch's settings could not be read
                 return "unknown"

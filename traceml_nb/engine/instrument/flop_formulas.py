@@ -1,7 +1,9 @@
 """FLOP formulas for operators that torch's FLOP counter has none for, and that a training step
 of a common model runs: the recurrent layers, which ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` run
 as one operator per layer on a CPU with oneDNN (LSTM) and per stack on CUDA with cuDNN (all
-three) or MIOpen, and attention on a CPU (``F.scaled_dot_product_attention``'s CPU kernel).
+three) or MIOpen, attention on a CPU (``F.scaled_dot_product_attention``'s CPU kernel), the
+matrix-vector products; and the names of torch's operators that compute and
+have none (:data:`WITHOUT_FORMULA`).
 Without them the counter counts nothing for these operators: an LSTM model's step counted its
 output layer alone (12 kFLOP of a step that does 57 MFLOP), and MFU and the advice read from it
 would be those of a model that hardly computes.
@@ -9,10 +11,10 @@ would be those of a model that hardly computes.
 Counted as the counter counts its own operators: a multiply-add is 2 FLOPs; a backward is
 twice its forward (the gradients of the input and of the weights, which a fused kernel computes
 whether or not the input needs one), attention's as torch counts its flash kernels (the scores
-recomputed); elementwise work (gates, activations, softmax) counts nothing. A recurrent layer over ``rows`` input rows (time steps x
-batch, or a packed sequence's rows) multiplies each row by its input weights and its
-recurrent weights (and a projection's, ``proj_size``): ``2 * rows * (the weights' elements)``
-for each layer and direction, whatever its gates.
+recomputed); elementwise work (gates, activations, softmax) counts nothing. A recurrent layer
+over ``rows`` input rows (time steps x batch, or a packed sequence's rows) multiplies each row
+by its input weights and its recurrent weights (and a projection's, ``proj_size``):
+``2 * rows * (the weights' elements)`` for each layer and direction, whatever its gates.
 """
 
 from __future__ import annotations
@@ -80,6 +82,29 @@ def _matmul_added(_bias: Shape, mat1: Shape, mat2: Shape, *_: Any, **__: Any) ->
     return _matmul(mat1, mat2)
 
 
+def _batches_summed(_bias: Shape, batch1: Shape, batch2: Shape, *_: Any, **__: Any) -> int:
+    return batch1[0] * _matmul(batch1[1:], batch2[1:])
+
+
+def _matrix_vector(matrix: Shape, _vector: Shape, *_: Any, **__: Any) -> int:
+    return 2 * matrix[0] * matrix[1]
+
+
+def _matrix_vector_added(_bias: Shape, matrix: Shape, vector: Shape, *_: Any, **__: Any) -> int:
+    return _matrix_vector(matrix, vector)
+
+
+def _dot(a: Shape, _b: Shape, *_: Any, **__: Any) -> int:
+    return 2 * a[0]
+
+
+def _euclidean_distances(x1: Shape, x2: Shape, *_: Any, **__: Any) -> int:
+    """``torch.cdist``'s matrix-product path: each point's coordinates, its squared norm and a
+    1 (``M + 2`` columns) against the other set's, as one matrix product a batch."""
+    *batch, rows, columns = x1
+    return prod(batch) * 2 * rows * x2[-2] * (columns + 2)
+
+
 #: Operator name -> its formula over the shapes of its arguments (tensors given as shapes).
 FORMULAS: dict[str, Callable[..., int]] = {
     "mkldnn_rnn_layer": _onednn_layer,
@@ -94,7 +119,31 @@ FORMULAS: dict[str, Callable[..., int]] = {
     "_scaled_dot_product_fused_attention_overrideable_backward": _attention_backward,
     "_addmm_activation": _matmul_added,
     "_int_mm": _matmul,
+    "addbmm": _batches_summed,
+    "mv": _matrix_vector,
+    "addmv": _matrix_vector_added,
+    "dot": _dot,
+    "vdot": _dot,
+    "_euclidean_dist": _euclidean_distances,
 }
+
+#: torch's own operators that do floating-point work no formula here or in torch's counter
+#: counts (FFTs, matrix factorisations, inverses and solves, ``nn.Bilinear``'s product, the
+#: packed-weight matrix products, ``torch.cdist`` other than by matrix products): a count in
+#: which one ran names it, as it names other libraries' operators, and its figures are lower
+#: bounds. (An FFT's FLOPs have conventions, not a count: 5 N log2 N is one, for one size.)
+WITHOUT_FORMULA = frozenset(
+    {"_fft_c2c", "_fft_c2r", "_fft_r2c",
+     "_linalg_det", "_linalg_eigh", "_linalg_eigvals", "_linalg_slogdet", "_linalg_solve_ex",
+     "_linalg_svd", "linalg_cholesky_ex", "linalg_eig", "linalg_householder_product",
+     "linalg_inv_ex", "linalg_ldl_factor_ex", "linalg_ldl_solve", "linalg_lu",
+     "linalg_lu_factor_ex", "linalg_lu_solve", "linalg_matrix_exp", "linalg_qr",
+     "linalg_solve_triangular", "cholesky", "cholesky_inverse", "_cholesky_solve_helper",
+     "triangular_solve", "geqrf", "ormqr",
+     "_trilinear", "_cdist_forward", "_cdist_backward",
+     "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu",
+     "_weight_int4pack_mm_with_scales_and_zeros", "_weight_int8pack_mm", "_dyn_quant_matmul_4bit"}
+)  # fmt: skip
 
 
 def extra_formulas(
