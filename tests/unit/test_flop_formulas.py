@@ -159,6 +159,86 @@ def test_torch_operators_that_compute_without_a_formula_are_named() -> None:
     assert all(hasattr(torch.ops.aten, name) for name in flop_formulas.WITHOUT_FORMULA)
 
 
+# flash-attn's kernels as its 2.6+ registers them (their signatures; it needs CUDA to build), each
+# done here with torch's operations on a CPU, and its autograd Function, as in flash_attn_func.
+@torch.library.custom_op("flash_attn::_flash_attn_forward", mutates_args=())
+def _flash_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, softmax_scale: float,
+    causal: bool, window_size_left: int, window_size_right: int, softcap: float,
+    alibi_slopes: torch.Tensor | None, return_softmax: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    probs = _probs(q, k, softmax_scale)
+    out = (probs @ _heads(v, q)).transpose(1, 2).contiguous()
+    return out, probs.sum(-1), q.new_empty(0), q.new_empty(0)
+
+
+@torch.library.custom_op("flash_attn::_flash_attn_backward", mutates_args=("dq", "dk", "dv"))
+def _flash_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    softmax_lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+    dropout_p: float, softmax_scale: float, causal: bool, window_size_left: int,
+    window_size_right: int, softcap: float, alibi_slopes: torch.Tensor | None,
+    deterministic: bool, rng_state: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    probs, grad = _probs(q, k, softmax_scale), dout.transpose(1, 2)
+    grad_probs = grad @ _heads(v, q).transpose(-1, -2)
+    grad_scores = probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))
+    groups = q.shape[2] // k.shape[2]
+    dq.copy_((grad_scores @ _heads(k, q) * softmax_scale).transpose(1, 2))
+    dk_all = (grad_scores.transpose(-1, -2) @ q.transpose(1, 2) * softmax_scale).transpose(1, 2)
+    dv_all = (probs.transpose(-1, -2) @ grad).transpose(1, 2)
+    dk.copy_(dk_all.unflatten(2, (-1, groups)).sum(3))
+    dv.copy_(dv_all.unflatten(2, (-1, groups)).sum(3))
+    return softmax_lse.clone()
+
+
+def _heads(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, sequence, size), key and value heads repeated to the query's (GQA)."""
+    return t.transpose(1, 2).repeat_interleave(q.shape[2] // t.shape[2], dim=1)
+
+
+def _probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.softmax(q.transpose(1, 2) @ _heads(k, q).transpose(-1, -2) * scale, -1)
+
+
+class _FlashAttn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out, lse, _, _ = _flash_forward(q, k, v, 0.0, 0.25, False, -1, -1, 0.0, None, False)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _flash_backward(
+            dout, q, k, v, out, lse, dq, dk, dv, 0.0, 0.25, False, -1, -1, 0.0, None, False
+        )
+        return dq, dk, dv
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_flash_attn_counts_as_torch_counts_its_own_flash_attention(kv_heads) -> None:
+    """flash-attn's (batch, sequence, heads, size) layout, grouped-query heads too: its forward
+    and backward count what torch counts for the same attention, and are not named."""
+    q = torch.randn(2, 32, 4, 16, requires_grad=True)
+    k, v = (torch.randn(2, 32, kv_heads, 16, requires_grad=True) for _ in "kv")
+    reference = nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=0.25, enable_gqa=True
+    )
+    assert torch.allclose(_FlashAttn.apply(q, k, v).transpose(1, 2), reference, atol=1e-5)
+    expected = sdpa_flop_count((2, 4, 32, 16), (2, kv_heads, 32, 16), (2, kv_heads, 32, 16))
+    expected += sdpa_backward_flop_count(
+        (2, 4, 32, 16), (2, 4, 32, 16), (2, kv_heads, 32, 16), (2, kv_heads, 32, 16)
+    )
+    with _counter() as mode:
+        _FlashAttn.apply(q, k, v).sum().backward()
+    assert mode.get_total_flops() == expected > 0
+    assert not mode.uncounted and not mode.failed_formulas
+    assert _torch_count(lambda: _FlashAttn.apply(q, k, v).sum().backward()) == 0
+
+
 class _LstmModel:
     """An embedding, an LSTM and a linear head, trained with Adam on token sequences."""
 

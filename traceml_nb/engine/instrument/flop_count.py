@@ -73,7 +73,7 @@ VECTOR_PRODUCTS = frozenset({"mv", "addmv", "dot", "vdot"})
 #: miss: torch's own (``aten``, its primitives; but for those of
 #: :data:`~.flop_formulas.WITHOUT_FORMULA`, an FFT, a solve), the profiler's marks
 #: (``record_function``, which every optimizer step opens) and the collectives. An operator of
-#: any other library (a custom attention kernel, ``flash_attn::_flash_attn_forward``)
+#: any other library (a custom attention kernel, ``flash_attn::_flash_attn_varlen_forward``)
 #: that the counter has no formula for (:mod:`.flop_formulas`) is named in the count
 #: (``FlopCount.uncounted_ops``): its FLOPs, if any, are not in it.
 FLOP_FREE_NAMESPACES = frozenset(
@@ -147,7 +147,7 @@ def _counter() -> Any:
     failed: list[str] = []  # "aten.<name> (<error>)" of each formula that failed
 
     def note(name: str, exc: Exception) -> None:
-        failed.append(f"aten.{name} ({exc!r})")
+        failed.append(f"{name} ({exc!r})")
 
     try:
         formulas = extra_formulas(note)

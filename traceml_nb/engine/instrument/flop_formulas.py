@@ -1,8 +1,8 @@
 """FLOP formulas for operators that torch's FLOP counter has none for, and that a training step
 of a common model runs: the recurrent layers, which ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` run
 as one operator per layer on a CPU with oneDNN (LSTM) and per stack on CUDA with cuDNN (all
-three) or MIOpen, attention on a CPU (``F.scaled_dot_product_attention``'s CPU kernel), the
-matrix-vector products; and the names of torch's operators that compute and
+three) or MIOpen, attention on a CPU (``F.scaled_dot_product_attention``'s CPU kernel) and in
+flash-attn, the matrix-vector products; and the names of torch's operators that compute and
 have none (:data:`WITHOUT_FORMULA`).
 Without them the counter counts nothing for these operators: an LSTM model's step counted its
 output layer alone (12 kFLOP of a step that does 57 MFLOP), and MFU and the advice read from it
@@ -98,6 +98,21 @@ def _dot(a: Shape, _b: Shape, *_: Any, **__: Any) -> int:
     return 2 * a[0]
 
 
+def _heads_second(shape: Shape) -> Shape:
+    """flash-attn's ``(batch, sequence, heads, head size)`` as torch's attention has it."""
+    return (shape[0], shape[2], shape[1], shape[3])
+
+
+def _flash_attn(query: Shape, key: Shape, value: Shape, *_: Any, **__: Any) -> int:
+    return _attention(*map(_heads_second, (query, key, value)))
+
+
+def _flash_attn_backward(
+    grad_out: Shape, query: Shape, key: Shape, value: Shape, *_: Any, **__: Any
+) -> int:
+    return _attention_backward(*map(_heads_second, (grad_out, query, key, value)))
+
+
 def _euclidean_distances(x1: Shape, x2: Shape, *_: Any, **__: Any) -> int:
     """``torch.cdist``'s matrix-product path: each point's coordinates, its squared norm and a
     1 (``M + 2`` columns) against the other set's, as one matrix product a batch."""
@@ -127,6 +142,16 @@ FORMULAS: dict[str, Callable[..., int]] = {
     "_euclidean_dist": _euclidean_distances,
 }
 
+#: Other libraries' operators by ``namespace::name``, as :data:`FORMULAS`: flash-attn's (2.6
+#: and later register its kernels as torch operators; ``flash_attn_func``, and transformers'
+#: ``attn_implementation="flash_attention_2"`` without padding), counted as torch counts its
+#: own flash attention. Its variable-length kernels' work depends on each sequence's length,
+#: which a formula over shapes cannot see: they stay named, uncounted.
+LIBRARY_FORMULAS: dict[str, Callable[..., int]] = {
+    "flash_attn::_flash_attn_forward": _flash_attn,
+    "flash_attn::_flash_attn_backward": _flash_attn_backward,
+}
+
 #: torch's own operators that do floating-point work no formula here or in torch's counter
 #: counts (FFTs, matrix factorisations, inverses and solves, ``nn.Bilinear``'s product, the
 #: packed-weight matrix products, ``torch.cdist`` other than by matrix products): a count in
@@ -149,21 +174,29 @@ WITHOUT_FORMULA = frozenset(
 def extra_formulas(
     on_error: Callable[[str, Exception], None],
 ) -> dict[Any, Callable[..., int]]:
-    """:data:`FORMULAS` keyed by the operators of this torch that have them and that its
-    counter has no formula for (an operator it lacks is left out; so is attention where its
-    counter has no attention formulas to follow), for ``FlopCounterMode(custom_mapping=...)``,
-    which hands a formula its arguments' shapes. A formula that fails counts 0 and tells
-    ``on_error`` the operator's name and the error: it runs inside the user's step."""
+    """:data:`FORMULAS` and :data:`LIBRARY_FORMULAS` keyed by the operators of this process
+    that have them and that its counter has no formula for (an operator it lacks is left out,
+    as a library not loaded; so is attention where its counter has no attention formulas to
+    follow), for ``FlopCounterMode(custom_mapping=...)``, which hands a formula its arguments'
+    shapes. A formula that fails counts 0 and tells ``on_error`` the operator's name
+    (``aten.mv``, ``flash_attn::_flash_attn_forward``) and the error: it runs inside the user's
+    step."""
     import torch
     import torch.utils.flop_counter as counter
 
     attention = all(hasattr(counter, f) for f in ("sdpa_flop_count", "sdpa_backward_flop_count"))
+    named = {f"aten.{name}": formula for name, formula in FORMULAS.items()}
     out: dict[Any, Callable[..., int]] = {}
-    for name, formula in FORMULAS.items():
-        op = getattr(torch.ops.aten, name, None)
-        if op is None or op in counter.flop_registry:
+    for name, formula in {**named, **LIBRARY_FORMULAS}.items():
+        namespace, op_name = name.split("::") if "::" in name else name.split(".")
+        try:
+            op = getattr(getattr(torch.ops, namespace), op_name)
+        except (AttributeError, RuntimeError):  # not in this torch, or a library not loaded
             continue
-        if formula in (_attention, _attention_backward) and not attention:
+        if op in counter.flop_registry:
+            continue
+        attention_formula = formula in (_attention, _attention_backward, *LIBRARY_FORMULAS.values())
+        if attention_formula and not attention:
             continue
         out[op] = _guarded(name, formula, on_error)
     return out
