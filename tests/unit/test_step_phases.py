@@ -551,6 +551,25 @@ def test_a_stretch_of_slow_steps_weighs_what_its_steps_weigh_not_what_its_sample
     assert anatomy.medians_ms["other"] == pytest.approx(1.0)
 
 
+def test_the_parts_add_up_beside_the_runs_data_wait_share_not_a_samples_estimate() -> None:
+    """The data wait is measured at every step: its share is the run's (the report's "data
+    wait share"), and the phases and the rest split the rest of the steps' time as in the
+    timed steps. Here the timed steps wait 5 ms of 13 where the run's steps wait 2.5 ms of
+    10.5 on average: the sample alone gave the wait 38% where the run's is 24%."""
+    n = 80
+    wait = np.where(np.arange(n) % 2 == 0, 5.0, 0.0)  # every other step waits 5 ms
+    wall = wait + 8.0
+    phases = np.full((n, 4), np.nan)
+    for i in range(0, n, 8):  # the timed steps: every 8th, one waiting
+        phases[i] = (0.0, 3.0, 4.0, 0.5)  # copy, forward, backward, optimizer; other 0.5
+    anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases))
+    assert anatomy.shares["data_wait"] == pytest.approx(wait.sum() / wall.sum())  # 2.5 / 10.5
+    assert sum(anatomy.shares.values()) == pytest.approx(1.0)
+    rest = 1 - wait.sum() / wall.sum()
+    assert anatomy.shares["backward"] == pytest.approx(rest * 4.0 / 8.0)
+    assert anatomy.shares["other"] == pytest.approx(rest * 0.5 / 8.0)
+
+
 class Stretch(torch.autograd.Function):
     """Spends :attr:`seconds` in its backward."""
 

@@ -9,8 +9,12 @@ from the batch's arrival to the next fetch; the phases are GPU time (CUDA events
 boundaries) and the rest is the span less the phases.
 
 The medians say what a typical step spends in each part; they need not add up to the median
-step. The shares do add up: each part's time summed over the steps whose phases are known,
-divided by those steps' time (each step weighted as below).
+step. The shares do add up, to the steps' time: the data wait's is every steady step's wait
+over their time (the report's "data wait share", which every step measures), and the rest of
+the steps' time is split among the phases and "other" as in the timed steps (each weighted as
+below), so the parts add up beside the data wait share the report gives, not beside a sample's
+estimate of it (the demo's second run waited 27% of its time, and the parts shown beside it,
+estimated with the wait of its timed steps alone, added up to 93%).
 
 The phases are timed on a sample of the steps, one in about every so much training time
 (:mod:`traceml_nb.engine.instrument.step_phases`): one in a few steps where the steps are
@@ -152,12 +156,14 @@ def step_anatomy(
     timed = [(i, name) for i, name in enumerate(PHASES) if name not in unavailable]
     medians = {name: weighted_median(phases[:, i], w) for i, name in timed}
     medians["other"] = weighted_median(other, w)
-    total = float(w @ wall)
-    sums = [float(w @ wait), *(float(x) for x in w @ phases), float(w @ other)]
-    scale = max(total, sum(sums))  # parts of a step never add up past the step
-    shares = {
-        part: (x / scale if scale > 0 else 0.0)
-        for part, x in zip(PARTS, sums, strict=True)
+    known = np.isfinite(wall_ms) & np.isfinite(wait_ms)
+    total = float(wall_ms[known].sum())
+    waited = min(1.0, float(wait_ms[known].sum()) / total) if total > 0 else 0.0
+    sums = [*(float(x) for x in w @ phases), float(w @ other)]
+    rest = max(float(w @ (wall - wait)), sum(sums))  # parts of a step never add up past it
+    shares = {"data_wait": waited} | {
+        part: ((1.0 - waited) * x / rest if rest > 0 else 0.0)
+        for part, x in zip(PARTS[1:], sums, strict=True)
         if part not in unavailable
     }
     occasional = {}
