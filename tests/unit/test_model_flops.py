@@ -2,7 +2,8 @@
 counts them), and says beside them: the forwards activation checkpointing recomputes in the
 backward (reentrant and non-reentrant), and an optimizer's own matrix work (autograd off,
 outside every module call and the autograd engine: Muon); an LBFGS closure's forward and
-backward stay the model's."""
+backward stay the model's; an operator without a formula outside the model is the optimizer's
+to name, not a gap in the model's count."""
 
 from __future__ import annotations
 
@@ -256,3 +257,69 @@ def test_operators_of_other_libraries_are_named_and_the_figures_read_as_lower_bo
         if m.label == "achieved FLOP/s"
     )  # fmt: skip
     assert rate.startswith("at least ")
+
+
+class EigenStep(torch.optim.Optimizer):
+    """SGD preconditioned by the eigenvectors of each weight gradient's Gram matrix, as Shampoo
+    and SOAP precondition: an eigendecomposition (no formula) and matrix products."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, {"lr": 0.01})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and p.dim() == 2:
+                    _, vectors = torch.linalg.eigh(p.grad.T @ p.grad)
+                    p.add_(p.grad @ vectors @ vectors.T, alpha=-group["lr"])
+
+
+class SpectralHead(nn.Module):
+    """The blocks, then a Fourier transform of their features (as a Fourier neural operator's
+    layer): an FFT in the model's own work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = Blocks(None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(self.blocks(x), n=4).abs()[:, :2]
+
+
+@pytest.mark.parametrize("where", ["optimizer", "model"])
+def test_operators_without_a_formula_outside_the_model_leave_its_count_whole(
+    monkeypatch, where
+) -> None:
+    """An optimizer's eigendecomposition is named with the optimizer's work, and the model's
+    FLOPs, FLOP/s and MFU stay whole (no "at least"); an FFT in the model's forward makes them
+    lower bounds."""
+    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    model = SpectralHead() if where == "model" else Blocks(None)
+    opt = (
+        EigenStep(model.parameters())
+        if where == "optimizer"
+        else torch.optim.SGD(model.parameters(), lr=0.01)
+    )
+    data = TensorDataset(torch.randn(8 * BATCH, WIDTH), torch.randint(0, 2, (8 * BATCH,)))
+    with traceml_nb.Run("eigen", sample=False) as run:
+        for x, y in DataLoader(data, batch_size=BATCH):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    count = run.record.flops
+    assert count is not None and count.why == ""
+    line = _flops_line(run, analyze(run.record.snapshot(), run.capabilities))
+    if where == "optimizer":
+        assert count.uncounted_ops == () and count.flops == _by_hand(None)[0]
+        assert count.uncounted_outside_ops == ("aten::_linalg_eigh",) and count.outside_flops > 0
+        assert not line.startswith("at least ")
+        assert "; at least " in line and line.endswith(
+            "more with autograd off outside the model (an optimizer's own work; without whatever "
+            "FLOPs there of operators the counter has no formula for: aten::_linalg_eigh), not "
+            "counted as the model's)"
+        )
+    else:
+        assert count.uncounted_ops == ("aten::_fft_r2c", "aten::_fft_c2c")  # its backward too
+        assert count.uncounted_outside_ops == ()
+        assert line.startswith("at least ") and "outside the model" not in line

@@ -132,6 +132,9 @@ class Summary:
     #: FLOPs, if any, are not in ``flops_per_step``, a lower bound then), by name
     #: ("flash_attn::_flash_attn_varlen_forward", "aten::_fft_r2c")
     uncounted_ops: list[str] = field(default_factory=list)
+    #: ...and those that ran outside the model (no part of ``flops_per_step``; whatever they
+    #: did is not in ``outside_flops_per_step`` either)
+    uncounted_outside_ops: list[str] = field(default_factory=list)
     #: those FLOPs over the median rest of the step (the step less its data wait), TFLOP/s
     achieved_tflops: float | None = None
     #: the share (0..1) of those FLOPs each precision did: "fp32", "tf32", "fp16", "bf16"

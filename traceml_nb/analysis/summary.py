@@ -284,6 +284,7 @@ def _flop_figures(
         figures["recomputed_flops_per_step"] = count.recomputed_flops / max(1, window)
         figures["outside_flops_per_step"] = count.outside_flops / max(1, window)
         figures["uncounted_ops"] = list(count.uncounted_ops)
+        figures["uncounted_outside_ops"] = list(count.uncounted_outside_ops)
     if count is not None and count.by_dtype:
         total = sum(count.by_dtype.values())
         figures["flop_precisions"] = {k: v / total for k, v in count.by_dtype.items()}

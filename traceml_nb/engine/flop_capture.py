@@ -42,6 +42,9 @@ class FlopCount:
     operators of other libraries, and those of torch's that compute, that ran in the counted
     steps and that the counter has no formula for (``"flash_attn::_flash_attn_varlen_forward"``,
     ``"aten::_fft_r2c"``): whatever FLOPs they did are not in ``flops``, a lower bound then.
+    ``uncounted_outside_ops``: those that ran outside the model, as ``outside_flops`` tells it
+    (an optimizer's eigendecompositions, as Shampoo's and SOAP's): not in ``outside_flops``, and
+    no part of the model's ``flops``.
     """
 
     flops: int | None = None
@@ -55,6 +58,7 @@ class FlopCount:
     recomputed_flops: int = 0
     outside_flops: int = 0
     uncounted_ops: tuple[str, ...] = ()
+    uncounted_outside_ops: tuple[str, ...] = ()
 
     @property
     def count_window_ns(self) -> tuple[int, int] | None:

@@ -139,17 +139,29 @@ def _flops(s: Summary, v: float) -> str:
             f"; {_flop_amount(s.recomputed_flops_per_step)} more recomputed by activation "
             "checkpointing, not counted as the model's"
         )
-    if s.outside_flops_per_step:
-        how += (
-            f"; {_flop_amount(s.outside_flops_per_step)} more with autograd off outside the "
-            "model (an optimizer's own work), not counted as the model's"
-        )
+    if s.outside_flops_per_step or s.uncounted_outside_ops:
+        how += f"; {_outside(s)} not counted as the model's"
     if s.uncounted_ops:
         how += (
             "; without whatever FLOPs these operators did, which the counter has no formula "
             f"for: {', '.join(s.uncounted_ops)}"
         )
     return f"{_at_least(s)}{_flop_amount(v)} ({how})"
+
+
+def _outside(s: Summary) -> str:
+    """``1.2 GFLOP more with autograd off outside the model (an optimizer's own work),``; where
+    operators without a formula ran there, ``at least …`` and which, or the work without a
+    figure where they alone ran."""
+    ops = ", ".join(s.uncounted_outside_ops)
+    where = "with autograd off outside the model (an optimizer's own work"
+    if not ops:
+        return f"{_flop_amount(s.outside_flops_per_step)} more {where}),"
+    no_formula = f"operators the counter has no formula for: {ops}"
+    if not s.outside_flops_per_step:
+        return f"more work {where}, by {no_formula}),"
+    amount = _flop_amount(s.outside_flops_per_step)
+    return f"at least {amount} more {where}; without whatever FLOPs there of {no_formula}),"
 
 
 def _flop_amount(v: float) -> str:

@@ -88,6 +88,17 @@ def _never() -> bool:
     return False
 
 
+def _may_compute(packet: Any) -> str:
+    """The name of an operator without a formula (``"ns::op"``) where it may do floating-point
+    work: another library's, or torch's of :data:`~.flop_formulas.WITHOUT_FORMULA`; ''
+    otherwise."""
+    name = str(getattr(packet, "_qualified_op_name", packet))  # "ns::op" (or "ns.op")
+    namespace, _, op = name.replace("::", ".").partition(".")
+    if namespace not in FLOP_FREE_NAMESPACES or (namespace == "aten" and op in WITHOUT_FORMULA):
+        return name
+    return ""
+
+
 def _first_tensor(values: Any) -> Any:
     import torch
 
@@ -169,20 +180,23 @@ def _counter() -> Any:
             self.recomputed = 0  #: of the total, the forwards activation checkpointing redid
             self.outside = 0  #: ...and the work outside the model (``outside_model``)
             self.outside_model: Callable[[], bool] = _never
-            self.uncounted: dict[str, None] = {}  #: other libraries' operators, in order seen
-            self._looked_at: set[Any] = set()  #: operators without a formula, looked at once
+            #: operators without a formula that may compute (other libraries', torch's of
+            #: WITHOUT_FORMULA), in the order seen: in the model's work, and outside it
+            self.uncounted: dict[str, None] = {}
+            self.uncounted_outside: dict[str, None] = {}
+            #: each operator without a formula looked at: its name where it may compute, or ""
+            self._names: dict[Any, str] = {}
             self._tensor_cores: dict[int, bool] = {}
 
         def _count_flops(self, *args: Any, **kwargs: Any) -> Any:
             packet = args[0] if args else None
-            if packet not in self.flop_registry and packet not in self._looked_at:
-                self._looked_at.add(packet)
-                name = str(getattr(packet, "_qualified_op_name", packet))  # "ns::op" ("ns.op")
-                namespace, _, op = name.replace("::", ".").partition(".")
-                if namespace not in FLOP_FREE_NAMESPACES or (
-                    namespace == "aten" and op in WITHOUT_FORMULA
-                ):
-                    self.uncounted[name] = None
+            if packet not in self.flop_registry:
+                name = self._names.get(packet)
+                if name is None:
+                    name = self._names[packet] = _may_compute(packet)
+                if name:
+                    uncounted = self.uncounted_outside if self.outside_model() else self.uncounted
+                    uncounted[name] = None
             before = self.get_total_flops()
             result = super()._count_flops(*args, **kwargs)  # type: ignore[misc]
             added = self.get_total_flops() - before
@@ -381,6 +395,7 @@ class FlopWindow:
             recomputed_flops=mode.recomputed,
             outside_flops=mode.outside,
             uncounted_ops=tuple(mode.uncounted)[:MAX_UNCOUNTED_OPS],
+            uncounted_outside_ops=tuple(mode.uncounted_outside)[:MAX_UNCOUNTED_OPS],
         )
         evaluated = self.evaluated_since is not None and self.evaluated_since(self._start_ns)
         if not evaluated and not without_grad:
