@@ -14,11 +14,13 @@ the autograd engine (an optimizer's own matrix work: ``torch.optim.Muon``'s step
 512-wide MLP did 95 times its forward and backward at a batch of 32).
 
 Operators the counter has no formula for, which common models run, are counted by
-:mod:`.flop_formulas` (the recurrent layers, attention on a CPU). The counter also adds each
-operator's FLOPs to the precision it ran in (its first tensor's dtype; float32 on a GPU with
-tensor cores for it, compute capability 8.0 or later, counts as tf32 where torch allows it for
-that kind of operator, :mod:`.tf32`: convolutions and cuDNN's recurrent layers by cuDNN's
-settings, the rest by the matmul precision), which the MFU's peak is looked up by.
+:mod:`.flop_formulas` (the recurrent layers, attention on a CPU and in flash-attn, the
+matrix-vector products); those that may compute and that no formula counts are named
+(``FlopCount.uncounted_ops``, or ``uncounted_outside_ops`` outside the model). The counter
+also adds each operator's FLOPs to the precision it ran in (its first tensor's dtype; float32
+on a GPU with tensor cores for it, compute capability 8.0 or later, counts as tf32 where torch
+allows it for that kind of operator, :mod:`.tf32`: convolutions and cuDNN's recurrent layers by
+cuDNN's settings, the rest by the matmul precision), which the MFU's peak is looked up by.
 
 A count during which a loader that does not train was iterated (an evaluation: the common
 ``if step % N == 0: evaluate()`` after the optimizer step runs one right after the first step)
@@ -145,8 +147,8 @@ class _WholeStepOnly:
 
 def _counter() -> Any:
     """A FlopCounterMode with formulas for the operators it has none for
-    (:mod:`.flop_formulas`: recurrent layers, attention on a CPU) that also sums each
-    operator's FLOPs by the precision it ran in (``by_dtype``) and notes the device
+    (:mod:`.flop_formulas`: recurrent layers, attention, matrix-vector products) that also
+    sums each operator's FLOPs by the precision it ran in (``by_dtype``) and notes the device
     (``device``), through the counter's per-operator method: where a torch has no such method,
     the count stands and ``by_dtype`` stays empty; FLOPs whose precision cannot be read count
     as ``"unknown"`` (the MFU then says so)."""
@@ -155,7 +157,7 @@ def _counter() -> Any:
 
     tf32 = {kind: tf32_allowed(kind) for kind in (MATMUL, CONV, RNN)}
 
-    failed: list[str] = []  # "aten.<name> (<error>)" of each formula that failed
+    failed: list[str] = []  # "<operator> (<error>)" of each formula that failed
 
     def note(name: str, exc: Exception) -> None:
         failed.append(f"{name} ({exc!r})")
