@@ -7,6 +7,8 @@ to name, not a gap in the model's count."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -17,7 +19,7 @@ import traceml_nb
 from traceml_nb.analysis import analyze
 from traceml_nb.engine.instrument import flop_count, recompute
 from traceml_nb.engine.instrument.flop_count import _counter
-from traceml_nb.views.text import metric_lines
+from traceml_nb.views.text import _flops, metric_lines
 
 WIDTH, HIDDEN, BATCH = 32, 128, 16
 
@@ -309,7 +311,8 @@ def test_operators_without_a_formula_outside_the_model_leave_its_count_whole(
             opt.zero_grad()
     count = run.record.flops
     assert count is not None and count.why == ""
-    line = _flops_line(run, analyze(run.record.snapshot(), run.capabilities))
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    line = _flops(summary, summary.flops_per_step)
     if where == "optimizer":
         assert count.uncounted_ops == () and count.flops == _by_hand(None)[0]
         assert count.uncounted_outside_ops == ("aten::_linalg_eigh",) and count.outside_flops > 0
@@ -318,6 +321,12 @@ def test_operators_without_a_formula_outside_the_model_leave_its_count_whole(
             "more with autograd off outside the model (an optimizer's own work; without whatever "
             "FLOPs there of operators the counter has no formula for: aten::_linalg_eigh), not "
             "counted as the model's)"
+        )
+        alone = replace(summary, outside_flops_per_step=0.0)  # the eigendecomposition alone
+        assert _flops(alone, summary.flops_per_step).endswith(
+            "; more work with autograd off outside the model (an optimizer's own work, by "
+            "operators the counter has no formula for: aten::_linalg_eigh), not counted as the "
+            "model's)"
         )
     else:
         assert count.uncounted_ops == ("aten::_fft_r2c", "aten::_fft_c2c")  # its backward too
