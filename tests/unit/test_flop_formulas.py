@@ -160,16 +160,16 @@ def test_torch_operators_that_compute_without_a_formula_are_named() -> None:
 
 
 # flash-attn's kernels as its 2.6+ registers them (their signatures; it needs CUDA to build), each
-# done here with torch's operations on a CPU, and its autograd Function, as in flash_attn_func.
+# done here with torch's operations on a CPU, and its autograd Functions, as in flash_attn_func
+# and flash_attn_varlen_func. Layout (batch, sequence, heads, size); packed: (tokens, heads, size).
 @torch.library.custom_op("flash_attn::_flash_attn_forward", mutates_args=())
 def _flash_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, softmax_scale: float,
     causal: bool, window_size_left: int, window_size_right: int, softcap: float,
     alibi_slopes: torch.Tensor | None, return_softmax: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    probs = _probs(q, k, softmax_scale)
-    out = (probs @ _heads(v, q)).transpose(1, 2).contiguous()
-    return out, probs.sum(-1), q.new_empty(0), q.new_empty(0)
+    out = _attend(q, k, v, softmax_scale)
+    return out, q.new_zeros(q.shape[:3]), q.new_empty(0), q.new_empty(0)
 
 
 @torch.library.custom_op("flash_attn::_flash_attn_backward", mutates_args=("dq", "dk", "dv"))
@@ -180,16 +180,48 @@ def _flash_backward(
     window_size_right: int, softcap: float, alibi_slopes: torch.Tensor | None,
     deterministic: bool, rng_state: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    probs, grad = _probs(q, k, softmax_scale), dout.transpose(1, 2)
-    grad_probs = grad @ _heads(v, q).transpose(-1, -2)
-    grad_scores = probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))
-    groups = q.shape[2] // k.shape[2]
-    dq.copy_((grad_scores @ _heads(k, q) * softmax_scale).transpose(1, 2))
-    dk_all = (grad_scores.transpose(-1, -2) @ q.transpose(1, 2) * softmax_scale).transpose(1, 2)
-    dv_all = (probs.transpose(-1, -2) @ grad).transpose(1, 2)
-    dk.copy_(dk_all.unflatten(2, (-1, groups)).sum(3))
-    dv.copy_(dv_all.unflatten(2, (-1, groups)).sum(3))
+    for grad, into in zip(
+        _attention_grads(dout, q, k, v, softmax_scale), (dq, dk, dv), strict=True
+    ):
+        into.copy_(grad)
     return softmax_lse.clone()
+
+
+@torch.library.custom_op("flash_attn::_flash_attn_varlen_forward", mutates_args=())
+def _varlen_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float,
+    softmax_scale: float, causal: bool, window_size_left: int, window_size_right: int,
+    softcap: float, alibi_slopes: torch.Tensor | None, return_softmax: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    spans = _spans(cu_seqlens_q, cu_seqlens_k)
+    out = torch.cat([_attend(q[a:b][None], k[c:d][None], v[c:d][None], softmax_scale)[0]
+                     for (a, b), (c, d) in spans])  # fmt: skip
+    return out, q.new_zeros(q.shape[:2]), q.new_empty(0), q.new_empty(0)
+
+
+@torch.library.custom_op("flash_attn::_flash_attn_varlen_backward", mutates_args=("dq", "dk", "dv"))
+def _varlen_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    softmax_lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+    max_seqlen_k: int, dropout_p: float, softmax_scale: float, causal: bool,
+    window_size_left: int, window_size_right: int, softcap: float,
+    alibi_slopes: torch.Tensor | None, deterministic: bool,
+    rng_state: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    for (a, b), (c, d) in _spans(cu_seqlens_q, cu_seqlens_k):
+        grads = _attention_grads(
+            dout[a:b][None], q[a:b][None], k[c:d][None], v[c:d][None], softmax_scale
+        )
+        for grad, into in zip(grads, (dq[a:b], dk[c:d], dv[c:d]), strict=True):
+            into.copy_(grad[0])
+    return softmax_lse.clone()
+
+
+def _spans(cu_q: torch.Tensor, cu_k: torch.Tensor) -> list:
+    q, k = cu_q.tolist(), cu_k.tolist()
+    return [((q[i], q[i + 1]), (k[i], k[i + 1])) for i in range(len(q) - 1)]
 
 
 def _heads(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -199,6 +231,23 @@ def _heads(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def _probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.softmax(q.transpose(1, 2) @ _heads(k, q).transpose(-1, -2) * scale, -1)
+
+
+def _attend(q, k, v, scale: float) -> torch.Tensor:
+    return (_probs(q, k, scale) @ _heads(v, q)).transpose(1, 2).contiguous()
+
+
+def _attention_grads(dout, q, k, v, scale: float) -> tuple[torch.Tensor, ...]:
+    """The gradients of q, k and v (each in its own layout; k's and v's summed over the query
+    heads that share them)."""
+    probs, grad = _probs(q, k, scale), dout.transpose(1, 2)
+    grad_probs = grad @ _heads(v, q).transpose(-1, -2)
+    grad_scores = probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))
+    groups = q.shape[2] // k.shape[2]
+    dq = (grad_scores @ _heads(k, q) * scale).transpose(1, 2)
+    dk_all = (grad_scores.transpose(-1, -2) @ q.transpose(1, 2) * scale).transpose(1, 2)
+    dv_all = (probs.transpose(-1, -2) @ grad).transpose(1, 2)
+    return dq, dk_all.unflatten(2, (-1, groups)).sum(3), dv_all.unflatten(2, (-1, groups)).sum(3)
 
 
 class _FlashAttn(torch.autograd.Function):
@@ -216,6 +265,26 @@ class _FlashAttn(torch.autograd.Function):
             dout, q, k, v, out, lse, dq, dk, dv, 0.0, 0.25, False, -1, -1, 0.0, None, False
         )
         return dq, dk, dv
+
+
+class _FlashAttnVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens):
+        out, lse, _, _ = _varlen_forward(
+            q, k, v, cu_seqlens, cu_seqlens, 32, 32, 0.0, 0.25, False, -1, -1, 0.0, None, False
+        )
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, cu = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _varlen_backward(
+            dout, q, k, v, out, lse, dq, dk, dv, cu, cu, 32, 32, 0.0, 0.25, False, -1, -1, 0.0,
+            None, False,
+        )  # fmt: skip
+        return dq, dk, dv, None
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
@@ -237,6 +306,31 @@ def test_flash_attn_counts_as_torch_counts_its_own_flash_attention(kv_heads) -> 
     assert mode.get_total_flops() == expected > 0
     assert not mode.uncounted and not mode.failed_formulas
     assert _torch_count(lambda: _FlashAttn.apply(q, k, v).sum().backward()) == 0
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_flash_attn_varlen_counts_each_sequence_as_its_own_attention(kv_heads) -> None:
+    """Two sequences of 20 and 12 tokens packed in one batch (a padded batch through
+    transformers' flash_attention_2): each counts as its own attention, forward and backward,
+    not as a batch padded to the longest."""
+    lengths, cu_seqlens = (20, 12), torch.tensor([0, 20, 32], dtype=torch.int32)
+    q = torch.randn(32, 4, 16, requires_grad=True)
+    k, v = (torch.randn(32, kv_heads, 16, requires_grad=True) for _ in "kv")
+    out = _FlashAttnVarlen.apply(q, k, v, cu_seqlens)
+    first = _FlashAttn.apply(q[:20][None], k[:20][None], v[:20][None])[0]
+    assert torch.allclose(out[:20], first, atol=1e-5)
+    expected = 0
+    for n in lengths:
+        q_shape, kv_shape = (1, 4, n, 16), (1, kv_heads, n, 16)
+        expected += sdpa_flop_count(q_shape, kv_shape, kv_shape)
+        expected += sdpa_backward_flop_count(q_shape, q_shape, kv_shape, kv_shape)
+    with _counter() as mode:
+        _FlashAttnVarlen.apply(q, k, v, cu_seqlens).sum().backward()
+    assert mode.get_total_flops() == expected > 0
+    assert not mode.uncounted and not mode.failed_formulas
+    q_pad, kv_pad = (2, 4, 20, 16), (2, kv_heads, 20, 16)  # both as long as the longest
+    padded = sdpa_flop_count(q_pad, kv_pad, kv_pad)
+    assert expected < padded + sdpa_backward_flop_count(q_pad, q_pad, kv_pad, kv_pad)
 
 
 class _LstmModel:

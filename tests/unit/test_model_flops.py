@@ -227,10 +227,10 @@ def _(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
 def test_operators_of_other_libraries_are_named_and_the_figures_read_as_lower_bounds(
     monkeypatch,
 ) -> None:
-    """A custom operator (as ``flash_attn::_flash_attn_varlen_forward``) counts nothing: the
-    count names it, and the report reads the FLOPs and FLOP/s as lower bounds. The profiler's
-    marks (``record_function``, every optimizer step's) and torch's own operators without a
-    formula's kind of work are not named."""
+    """A custom operator (as ``xformers::efficient_attention_forward_cutlass``) counts nothing:
+    the count names it, and the report reads the FLOPs and FLOP/s as lower bounds. The
+    profiler's marks (``record_function``, every optimizer step's) and torch's own operators
+    without a formula's kind of work are not named."""
     monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
     basis = torch.randn(WIDTH, WIDTH)
     model = Blocks(None)

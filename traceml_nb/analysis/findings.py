@@ -130,7 +130,7 @@ class Summary:
     outside_flops_per_step: float = 0.0
     #: operators the count has no formula for, other libraries' and torch's that compute (their
     #: FLOPs, if any, are not in ``flops_per_step``, a lower bound then), by name
-    #: ("flash_attn::_flash_attn_varlen_forward", "aten::_fft_r2c")
+    #: ("xformers::efficient_attention_forward_cutlass", "aten::_fft_r2c")
     uncounted_ops: list[str] = field(default_factory=list)
     #: ...and those that ran outside the model (no part of ``flops_per_step``; whatever they
     #: did is not in ``outside_flops_per_step`` either)

@@ -40,8 +40,9 @@ class FlopCount:
     autograd engine (an optimizer's own matrix work, as Muon's), not in ``flops`` either; 0
     where none, or where this torch could not tell module calls apart. ``uncounted_ops``: the
     operators of other libraries, and those of torch's that compute, that ran in the counted
-    steps and that the counter has no formula for (``"flash_attn::_flash_attn_varlen_forward"``,
-    ``"aten::_fft_r2c"``): whatever FLOPs they did are not in ``flops``, a lower bound then.
+    steps and that the counter has no formula for
+    (``"xformers::efficient_attention_forward_cutlass"``, ``"aten::_fft_r2c"``): whatever FLOPs
+    they did are not in ``flops``, a lower bound then.
     ``uncounted_outside_ops``: those that ran outside the model, as ``outside_flops`` tells it
     (an optimizer's eigendecompositions, as Shampoo's and SOAP's): not in ``outside_flops``, and
     no part of the model's ``flops``.

@@ -75,9 +75,10 @@ VECTOR_PRODUCTS = frozenset({"mv", "addmv", "dot", "vdot"})
 #: miss: torch's own (``aten``, its primitives; but for those of
 #: :data:`~.flop_formulas.WITHOUT_FORMULA`, an FFT, a solve), the profiler's marks
 #: (``record_function``, which every optimizer step opens) and the collectives. An operator of
-#: any other library (a custom attention kernel, ``flash_attn::_flash_attn_varlen_forward``)
-#: that the counter has no formula for (:mod:`.flop_formulas`) is named in the count
-#: (``FlopCount.uncounted_ops``): its FLOPs, if any, are not in it.
+#: any other library (a custom attention kernel,
+#: ``xformers::efficient_attention_forward_cutlass``) that the counter has no formula for
+#: (:mod:`.flop_formulas`) is named in the count (``FlopCount.uncounted_ops``): its FLOPs, if
+#: any, are not in it.
 FLOP_FREE_NAMESPACES = frozenset(
     {"aten", "prims", "prim", "debugprims", "profiler", "c10d", "_c10d_functional",
      "_c10d_functional_autograd", "fsdp", "_dtensor", "symm_mem"}

@@ -113,6 +113,47 @@ def _flash_attn_backward(
     return _attention_backward(*map(_heads_second, (grad_out, query, key, value)))
 
 
+def _sequence_lengths(cu_seqlens_q: Any, cu_seqlens_k: Any) -> list[tuple[int, int]]:
+    """Each sequence's query and key lengths, from flash-attn's cumulative offsets (a tensor's
+    values: on a GPU, read once, in the counted step)."""
+    q, k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    return [(q[i + 1] - q[i], k[i + 1] - k[i]) for i in range(len(q) - 1)]
+
+
+def _flash_attn_varlen(
+    query: Any, key: Any, value: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *_: Any, **__: Any
+) -> int:
+    """flash-attn's variable-length kernel, over the tensors themselves: its sequences packed
+    as ``(tokens, heads, head size)``, each attending within itself."""
+    heads, size, kv_heads, v_size = query.shape[1], query.shape[2], key.shape[1], value.shape[2]
+    return sum(
+        _attention((1, heads, s_q, size), (1, kv_heads, s_k, size), (1, kv_heads, s_k, v_size))
+        for s_q, s_k in _sequence_lengths(cu_seqlens_q, cu_seqlens_k)
+    )
+
+
+def _flash_attn_varlen_backward(
+    grad_out: Any, query: Any, key: Any, value: Any, *args: Any, **__: Any
+) -> int:
+    """...its backward: ``cu_seqlens_q``, ``cu_seqlens_k`` after the output, the softmax's
+    log-sum-exp and the three gradients."""
+    heads, size, kv_heads, v_size = query.shape[1], query.shape[2], key.shape[1], value.shape[2]
+    return sum(
+        _attention_backward(
+            (1, heads, s_q, v_size),
+            (1, heads, s_q, size),
+            (1, kv_heads, s_k, size),
+            (1, kv_heads, s_k, v_size),
+        )
+        for s_q, s_k in _sequence_lengths(args[5], args[6])
+    )
+
+
+#: Formulas that take the operator's tensors, not their shapes (``FlopCounterMode``'s
+#: ``_get_raw``): those that need a tensor's values.
+TAKE_TENSORS = frozenset({_flash_attn_varlen, _flash_attn_varlen_backward})
+
+
 def _euclidean_distances(x1: Shape, x2: Shape, *_: Any, **__: Any) -> int:
     """``torch.cdist``'s matrix-product path: each point's coordinates, its squared norm and a
     1 (``M + 2`` columns) against the other set's, as one matrix product a batch."""
@@ -143,13 +184,15 @@ FORMULAS: dict[str, Callable[..., int]] = {
 }
 
 #: Other libraries' operators by ``namespace::name``, as :data:`FORMULAS`: flash-attn's (2.6
-#: and later register its kernels as torch operators; ``flash_attn_func``, and transformers'
-#: ``attn_implementation="flash_attention_2"`` without padding), counted as torch counts its
-#: own flash attention. Its variable-length kernels' work depends on each sequence's length,
-#: which a formula over shapes cannot see: they stay named, uncounted.
+#: and later register its kernels as torch operators: ``flash_attn_func``, and transformers'
+#: ``attn_implementation="flash_attention_2"``, whose padded batches run the variable-length
+#: kernels), counted as torch counts its own flash attention, each sequence apart in the
+#: variable-length ones (their work depends on each sequence's length).
 LIBRARY_FORMULAS: dict[str, Callable[..., int]] = {
     "flash_attn::_flash_attn_forward": _flash_attn,
     "flash_attn::_flash_attn_backward": _flash_attn_backward,
+    "flash_attn::_flash_attn_varlen_forward": _flash_attn_varlen,
+    "flash_attn::_flash_attn_varlen_backward": _flash_attn_varlen_backward,
 }
 
 #: torch's own operators that do floating-point work no formula here or in torch's counter
@@ -212,4 +255,5 @@ def _guarded(
             on_error(name, exc)
             return 0
 
+    count._get_raw = formula in TAKE_TENSORS  # type: ignore[attr-defined]
     return count
