@@ -109,6 +109,20 @@ def test_mfu_is_a_row_where_either_run_had_it():
     assert {r.label: r for r in compare(before, after).rows}["MFU"].delta == "\u2014"
 
 
+def test_an_mfu_that_is_a_lower_bound_reads_so_and_changes_only_against_a_like_one():
+    """Operators without a FLOP formula ran (their work is not in the MFU): "at least", and a
+    change in points only where the same operators went uncounted in both runs."""
+    before, after = entry(1, steps_around(100.0)), entry(2, steps_around(80.0, seed=2))
+    before.summary.mfu, after.summary.mfu = 0.20, 0.31
+    kernel = "xformers::efficient_attention_forward_cutlass"
+    after.summary.uncounted_ops = [kernel]  # the candidate moved its attention to a kernel
+    row = {r.label: r for r in compare(before, after).rows}["MFU"]
+    assert row == ComparisonRow("MFU", "20%", "at least 31%", "\u2014", "neutral")
+    before.summary.uncounted_ops = [kernel]
+    row = {r.label: r for r in compare(before, after).rows}["MFU"]
+    assert row == ComparisonRow("MFU", "at least 20%", "at least 31%", "+11 pts", "good")
+
+
 def test_a_decided_change_says_which_part_of_the_step_moved():
     from traceml_nb.analysis.phase_shift import phase_shift
     from traceml_nb.views.comparison_words import headline

@@ -227,6 +227,28 @@ def _points_row(
     return ComparisonRow(label, text(a), text(b), signed_points(points), direction)
 
 
+def _mfu_row(sa: Summary, sb: Summary) -> ComparisonRow:
+    """The MFU's row; a lower bound (operators without a FLOP formula ran: ``uncounted_ops``)
+    reads "at least", and its change is told only against a lower bound of the same operators
+    (between others, the uncounted work may be all of the change)."""
+    row = _points_row(
+        "MFU",
+        _share_pct(sa.mfu),
+        _share_pct(sb.mfu),
+        lambda v: fmt_share(None if v is None else v / 100),
+        GOOD,
+    )
+    if not (sa.uncounted_ops or sb.uncounted_ops):
+        return row
+    before, after = (
+        ("at least " if s.uncounted_ops and s.mfu is not None else "") + text
+        for s, text in ((sa, row.before), (sb, row.after))
+    )
+    if sorted(sa.uncounted_ops) != sorted(sb.uncounted_ops):
+        return row._replace(before=before, after=after, delta=NOT_AVAILABLE, direction=NEUTRAL)
+    return row._replace(before=before, after=after)
+
+
 def _share_pct(share: float | None) -> float | None:
     return None if share is None else share * 100
 
@@ -392,13 +414,7 @@ def compare(
         "SM activity", sa.sm_active_median_pct, sb.sm_active_median_pct, fmt_pct, GOOD
     )
     sm_measured = sa.sm_active_median_pct is not None or sb.sm_active_median_pct is not None
-    mfu_row = _points_row(
-        "MFU",
-        _share_pct(sa.mfu),
-        _share_pct(sb.mfu),
-        lambda v: fmt_share(None if v is None else v / 100),
-        GOOD,
-    )
+    mfu_row = _mfu_row(sa, sb)
     means = _means_of(len(medians_a), len(runs_b))
     step_row = ComparisonRow(
         "median step time" + means, fmt_ms(center), fmt_ms(med_b), step_delta, step_direction
