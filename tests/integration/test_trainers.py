@@ -197,7 +197,9 @@ def test_lightning_counts_its_steps_times_validation_and_shows_the_sanity_check_
     assert phase.before_training_s == pytest.approx(spent["sanity"], rel=0.5, abs=0.02)
     validation = phase.total_s - phase.before_training_s
     assert validation == pytest.approx(spent["val"], rel=0.25)
-    assert validation < 0.5 * res.elapsed_s  # not the whole run
+    # not the whole run: its four validations of 10 batches take about as long as the 80
+    # training steps, so half the run was a coin's toss (0.758 s of 1.515 s, once in two)
+    assert validation < 0.75 * res.elapsed_s
     d = res.diagnosis
     assert d.verdict == "input-bound", d.title
     assert d.advice[0].facts["driver"] == "lightning"
