@@ -156,7 +156,11 @@ def test_a_crashing_rank_gives_a_partial_report_and_raises_as_without_the_magic(
     call = f"mp.spawn(train_rank, args=(2, {free_port()}, {str(tmp_path)!r}, 0), nprocs=2)"
     result = ip.run_cell(f"%%traceml --view none -o res\n{call}\n")
     assert type(result.error_in_exec) is ProcessRaisedException
-    assert result.error_in_exec.error_index == 0
+    # spawn raises the error of the rank it sees exit first: rank 0's, or rank 1's lost
+    # connection where rank 1 exited first, as it does without the magic on a busy machine
+    # (in 2 of 12 launches without it, with a core kept busy)
+    index = result.error_in_exec.error_index
+    assert index in (0, 1)
     res = ip.user_ns["res"]
     assert res.status == "failed"
     by_rank = {f.rank: f for f in res.ranks.ranks}
@@ -167,10 +171,8 @@ def test_a_crashing_rank_gives_a_partial_report_and_raises_as_without_the_magic(
     out = capsys.readouterr().out
     assert "Partial: rank 0 failed: ValueError: rank 0 fails at batch 4." in out
     # the cell's error, torch's multi-line one with the rank's traceback, is one line there
-    assert (
-        "Partial report: the cell failed (ProcessRaisedException: \u2026 ValueError: rank 0 "
-        "fails at batch 4); the numbers cover" in out
-    )
+    raised = "ValueError: rank 0 fails at batch 4);" if index == 0 else "RuntimeError: "
+    assert f"Partial report: the cell failed (ProcessRaisedException: \u2026 {raised}" in out
 
 
 def test_an_fn_that_cannot_be_pickled_runs_unchanged(ip, tmp_path):
