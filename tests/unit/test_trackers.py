@@ -193,6 +193,23 @@ def test_the_payload_has_the_measured_figures_and_says_why_the_others_are_missin
     assert p.what == "17 metrics, the verdict, the HTML report and 3 steps of 3 series"
 
 
+def test_flops_with_operators_the_counter_could_not_count_are_logged_as_lower_bounds():
+    """The figures are logged as measured; a tag and the text say which operators they leave
+    out (a tracker's number has no "at least"), and nothing where the count is whole."""
+    result = FakeResult()
+    result.summary.flops_per_step, result.summary.achieved_tflops = 2.0e9, 0.5
+    assert "traceml/flops_uncounted_ops" not in build_payload(result).tags
+    result.summary.uncounted_ops = ["aten::_fft_r2c", "aten::_fft_c2r"]
+    p = build_payload(result)
+    assert p.metrics["traceml/flops_per_step"] == 2.0e9
+    assert p.tags["traceml/flops_uncounted_ops"] == "aten::_fft_r2c, aten::_fft_c2r"
+    assert (
+        "Lower bounds: traceml/flops_per_step, traceml/achieved_tflops and traceml/mfu leave out "
+        "whatever FLOPs these operators did, which the counter has no formula for: "
+        "aten::_fft_r2c, aten::_fft_c2r"
+    ) in p.text
+
+
 def test_without_words_the_findings_codes_are_logged():
     p = build_payload(FakeResult())
     assert p.tags["traceml/title"] == "input-bound"

@@ -48,6 +48,9 @@ SUMMARY_METRICS = (
     "achieved_tflops",
     "mfu",
 )
+#: The tag that names the operators without a FLOP formula that ran in the model's step: where
+#: it is set, ``flops_per_step``, ``achieved_tflops`` and ``mfu`` are lower bounds.
+UNCOUNTED_TAG = "flops_uncounted_ops"
 #: Counts and durations every run has.
 COUNT_METRICS = ("total_steps", "steady_steps", "warmup_steps", "elapsed_s")
 #: The per-step series (``--log-steps``): metric name -> ``StepArrays`` column.
@@ -202,6 +205,8 @@ def build_payload(
         tags[PREFIX + "cause"] = str(w.cause)
     if w.advice:
         tags[PREFIX + "advice"] = "\n".join(f"- {a}" for a in w.advice)
+    if s.uncounted_ops and s.flops_per_step is not None:
+        tags[PREFIX + UNCOUNTED_TAG] = ", ".join(s.uncounted_ops)
     payload = Payload(
         name=str(result.name),
         slug=slug(str(result.name)),
@@ -280,6 +285,14 @@ def summary_text(result: Any, payload: Payload, words: DiagnosisText) -> str:
         lines += ["", "Won't help:", *(f"- {a}" for a in words.wont_help)]
     if words.saving:
         lines += ["", f"Saving: {words.saving}"]
+    uncounted = payload.tags.get(PREFIX + UNCOUNTED_TAG)
+    if uncounted:
+        lines += [
+            "",
+            "Lower bounds: traceml/flops_per_step, traceml/achieved_tflops and traceml/mfu leave "
+            f"out whatever FLOPs these operators did, which the counter has no formula for: "
+            f"{uncounted}",
+        ]
     if payload.skipped:
         lines += ["", "Not logged (unavailable in this run, never logged as 0):"]
         lines += [f"- {name}: {why}" for name, why in payload.skipped.items()]
