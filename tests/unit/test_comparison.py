@@ -115,7 +115,7 @@ def test_an_mfu_that_is_a_lower_bound_reads_so_and_changes_only_against_a_like_o
     before, after = entry(1, steps_around(100.0)), entry(2, steps_around(80.0, seed=2))
     before.summary.mfu, after.summary.mfu = 0.20, 0.31
     kernel = "xformers::efficient_attention_forward_cutlass"
-    after.summary.uncounted_ops = [kernel]  # the candidate moved its attention to a kernel
+    after.summary.uncounted_ops = [kernel]  # the candidate ran a kernel without a formula
     row = {r.label: r for r in compare(before, after).rows}["MFU"]
     assert row == ComparisonRow("MFU", "20%", "at least 31%", "\u2014", "neutral")
     before.summary.uncounted_ops = [kernel]
