@@ -132,20 +132,31 @@ def test_a_torch_that_tells_nothing_counts_the_recomputed_forwards_as_the_models
     assert recomputed == 0 and model == told_model + told_recomputed
 
 
-class MatrixStep(torch.optim.Optimizer):
-    """SGD whose step first multiplies each weight matrix by its own transpose (a stand-in for
-    Muon's orthogonalisation, which this torch may not have)."""
+class _DirectedSGD(torch.optim.Optimizer):
+    """SGD that steps each parameter along :meth:`direction` of its gradient (None: not at
+    all), with autograd off, as an optimizer's step runs."""
 
     def __init__(self, params) -> None:
         super().__init__(params, {"lr": 0.01})
+
+    def direction(self, grad: torch.Tensor) -> torch.Tensor | None:
+        raise NotImplementedError
 
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    g = p.grad @ (p.grad.T @ p.grad) if p.dim() == 2 else p.grad
+                g = None if p.grad is None else self.direction(p.grad)
+                if g is not None:
                     p.add_(g, alpha=-group["lr"])
+
+
+class MatrixStep(_DirectedSGD):
+    """SGD whose step first multiplies each weight matrix by its own transpose (a stand-in for
+    Muon's orthogonalisation, which this torch may not have)."""
+
+    def direction(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad @ (grad.T @ grad) if grad.dim() == 2 else grad
 
 
 def _outside_count(make_optimizer) -> tuple[int, int, int]:
@@ -261,20 +272,16 @@ def test_operators_of_other_libraries_are_named_and_the_figures_read_as_lower_bo
     assert rate.startswith("at least ")
 
 
-class EigenStep(torch.optim.Optimizer):
+class EigenStep(_DirectedSGD):
     """SGD preconditioned by the eigenvectors of each weight gradient's Gram matrix, as Shampoo
-    and SOAP precondition: an eigendecomposition (no formula) and matrix products."""
+    and SOAP precondition: an eigendecomposition (no formula) and matrix products; the biases
+    stay as they are."""
 
-    def __init__(self, params) -> None:
-        super().__init__(params, {"lr": 0.01})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None and p.dim() == 2:
-                    _, vectors = torch.linalg.eigh(p.grad.T @ p.grad)
-                    p.add_(p.grad @ vectors @ vectors.T, alpha=-group["lr"])
+    def direction(self, grad: torch.Tensor) -> torch.Tensor | None:
+        if grad.dim() != 2:
+            return None
+        _, vectors = torch.linalg.eigh(grad.T @ grad)
+        return grad @ vectors @ vectors.T
 
 
 class SpectralHead(nn.Module):
