@@ -113,22 +113,28 @@ def _flash_attn_backward(
     return _attention_backward(*map(_heads_second, (grad_out, query, key, value)))
 
 
-def _sequence_lengths(cu_seqlens_q: Any, cu_seqlens_k: Any) -> list[tuple[int, int]]:
-    """Each sequence's query and key lengths, from flash-attn's cumulative offsets (a tensor's
-    values: on a GPU, read once, in the counted step)."""
+def _sequences(
+    query: Any, key: Any, value: Any, cu_seqlens_q: Any, cu_seqlens_k: Any
+) -> list[tuple[Shape, Shape, Shape]]:
+    """The query, key and value shapes of each sequence flash-attn's variable-length kernels
+    pack as ``(tokens, heads, head size)``, as torch's attention has them, from the cumulative
+    offsets (a tensor's values: on a GPU, read once, in the counted step)."""
     q, k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    return [(q[i + 1] - q[i], k[i + 1] - k[i]) for i in range(len(q) - 1)]
+    heads, size, kv_heads, v_size = query.shape[1], query.shape[2], key.shape[1], value.shape[2]
+    return [
+        ((1, heads, q[i + 1] - q[i], size), (1, kv_heads, k[i + 1] - k[i], size),
+         (1, kv_heads, k[i + 1] - k[i], v_size))
+        for i in range(len(q) - 1)
+    ]  # fmt: skip
 
 
 def _flash_attn_varlen(
     query: Any, key: Any, value: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *_: Any, **__: Any
 ) -> int:
-    """flash-attn's variable-length kernel, over the tensors themselves: its sequences packed
-    as ``(tokens, heads, head size)``, each attending within itself."""
-    heads, size, kv_heads, v_size = query.shape[1], query.shape[2], key.shape[1], value.shape[2]
+    """flash-attn's variable-length kernel, over the tensors themselves: each sequence attends
+    within itself."""
     return sum(
-        _attention((1, heads, s_q, size), (1, kv_heads, s_k, size), (1, kv_heads, s_k, v_size))
-        for s_q, s_k in _sequence_lengths(cu_seqlens_q, cu_seqlens_k)
+        _attention(*shapes) for shapes in _sequences(query, key, value, cu_seqlens_q, cu_seqlens_k)
     )
 
 
@@ -136,16 +142,11 @@ def _flash_attn_varlen_backward(
     grad_out: Any, query: Any, key: Any, value: Any, *args: Any, **__: Any
 ) -> int:
     """...its backward: ``cu_seqlens_q``, ``cu_seqlens_k`` after the output, the softmax's
-    log-sum-exp and the three gradients."""
-    heads, size, kv_heads, v_size = query.shape[1], query.shape[2], key.shape[1], value.shape[2]
+    log-sum-exp and the three gradients; each sequence's output gradient has the query's rows
+    and the value's head size."""
     return sum(
-        _attention_backward(
-            (1, heads, s_q, v_size),
-            (1, heads, s_q, size),
-            (1, kv_heads, s_k, size),
-            (1, kv_heads, s_k, v_size),
-        )
-        for s_q, s_k in _sequence_lengths(args[5], args[6])
+        _attention_backward((*q[:3], v[3]), q, k, v)
+        for q, k, v in _sequences(query, key, value, args[5], args[6])
     )
 
 
