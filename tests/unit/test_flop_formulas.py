@@ -27,12 +27,17 @@ def _flops(step, mode) -> int:
     return int(counter.get_total_flops())
 
 
+def _torch_count(step) -> int:
+    """torch's own count of ``step``: its counter, without our formulas."""
+    return _flops(step, FlopCounterMode(display=False))
+
+
 def _decomposed(step) -> int:
     """torch's own count of ``step`` with oneDNN off: the layers run as matrix products."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the flags' own note on TF32 for Intel GPUs)
         with torch.backends.mkldnn.flags(enabled=False):
-            return _flops(step, FlopCounterMode(display=False))
+            return _torch_count(step)
 
 
 def _lstm_step(layer: nn.LSTM):
@@ -51,7 +56,7 @@ def test_an_lstm_on_onednn_counts_as_its_matrix_products(shape) -> None:
     torch.manual_seed(0)
     layer = nn.LSTM(INPUT, HIDDEN, batch_first=True, **shape)
     step = _lstm_step(layer)
-    assert _flops(step, FlopCounterMode(display=False)) < _decomposed(step) / 10  # (uncounted)
+    assert _torch_count(step) < _decomposed(step) / 10  # (uncounted)
     assert _flops(step, _counter()) == _decomposed(step) > 0
 
 
@@ -63,7 +68,7 @@ def test_layers_torch_runs_as_matrix_products_on_a_cpu_are_not_counted_twice(cls
     def step() -> None:
         layer(x)[0].sum().backward()
 
-    assert _flops(step, _counter()) == _flops(step, FlopCounterMode(display=False)) > 0
+    assert _flops(step, _counter()) == _torch_count(step) > 0
 
 
 @pytest.mark.parametrize("shape", [{}, {"num_layers": 2, "bidirectional": True}, {"proj_size": 16}])
@@ -99,15 +104,11 @@ def test_attention_on_a_cpu_counts_as_torch_counts_flash_attention() -> None:
 
     shape = (2, 4, 32, 16)
     expected = sdpa_flop_count(shape, shape, shape) + sdpa_backward_flop_count(*[shape] * 4)
-    assert _flops(step, FlopCounterMode(display=False)) == 0  # the CPU kernel: uncounted
+    assert _torch_count(step) == 0  # the CPU kernel: uncounted
     assert _flops(step, _counter()) == expected > 0
     with torch.no_grad():  # the forward alone: the math backend's two matrix products
         forward = _flops(lambda: nn.functional.scaled_dot_product_attention(q, k, v), _counter())
     assert forward == sdpa_flop_count(shape, shape, shape) == 2 * 2 * (2 * 4 * 32 * 32 * 16)
-
-
-def _torch_count(step) -> int:
-    return _flops(step, FlopCounterMode(display=False))
 
 
 def test_products_torch_counts_nothing_for_count_as_the_same_matrix_products() -> None:
