@@ -89,6 +89,35 @@ def test_a_step_that_failed_before_its_optimizer_step_is_not_a_step():
     assert result_of(run).summary.total_steps == made == 12
 
 
+@pytest.mark.parametrize("skipped", ["by GradScaler", "the first", "the first five"])
+def test_a_step_whose_optimizer_step_was_skipped_is_a_step(skipped):
+    # GradScaler skips optimizer.step() where the scaled gradients overflowed (a run's first
+    # steps, at its starting scale): the first such step looked like a trainer's batch fetched
+    # ahead (63 steps of 64), five like a gradient-accumulation cycle fetched ahead (59)
+    torch.manual_seed(0)
+    model, opt = model_and_opt()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127, backoff_factor=2.0**-4)
+    stepped = []
+    with traceml_nb.Run("skips", sample=False) as run:
+        for k, (x, y) in enumerate(DataLoader(Counted(n=256), batch_size=4)):
+            loss = ((model(x * 1e4) - y) ** 2).mean()
+            opt.zero_grad()
+            if skipped == "by GradScaler":
+                scaler.scale(loss).backward()
+                scale = scaler.get_scale()
+                scaler.step(opt)
+                scaler.update()
+                stepped.append(scaler.get_scale() >= scale)
+            else:
+                loss.backward()
+                stepped.append(k >= (1 if skipped == "the first" else 5))
+                if stepped[-1]:
+                    opt.step()
+    assert not stepped[0] and sum(stepped) < len(stepped) == 64
+    assert run.record.loaders[0].fetches_ahead is False
+    assert result_of(run).summary.total_steps == 64
+
+
 def test_an_interrupted_run_of_enough_steps_gets_a_verdict():
     model, opt = model_and_opt()
     loader = DataLoader(Counted(sleep_s=0.001), batch_size=4)

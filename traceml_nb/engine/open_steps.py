@@ -8,14 +8,21 @@ from collections.abc import Collection, Iterable, Mapping
 
 from .events import EventLike
 from .phase_ledger import Mark
-from .record import LoaderInfo
+from .record import FLAG_EPOCH_START, FLAG_OPTIMIZER_STEP, LoaderInfo
 
-#: A step without an optimizer step whose time outside ``next()`` is at most this share of the
-#: next step's with one did next to nothing but fetch: a batch fetched ahead (transformers'
-#: Trainer fetches every batch of a gradient-accumulation cycle, then trains on them: the
-#: fetches' rows were 0.15-1.5 ms against 24-72 ms), not a micro-step of gradient
-#: accumulation (its forward and backward take about as long as the step's with one).
+#: A step without an optimizer step, its phases not timed, whose time outside ``next()`` is at
+#: most this share of a step's with one did next to nothing but fetch: a batch fetched ahead
+#: (transformers' Trainer fetches every batch of a gradient-accumulation cycle, then trains on
+#: them: the fetches' rows were 0.15-1.5 ms against 24-72 ms), not a micro-step of gradient
+#: accumulation nor a step whose optimizer step GradScaler skipped (their forward and backward
+#: take about as long as the step's with one)...
 FETCH_ONLY_SHARE = 0.25
+#: ...of the least rest of the next this many steps with one: a run's first steps with an
+#: optimizer step are slow (the instruments seek the model, the optimizer makes its state, the
+#: FLOP count runs on one), and one of three is a step's own. (Against the first alone, the
+#: FLOP-counted step's 2.6 ms where a step's rest was 0.2 ms, the forward and backward of the
+#: four steps whose optimizer step GradScaler skipped read as batches fetched ahead.)
+STEPS_TO_TELL_ROWS = 3
 
 
 class LoaderSteps:
@@ -36,6 +43,8 @@ class LoaderSteps:
         "first_fetch_ns",
         "phase_mark",
         "rests_without_step",
+        "steps_after_rests",
+        "least_step_rest",
         "evaluating",
         "fresh_draws",
         "drawn_last_step",
@@ -57,9 +66,11 @@ class LoaderSteps:
         self.first_fetch_ns = -1  #: when the loader's first fetch of the run was entered
         #: the phase totals when the open step began, () when it began unsampled
         self.phase_mark: Mark = ()
-        #: the time outside ``next()`` of each step closed without an optimizer step since the
-        #: last one with, ns: told apart (fetch-only or not) by the next step with one
-        self.rests_without_step: list[int] = []
+        #: the time outside ``next()`` of each step closed without an optimizer step and not
+        #: told apart yet (fetch-only or not), ns, and whether it began an epoch
+        self.rests_without_step: list[tuple[int, bool]] = []
+        self.steps_after_rests = 0  #: steps with one closed since the first of those
+        self.least_step_rest = -1  #: the least of their rests, ns
         #: its epoch began with autograd off (under ``torch.no_grad()``): an evaluation's
         #: batches, which no optimizer step is credited to
         self.evaluating = False
@@ -71,18 +82,56 @@ class LoaderSteps:
         #: optimizer steps credited to it while no loader had been drawn in the step before
         self.unsteady_credits = 0
 
-    def tell_rows_apart(self, step_rest_ns: int) -> None:
-        """A step with an optimizer step closed, ``step_rest_ns`` of it outside ``next()``:
-        count the steps closed without one since (:attr:`rests_without_step`) as fetch-only
-        rows (``LoaderInfo.fetch_only_rows``) or rows of work (``rows_without_step``)."""
-        rests = self.rests_without_step
-        if not rests:
+    def closed(self, rest_ns: int, flags: int, phases: tuple[int, ...] | None) -> None:
+        """A step closed with ``flags``, ``rest_ns`` of it outside ``next()``, with the phases
+        the instruments timed in it (``PHASE_COLUMNS``; None: not timed). One without an
+        optimizer step did work if a forward or a backward ran in it (its phases say so), else
+        only fetched; one not timed is told by its rest (:meth:`tell_rows_apart`) once
+        :data:`STEPS_TO_TELL_ROWS` steps with one have closed after it."""
+        info = self.info
+        if not flags & FLAG_OPTIMIZER_STEP:
+            epoch_first = bool(flags & FLAG_EPOCH_START)
+            if phases is None:
+                self.rests_without_step.append((rest_ns, epoch_first))
+                info.rows_untold += 1
+            else:
+                _count_row(info, phases[1] + phases[2] > 0, epoch_first)
             return
-        bound = FETCH_ONLY_SHARE * max(0, step_rest_ns)
-        fetch_only = sum(1 for rest in rests if rest <= bound)
-        self.info.fetch_only_rows += fetch_only
-        self.info.rows_without_step += len(rests) - fetch_only
+        info.rows_with_step += 1
+        if not self.rests_without_step:
+            return
+        least = self.least_step_rest
+        self.least_step_rest = rest_ns if least < 0 else min(least, rest_ns)
+        self.steps_after_rests += 1
+        if self.steps_after_rests >= STEPS_TO_TELL_ROWS:
+            self.tell_rows_apart()
+
+    def tell_rows_apart(self) -> None:
+        """Count the steps closed without an optimizer step (:attr:`rests_without_step`), once
+        a step with one closed after them (the run's end tells them with fewer than
+        :data:`STEPS_TO_TELL_ROWS`), against the least rest of those: fetch-only
+        (``LoaderInfo.fetch_only_rows``, ``epoch_first_rows_without_step`` for an epoch's first:
+        a trainer's batch fetched ahead) or rows of work (``rows_without_step``: gradient
+        accumulation, an optimizer step skipped)."""
+        rests, info = self.rests_without_step, self.info
+        if not rests or self.least_step_rest < 0:
+            return
+        bound = FETCH_ONLY_SHARE * self.least_step_rest
+        for rest, epoch_first in rests:
+            _count_row(info, rest > bound, epoch_first)
         rests.clear()
+        info.rows_untold = 0
+        self.steps_after_rests, self.least_step_rest = 0, -1
+
+
+def _count_row(info: LoaderInfo, worked: bool, epoch_first: bool) -> None:
+    """Count a step closed without an optimizer step: of work, or fetch-only."""
+    if worked:
+        info.rows_without_step += 1
+    elif epoch_first:
+        info.epoch_first_rows_without_step += 1
+    else:
+        info.fetch_only_rows += 1
 
 
 class IteratorCount:

@@ -123,17 +123,19 @@ class LoaderInfo:
     #: steps this loader's fetch began: the first fetch of the run or the first after an
     #: optimizer step. A loader drawn inside another's steps (an inner draw) leads none.
     leads: int = 0
-    #: closed steps without an optimizer step inside: those that began an epoch, and the others
-    #: (gradient accumulation makes the latter; a loop that fetches its next batch before it
-    #: uses the current one, as trainers do, only the former)
-    epoch_first_rows_without_step: int = 0
-    rows_without_step: int = 0
+    #: closed steps with an optimizer step inside, and those without one told apart by their
+    #: time outside ``next()`` against the least of the next ``open_steps.STEPS_TO_TELL_ROWS``
+    #: steps' with one: rows of work (``rows_without_step``: gradient accumulation, an optimizer
+    #: step that GradScaler skipped) and rows that did next to nothing but their fetch (at most
+    #: ``open_steps.FETCH_ONLY_SHARE`` of it): an epoch's first (a trainer's prefetch of one
+    #: batch) or any other (``fetch_only_rows``: a trainer that fetches all the batches of a
+    #: gradient-accumulation cycle before it trains on them, as transformers' Trainer does)
     rows_with_step: int = 0
-    #: closed steps without an optimizer step that did next to nothing but their fetch (their
-    #: time outside ``next()`` at most ``open_steps.FETCH_ONLY_SHARE`` of the next step's with
-    #: one): a trainer that fetches all the batches of a gradient-accumulation cycle before it
-    #: trains on them (transformers' Trainer does), counted apart from ``rows_without_step``
+    rows_without_step: int = 0
+    epoch_first_rows_without_step: int = 0
     fetch_only_rows: int = 0
+    #: closed steps without an optimizer step not told apart yet
+    rows_untold: int = 0
     #: time away from training while this loader was iterated (not a training loader): from the
     #: first fetch of each run of its fetches to the next fetch of another loader or the next
     #: optimizer step, ns; and the part of it, and of its fetches, before the run's first
@@ -153,12 +155,15 @@ class LoaderInfo:
         """The loop fetches this loader's next batches before it trains on the current one
         (a trainer's prefetch of one batch: the first step of each epoch holds two fetches and
         no optimizer step; or of a whole gradient-accumulation cycle: ``fetch_only_rows``):
-        True, False, or None while too few steps tell."""
+        True, False, or None while too few steps tell (or, not yet known to fetch ahead,
+        while a row without an optimizer step waits to be told apart)."""
         ahead = self.epoch_first_rows_without_step or self.fetch_only_rows
-        if self.rows_without_step or (self.rows_with_step and not ahead):
+        if self.rows_without_step:
             return False
         if ahead and self.rows_with_step >= 2:
             return True
+        if self.rows_with_step and not ahead and not self.rows_untold:
+            return False
         return None
 
     @property

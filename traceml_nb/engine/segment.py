@@ -184,6 +184,8 @@ class StepSegmenter:
         try:
             for st in list(self._open.values()):
                 self._close(st, t_end_ns, None, truncated=True)
+            for st in self._by_slot.values():
+                st.tell_rows_apart()
         finally:
             self._flush()
 
@@ -426,24 +428,18 @@ class StepSegmenter:
         if inside and any(not self._by_slot[slot].info.is_training for slot in inside):
             flags |= FLAG_INTERLEAVED
         end = t_end_ns
+        began = st.start
+        mark = st.phase_mark
+        host_phases = self._phases.of_step(mark) if mark else None
         if truncated:
             flags |= FLAG_TRUNCATED
             if st.last_optimizer_ns >= 0:
                 end = st.last_optimizer_ns
-        else:
-            info, rest = st.info, end - st.start - st.wait  # the step's time outside next()
-            if flags & FLAG_OPTIMIZER_STEP:
-                info.rows_with_step += 1
-                st.tell_rows_apart(rest)
-            elif flags & FLAG_EPOCH_START:
-                info.epoch_first_rows_without_step += 1
-            else:
-                st.rests_without_step.append(rest)
-        began = st.start
-        mark = st.phase_mark
+        else:  # a row that only fetched, or one of work: its phases tell, or its rest
+            st.closed(end - began - st.wait, flags, host_phases)
         # what _row does, written out: a step's close runs once a step
         self._rows.append((began - self._t0, end - began, st.wait, st.batch, st.slot, flags))
-        self._row_phases.append(self._phases.of_step(mark) if mark else None)
+        self._row_phases.append(host_phases)
         if self._gpu_sink is not None:
             phases, gone = self._phases.gpu_of_step(mark)
             enter, exit_ = st.gpu_enter, st.gpu_exit
