@@ -106,7 +106,7 @@ class Summary:
     #: ...and each part's share of the steps' time, 0..1, by part (data_wait, copy, forward,
     #: backward, optimizer, other; they sum to 1); empty where the phases were not measured
     phase_shares: dict[str, float] = field(default_factory=dict)
-    #: ...and the phases that ran in fewer than half of the steps (median 0: gradient
+    #: ...and the phases that ran in at most half of the steps (median 0: gradient
     #: accumulation's optimizer step), by phase: [share of the steps it ran in, 0..1, its
     #: median over those steps, ms]
     occasional_phases: dict[str, list[float]] = field(default_factory=dict)

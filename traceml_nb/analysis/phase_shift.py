@@ -4,7 +4,7 @@ compared, so that a comparison can say "backward +75%, the rest within 10%".
 
 A part *moved* when its median changed by at least ``PHASE_MOVED_SHARE`` of itself **and** by
 at least ``PHASE_MOVED_STEP_SHARE`` of the earlier run's median step: a part of a few
-microseconds that doubles moves nothing that matters. A phase that ran in fewer than half of
+microseconds that doubles moves nothing that matters. A phase that ran in at most half of
 the steps (gradient accumulation's optimizer step, whose median is 0) is compared by its median
 where it ran, and its time per step by that times how often it ran (:func:`part_ms`). Runs
 of other batch sizes, whose step times are judged per sample (:mod:`.comparison`), have their
@@ -38,7 +38,7 @@ class PhaseShift:
 
 def part_ms(summary: Summary, part: str) -> tuple[float, float] | None:
     """A part of the steps (a key of :data:`PART_FIELDS`) as ``(its time where it ran, its
-    time a step)``, ms: its median, both; for a phase that ran in fewer than half of the steps
+    time a step)``, ms: its median, both; for a phase that ran in at most half of the steps
     (``Summary.occasional_phases``) its median over the steps it ran in, and that times the
     share of the steps it ran in. None where it was not timed."""
     median = getattr(summary, PART_FIELDS[part])

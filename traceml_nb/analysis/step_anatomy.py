@@ -110,9 +110,9 @@ class StepAnatomy:
     medians_ms: dict[str, float] = field(default_factory=dict)  #: by PHASES and "other"
     shares: dict[str, float] = field(default_factory=dict)  #: by PARTS, 0..1, summing to 1
     why: str = ""
-    #: by PHASES, a phase that ran in fewer than half of the steps (its median is 0, as with
-    #: gradient accumulation's optimizer step): ``(share of the steps it ran in, 0..1, its
-    #: median over those steps, ms)``
+    #: by PHASES, a phase that ran in at most half of the steps (its median is 0, as with
+    #: gradient accumulation's optimizer step, or in exactly half halfway between 0 and its
+    #: least time): ``(share of the steps it ran in, 0..1, its median over those steps, ms)``
     occasional: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: by PHASES, a phase not timed while the others were, and why (its time is in "other")
     unavailable: dict[str, str] = field(default_factory=dict)
@@ -169,8 +169,9 @@ def step_anatomy(
     occasional = {}
     for i, name in timed:
         ran = phases[:, i] > 0
-        if medians[name] == 0 and ran.any():
-            share = float(w[ran].sum() / w.sum())
+        share = float(w[ran].sum() / w.sum())
+        # its median is 0, or in exactly half of the steps halfway to its least: no time it took
+        if ran.any() and (share < 0.5 or np.isclose(share, 0.5)):
             occasional[name] = (share, weighted_median(phases[ran, i], w[ran]))
     return StepAnatomy(medians, shares, occasional=occasional, unavailable=unavailable)
 

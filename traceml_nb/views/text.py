@@ -101,7 +101,7 @@ def _sm_activity(s: Summary, v: float) -> str:
 def _step_phases(s: Summary, v: float) -> str:
     """``copy 1.06 ms (7%), forward 4.14 ms (28%), …``: each timed part's median and its
     share of the steps' time (``GPU time: …`` where they were timed on the GPU); a phase that
-    ran in fewer than half of the steps, its median where it ran and how often:
+    ran in at most half of the steps, its median where it ran and how often:
     ``optimizer 0.8 ms in 25% of the steps (12%)``; the phases not timed while the others
     were, unavailable with why: ``; copy and forward unavailable (…)``."""
     parts = []

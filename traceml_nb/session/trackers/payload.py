@@ -228,7 +228,7 @@ def build_payload(
 def _add_occasional_phases(
     summary: Any, metrics: dict[str, float], skipped: dict[str, str]
 ) -> None:
-    """A phase that ran in fewer than half of the steps (gradient accumulation's optimizer
+    """A phase that ran in at most half of the steps (gradient accumulation's optimizer
     step) has a median of 0 over the steps: it is logged as its median where it ran
     (``{phase}_ms_median_where_ran``) and how often it ran (``{phase}_ran_share``, 0..1), as the
     report gives it, and its median over the steps is left out with why."""
