@@ -118,6 +118,48 @@ def test_a_step_whose_optimizer_step_was_skipped_is_a_step(skipped):
     assert result_of(run).summary.total_steps == 64
 
 
+@pytest.mark.parametrize("kept", ["itertools.cycle(loader)", "list(loader)", "one batch"])
+def test_a_loop_training_on_batches_it_kept_has_a_step_per_optimizer_step(kept):
+    # after its first epoch cycle() replays the batches it kept and fetches none (16 steps of
+    # 96 were counted); a list of the loader's batches, or one batch trained on over and over
+    # (overfitting a batch, as a first check of a model), fetch all before training (16 steps
+    # of fetching alone; 1 step)
+    from traceml_nb.analysis.steps import select_rows
+
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(n=64), batch_size=4)
+    made = 0
+    with traceml_nb.Run("kept", sample=False) as run:
+        if kept == "one batch":
+            batches = itertools.repeat(next(iter(loader)))
+        else:
+            batches = itertools.cycle(loader if kept.startswith("itertools") else list(loader))
+        for x, y in itertools.islice(batches, 96):
+            train_step(model, opt, x, y)
+            made += 1
+    assert result_of(run).summary.total_steps == made == 96
+    steps = select_rows(run.record.snapshot())
+    ends = steps.start_s + steps.wall_ms / 1e3
+    assert (steps.start_s[1:] >= ends[:-1] - 1e-9).all()  # one after the other, none twice
+
+
+def test_a_step_after_each_epochs_last_batch_is_no_step_of_its_own():
+    # accumulating 3 batches of an epoch of 16, the loop steps once more on the last one's
+    # gradients after the epoch: an optimizer step outside any batch's step, in the last one's
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(n=64), batch_size=4)
+    with traceml_nb.Run("leftover", sample=False) as run:
+        for _epoch in range(3):
+            for i, (x, y) in enumerate(loader):
+                ((model(x) - y) ** 2).mean().backward()
+                if (i + 1) % 3 == 0:
+                    opt.step()
+                    opt.zero_grad()
+            opt.step()
+            opt.zero_grad()
+    assert result_of(run).summary.total_steps == 3 * 16
+
+
 def test_an_interrupted_run_of_enough_steps_gets_a_verdict():
     model, opt = model_and_opt()
     loader = DataLoader(Counted(sleep_s=0.001), batch_size=4)

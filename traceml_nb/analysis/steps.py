@@ -11,8 +11,14 @@ The rule, in order (the first that applies wins):
    an evaluation ran inside (``FLAG_INTERLEAVED``) is a step, which the statistics leave out
    (:mod:`.summary`): its time includes the evaluation. Where the loop fetches each batch
    one step ahead, or a gradient-accumulation cycle's batches before it trains on them
-   (``LoaderInfo.fetches_ahead``: a trainer's prefetch), the steps are the optimizer rows
-   instead, which end where each training step ends;
+   (``LoaderInfo.fetches_ahead``: a trainer's prefetch), or all of its batches before the
+   run's first optimizer step (a list made of the loader's batches, one batch trained on
+   over and over), the
+   steps are the optimizer rows instead, which end where each training step ends. Optimizer
+   steps made while no training loader's step was open, two or more in a row
+   (``FLAG_NO_FETCH``: ``itertools.cycle(loader)`` after its first epoch trains on the
+   batches it kept), are steps too; one alone (a step after the epoch's last batch, on the
+   gradients its last batches left) is not;
 3. optimizer ``step()`` boundaries;
 4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
 
@@ -33,6 +39,7 @@ from ..engine.contracts import StepSource
 from ..engine.record import (
     FLAG_EPOCH_START,
     FLAG_FLOP_COUNTED,
+    FLAG_NO_FETCH,
     FLAG_OPTIMIZER_STEP,
     FLAG_PROFILED,
     FLAG_TRUNCATED,
@@ -58,6 +65,8 @@ class StepRule:
     inner: tuple[int, ...] = ()
     excluded_flags: int = 0
     truncated_if: int = 0
+    #: and the optimizer rows ``FLAG_NO_FETCH`` marks, two or more in a row
+    without_fetch: bool = False
 
     def mask(self, cols: StepColumns) -> np.ndarray:
         """A boolean per row of ``cols``: is it a step."""
@@ -66,6 +75,12 @@ class StepRule:
         keep = np.isin(source, self.sources) & ((flags & self.excluded_flags) == 0)
         if self.truncated_if:
             keep &= ((flags & FLAG_TRUNCATED) == 0) | ((flags & self.truncated_if) != 0)
+        if self.without_fetch:
+            alone = (source == SOURCE_OPTIMIZER) & ((flags & FLAG_NO_FETCH) != 0)
+            in_a_row = np.zeros_like(alone)
+            in_a_row[1:] = alone[1:] & alone[:-1]
+            in_a_row[:-1] |= in_a_row[1:]
+            keep |= in_a_row
         return keep
 
 
@@ -76,7 +91,10 @@ def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int)
     training = [info for info in loaders if info.is_training]
     if training:
         leaders = [info for info in training if info.leads > 0] or training
-        if any(info.fetches_ahead for info in leaders):
+        fetched_before = optimizer_steps > 1 and all(
+            0 < info.fetches == info.fetches_before_training for info in leaders
+        )
+        if fetched_before or any(info.fetches_ahead for info in leaders):
             return StepRule(
                 "dataloader", (SOURCE_OPTIMIZER,), tuple(info.slot for info in training)
             )
@@ -85,6 +103,7 @@ def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int)
             tuple(info.slot for info in leaders),
             tuple(info.slot for info in training),
             truncated_if=FLAG_OPTIMIZER_STEP,
+            without_fetch=True,
         )
     if optimizer_steps > 0:
         return StepRule("optimizer", (SOURCE_OPTIMIZER,))

@@ -223,6 +223,17 @@ def optimizer_stepped(loaders: Collection[LoaderSteps]) -> None:
         st.since_optimizer = 0
 
 
+def first_training_fetch(loaders: Iterable[LoaderSteps], t_ns: int, default: int) -> int:
+    """When the training loaders' first fetch of the run was entered, if before ``t_ns`` (the
+    run's first optimizer step), else ``default``."""
+    firsts = [
+        st.first_fetch_ns
+        for st in loaders
+        if st.info.is_training and 0 <= st.first_fetch_ns <= t_ns
+    ]
+    return min(firsts, default=default)
+
+
 def samples_trained(fetched: Mapping[int, int], by_slot: Mapping[int, LoaderSteps]) -> int:
     """The samples of an optimizer step's row: of the batches the training loaders gave since
     the previous optimizer step (``fetched``: slot -> samples, -1 where a batch's size is

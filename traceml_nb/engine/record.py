@@ -44,6 +44,10 @@ FLAG_PROFILED = 16
 #: the step's FLOPs were being counted (``RunRecord.flops``), which slows it: left out of the
 #: statistics; set by the analysis, as FLAG_PROFILED is
 FLAG_FLOP_COUNTED = 32
+#: an optimizer step's row while no training loader's step was open: the loop trained on a
+#: batch it kept (``itertools.cycle(loader)`` after its first epoch, a list of the loader's
+#: batches) or on none (a step after the epoch's last batch)
+FLAG_NO_FETCH = 64
 
 
 class SampleTable:

@@ -26,7 +26,8 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   trainers of transformers and Lightning, accelerate's prepared loaders), whose loader rows are
   one batch out of step with its training steps, or every batch of a gradient-accumulation
   cycle (the Trainer: rows that only fetch, ``FETCH_ONLY_SHARE``), all their samples one row's.
-  They are written until the training loaders are known to fetch in step. **Markers**
+  They are written until the training loaders are known to fetch in step, and for each step
+  made while no training loader's step is open (``FLAG_NO_FETCH``). **Markers**
   (``traceml_nb.step()``) make rows of their own.
 * **Phases.** Each :class:`~traceml_nb.engine.events.Phase` (forward, backward, optimizer) is
   added to the running totals when it ends; the input copy is the time from a fetch's return
@@ -65,6 +66,7 @@ from .open_steps import (
     IteratorCount,
     LoaderSteps,
     credited_loaders,
+    first_training_fetch,
     optimizer_rows_decided,
     optimizer_stepped,
     samples_trained,
@@ -74,6 +76,7 @@ from .phase_ledger import GpuPhase, Mark, PhaseLedger
 from .record import (
     FLAG_EPOCH_START,
     FLAG_INTERLEAVED,
+    FLAG_NO_FETCH,
     FLAG_OPTIMIZER_STEP,
     FLAG_TRUNCATED,
     MAX_LOADERS,
@@ -133,6 +136,7 @@ class StepSegmenter:
         self._optimizers_seen: set[int] = set()  #: ``id()`` of each optimizer recorded
         self._optimizer_prev_ns = 0
         self._optimizer_wait_mark = 0
+        self._closed_ns = self._closed_wait = 0  #: the last loader step's end, the wait till it
         #: the loader slots fetched since the last optimizer step: the samples of their batches
         self._fetched_since_optimizer: dict[int, int] = {}  # (-1: a batch of unknown size)
         self._epoch_started_since_optimizer = False
@@ -352,8 +356,12 @@ class StepSegmenter:
             if lead is None:
                 lead = self._lead_optimizer = key
         if key == lead:
-            if self._rows_needed is not False and self._optimizer_rows_needed():
-                self._optimizer_row(t_ns)
+            # no training loader's step is open (the one fetched last's, mostly)
+            outside = cur is None or cur.start < 0 or not cur.info.is_training
+            if outside:
+                outside = not any(self._by_slot[slot].info.is_training for slot in self._open)
+            if outside or self._rows_needed is not False and self._optimizer_rows_needed():
+                self._optimizer_row(t_ns, outside)
             self._optimizer_prev_ns = t_ns
             self._optimizer_wait_mark = self._wait_total
             self._optimizer_phase_mark = ledger.mark() if ledger.sampling else ()
@@ -367,32 +375,25 @@ class StepSegmenter:
             self._rows_needed = optimizer_rows_decided(self._by_slot.values())
         return self._rows_needed is not False
 
-    def _optimizer_row(self, t_ns: int) -> None:
+    def _optimizer_row(self, t_ns: int, outside: bool) -> None:
         """The row from the previous optimizer step (the first: the training loaders' first
-        fetch) to this one: the data wait of the fetches between them, the samples trained."""
-        start = self._optimizer_prev_ns
+        fetch; made ``outside`` any training loader's step where those are the steps: the last
+        one's end, if later) to this one: the data wait of the fetches between, the samples
+        trained."""
+        start, wait_mark = self._optimizer_prev_ns, self._optimizer_wait_mark
+        if start and outside and self._rows_needed is False and self._closed_ns > start:
+            start, wait_mark = self._closed_ns, self._closed_wait  # after the loader's rows
         if not start:
-            firsts = [
-                st.first_fetch_ns
-                for st in self._by_slot.values()
-                if st.info.is_training and 0 <= st.first_fetch_ns <= t_ns
-            ]
-            start = min(firsts, default=self._t0)
-        flags = FLAG_OPTIMIZER_STEP
+            start = first_training_fetch(self._by_slot.values(), t_ns, self._t0)
+        flags = FLAG_OPTIMIZER_STEP | (FLAG_NO_FETCH if outside else 0)
         if any(not self._by_slot[s].info.is_training for s in self._fetched_since_optimizer):
             flags |= FLAG_INTERLEAVED
         if self._epoch_started_since_optimizer:
             flags |= FLAG_EPOCH_START
-        wait = self._wait_total - self._optimizer_wait_mark
-        self._row(
-            start,
-            t_ns - start,
-            wait,
-            samples_trained(self._fetched_since_optimizer, self._by_slot),
-            SOURCE_OPTIMIZER,
-            flags,
-            self._optimizer_phase_mark,
-        )
+        wait = self._wait_total - wait_mark
+        samples = samples_trained(self._fetched_since_optimizer, self._by_slot)
+        phases = self._optimizer_phase_mark
+        self._row(start, t_ns - start, wait, samples, SOURCE_OPTIMIZER, flags, phases)
 
     def _end_phase(self, t_ns: int) -> None:
         """The loader iterated away from training (an evaluation) is done at ``t_ns``: the
@@ -437,6 +438,7 @@ class StepSegmenter:
                 end = st.last_optimizer_ns
         else:  # a row that only fetched, or one of work: its phases tell, or its rest
             st.closed(end - began - st.wait, flags, host_phases)
+            self._closed_ns, self._closed_wait = end, self._wait_total
         # what _row does, written out: a step's close runs once a step
         self._rows.append((began - self._t0, end - began, st.wait, st.batch, st.slot, flags))
         self._row_phases.append(host_phases)
