@@ -160,6 +160,31 @@ def test_a_step_after_each_epochs_last_batch_is_no_step_of_its_own():
     assert result_of(run).summary.total_steps == 3 * 16
 
 
+def test_an_evaluation_over_the_training_loader_is_a_phase_not_steps():
+    # the classic tutorial's evaluate(model, train_loader) after each epoch, under no_grad:
+    # its batches were steps (96 of 48), now an evaluation of their own, as the val loader's
+    model, opt = model_and_opt()
+    train, val = DataLoader(Counted(n=64), batch_size=4), DataLoader(Counted(n=32), batch_size=4)
+
+    def evaluate(loader) -> None:
+        with torch.no_grad():
+            for x, _ in loader:
+                model(x)
+
+    with traceml_nb.Run("evaluates", sample=False) as run:
+        for _epoch in range(3):
+            for x, y in train:
+                train_step(model, opt, x, y)
+            evaluate(train)
+            evaluate(val)
+    summary = result_of(run).summary
+    assert summary.total_steps == 3 * 16
+    assert {p.name: (p.batches, p.passes) for p in summary.phases} == {
+        "eval (loader 0)": (3 * 16, 3),
+        "eval (loader 1)": (3 * 8, 3),
+    }
+
+
 def test_an_interrupted_run_of_enough_steps_gets_a_verdict():
     model, opt = model_and_opt()
     loader = DataLoader(Counted(sleep_s=0.001), batch_size=4)

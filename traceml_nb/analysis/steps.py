@@ -15,10 +15,11 @@ The rule, in order (the first that applies wins):
    run's first optimizer step (a list made of the loader's batches, one batch trained on
    over and over), the
    steps are the optimizer rows instead, which end where each training step ends. Optimizer
-   steps made while no training loader's step was open, two or more in a row
+   steps made while no training loader's step was open, two or more before its next fetch
    (``FLAG_NO_FETCH``: ``itertools.cycle(loader)`` after its first epoch trains on the
    batches it kept), are steps too; one alone (a step after the epoch's last batch, on the
-   gradients its last batches left) is not;
+   gradients its last batches left) is not; and a batch of an epoch begun with autograd off
+   (``FLAG_EVALUATING``: an evaluation over the training set) is no step, but a phase;
 3. optimizer ``step()`` boundaries;
 4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
 
@@ -38,6 +39,7 @@ import numpy as np
 from ..engine.contracts import StepSource
 from ..engine.record import (
     FLAG_EPOCH_START,
+    FLAG_EVALUATING,
     FLAG_FLOP_COUNTED,
     FLAG_NO_FETCH,
     FLAG_OPTIMIZER_STEP,
@@ -65,7 +67,7 @@ class StepRule:
     inner: tuple[int, ...] = ()
     excluded_flags: int = 0
     truncated_if: int = 0
-    #: and the optimizer rows ``FLAG_NO_FETCH`` marks, two or more in a row
+    #: and the optimizer rows ``FLAG_NO_FETCH`` marks
     without_fetch: bool = False
 
     def mask(self, cols: StepColumns) -> np.ndarray:
@@ -76,11 +78,7 @@ class StepRule:
         if self.truncated_if:
             keep &= ((flags & FLAG_TRUNCATED) == 0) | ((flags & self.truncated_if) != 0)
         if self.without_fetch:
-            alone = (source == SOURCE_OPTIMIZER) & ((flags & FLAG_NO_FETCH) != 0)
-            in_a_row = np.zeros_like(alone)
-            in_a_row[1:] = alone[1:] & alone[:-1]
-            in_a_row[:-1] |= in_a_row[1:]
-            keep |= in_a_row
+            keep |= (source == SOURCE_OPTIMIZER) & ((flags & FLAG_NO_FETCH) != 0)
         return keep
 
 
@@ -102,6 +100,7 @@ def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int)
             "dataloader",
             tuple(info.slot for info in leaders),
             tuple(info.slot for info in training),
+            excluded_flags=FLAG_EVALUATING,
             truncated_if=FLAG_OPTIMIZER_STEP,
             without_fetch=True,
         )
@@ -247,13 +246,35 @@ def _slots_text(slots: list[int]) -> str:
     return fmt_run_span([("", slot) for slot in slots])
 
 
+def phase_rows(snapshot: RecordSnapshot, selection: StepSelection) -> dict[str, np.ndarray]:
+    """Each phase's name and its rows (a boolean per row of ``snapshot.steps``): the loaders
+    that are phases of their own (:func:`phase_loaders`), and the batches of a loader whose
+    rows are the steps, in an epoch begun with autograd off (``FLAG_EVALUATING``: an
+    evaluation over the training set, ``eval (loader 0)``)."""
+    cols = snapshot.steps
+    source = _np(cols.source, "u1")
+    out: dict[str, np.ndarray] = {}
+    for slot, name in phase_loaders(snapshot, selection).items():
+        rows = source == slot
+        out[name] = out[name] | rows if name in out else rows
+    rule = selection.rule
+    if rule.kind == "dataloader" and rule.excluded_flags & FLAG_EVALUATING:
+        evaluating = (_np(cols.flags, "u1") & FLAG_EVALUATING) != 0
+        for slot in rule.sources:
+            rows = evaluating & (source == slot)
+            if rows.any():
+                out[f"eval (loader {slot})"] = rows
+    return out
+
+
 def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSummary]:
     """One phase per dataset of the loaders that are neither the steps nor inside them (the
-    evaluation, mostly): its batches, the time away from training it took
-    (``LoaderInfo.phase_ns``; the sum of its steps where that is not known) and its data wait,
-    with the part before the run's first optimizer step apart."""
-    names = phase_loaders(snapshot, selection)
-    if not names:
+    evaluation, mostly), and one for the evaluations over the training set (:func:`phase_rows`):
+    its batches, the time away from training it took (``LoaderInfo.phase_ns``; the sum of its
+    steps where that is not known, or where the loader also trains) and its data wait, with
+    the part before the run's first optimizer step apart."""
+    named = phase_rows(snapshot, selection)
+    if not named:
         return []
     cols = snapshot.steps
     source = _np(cols.source, "u1")
@@ -262,16 +283,18 @@ def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSumm
     pass_starts = (_np(cols.flags, "u1") & FLAG_EPOCH_START) != 0
     infos = {info.slot: info for info in snapshot.loaders}
     out = []
-    for name in dict.fromkeys(names.values()):
-        slots = [slot for slot, phase in names.items() if phase == name]
-        rows = np.isin(source, slots)
+    for name, rows in named.items():
         batches = int(rows.sum())
         if batches == 0:
             continue
+        slots = [int(slot) for slot in np.unique(source[rows])]
         group = [infos[slot] for slot in slots]
-        away_ns = sum(info.phase_ns for info in group)
+        trains = any(info.is_training for info in group)  # (its evaluations over its own set)
+        away_ns = 0 if trains else sum(info.phase_ns for info in group)
         total_ns = away_ns if away_ns > 0 else int(wall[rows].sum())
         share = min(1.0, float(wait[rows].sum()) / total_ns) if total_ns > 0 else None
+        before = 0 if trains else sum(info.fetches_before_training for info in group)
+        passes = int((rows & pass_starts).sum()) if trains else sum(i.epochs for i in group)
         out.append(
             PhaseSummary(
                 name,
@@ -279,9 +302,9 @@ def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSumm
                 total_ns / 1e9,
                 share,
                 slot=slots[0],
-                before_training_batches=sum(info.fetches_before_training for info in group),
+                before_training_batches=before,
                 before_training_s=sum(info.phase_before_training_ns for info in group) / 1e9,
-                passes=sum(info.epochs for info in group),
+                passes=passes,
                 workers=max(info.num_workers for info in group),
                 persistent_workers=all(info.persistent_workers for info in group),
                 pass_start_wait_s=float(wait[rows & pass_starts].sum()) / 1e9,

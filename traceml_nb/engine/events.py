@@ -16,6 +16,7 @@ themselves; the segmenter names them by ``id()``, which is only reused once an o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any, Protocol
 
@@ -150,6 +151,14 @@ class IteratorStarted(_Event):
         cls, iterator: Any, loader: int, settings: LoaderInfo | None, batch_size: int, samples: int
     ) -> IteratorStarted:
         return cls((ITERATOR_STARTED, iterator, loader, settings, batch_size, samples))
+
+
+#: Announces an iterator whose fetch the segmenter meets while it does not know it, or while
+#: its batch count has fallen (a new epoch, or a new iterator that took a dead one's id):
+#: called with the iterator and its :class:`~.events.EpochStarted` fields ``(samples,
+#: driver)`` when one was logged for it since, else None (it started before the run); returns
+#: the :class:`~.events.IteratorStarted` to apply before the fetch.
+Announcer = Callable[[Any, "tuple[int, str | None] | None"], IteratorStarted]
 
 
 class Phase(_Event):

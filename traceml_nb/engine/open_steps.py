@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 from .events import EventLike
 from .phase_ledger import Mark
-from .record import FLAG_EPOCH_START, FLAG_OPTIMIZER_STEP, LoaderInfo
+from .record import FLAG_EPOCH_START, FLAG_NO_FETCH, FLAG_OPTIMIZER_STEP, LoaderInfo
 
 #: A step without an optimizer step, its phases not timed, whose time outside ``next()`` is at
 #: most this share of a step's with one did next to nothing but fetch: a batch fetched ahead
@@ -221,6 +221,42 @@ def optimizer_stepped(loaders: Collection[LoaderSteps]) -> None:
     for st in loaders:
         st.drawn_last_step = st.since_optimizer > 0
         st.since_optimizer = 0
+
+
+#: A step row, and its phases (``PHASE_COLUMNS``; None: none), as the segmenter writes them.
+Row = tuple[tuple[int, int, int, int, int, int], "tuple[int, int, int, int] | None"]
+
+
+class StepsWithoutFetch:
+    """The optimizer steps made while no training loader's step is open (rows flagged
+    ``FLAG_NO_FETCH``): two or more before a training loader's next fetch are the loop's steps
+    on batches it kept (``itertools.cycle(loader)`` after its first epoch, a list of the
+    loader's batches); one alone is not (a step after an epoch's last batch, on the gradients
+    of an unfinished accumulation cycle). The first is held until the second comes."""
+
+    __slots__ = ("held", "in_run")
+
+    def __init__(self) -> None:
+        self.held: Row | None = None
+        self.in_run = False  #: two have come since a training loader's last fetch
+
+    def stepped(self, row: Row) -> list[Row]:
+        """The rows to write now, of an optimizer step made outside: none while it is alone."""
+        if self.in_run:
+            return [row]
+        if self.held is None:
+            self.held = row
+            return []
+        held, self.held, self.in_run = self.held, None, True
+        return [held, row]
+
+    def fetched(self) -> Row | None:
+        """A training loader fetched (or the run ended): the step held alone, its flag off."""
+        held, self.held, self.in_run = self.held, None, False
+        if held is None:
+            return None
+        (start, wall, wait, batch, source, flags), phases = held
+        return (start, wall, wait, batch, source, flags & ~FLAG_NO_FETCH), phases
 
 
 def first_training_fetch(loaders: Iterable[LoaderSteps], t_ns: int, default: int) -> int:

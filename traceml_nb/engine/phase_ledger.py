@@ -16,6 +16,8 @@ others are let go of.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .events import FORWARD, SETUP, EventLike, Phase, Sampling
 from .step_table import PHASE_WIDTH
 
@@ -24,6 +26,18 @@ from .step_table import PHASE_WIDTH
 Mark = tuple[int, ...]
 #: A phase's events: ``(phase, start event, end event)``.
 GpuPhase = tuple[int, EventLike, EventLike]
+#: The step segmenter's GPU sink receives, each time rows are written, the steps closed since
+#: the last time whose fetches carried CUDA events, as ``(row, gpu_enter, gpu_exit,
+#: next_gpu_enter, gpu_phases)`` (the step's phases' events, :meth:`PhaseLedger.gpu_of_step`,
+#: or None), and the events the segmenter let go of since (it hands none of them to a later
+#: step: the events of a step closed without all three of its own, of an exhausting fetch, of
+#: a fetch it does not count, of phases no step claimed), each as ``(k, event)``: it was let
+#: go of after the first ``k`` of those steps were closed, and no later one holds it. A step
+#: handed on takes its own ``gpu_enter`` and ``gpu_exit`` with it: the previous step, which
+#: holds its ``gpu_enter`` as its next, is handed on before it, so the sink frees both once
+#: it has read the step.
+GpuStep = tuple[int, EventLike, EventLike, EventLike, tuple[GpuPhase, ...] | None]
+GpuSink = Callable[[list[GpuStep], list[tuple[int, EventLike]]], None]
 
 
 class PhaseLedger:

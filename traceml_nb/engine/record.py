@@ -44,10 +44,13 @@ FLAG_PROFILED = 16
 #: the step's FLOPs were being counted (``RunRecord.flops``), which slows it: left out of the
 #: statistics; set by the analysis, as FLAG_PROFILED is
 FLAG_FLOP_COUNTED = 32
-#: an optimizer step's row while no training loader's step was open: the loop trained on a
-#: batch it kept (``itertools.cycle(loader)`` after its first epoch, a list of the loader's
-#: batches) or on none (a step after the epoch's last batch)
+#: an optimizer step's row, one of two or more made while no training loader's step was open
+#: (before its next fetch): the loop trained on batches it kept (``itertools.cycle(loader)``
+#: after its first epoch, a list of the loader's batches)
 FLAG_NO_FETCH = 64
+#: a batch of an epoch that began with autograd off (under ``torch.no_grad()``): an
+#: evaluation's, over the training set too (``evaluate(model, train_loader)``), never a step
+FLAG_EVALUATING = 128
 
 
 class SampleTable:

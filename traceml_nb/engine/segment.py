@@ -26,8 +26,9 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   trainers of transformers and Lightning, accelerate's prepared loaders), whose loader rows are
   one batch out of step with its training steps, or every batch of a gradient-accumulation
   cycle (the Trainer: rows that only fetch, ``FETCH_ONLY_SHARE``), all their samples one row's.
-  They are written until the training loaders are known to fetch in step, and for each step
-  made while no training loader's step is open (``FLAG_NO_FETCH``). **Markers**
+  They are written until the training loaders are known to fetch in step, and for the steps
+  made while no training loader's step is open, two or more in a row (``FLAG_NO_FETCH``,
+  :class:`~.open_steps.StepsWithoutFetch`). **Markers**
   (``traceml_nb.step()``) make rows of their own.
 * **Phases.** Each :class:`~traceml_nb.engine.events.Phase` (forward, backward, optimizer) is
   added to the running totals when it ends; the input copy is the time from a fetch's return
@@ -53,6 +54,7 @@ from .events import (
     OPTIMIZER_STEP,
     PHASE,
     SAMPLING,
+    Announcer,
     EpochStarted,
     Event,
     EventLike,
@@ -65,6 +67,8 @@ from .events import (
 from .open_steps import (
     IteratorCount,
     LoaderSteps,
+    Row,
+    StepsWithoutFetch,
     credited_loaders,
     first_training_fetch,
     optimizer_rows_decided,
@@ -72,9 +76,10 @@ from .open_steps import (
     samples_trained,
 )
 from .optimizer_info import optimizer_info
-from .phase_ledger import GpuPhase, Mark, PhaseLedger
+from .phase_ledger import GpuSink, GpuStep, Mark, PhaseLedger
 from .record import (
     FLAG_EPOCH_START,
+    FLAG_EVALUATING,
     FLAG_INTERLEAVED,
     FLAG_NO_FETCH,
     FLAG_OPTIMIZER_STEP,
@@ -85,24 +90,6 @@ from .record import (
     LoaderInfo,
     RunRecord,
 )
-
-#: Receives, each time rows are written, the steps closed since the last time whose fetches
-#: carried CUDA events, as ``(row, gpu_enter, gpu_exit, next_gpu_enter, gpu_phases)`` (the
-#: step's phases' events, :meth:`~.phase_ledger.PhaseLedger.gpu_of_step`, or None), and the
-#: events the segmenter let go of since (it hands none of them to a later step: the events of
-#: a step closed without all three of its own, of an exhausting fetch, of a fetch it does not
-#: count, of phases no step claimed), each as ``(k, event)``: it was let go of after the first
-#: ``k`` of those steps were closed, and no later one holds it. A step handed on takes its own
-#: ``gpu_enter`` and ``gpu_exit`` with it: the previous step, which holds its ``gpu_enter`` as
-#: its next, is handed on before it, so the sink frees both once it has read the step.
-GpuStep = tuple[int, EventLike, EventLike, EventLike, tuple[GpuPhase, ...] | None]
-GpuSink = Callable[[list[GpuStep], list[tuple[int, EventLike]]], None]
-#: Announces an iterator whose fetch the segmenter meets while it does not know it, or while
-#: its batch count has fallen (a new epoch, or a new iterator that took a dead one's id):
-#: called with the iterator and its :class:`~.events.EpochStarted` fields ``(samples,
-#: driver)`` when one was logged for it since, else None (it started before the run); returns
-#: the :class:`~.events.IteratorStarted` to apply before the fetch.
-Announcer = Callable[[Any, "tuple[int, str | None] | None"], IteratorStarted]
 
 
 class StepSegmenter:
@@ -137,6 +124,7 @@ class StepSegmenter:
         self._optimizer_prev_ns = 0
         self._optimizer_wait_mark = 0
         self._closed_ns = self._closed_wait = 0  #: the last loader step's end, the wait till it
+        self._without_fetch = StepsWithoutFetch()
         #: the loader slots fetched since the last optimizer step: the samples of their batches
         self._fetched_since_optimizer: dict[int, int] = {}  # (-1: a batch of unknown size)
         self._epoch_started_since_optimizer = False
@@ -190,6 +178,7 @@ class StepSegmenter:
                 self._close(st, t_end_ns, None, truncated=True)
             for st in self._by_slot.values():
                 st.tell_rows_apart()
+            self._fetched_again()
         finally:
             self._flush()
 
@@ -246,6 +235,9 @@ class StepSegmenter:
         wait = t_exit - t_enter
         info = st.info
         info.fetches += 1
+        without = self._without_fetch
+        if (without.held is not None or without.in_run) and info.is_training:
+            self._fetched_again()
         first = number == 1
         if first or info.fetches == 1 or not self._trained:
             self._first_fetches(st, info, first, t_enter, wait)
@@ -272,7 +264,7 @@ class StepSegmenter:
         st.start = t_enter
         st.wait = wait
         st.batch = batch
-        st.flags = FLAG_EPOCH_START if first else 0
+        st.flags = (FLAG_EPOCH_START if first else 0) | (FLAG_EVALUATING if st.evaluating else 0)
         st.gpu_enter = gpu_enter
         st.gpu_exit = gpu_exit
         ledger = self._phases
@@ -360,8 +352,10 @@ class StepSegmenter:
             outside = cur is None or cur.start < 0 or not cur.info.is_training
             if outside:
                 outside = not any(self._by_slot[slot].info.is_training for slot in self._open)
-            if outside or self._rows_needed is not False and self._optimizer_rows_needed():
-                self._optimizer_row(t_ns, outside)
+            if outside:
+                self._write(*self._without_fetch.stepped(self._optimizer_row(t_ns, True)))
+            elif self._rows_needed is not False and self._optimizer_rows_needed():
+                self._write(self._optimizer_row(t_ns, False))
             self._optimizer_prev_ns = t_ns
             self._optimizer_wait_mark = self._wait_total
             self._optimizer_phase_mark = ledger.mark() if ledger.sampling else ()
@@ -375,7 +369,7 @@ class StepSegmenter:
             self._rows_needed = optimizer_rows_decided(self._by_slot.values())
         return self._rows_needed is not False
 
-    def _optimizer_row(self, t_ns: int, outside: bool) -> None:
+    def _optimizer_row(self, t_ns: int, outside: bool) -> Row:
         """The row from the previous optimizer step (the first: the training loaders' first
         fetch; made ``outside`` any training loader's step where those are the steps: the last
         one's end, if later) to this one: the data wait of the fetches between, the samples
@@ -393,7 +387,22 @@ class StepSegmenter:
         wait = self._wait_total - wait_mark
         samples = samples_trained(self._fetched_since_optimizer, self._by_slot)
         phases = self._optimizer_phase_mark
-        self._row(start, t_ns - start, wait, samples, SOURCE_OPTIMIZER, flags, phases)
+        row = (start - self._t0, t_ns - start, wait, samples, SOURCE_OPTIMIZER, flags)
+        return row, self._phases.of_step(phases) if phases else None
+
+    def _write(self, *rows: Row) -> None:
+        """Queue rows (times relative to the run start) and their phases: :meth:`_flush` writes
+        them."""
+        for row, phases in rows:
+            self._rows.append(row)
+            self._row_phases.append(phases)
+
+    def _fetched_again(self) -> None:
+        """A training loader fetched, or the run ended: an optimizer step made alone outside
+        its steps is no step (its row written only where optimizer rows are)."""
+        alone = self._without_fetch.fetched()
+        if alone is not None and self._rows_needed is not False and self._optimizer_rows_needed():
+            self._write(alone)
 
     def _end_phase(self, t_ns: int) -> None:
         """The loader iterated away from training (an evaluation) is done at ``t_ns``: the
@@ -412,9 +421,9 @@ class StepSegmenter:
         self.record.markers += 1
         start = self._marker_prev_ns or self._t0
         wait = self._wait_total - self._marker_wait_mark
-        self._row(
-            start, t_ns - start, wait, self._last_batch, SOURCE_MARKER, 0, self._marker_phase_mark
-        )
+        mark = self._marker_phase_mark
+        row = (start - self._t0, t_ns - start, wait, self._last_batch, SOURCE_MARKER, 0)
+        self._write((row, self._phases.of_step(mark) if mark else None))
         self._marker_prev_ns = t_ns
         self._marker_wait_mark = self._wait_total
         self._marker_phase_mark = self._phases.mark()
@@ -439,7 +448,7 @@ class StepSegmenter:
         else:  # a row that only fetched, or one of work: its phases tell, or its rest
             st.closed(end - began - st.wait, flags, host_phases)
             self._closed_ns, self._closed_wait = end, self._wait_total
-        # what _row does, written out: a step's close runs once a step
+        # what _write does, written out: a step's close runs once a step
         self._rows.append((began - self._t0, end - began, st.wait, st.batch, st.slot, flags))
         self._row_phases.append(host_phases)
         if self._gpu_sink is not None:
@@ -466,21 +475,6 @@ class StepSegmenter:
         if self._gpu_sink is not None:
             closed = len(self._gpu)
             self._gpu_done.extend((closed, ev) for ev in events if ev is not None)
-
-    def _row(
-        self,
-        start_ns: int,
-        wall_ns: int,
-        wait_ns: int,
-        batch: int,
-        source: int,
-        flags: int,
-        phase_mark: Mark,
-    ) -> None:
-        """Queue one row (times relative to the run start), its phases those logged since the
-        totals were ``phase_mark`` (none: ``()``); :meth:`_flush` writes it."""
-        self._rows.append((start_ns - self._t0, wall_ns, wait_ns, batch, source, flags))
-        self._row_phases.append(self._phases.of_step(phase_mark) if phase_mark else None)
 
     def _flush(self) -> None:
         """Write the queued rows in one go, then hand the GPU figures of those rows on (and the

@@ -110,7 +110,7 @@ def step_arrays(
     are DataLoader batches, loader rows inside explicit markers) are left out, so the step
     times never count the same interval twice.
     """
-    from ..analysis.steps import phase_loaders
+    from ..analysis.steps import phase_rows
 
     rows: list[tuple[float, float, float, int, float, str]] = []
     interleaved = (selection.flags & FLAG_INTERLEAVED) != 0
@@ -138,10 +138,8 @@ def step_arrays(
             )
         )
     cols = snapshot.steps
-    names = phase_loaders(snapshot, selection)
-    for j, source in enumerate(cols.source):
-        name = names.get(source)
-        if name is not None:
+    for name, of_phase in phase_rows(snapshot, selection).items():
+        for j in of_phase.nonzero()[0].tolist():
             rows.append(
                 (
                     cols.start_ns[j] / 1e9,
