@@ -436,3 +436,22 @@ def test_worker_cpu_without_workers_is_unavailable_not_zero():
     s = analyze(b.finish(), cpu_capabilities(), cpus_available=2).summary
     assert s.workers_cpu_median_pct is None
     assert "num_workers=0" in s.unavailable["workers_cpu_median_pct"]
+
+
+def test_the_worker_count_beside_their_cpu_is_of_the_samples_that_read_it():
+    # workers that are not persistent run only during an epoch: a sample between epochs sees
+    # none, and reads no worker CPU; the count's median over every sample (0) stood beside the
+    # CPU's over the samples with workers: "median 30% across 0 workers"
+    b = RecordBuilder()
+    b.loader(num_workers=2)
+    b.steps(1, 100.0, 90.0)
+    b.steps(100, 20.0, 1.0)
+    between = lambda t: int(t * 10) % 3 == 0  # noqa: E731 (workers alive in 1 sample of 3)
+    b.samples(
+        "host",
+        workers_cpu_pct=lambda t: 60.0 if between(t) else np.nan,
+        workers=lambda t: 2 if between(t) else 0,
+    )
+    d = analyze(b.finish(), gpu_capabilities()).diagnosis
+    (worker_cpu,) = [e for e in d.evidence if e.label == "worker CPU"]
+    assert worker_cpu.detail.facts["workers"] == 2

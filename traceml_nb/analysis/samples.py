@@ -110,6 +110,16 @@ class Window:
         """Median of ``column`` over the steady window."""
         return self._reduce(column, "median", whole_run=False)
 
+    def median_beside(self, column: str, beside: str) -> Reading:
+        """Median of ``column`` over the steady samples in which ``beside`` was read too: the
+        worker processes alive beside their CPU, which is read only while some run (between
+        epochs, without persistent workers, none do)."""
+        col, other = self.columns.get(column), self.columns.get(beside)
+        if col is None or other is None or not np.isfinite(other).any():
+            return self.median(column)
+        values = col[np.isfinite(col) & np.isfinite(other)]
+        return Reading(float(np.median(values))) if len(values) else self.median(column)
+
     def mean(self, column: str) -> Reading:
         """Mean of ``column`` over the steady window (for a share of time, such as steal
         time, the mean is the share of the whole window)."""

@@ -172,13 +172,13 @@ def measure(
         for name in (
             "proc_cpu_pct",
             "workers_cpu_pct",
-            "workers",
             "workers_cpu_wait_pct",
             "sys_cpu_pct",
             "max_core_pct",
             "cores_saturated",
         )
     }
+    host_readings["workers"] = host.median_beside("workers", "workers_cpu_pct")
     host_readings["steal_pct"] = host.mean("steal_pct")  # a share of time: its mean
     mem_peak = gpu.peak("mem_used_mb")
     if mem_peak.value is None:
