@@ -185,6 +185,34 @@ def test_an_evaluation_over_the_training_loader_is_a_phase_not_steps():
     }
 
 
+@pytest.mark.parametrize("autograd", ["off", "on"])
+def test_a_validation_loader_beside_training_on_tensors_is_an_evaluation(autograd):
+    # the loop trains on tensors it slices itself and validates on a DataLoader after each
+    # epoch; with autograd on (no torch.no_grad()) the validation loader was credited with the
+    # optimizer steps that followed it and read as the training loader: 96 steps of 64, and
+    # "32% of each is making its batch"; and a fetch of it before a sample ran to the
+    # sample's first forward, a "copy" of 0.5 ms in steps that copy nothing
+    model, opt = model_and_opt()
+    x_all, y_all = torch.randn(64, 8), torch.randn(64, 1)
+    val = DataLoader(Counted(n=32), batch_size=4)
+    grad = contextlib.nullcontext() if autograd == "on" else torch.no_grad()
+    with traceml_nb.Run("tensors", sample=False) as run:
+        for _epoch in range(4):
+            for i in range(0, 64, 4):
+                train_step(model, opt, x_all[i : i + 4], y_all[i : i + 4])
+            with grad:
+                for x, _ in val:
+                    model(x)
+    summary = result_of(run).summary
+    assert (summary.total_steps, summary.step_source) == (4 * 16, "optimizer")
+    assert {p.name: (p.batches, p.passes) for p in summary.phases} == {
+        "eval (loader 0)": (4 * 8, 4)
+    }
+    assert summary.copy_ms_median is None and "no DataLoader batch" in summary.unavailable.get(
+        "copy_ms_median", ""
+    )
+
+
 def test_an_interrupted_run_of_enough_steps_gets_a_verdict():
     model, opt = model_and_opt()
     loader = DataLoader(Counted(sleep_s=0.001), batch_size=4)

@@ -892,3 +892,21 @@ def test_a_whole_step_window_closes_where_a_whole_step_fell_inside() -> None:
             False,
             True,
         ]
+
+
+@pytest.mark.parametrize("fetched", ["before the sample", "in it"])
+def test_an_input_copy_begins_at_a_fetch_seen_while_the_instruments_are_on(fetched) -> None:
+    """A fetch while the instruments were off (a validation batch between samples, its forward
+    not timed) left its arrival for the sample's first forward, steps later: a "copy" of
+    0.5 ms in a loop that fetched nothing for its steps. Only a fetch inside the sample
+    starts one."""
+    from traceml_nb.engine.phase_ledger import PhaseLedger
+
+    ledger = PhaseLedger()
+    if fetched == "before the sample":
+        ledger.copy_from = 1_000  # the segmenter sets it at every fetch
+    ledger.turned((SAMPLING, True))
+    if fetched == "in it":
+        ledger.copy_from = 1_000
+    ledger.phase((PHASE, FORWARD, 5_000, 9_000, None, None))
+    assert ledger.totals[:2] == [4_000 if fetched == "in it" else 0, 4_000]

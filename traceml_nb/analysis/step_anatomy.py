@@ -53,11 +53,11 @@ NO_PHASES = (
     "no forward of a module holding parameters, no backward and no optimizer step were seen in "
     "the steady steps"
 )
-#: The input copy runs from a DataLoader batch's arrival to the forward: a loop that iterates
-#: none shows no arrival, and whatever makes or moves its batches is timed as "other".
+#: The input copy runs from a DataLoader batch's arrival to the forward: steps that fetch
+#: none (an evaluation's loader aside) show no arrival; making or moving a batch is "other".
 NO_COPY = (
-    "no DataLoader was iterated: a batch's arrival is not seen, so making or moving the batch "
-    "is timed as the rest of the step"
+    "no DataLoader batch was fetched in the steps: a batch's arrival is not seen, so making or "
+    "moving the batch is timed as the rest of the step"
 )
 #: Where the other phases were timed and no model's forward was seen: a model called only
 #: inside a function compiled with ``torch.compile`` (our hooks are traced there, and do

@@ -224,7 +224,9 @@ def phase_loaders(snapshot: RecordSnapshot, selection: StepSelection) -> dict[in
     with the name of their phase: the loaders over one dataset (a trainer builds its
     evaluation loader anew for each evaluation) are one phase."""
     rule = selection.rule
-    has_training = any(info.is_training for info in snapshot.loaders)
+    has_training = snapshot.optimizer_steps > 0 or any(
+        info.is_training for info in snapshot.loaders
+    )
     groups: dict[int, list[int]] = {}
     for info in snapshot.loaders:
         if rule.kind == "dataloader" and info.slot in rule.inner + rule.sources:

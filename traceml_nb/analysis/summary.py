@@ -368,7 +368,11 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
     for part, name in MEDIAN_FIELDS.items():
         if part not in anatomy.medians_ms:
             unavailable[name] = anatomy.unavailable.get(part, anatomy.why) if n else NO_STEPS
-    if not has_loader and "copy" in anatomy.shares:  # never started, not measured at 0
+    # steps told by optimizer steps, no loader training in them (an evaluation's aside)
+    fetching = has_loader and (
+        sel.source != "optimizer" or any(info.is_training for info in snapshot.loaders)
+    )
+    if not fetching and "copy" in anatomy.shares:  # never started, not measured at 0
         medians["copy_ms_median"] = None
         unavailable["copy_ms_median"] = NO_COPY
         anatomy.shares.pop("copy", None)

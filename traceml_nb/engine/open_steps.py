@@ -165,7 +165,7 @@ class IteratorCount:
 
 
 def credited_loaders(
-    loaders: Collection[LoaderSteps], last: LoaderSteps
+    loaders: Collection[LoaderSteps], last: LoaderSteps, after_no_fetch: bool = False
 ) -> tuple[list[LoaderSteps], list[LoaderSteps]]:
     """Which loaders an optimizer step credits (their batches train), ``last`` the loader
     fetched last before it, and which lose what they were credited: ``(credited, taken_back)``.
@@ -178,10 +178,12 @@ def credited_loaders(
     a few batches of it, with autograd on: an evaluation's). Such a fresh epoch is credited
     where the loader was drawn in the step before too (a second dataset's batch drawn in
     every step, a new epoch of the training loader), or where no loader has a step before
-    (the run's first: every one). Taken back: a loader credited only for lack of a step
-    before, not drawn in this one while another was drawn again (a validation batch drawn
-    beside the first). Each credit for lack of a step before is counted in the loader's
-    ``unsteady_credits``."""
+    (the run's first: every one), but not where the step before fetched nothing
+    (``after_no_fetch``: the loop trains on tensors of its own, and a loader's epoch now is
+    an evaluation's, autograd on or not). Taken back: a loader credited only for lack of a
+    step before, not drawn in this one while another was drawn again (a validation batch
+    drawn beside the first). Each credit for lack of a step before is counted in the
+    loader's ``unsteady_credits``."""
     ahead_of = last.since_optimizer
     trains: list[LoaderSteps] = []
     steady: list[LoaderSteps] = []
@@ -192,10 +194,12 @@ def credited_loaders(
         ):
             continue
         trains.append(st)
-        if not st.fresh_draws or st.drawn_last_step:
+        if not st.fresh_draws or st.drawn_last_step and not after_no_fetch:
             steady.append(st)
             fetched = fetched or st.since_optimizer > 0
     if not steady:
+        if after_no_fetch:
+            return [], []
         for st in trains:
             st.unsteady_credits += 1
         return trains, []

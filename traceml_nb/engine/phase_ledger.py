@@ -78,8 +78,10 @@ class PhaseLedger:
     def turned(self, ev: Sampling) -> None:
         self.sampling = ev[1]
         self.turned_off = not self.sampling
+        # an input copy begins at a fetch seen while the instruments are on (a fetch before a
+        # sample, which no forward timed followed, would run to the sample's first forward)
+        self.copy_from = -1
         if not self.sampling:
-            self.copy_from = -1
             self._offs += 1
 
     def still_timed(self, mark: Mark) -> Mark:

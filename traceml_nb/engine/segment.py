@@ -128,6 +128,8 @@ class StepSegmenter:
         #: the loader slots fetched since the last optimizer step: the samples of their batches
         self._fetched_since_optimizer: dict[int, int] = {}  # (-1: a batch of unknown size)
         self._epoch_started_since_optimizer = False
+        #: a loader the last optimizer step credited was fetched since the one before it
+        self._step_before_fetched = True
         self._trained = False  #: an optimizer step has run
         self._rows_needed: bool | None = None  #: optimizer rows needed, once it is decided
         self._phase: LoaderSteps | None = None  #: the loader whose phase runs (see ``phase_ns``)
@@ -325,12 +327,15 @@ class StepSegmenter:
         self._trained = True
         self._after_optimizer = True
         cur = self._current
+        trained_on = False  # a loader credited now was fetched since the optimizer step before
         if cur is not None:
-            credited, taken_back = credited_loaders(self._by_slot.values(), cur)
+            no_fetch = not self._step_before_fetched
+            credited, taken_back = credited_loaders(self._by_slot.values(), cur, no_fetch)
             for st in taken_back:
                 st.info.optimizer_steps = st.unsteady_credits = 0
                 self._rows_needed = None
             for st in credited:
+                trained_on = trained_on or st.since_optimizer > 0
                 info = st.info
                 if not info.optimizer_steps:
                     self._rows_needed = None  # a loader is known to train: decide again
@@ -359,6 +364,7 @@ class StepSegmenter:
             self._optimizer_prev_ns = t_ns
             self._optimizer_wait_mark = self._wait_total
             self._optimizer_phase_mark = ledger.mark() if ledger.sampling else ()
+            self._step_before_fetched = trained_on
             self._fetched_since_optimizer.clear()
             self._epoch_started_since_optimizer = False
 
