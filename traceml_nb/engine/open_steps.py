@@ -8,7 +8,13 @@ from collections.abc import Collection, Iterable, Mapping
 
 from .events import EventLike
 from .phase_ledger import Mark
-from .record import FLAG_EPOCH_START, FLAG_NO_FETCH, FLAG_OPTIMIZER_STEP, LoaderInfo
+from .record import (
+    FLAG_EPOCH_START,
+    FLAG_EVALUATING,
+    FLAG_NO_FETCH,
+    FLAG_OPTIMIZER_STEP,
+    LoaderInfo,
+)
 
 #: A step without an optimizer step, its phases not timed, whose time outside ``next()`` is at
 #: most this share of a step's with one did next to nothing but fetch: a batch fetched ahead
@@ -89,6 +95,8 @@ class LoaderSteps:
         only fetched; one not timed is told by its rest (:meth:`tell_rows_apart`) once
         :data:`STEPS_TO_TELL_ROWS` steps with one have closed after it."""
         info = self.info
+        if flags & FLAG_EVALUATING:
+            return  # an evaluation's batch, over the training set: no training step to tell
         if not flags & FLAG_OPTIMIZER_STEP:
             epoch_first = bool(flags & FLAG_EPOCH_START)
             if phases is None:
