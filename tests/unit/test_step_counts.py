@@ -186,12 +186,16 @@ def test_an_evaluation_over_the_training_loader_is_a_phase_not_steps():
 
 
 @pytest.mark.parametrize("autograd", ["off", "on"])
-def test_a_validation_loader_beside_training_on_tensors_is_an_evaluation(autograd):
+def test_a_validation_loader_beside_training_on_tensors_is_an_evaluation(autograd, monkeypatch):
     # the loop trains on tensors it slices itself and validates on a DataLoader after each
     # epoch; with autograd on (no torch.no_grad()) the validation loader was credited with the
     # optimizer steps that followed it and read as the training loader: 96 steps of 64, and
     # "32% of each is making its batch"; and a fetch of it before a sample ran to the
     # sample's first forward, a "copy" of 0.5 ms in steps that copy nothing
+    from traceml_nb.engine.instrument import step_phases
+
+    # every other step timed: a run of a few milliseconds has timed steps among its steady ones
+    monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 0.0)
     model, opt = model_and_opt()
     x_all, y_all = torch.randn(64, 8), torch.randn(64, 1)
     val = DataLoader(Counted(n=32), batch_size=4)
