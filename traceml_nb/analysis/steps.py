@@ -13,13 +13,13 @@ The rule, in order (the first that applies wins):
    one step ahead, or a gradient-accumulation cycle's batches before it trains on them
    (``LoaderInfo.fetches_ahead``: a trainer's prefetch), or all of its batches before the
    run's first optimizer step (a list made of the loader's batches, one batch trained on
-   over and over), the
-   steps are the optimizer rows instead, which end where each training step ends. Optimizer
-   steps made while no training loader's step was open, two or more before its next fetch
-   (``FLAG_NO_FETCH``: ``itertools.cycle(loader)`` after its first epoch trains on the
-   batches it kept), are steps too; one alone (a step after the epoch's last batch, on the
-   gradients its last batches left) is not; and a batch of an epoch begun with autograd off
-   (``FLAG_EVALUATING``: an evaluation over the training set) is no step, but a phase;
+   over and over), the steps are the optimizer rows instead, which end where each training
+   step ends. Optimizer steps made while no training loader's step was open, two or more
+   before its next fetch (``FLAG_NO_FETCH``: ``itertools.cycle(loader)`` after its first
+   epoch trains on the batches it kept), are steps too; one alone (a step after the epoch's
+   last batch, on the gradients its last batches left) is not; and a batch of an epoch begun
+   with autograd off (``FLAG_EVALUATING``: an evaluation over the training set) is no step,
+   but a phase;
 3. optimizer ``step()`` boundaries;
 4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
 
@@ -296,7 +296,7 @@ def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSumm
         total_ns = away_ns if away_ns > 0 else int(wall[rows].sum())
         share = min(1.0, float(wait[rows].sum()) / total_ns) if total_ns > 0 else None
         before = 0 if trains else sum(info.fetches_before_training for info in group)
-        passes = int((rows & pass_starts).sum()) if trains else sum(i.epochs for i in group)
+        passes = int((rows & pass_starts).sum()) if trains else sum(x.epochs for x in group)
         out.append(
             PhaseSummary(
                 name,
