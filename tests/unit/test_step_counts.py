@@ -144,8 +144,9 @@ def test_a_loop_training_on_batches_it_kept_has_a_step_per_optimizer_step(kept):
 
 
 def test_a_step_after_each_epochs_last_batch_is_no_step_of_its_own():
-    # accumulating 3 batches of an epoch of 16, the loop steps once more on the last one's
-    # gradients after the epoch: an optimizer step outside any batch's step, in the last one's
+    # accumulating 3 batches of an epoch of 16, the loop steps once more after the epoch on
+    # the gradients of its last batch: an optimizer step after the last batch's step closed,
+    # alone before the next epoch's first fetch, which is no step of its own
     model, opt = model_and_opt()
     loader = DataLoader(Counted(n=64), batch_size=4)
     with traceml_nb.Run("leftover", sample=False) as run:

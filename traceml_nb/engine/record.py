@@ -49,7 +49,8 @@ FLAG_FLOP_COUNTED = 32
 #: after its first epoch, a list of the loader's batches)
 FLAG_NO_FETCH = 64
 #: a batch of an epoch that began with autograd off (under ``torch.no_grad()``): an
-#: evaluation's, over the training set too (``evaluate(model, train_loader)``), never a step
+#: evaluation's, over the training set too (``evaluate(model, train_loader)``), never a
+#: training step (where nothing trains, as in an inference loop, its batches are the steps)
 FLAG_EVALUATING = 128
 
 
@@ -131,12 +132,14 @@ class LoaderInfo:
     #: optimizer step. A loader drawn inside another's steps (an inner draw) leads none.
     leads: int = 0
     #: closed steps with an optimizer step inside, and those without one told apart by their
-    #: time outside ``next()`` against the least of the next ``open_steps.STEPS_TO_TELL_ROWS``
-    #: steps' with one: rows of work (``rows_without_step``: gradient accumulation, an optimizer
-    #: step that GradScaler skipped) and rows that did next to nothing but their fetch (at most
-    #: ``open_steps.FETCH_ONLY_SHARE`` of it): an epoch's first (a trainer's prefetch of one
-    #: batch) or any other (``fetch_only_rows``: a trainer that fetches all the batches of a
-    #: gradient-accumulation cycle before it trains on them, as transformers' Trainer does)
+    #: phases where the instruments timed them (a forward or a backward ran: work), else by
+    #: their time outside ``next()`` against the least of the next
+    #: ``open_steps.STEPS_TO_TELL_ROWS`` steps' with one: rows of work (``rows_without_step``:
+    #: gradient accumulation, an optimizer step that GradScaler skipped) and rows that did next
+    #: to nothing but their fetch (at most ``open_steps.FETCH_ONLY_SHARE`` of it): an epoch's
+    #: first (a trainer's prefetch of one batch) or any other (``fetch_only_rows``: a trainer
+    #: that fetches all the batches of a gradient-accumulation cycle before it trains on them,
+    #: as transformers' Trainer does)
     rows_with_step: int = 0
     rows_without_step: int = 0
     epoch_first_rows_without_step: int = 0
