@@ -186,6 +186,17 @@ def test_an_evaluation_over_the_training_loader_is_a_phase_not_steps():
     }
 
 
+def test_an_inference_loop_under_no_grad_has_its_batches_as_steps():
+    # its epochs begin with autograd off as an evaluation's do; nothing trains, so they are
+    # the steps
+    model = torch.nn.Linear(8, 1)
+    with traceml_nb.Run("inference", sample=False) as run, torch.no_grad():
+        for x, _ in DataLoader(Counted(n=64), batch_size=4):
+            model(x)
+    summary = result_of(run).summary
+    assert (summary.total_steps, summary.step_source, summary.phases) == (16, "dataloader", [])
+
+
 @pytest.mark.parametrize("autograd", ["off", "on"])
 def test_a_validation_loader_beside_training_on_tensors_is_an_evaluation(autograd, monkeypatch):
     # the loop trains on tensors it slices itself and validates on a DataLoader after each
