@@ -4,14 +4,13 @@ counted."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection
 
 from .events import EventLike
 from .phase_ledger import Mark
 from .record import (
     FLAG_EPOCH_START,
     FLAG_EVALUATING,
-    FLAG_NO_FETCH,
     FLAG_OPTIMIZER_STEP,
     LoaderInfo,
 )
@@ -237,65 +236,3 @@ def optimizer_stepped(loaders: Collection[LoaderSteps]) -> None:
 
 #: A step row, and its phases (``PHASE_COLUMNS``; None: none), as the segmenter writes them.
 Row = tuple[tuple[int, int, int, int, int, int], "tuple[int, int, int, int] | None"]
-
-
-class StepsWithoutFetch:
-    """The optimizer steps made while no training loader's step is open (rows flagged
-    ``FLAG_NO_FETCH``): two or more before a training loader's next fetch are the loop's steps
-    on batches it kept (``itertools.cycle(loader)`` after its first epoch, a list of the
-    loader's batches); one alone is not (a step after an epoch's last batch, on the gradients
-    of an unfinished accumulation cycle). The first is held until the second comes."""
-
-    __slots__ = ("held", "in_run")
-
-    def __init__(self) -> None:
-        self.held: Row | None = None
-        self.in_run = False  #: two have come since a training loader's last fetch
-
-    def stepped(self, row: Row) -> list[Row]:
-        """The rows to write now, of an optimizer step made outside: none while it is alone."""
-        if self.in_run:
-            return [row]
-        if self.held is None:
-            self.held = row
-            return []
-        held, self.held, self.in_run = self.held, None, True
-        return [held, row]
-
-    def fetched(self) -> Row | None:
-        """A training loader fetched (or the run ended): the step held alone, its flag off."""
-        held, self.held, self.in_run = self.held, None, False
-        if held is None:
-            return None
-        (start, wall, wait, batch, source, flags), phases = held
-        return (start, wall, wait, batch, source, flags & ~FLAG_NO_FETCH), phases
-
-
-def first_training_fetch(loaders: Iterable[LoaderSteps], t_ns: int, default: int) -> int:
-    """When the training loaders' first fetch of the run was entered, if before ``t_ns`` (the
-    run's first optimizer step), else ``default``."""
-    firsts = [
-        st.first_fetch_ns
-        for st in loaders
-        if st.info.is_training and 0 <= st.first_fetch_ns <= t_ns
-    ]
-    return min(firsts, default=default)
-
-
-def samples_trained(fetched: Mapping[int, int], by_slot: Mapping[int, LoaderSteps]) -> int:
-    """The samples of an optimizer step's row: of the batches the training loaders gave since
-    the previous optimizer step (``fetched``: slot -> samples, -1 where a batch's size is
-    unknown), all the batches of a gradient-accumulation cycle; -1 where one's size is unknown
-    or no training loader was fetched."""
-    counts = [n for slot, n in fetched.items() if by_slot[slot].info.is_training]
-    return sum(counts) if counts and min(counts) >= 0 else -1
-
-
-def optimizer_rows_decided(loaders: Iterable[LoaderSteps]) -> bool | None:
-    """Whether the optimizer steps' rows are the steps, once the training loaders have shown
-    how they fetch: True where one of them fetches ahead of its steps, False where none does;
-    None while no loader trains or one has not shown it yet (the rows are written meanwhile)."""
-    ahead = [st.info.fetches_ahead for st in loaders if st.info.is_training]
-    if ahead and None not in ahead:
-        return any(ahead)
-    return None

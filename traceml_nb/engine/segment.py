@@ -28,7 +28,7 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   cycle (the Trainer: rows that only fetch, ``FETCH_ONLY_SHARE``), all their samples one row's.
   They are written until the training loaders are known to fetch in step, and for the steps
   made while no training loader's step is open, two or more in a row (``FLAG_NO_FETCH``,
-  :class:`~.open_steps.StepsWithoutFetch`). **Markers**
+  :class:`~.optimizer_rows.StepsWithoutFetch`). **Markers**
   (``traceml_nb.step()``) make rows of their own.
 * **Phases.** Each :class:`~traceml_nb.engine.events.Phase` (forward, backward, optimizer) is
   added to the running totals when it ends; the input copy is the time from a fetch's return
@@ -64,29 +64,18 @@ from .events import (
     Marker,
     OptimizerStep,
 )
-from .open_steps import (
-    IteratorCount,
-    LoaderSteps,
-    Row,
-    StepsWithoutFetch,
-    credited_loaders,
-    first_training_fetch,
-    optimizer_rows_decided,
-    optimizer_stepped,
-    samples_trained,
-)
+from .open_steps import IteratorCount, LoaderSteps, Row, credited_loaders, optimizer_stepped
 from .optimizer_info import optimizer_info
+from .optimizer_rows import OptimizerRows
 from .phase_ledger import GpuSink, GpuStep, Mark, PhaseLedger
 from .record import (
     FLAG_EPOCH_START,
     FLAG_EVALUATING,
     FLAG_INTERLEAVED,
-    FLAG_NO_FETCH,
     FLAG_OPTIMIZER_STEP,
     FLAG_TRUNCATED,
     MAX_LOADERS,
     SOURCE_MARKER,
-    SOURCE_OPTIMIZER,
     LoaderInfo,
     RunRecord,
 )
@@ -121,17 +110,9 @@ class StepSegmenter:
         self._after_optimizer = True  #: the next fetch begins a step
         self._lead_optimizer: int | None = None
         self._optimizers_seen: set[int] = set()  #: ``id()`` of each optimizer recorded
-        self._optimizer_prev_ns = 0
-        self._optimizer_wait_mark = 0
-        self._closed_ns = self._closed_wait = 0  #: the last loader step's end, the wait till it
-        self._without_fetch = StepsWithoutFetch()
-        #: the loader slots fetched since the last optimizer step: the samples of their batches
-        self._fetched_since_optimizer: dict[int, int] = {}  # (-1: a batch of unknown size)
-        self._epoch_started_since_optimizer = False
         #: a loader the last optimizer step credited was fetched since the one before it
         self._step_before_fetched = True
         self._trained = False  #: an optimizer step has run
-        self._rows_needed: bool | None = None  #: optimizer rows needed, once it is decided
         self._phase: LoaderSteps | None = None  #: the loader whose phase runs (see ``phase_ns``)
         self._phase_start_ns = 0
         #: entry of the last fetch of a loader no optimizer step has followed (an evaluation's
@@ -141,7 +122,7 @@ class StepSegmenter:
         self._marker_wait_mark = 0
         self._wait_total = 0  #: data wait of every fetch so far, ns
         self._phases = PhaseLedger()
-        self._optimizer_phase_mark: Mark = ()
+        self._optimizer_rows = OptimizerRows(self._by_slot, self._phases, self._t0)
         self._marker_phase_mark: Mark = ()
         self._last_batch = -1
         self._rows: list[tuple[int, int, int, int, int, int]] = []
@@ -237,7 +218,7 @@ class StepSegmenter:
         wait = t_exit - t_enter
         info = st.info
         info.fetches += 1
-        without = self._without_fetch
+        without = self._optimizer_rows.without_fetch
         if (without.held is not None or without.in_run) and info.is_training:
             self._fetched_again()
         first = number == 1
@@ -249,7 +230,7 @@ class StepSegmenter:
         if not info.optimizer_steps:
             self.away_fetch_ns = t_enter
         slot = st.slot
-        fetched = self._fetched_since_optimizer
+        fetched = self._optimizer_rows.fetched
         before = fetched.get(slot, 0)
         fetched[slot] = before + batch if before >= 0 and batch >= 0 else -1
         if self._after_optimizer:
@@ -287,7 +268,7 @@ class StepSegmenter:
             st.first_fetch_ns = t_enter
         if first:
             info.epochs += 1
-            self._epoch_started_since_optimizer = True
+            self._optimizer_rows.epoch_started = True
         if not self._trained:
             info.fetches_before_training += 1
 
@@ -317,8 +298,9 @@ class StepSegmenter:
         for st in self._open.values():
             if st.phase_mark:  # (a step without phases keeps none)
                 st.phase_mark = ledger.still_timed(st.phase_mark)
-        if self._optimizer_phase_mark:
-            self._optimizer_phase_mark = ledger.still_timed(self._optimizer_phase_mark)
+        rows = self._optimizer_rows
+        if rows.phase_mark:
+            rows.phase_mark = ledger.still_timed(rows.phase_mark)
         if self._marker_phase_mark:
             self._marker_phase_mark = ledger.still_timed(self._marker_phase_mark)
         ledger.turned_off = False  # the optimizer step that turned them off has been seen
@@ -333,12 +315,12 @@ class StepSegmenter:
             credited, taken_back = credited_loaders(self._by_slot.values(), cur, no_fetch)
             for st in taken_back:
                 st.info.optimizer_steps = st.unsteady_credits = 0
-                self._rows_needed = None
+                rows.needed = None
             for st in credited:
                 trained_on = trained_on or st.since_optimizer > 0
                 info = st.info
                 if not info.optimizer_steps:
-                    self._rows_needed = None  # a loader is known to train: decide again
+                    rows.needed = None  # a loader is known to train: decide again
                 info.optimizer_steps += 1
                 if st.start >= 0:
                     st.flags |= FLAG_OPTIMIZER_STEP
@@ -357,44 +339,10 @@ class StepSegmenter:
             outside = cur is None or cur.start < 0 or not cur.info.is_training
             if outside:
                 outside = not any(self._by_slot[slot].info.is_training for slot in self._open)
-            if outside:
-                self._write(*self._without_fetch.stepped(self._optimizer_row(t_ns, True)))
-            elif self._rows_needed is not False and self._optimizer_rows_needed():
-                self._write(self._optimizer_row(t_ns, False))
-            self._optimizer_prev_ns = t_ns
-            self._optimizer_wait_mark = self._wait_total
-            self._optimizer_phase_mark = ledger.mark() if ledger.sampling else ()
+            made = rows.stepped(t_ns, outside, self._wait_total)
+            if made:
+                self._write(*made)
             self._step_before_fetched = trained_on
-            self._fetched_since_optimizer.clear()
-            self._epoch_started_since_optimizer = False
-
-    def _optimizer_rows_needed(self) -> bool:
-        """Optimizer rows are the steps, or may be (:func:`~.open_steps.optimizer_rows_decided`:
-        kept once decided, until another loader starts to train)."""
-        if self._rows_needed is None:
-            self._rows_needed = optimizer_rows_decided(self._by_slot.values())
-        return self._rows_needed is not False
-
-    def _optimizer_row(self, t_ns: int, outside: bool) -> Row:
-        """The row from the previous optimizer step (the first: the training loaders' first
-        fetch; made ``outside`` any training loader's step where those are the steps: the last
-        one's end, if later) to this one: the data wait of the fetches between, the samples
-        trained."""
-        start, wait_mark = self._optimizer_prev_ns, self._optimizer_wait_mark
-        if start and outside and self._rows_needed is False and self._closed_ns > start:
-            start, wait_mark = self._closed_ns, self._closed_wait  # after the loader's rows
-        if not start:
-            start = first_training_fetch(self._by_slot.values(), t_ns, self._t0)
-        flags = FLAG_OPTIMIZER_STEP | (FLAG_NO_FETCH if outside else 0)
-        if any(not self._by_slot[s].info.is_training for s in self._fetched_since_optimizer):
-            flags |= FLAG_INTERLEAVED
-        if self._epoch_started_since_optimizer:
-            flags |= FLAG_EPOCH_START
-        wait = self._wait_total - wait_mark
-        samples = samples_trained(self._fetched_since_optimizer, self._by_slot)
-        phases = self._optimizer_phase_mark
-        row = (start - self._t0, t_ns - start, wait, samples, SOURCE_OPTIMIZER, flags)
-        return row, self._phases.of_step(phases) if phases else None
 
     def _write(self, *rows: Row) -> None:
         """Queue rows (times relative to the run start) and their phases: :meth:`_flush` writes
@@ -406,8 +354,8 @@ class StepSegmenter:
     def _fetched_again(self) -> None:
         """A training loader fetched, or the run ended: an optimizer step made alone outside
         its steps is no step (its row written only where optimizer rows are)."""
-        alone = self._without_fetch.fetched()
-        if alone is not None and self._rows_needed is not False and self._optimizer_rows_needed():
+        alone = self._optimizer_rows.fetched_again()
+        if alone is not None:
             self._write(alone)
 
     def _end_phase(self, t_ns: int) -> None:
@@ -453,7 +401,8 @@ class StepSegmenter:
                 end = st.last_optimizer_ns
         else:  # a row that only fetched, or one of work: its phases tell, or its rest
             st.closed(end - began - st.wait, flags, host_phases)
-            self._closed_ns, self._closed_wait = end, self._wait_total
+            rows = self._optimizer_rows
+            rows.closed_ns, rows.closed_wait = end, self._wait_total
         # what _write does, written out: a step's close runs once a step
         self._rows.append((began - self._t0, end - began, st.wait, st.batch, st.slot, flags))
         self._row_phases.append(host_phases)

@@ -1,0 +1,170 @@
+"""The lead optimizer's rows, as the step segmenter (:mod:`traceml_nb.engine.segment`) makes them:
+one row from each of its ``step()`` calls to the next, with the data wait and the samples of
+the training fetches between. They are the steps of a loop without a DataLoader, of a loop
+that fetches its next batch before it uses the current one (``fetches_ahead``), of a loop
+that fetched all its batches before it trained, and of the steps made while no training
+loader's step is open (``FLAG_NO_FETCH``); elsewhere they are written only until the training
+loaders are known to fetch in step (:func:`optimizer_rows_decided`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from .open_steps import LoaderSteps, Row
+from .phase_ledger import Mark, PhaseLedger
+from .record import (
+    FLAG_EPOCH_START,
+    FLAG_INTERLEAVED,
+    FLAG_NO_FETCH,
+    FLAG_OPTIMIZER_STEP,
+    SOURCE_OPTIMIZER,
+)
+
+
+class OptimizerRows:
+    """The lead optimizer's rows of one run: what each needs from the fetches before it, and
+    whether they are written (:attr:`needed`)."""
+
+    __slots__ = (
+        "_by_slot",
+        "_phases",
+        "_t0",
+        "prev_ns",
+        "wait_mark",
+        "phase_mark",
+        "closed_ns",
+        "closed_wait",
+        "fetched",
+        "epoch_started",
+        "needed",
+        "without_fetch",
+    )
+
+    def __init__(self, by_slot: Mapping[int, LoaderSteps], phases: PhaseLedger, t0: int) -> None:
+        self._by_slot = by_slot
+        self._phases = phases
+        self._t0 = t0
+        self.prev_ns = 0  #: the previous optimizer step (0: none yet)
+        self.wait_mark = 0  #: the run's data wait at it, ns
+        self.phase_mark: Mark = ()  #: the phase totals at it, () when it was not sampled
+        self.closed_ns = self.closed_wait = 0  #: the last loader step's end, the wait till it
+        #: the loader slots fetched since the last optimizer step: the samples of their batches
+        self.fetched: dict[int, int] = {}  # (-1: a batch of unknown size)
+        self.epoch_started = False  #: an epoch began since the last optimizer step
+        self.needed: bool | None = None  #: optimizer rows needed, once it is decided
+        self.without_fetch = StepsWithoutFetch()
+
+    def stepped(self, t_ns: int, outside: bool, wait_total: int) -> list[Row] | None:
+        """The lead optimizer stepped at ``t_ns`` (``outside`` any training loader's step; the
+        run's data wait so far ``wait_total``): the rows to write now, if any."""
+        rows = None
+        if outside:
+            rows = self.without_fetch.stepped(self._row(t_ns, True, wait_total))
+        elif self.needed is not False and self.decided():
+            rows = [self._row(t_ns, False, wait_total)]
+        self.prev_ns = t_ns
+        self.wait_mark = wait_total
+        ledger = self._phases
+        self.phase_mark = ledger.mark() if ledger.sampling else ()
+        self.fetched.clear()
+        self.epoch_started = False
+        return rows
+
+    def decided(self) -> bool:
+        """Optimizer rows are the steps, or may be (:func:`optimizer_rows_decided`: kept once
+        decided, until another loader starts to train, which sets :attr:`needed` to None)."""
+        if self.needed is None:
+            self.needed = optimizer_rows_decided(self._by_slot.values())
+        return self.needed is not False
+
+    def fetched_again(self) -> Row | None:
+        """A training loader fetched, or the run ended: an optimizer step made alone outside
+        its steps is no step (its row, to write only where optimizer rows are)."""
+        alone = self.without_fetch.fetched()
+        if alone is not None and self.needed is not False and self.decided():
+            return alone
+        return None
+
+    def _row(self, t_ns: int, outside: bool, wait_total: int) -> Row:
+        """The row from the previous optimizer step (the first: the training loaders' first
+        fetch; made ``outside`` any training loader's step where those are the steps: the last
+        one's end, if later) to this one: the data wait of the fetches between, the samples
+        trained."""
+        start, wait_mark = self.prev_ns, self.wait_mark
+        if start and outside and self.needed is False and self.closed_ns > start:
+            start, wait_mark = self.closed_ns, self.closed_wait  # after the loader's rows
+        by_slot = self._by_slot
+        if not start:
+            start = first_training_fetch(by_slot.values(), t_ns, self._t0)
+        flags = FLAG_OPTIMIZER_STEP | (FLAG_NO_FETCH if outside else 0)
+        if any(not by_slot[s].info.is_training for s in self.fetched):
+            flags |= FLAG_INTERLEAVED
+        if self.epoch_started:
+            flags |= FLAG_EPOCH_START
+        samples = samples_trained(self.fetched, by_slot)
+        phases = self.phase_mark
+        wait = wait_total - wait_mark
+        row = (start - self._t0, t_ns - start, wait, samples, SOURCE_OPTIMIZER, flags)
+        return row, self._phases.of_step(phases) if phases else None
+
+
+class StepsWithoutFetch:
+    """The optimizer steps made while no training loader's step is open (rows flagged
+    ``FLAG_NO_FETCH``): two or more before a training loader's next fetch are the loop's steps
+    on batches it kept (``itertools.cycle(loader)`` after its first epoch, a list of the
+    loader's batches); one alone is not (a step after an epoch's last batch, on the gradients
+    of an unfinished accumulation cycle). The first is held until the second comes."""
+
+    __slots__ = ("held", "in_run")
+
+    def __init__(self) -> None:
+        self.held: Row | None = None
+        self.in_run = False  #: two have come since a training loader's last fetch
+
+    def stepped(self, row: Row) -> list[Row]:
+        """The rows to write now, of an optimizer step made outside: none while it is alone."""
+        if self.in_run:
+            return [row]
+        if self.held is None:
+            self.held = row
+            return []
+        held, self.held, self.in_run = self.held, None, True
+        return [held, row]
+
+    def fetched(self) -> Row | None:
+        """A training loader fetched (or the run ended): the step held alone, its flag off."""
+        held, self.held, self.in_run = self.held, None, False
+        if held is None:
+            return None
+        (start, wall, wait, batch, source, flags), phases = held
+        return (start, wall, wait, batch, source, flags & ~FLAG_NO_FETCH), phases
+
+
+def first_training_fetch(loaders: Iterable[LoaderSteps], t_ns: int, default: int) -> int:
+    """When the training loaders' first fetch of the run was entered, if before ``t_ns`` (the
+    run's first optimizer step), else ``default``."""
+    firsts = [
+        st.first_fetch_ns
+        for st in loaders
+        if st.info.is_training and 0 <= st.first_fetch_ns <= t_ns
+    ]
+    return min(firsts, default=default)
+
+
+def samples_trained(fetched: Mapping[int, int], by_slot: Mapping[int, LoaderSteps]) -> int:
+    """The samples of an optimizer step's row: of the batches the training loaders gave since
+    the previous optimizer step (``fetched``: slot -> samples, -1 where a batch's size is
+    unknown), all the batches of a gradient-accumulation cycle; -1 where one's size is unknown
+    or no training loader was fetched."""
+    counts = [n for slot, n in fetched.items() if by_slot[slot].info.is_training]
+    return sum(counts) if counts and min(counts) >= 0 else -1
+
+
+def optimizer_rows_decided(loaders: Iterable[LoaderSteps]) -> bool | None:
+    """Whether the optimizer steps' rows are the steps, once the training loaders have shown
+    how they fetch: True where one of them fetches ahead of its steps, False where none does;
+    None while no loader trains or one has not shown it yet (the rows are written meanwhile)."""
+    ahead = [st.info.fetches_ahead for st in loaders if st.info.is_training]
+    if ahead and None not in ahead:
+        return any(ahead)
+    return None
