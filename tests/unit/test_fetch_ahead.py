@@ -40,7 +40,7 @@ def _record(fetch_ahead: bool, rest_between_fetches_ns: int, evaluated: bool = F
     loader = DataLoader(TensorDataset(torch.zeros(64, 2)), batch_size=2)
     it = iter(loader)
     opt = object()
-    t, n, log = 1_000, 0, [(ev.EPOCH_STARTED, it, 64, None, True)]
+    t, n, log = 1_000, 0, [(ev.EPOCH_STARTED, it, 64, None, True, True)]
     for _ in range(CYCLES):
         for k in range(ACCUMULATION):
             n += 1
@@ -52,7 +52,7 @@ def _record(fetch_ahead: bool, rest_between_fetches_ns: int, evaluated: bool = F
     log.append((ev.EXHAUSTED, it, t + 10, None))
     if evaluated:
         again = iter(loader)
-        log.append((ev.EPOCH_STARTED, again, 64, None, False))
+        log.append((ev.EPOCH_STARTED, again, 64, None, False, True))
         for n in range(1, 9):
             log.append((ev.FETCH, again, n, t, t + WAIT_NS, 2, None, None))
             t += WAIT_NS + STEP_WORK_NS
@@ -93,7 +93,7 @@ def _rows(rests_ns: list[int], stepped: list[bool], forward_ns: list[int | None]
     None (off for the others), and a forward of that many ns at its start where it is not 0."""
     it = iter(DataLoader(TensorDataset(torch.zeros(2 * len(rests_ns), 2)), batch_size=2))
     opt = object()
-    t, log = 1_000, [(ev.EPOCH_STARTED, it, 2 * len(rests_ns), None, True)]
+    t, log = 1_000, [(ev.EPOCH_STARTED, it, 2 * len(rests_ns), None, True, True)]
     for n, (rest, step, forward) in enumerate(zip(rests_ns, stepped, forward_ns, strict=True), 1):
         log.append((ev.SAMPLING, forward is not None))
         log.append((ev.FETCH, it, n, t, t + WAIT_NS, 2, None, None))

@@ -58,7 +58,9 @@ def _random_log(rng: random.Random, iterators: list[Any], optimizers: list[Any])
                 continue
             number = count[id(it)] = count[id(it)] + 1
             if number == 1 and rng.random() < 0.8:
-                log.append((ev.EPOCH_STARTED, it, rng.choice([-1, 37, 100]), "transformers", True))
+                log.append(
+                    (ev.EPOCH_STARTED, it, rng.choice([-1, 37, 100]), "transformers", True, True)
+                )
             wait = rng.randint(0, 500)
             log.append((ev.FETCH, it, number, t, t + wait, rng.choice([-1, 5, 16]), None, None))
             t += wait

@@ -186,6 +186,104 @@ def test_an_evaluation_over_the_training_loader_is_a_phase_not_steps():
     }
 
 
+def _first_step_timed(monkeypatch) -> None:
+    """Only the run's first step timed: no step of an evaluation says what it ran."""
+    from traceml_nb.engine.instrument import step_phases
+
+    monkeypatch.setattr(step_phases, "EARLY_SAMPLE_INTERVAL_S", 1e9)
+    monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 1e9)
+
+
+def _every_other_step_timed(monkeypatch) -> None:
+    from traceml_nb.engine.instrument import step_phases
+
+    monkeypatch.setattr(step_phases, "EARLY_SAMPLE_INTERVAL_S", 0.0)
+    monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 0.0)
+
+
+TIMINGS = {"timed": _every_other_step_timed, "untimed": _first_step_timed}
+
+
+@pytest.mark.parametrize("timing", TIMINGS)
+def test_an_evaluation_over_the_training_loader_with_autograd_on_is_a_phase_not_steps(
+    timing, monkeypatch
+):
+    # model.eval() without torch.no_grad(), a beginner's evaluate(model, train_loader): by its
+    # events an epoch of batches without an optimizer step, as in gradient accumulation; its
+    # batches were steps (96 of 48). An epoch begun with the model in eval mode that ends
+    # without an optimizer step is an evaluation's; the live chart, which read its rows as
+    # steps meanwhile, reads them again.
+    from traceml_nb.views.live.data import StepSeries
+
+    TIMINGS[timing](monkeypatch)
+    model, opt = model_and_opt()
+    train, val = DataLoader(Counted(n=64), batch_size=4), DataLoader(Counted(n=32), batch_size=4)
+
+    def evaluate(loader) -> None:
+        model.eval()
+        for x, _ in loader:
+            model(x)
+        model.train()
+
+    with traceml_nb.Run("evaluates with autograd on", sample=False) as run:
+        chart = StepSeries(lambda row: run.snapshot(row, samples=False))
+        for _epoch in range(3):
+            for x, y in train:
+                train_step(model, opt, x, y)
+            chart.update()
+            evaluate(train)
+            chart.update()
+            evaluate(val)
+    chart.update(final=True)
+    summary = result_of(run).summary
+    assert summary.total_steps == chart.steps == 3 * 16
+    assert {p.name: (p.batches, p.passes) for p in summary.phases} == {
+        "eval (loader 0)": (3 * 16, 3),
+        "eval (loader 1)": (3 * 8, 3),
+    }
+    assert [len(info.evaluation_rows) for info in run.record.loaders] == [3, 0]
+
+
+@pytest.mark.parametrize("timing", TIMINGS)
+def test_a_loop_that_trains_in_eval_mode_keeps_its_steps(timing, monkeypatch):
+    # the other side: model.eval() called once and model.train() never again (a validation
+    # before training): every epoch begins in eval mode, and its optimizer steps make it a
+    # training epoch
+    TIMINGS[timing](monkeypatch)
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(n=64), batch_size=4)
+    model.eval()
+    with traceml_nb.Run("trains in eval mode", sample=False) as run:
+        for _epoch in range(3):
+            for x, y in loader:
+                train_step(model, opt, x, y)
+    assert result_of(run).summary.total_steps == 3 * 16
+    assert run.record.loaders[0].evaluation_rows == []
+
+
+def test_gradient_accumulation_over_more_batches_than_an_epoch_in_eval_mode_keeps_its_steps(
+    monkeypatch,
+):
+    # an epoch in eval mode without an optimizer step whose timed steps ran a backward trains:
+    # 8 batches an epoch, an optimizer step every 16 (every other epoch has none)
+    _every_other_step_timed(monkeypatch)
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(n=32), batch_size=4)
+    made = 0
+    model.eval()
+    with traceml_nb.Run("accumulates across epochs", sample=False) as run:
+        for _epoch in range(6):
+            for x, y in loader:
+                ((model(x) - y) ** 2).mean().backward()
+                made += 1
+                if made % 16 == 0:
+                    opt.step()
+                    opt.zero_grad()
+    summary = result_of(run).summary
+    assert summary.total_steps == made == 48
+    assert summary.phases == [] and run.record.loaders[0].evaluation_rows == []
+
+
 def test_an_inference_loop_under_no_grad_has_its_batches_as_steps():
     # its epochs begin with autograd off as an evaluation's do; nothing trains, so they are
     # the steps

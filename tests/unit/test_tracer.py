@@ -533,7 +533,9 @@ def test_an_epoch_start_processed_before_its_fetch_keeps_what_it_logged() -> Non
 
     it = iter(DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=4))  # 10 samples now
     tracer = StepTracer(RunRecord())
-    tracer.log.append((EPOCH_STARTED, it, 6, "transformers", True))  # 6 when the epoch started
+    tracer.log.append(
+        (EPOCH_STARTED, it, 6, "transformers", True, True)
+    )  # 6 when the epoch started
     tracer.process()
     tracer.log += [
         (FETCH, it, 1, 100, 150, -1, None, None),

@@ -19,7 +19,8 @@ The rule, in order (the first that applies wins):
    epoch trains on the batches it kept), are steps too; one alone (a step after the epoch's
    last batch, on the gradients its last batches left) is not; and a batch of an epoch begun
    with autograd off (``FLAG_EVALUATING``: an evaluation over the training set) is no step,
-   but a phase;
+   but a phase, as is one of an epoch found an evaluation's once it was over, begun with
+   autograd on (``LoaderInfo.evaluation_rows``: no optimizer step in it, no backward);
 3. optimizer ``step()`` boundaries;
 4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
 
@@ -69,6 +70,10 @@ class StepRule:
     truncated_if: int = 0
     #: and the optimizer rows ``FLAG_NO_FETCH`` marks
     without_fetch: bool = False
+    #: ``(slot, first, end)``: that loader's rows ``[first, end)`` of the step table are an
+    #: evaluation's, found so after they were written (``LoaderInfo.evaluation_rows``); a
+    #: reader that took them for steps reads the rows again when these change
+    evaluations: tuple[tuple[int, int, int], ...] = ()
 
     def mask(self, cols: StepColumns) -> np.ndarray:
         """A boolean per row of ``cols``: is it a step."""
@@ -79,7 +84,18 @@ class StepRule:
             keep &= ((flags & FLAG_TRUNCATED) == 0) | ((flags & self.truncated_if) != 0)
         if self.without_fetch:
             keep |= (source == SOURCE_OPTIMIZER) & ((flags & FLAG_NO_FETCH) != 0)
+        if self.evaluations:
+            keep &= ~self.evaluated_later(cols)
         return keep
+
+    def evaluated_later(self, cols: StepColumns) -> np.ndarray:
+        """A boolean per row of ``cols``: is it in :attr:`evaluations`."""
+        source = _np(cols.source, "u1")
+        out = np.zeros(len(source), dtype=bool)
+        for slot, first, end in self.evaluations:
+            lo, hi = max(0, first - cols.offset), max(0, end - cols.offset)
+            out[lo:hi] |= source[lo:hi] == slot
+        return out
 
 
 def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int) -> StepRule:
@@ -103,6 +119,9 @@ def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int)
             excluded_flags=FLAG_EVALUATING,
             truncated_if=FLAG_OPTIMIZER_STEP,
             without_fetch=True,
+            evaluations=tuple(
+                (info.slot, first, end) for info in leaders for first, end in info.evaluation_rows
+            ),
         )
     if optimizer_steps > 0:
         return StepRule("optimizer", (SOURCE_OPTIMIZER,))
@@ -252,7 +271,8 @@ def phase_rows(snapshot: RecordSnapshot, selection: StepSelection) -> dict[str, 
     """Each phase's name and its rows (a boolean per row of ``snapshot.steps``): the loaders
     that are phases of their own (:func:`phase_loaders`), and the batches of a loader whose
     rows are the steps, in an epoch begun with autograd off (``FLAG_EVALUATING``: an
-    evaluation over the training set, ``eval (loader 0)``)."""
+    evaluation over the training set, ``eval (loader 0)``) or found an evaluation's once it
+    was over (``StepRule.evaluations``)."""
     cols = snapshot.steps
     source = _np(cols.source, "u1")
     out: dict[str, np.ndarray] = {}
@@ -262,6 +282,8 @@ def phase_rows(snapshot: RecordSnapshot, selection: StepSelection) -> dict[str, 
     rule = selection.rule
     if rule.kind == "dataloader" and rule.excluded_flags & FLAG_EVALUATING:
         evaluating = (_np(cols.flags, "u1") & FLAG_EVALUATING) != 0
+        if rule.evaluations:
+            evaluating |= rule.evaluated_later(cols)
         for slot in rule.sources:
             rows = evaluating & (source == slot)
             if rows.any():

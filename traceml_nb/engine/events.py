@@ -117,7 +117,7 @@ class EpochStarted(_Event):
     iterator (an :class:`IteratorStarted`) with these fields."""
 
     __slots__ = ()
-    _fields = ("iterator", "samples", "driver", "grad")
+    _fields = ("iterator", "samples", "driver", "grad", "model_training")
     iterator: Any = _field(1, "the iterator")
     samples: int = _field(2, "samples in the epoch that starts, -1 unknown")
     driver: str | None = _field(3, "what iterates it: a trainer's package (LoaderInfo.driver)")
@@ -125,6 +125,11 @@ class EpochStarted(_Event):
         4,
         "autograd was on at the fetch: False for an epoch begun under torch.no_grad() or "
         "torch.inference_mode(), an evaluation's",
+    )
+    model_training: bool | None = _field(
+        5,
+        "a model the phase instruments found was in training mode (Module.training): False "
+        "where each was in eval mode (model.eval()), None where none was found yet",
     )
 
 

@@ -54,6 +54,11 @@ class LoaderSteps:
         "fresh_draws",
         "drawn_last_step",
         "unsteady_credits",
+        "model_evaluating",
+        "epoch_credits",
+        "epoch_in_eval_mode",
+        "trained_in_train_mode",
+        "epoch",
     )
 
     def __init__(self, slot: int, info: LoaderInfo) -> None:
@@ -86,6 +91,16 @@ class LoaderSteps:
         self.drawn_last_step = False
         #: optimizer steps credited to it while no loader had been drawn in the step before
         self.unsteady_credits = 0
+        #: its epoch began with autograd on and every model the phase instruments found in
+        #: eval mode (``model.eval()``): an evaluation's if no optimizer step follows
+        self.model_evaluating = False
+        #: its optimizer steps when its current epoch began, and whether that began so
+        self.epoch_credits = 0
+        self.epoch_in_eval_mode = False
+        #: its last epoch that trained began with a model in training mode (or none found)
+        self.trained_in_train_mode = False
+        #: what an epoch begun with the models in eval mode did (:meth:`epoch_over`)
+        self.epoch: EpochWork | None = None
 
     def closed(self, rest_ns: int, flags: int, phases: tuple[int, ...] | None) -> None:
         """A step closed with ``flags``, ``rest_ns`` of it outside ``next()``, with the phases
@@ -96,6 +111,9 @@ class LoaderSteps:
         info = self.info
         if flags & FLAG_EVALUATING:
             return  # an evaluation's batch, over the training set: no training step to tell
+        epoch = self.epoch
+        if epoch is not None:
+            epoch.closed(phases)
         if not flags & FLAG_OPTIMIZER_STEP:
             epoch_first = bool(flags & FLAG_EPOCH_START)
             if phases is None:
@@ -129,6 +147,69 @@ class LoaderSteps:
         rests.clear()
         info.rows_untold = 0
         self.steps_after_rests, self.least_step_rest = 0, -1
+
+    def epoch_began(self, first_row: int) -> None:
+        """Its epoch's first fetch, whose row will be the step table's ``first_row``: the epoch
+        before is over (:meth:`epoch_over`), and this one is watched if it began with autograd
+        on and the models in eval mode where the loader's training epochs begin in training
+        mode (a loop that trains in eval mode tells nothing by it)."""
+        self.epoch_over(first_row)
+        self.epoch_credits = self.info.optimizer_steps
+        self.epoch_in_eval_mode = self.model_evaluating
+        if self.model_evaluating and not self.evaluating and self.trained_in_train_mode:
+            self.epoch = EpochWork(first_row, self.info, len(self.rests_without_step))
+
+    def epoch_over(self, end_row: int) -> None:
+        """Its epoch is over, its rows before the step table's ``end_row``: an evaluation's
+        (:meth:`EpochWork.evaluation`), its rows are noted (``LoaderInfo.evaluation_rows``)
+        and count nothing of how the loader trains."""
+        info = self.info
+        if info.optimizer_steps > self.epoch_credits:  # it trained
+            self.trained_in_train_mode = not self.epoch_in_eval_mode
+        epoch, self.epoch = self.epoch, None
+        if epoch is None or not epoch.evaluation(info):
+            return
+        info.evaluation_rows.append((epoch.first_row, end_row))
+        counted = epoch.counted
+        info.rows_without_step, info.fetch_only_rows, info.epoch_first_rows_without_step = counted
+        told = len(self.rests_without_step) - epoch.untold  # (none were told since it began)
+        if told > 0:
+            del self.rests_without_step[epoch.untold :]
+            info.rows_untold -= told
+
+
+class EpochWork:
+    """What an epoch of a loader did that began with autograd on and the models in eval mode
+    (``model.eval()`` without ``torch.no_grad()``): enough to tell, once it is over, an
+    evaluation over the training set, and what its rows counted, to take back then."""
+
+    __slots__ = ("first_row", "credits", "rows", "backward", "counted", "untold", "exhausted")
+
+    def __init__(self, first_row: int, info: LoaderInfo, untold: int) -> None:
+        self.first_row = first_row  #: the step table's index of its first row
+        self.credits = info.optimizer_steps  #: the loader's optimizer steps when it began
+        self.rows = 0  #: its steps closed so far (not cut short by the run's end)
+        self.backward = False  #: a step of it that the instruments timed ran a backward
+        #: the loader's counts of rows without an optimizer step when it began, and how many
+        #: of those were not told apart yet
+        counted = (info.rows_without_step, info.fetch_only_rows, info.epoch_first_rows_without_step)
+        self.counted = counted
+        self.untold = untold
+        self.exhausted = False  #: its iterator raised ``StopIteration``
+
+    def closed(self, phases: tuple[int, ...] | None) -> None:
+        """One of its steps closed, with the phases the instruments timed in it
+        (``PHASE_COLUMNS``; None: not timed)."""
+        self.rows += 1
+        if phases is not None and phases[2] > 0:
+            self.backward = True
+
+    def evaluation(self, info: LoaderInfo) -> bool:
+        """Over, was it an evaluation's? Its loader trained before it, and no optimizer step
+        was credited to it since it began (its next epoch begins, or the run ended after its
+        last batch), nor did a step of it that the instruments timed run a backward."""
+        trained_before = 0 < self.credits == info.optimizer_steps
+        return trained_before and self.rows > 0 and not self.backward
 
 
 def _count_row(info: LoaderInfo, worked: bool, epoch_first: bool) -> None:

@@ -104,7 +104,7 @@ class StepSegmenter:
         self._by_slot: dict[int, LoaderSteps] = {}
         self._iterators: dict[int, IteratorCount] = {}  #: by id() of the iterator
         #: by id() of an iterator: the EpochStarted fields logged for its next fetch
-        self._starting: dict[int, tuple[int, str | None, bool]] = {}
+        self._starting: dict[int, tuple[int, str | None, bool, bool | None]] = {}
         self._open: dict[int, LoaderSteps] = {}  #: loaders with an open step, by slot
         self._current: LoaderSteps | None = None  #: the loader fetched last
         self._after_optimizer = True  #: the next fetch begins a step
@@ -159,7 +159,10 @@ class StepSegmenter:
         try:
             for st in list(self._open.values()):
                 self._close(st, t_end_ns, None, truncated=True)
+            end_row = len(self.record.steps) + len(self._rows)
             for st in self._by_slot.values():
+                if st.epoch is not None and st.epoch.exhausted:
+                    st.epoch_over(end_row)
                 st.tell_rows_apart()
             self._fetched_again()
         finally:
@@ -182,20 +185,22 @@ class StepSegmenter:
         return known
 
     def _epoch_started(self, ev: EpochStarted) -> None:
-        self._starting[id(ev[1])] = (ev[2], ev[3], ev[4])
+        self._starting[id(ev[1])] = (ev[2], ev[3], ev[4], ev[5])
 
     def _announced(
         self, iterator: Any, key: int, known: IteratorCount | None
     ) -> IteratorCount | None:
         """The iterator of a fetch that the segmenter does not know, or whose count fell,
         announced, if there is an announcer (else as it was); where its epoch's start was
-        logged, its loader is an evaluation's for the epoch if autograd was off then."""
+        logged, its loader is an evaluation's for the epoch if autograd was off then, and
+        may be one (``LoaderSteps.epoch_over``) if the models were in eval mode."""
         starting = self._starting.pop(key, None)
         if self._announce is not None:
             samples_driver = None if starting is None else starting[:2]
             known = self._iterator_started(self._announce(iterator, samples_driver))
         if starting is not None and known is not None and known.loader is not None:
             known.loader.evaluating = not starting[2]
+            known.loader.model_evaluating = starting[3] is False
         return known
 
     def _fetch(self, ev: Fetch) -> None:
@@ -269,6 +274,7 @@ class StepSegmenter:
         if first:
             info.epochs += 1
             self._optimizer_rows.epoch_started = True
+            st.epoch_began(len(self.record.steps) + len(self._rows))
         if not self._trained:
             info.fetches_before_training += 1
 
@@ -289,6 +295,8 @@ class StepSegmenter:
             if known.per_batch and known.samples < 0:
                 known.loader.batch = -1  # the epoch's last batch, of a sampler without a length
             self._close(known.loader, t_enter, gpu_enter, truncated=False)
+            if known.loader.epoch is not None:
+                known.loader.epoch.exhausted = True
         self._let_go(gpu_enter)  # the end of the step it closed, the start of none
 
     def _optimizer_step(self, ev: OptimizerStep) -> None:

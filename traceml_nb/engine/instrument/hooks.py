@@ -95,6 +95,7 @@ def install(
             tracer.log, tracer.clock, tracer.check, READER_MAX_EVENTS, _phase_mark(tracer)
         )
         hook = tracer.optimizer_hook([x for x in (phases, flops) if x is not None])
+    tracer.models_training = phases.models_training
     phases.install()
     handle = optim_mod.register_optimizer_step_post_hook(hook)
 

@@ -450,6 +450,14 @@ class StepPhases:
             warnings._filters_mutated()  # type: ignore[attr-defined]
 
     # --- the end -----------------------------------------------------------------------------
+    def models_training(self) -> bool | None:
+        """Whether a model found is in training mode (``Module.training``): False where each
+        is in eval mode (``model.eval()``), None where none was found."""
+        models = list(self.models.values())
+        if not models:
+            return None
+        return any(getattr(model, "training", True) for model in models)
+
     def remove(self) -> None:
         """Put back what :meth:`install` changed; what is left open logs nothing."""
         self._take_off(self._watching)

@@ -168,6 +168,9 @@ class StepTracer:
         #: the DataLoader workers' process ids, read as each epoch begins: the host sampler
         #: counts these children as workers, no others (a W&B service, a compile worker)
         self.worker_pids = WorkerPids()
+        #: whether a model is in training mode (``EpochStarted.model_training``): the phase
+        #: instruments' :meth:`~.step_phases.StepPhases.models_training` once in place
+        self.models_training: Callable[[], bool | None] = _nothing
         self._segmenter = StepSegmenter(
             record, gpu.take if gpu is not None else None, announce=self._announce
         )
@@ -264,8 +267,8 @@ class StepTracer:
     def epoch_started(self, it: Any) -> None:
         """``it`` yielded its epoch's first batch: log how many samples its sampler holds now
         (a sampler's length may change between epochs), what iterates it (a trainer's own
-        loop: :func:`~.loader.driver_of`) and whether autograd is on (off: an evaluation);
-        note its workers (:attr:`worker_pids`)."""
+        loop: :func:`~.loader.driver_of`), whether autograd is on (off: an evaluation) and
+        whether the models are in training mode; note its workers (:attr:`worker_pids`)."""
         import torch
 
         try:
@@ -279,7 +282,8 @@ class StepTracer:
             self.worker_pids.add([w.pid for w in getattr(it, "_workers", ()) if w.pid], grad)
         except Exception:
             pass
-        self.log.append((EPOCH_STARTED, it, samples, driver, grad))
+        training = self.models_training()
+        self.log.append((EPOCH_STARTED, it, samples, driver, grad, training))
         workers = bool(getattr(it, "_num_workers", 0))
         due = not self.reader_attached and len(self.log) >= EPOCH_PROCESS_EVENTS
         if self.active and (workers or due):
