@@ -460,13 +460,23 @@ def sampler_idle_cost(seconds: float) -> dict[str, Any]:
 def monitor_steady_cost(work: Workload, seconds: float) -> dict[str, Any]:
     """Sampler and live-view CPU over a training run of about ``seconds`` (default rates): the
     repetitions' figures include the view's final update in runs of a fraction of a second;
-    this is the steady state."""
+    this is the steady state. Then the same run without the view, for the time the loop's own
+    thread spends turning the log into rows there (``StepTracer.processing_ns``): the part of
+    the view's reading that the run pays with or without it."""
     stamps: list[int] = []
     with monitored_run("bench-steady", live_view_class()) as (run, view, why):
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             run_loop(work, stamps)
+    alone: list[int] = []
+    with monitored_run("bench-steady-without-view", (None, "not started")) as (bare, _, _):
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            run_loop(work, alone)
     out: dict[str, Any] = {"seconds": run.elapsed_s, "steps": len(stamps)}
+    tracer = bare.tracer
+    if tracer is not None and alone:
+        out["segmenting_us_without_view"] = tracer.processing_ns / len(alone) / 1e3
     out["sampler_core_pct"] = (
         100.0 * run.sampler_busy_s / run.elapsed_s if run.capabilities.ok("host") else None
     )
@@ -478,6 +488,14 @@ def monitor_steady_cost(work: Workload, seconds: float) -> dict[str, Any]:
         # does itself without a view; the running verdict; the rest, the view's own work
         out["view_reading_pct"] = 100.0 * view.reading_s / run.elapsed_s
         out["view_verdict_pct"] = 100.0 * view.analysis_busy_s / run.elapsed_s
+        out["view_reading_us"] = view.reading_s / max(1, len(stamps)) * 1e6
+        without = out.get("segmenting_us_without_view")
+        if without is not None:
+            # the view's cost to the run: its own work and verdict, and its reading beyond
+            # what the loop's thread spends on the same segmenting without a view
+            beyond = max(0.0, out["view_reading_us"] - without) * len(stamps) / 1e6
+            reading_s = view.reading_s
+            out["view_added_pct"] = 100.0 * (view.busy_s - reading_s + beyond) / run.elapsed_s
         out["view_ticks"] = view.ticks
         out["view_messages"] = view.messages
         out["view_error"] = view.error

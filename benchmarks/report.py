@@ -284,6 +284,12 @@ def monitor_steady_line(steady: dict[str, Any]) -> str:
             f"which the loop's thread does without a view; the running verdict "
             f"{steady['view_verdict_pct']:.2f}%; the view's own work {own:.2f}%)"
         )
+    if "view_added_pct" in steady:
+        text += (
+            f"; without a view the loop's thread segments {steady['segmenting_us_without_view']:.2f}"
+            f" us a step itself (the view's thread {steady['view_reading_us']:.2f}): what the view "
+            f"adds to the run, {steady['view_added_pct']:.2f}%"
+        )
     if steady.get("view_error"):
         text += f"; view error: {steady['view_error']}"
     return text
@@ -392,6 +398,17 @@ def verdicts(report: dict[str, Any]) -> list[dict[str, str]]:
                 _upper(value, BUDGET_VIEW_PCT),
             )
         )
+        if "view_added_pct" in steady:  # the same budget, read as the view's cost to the run
+            value = steady["view_added_pct"]
+            out.append(
+                _verdict(
+                    "view_added_pct",
+                    "live view, beyond the segmenting the loop does without it",
+                    f"{value:.2f}% of the run time",
+                    f"<= {BUDGET_VIEW_PCT:.0f}% of the run time",
+                    _upper(value, BUDGET_VIEW_PCT),
+                )
+            )
     mem = report.get("memory")
     if mem is not None:
         out.append(
