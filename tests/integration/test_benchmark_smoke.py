@@ -28,6 +28,7 @@ VERDICT_KEYS = {
     "sampler_idle_pct",
     "sampler_steady_pct",
     "view_pct",
+    "view_added_pct",
     "bytes_per_step",
     "import_s",
 }
