@@ -18,7 +18,11 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   of it or more) is credited none, nor one whose epochs begin now and then beside another
   loader's (``next(iter(val_loader))`` every few steps, autograd on):
   :func:`~.open_steps.credited_loaders`. A step inside which a loader that no optimizer step
-  followed was iterated (an evaluation) is flagged ``FLAG_INTERLEAVED``.
+  followed was iterated (an evaluation) is flagged ``FLAG_INTERLEAVED``. An epoch of a
+  training loader begun with autograd on but the models in eval mode (``model.eval()``
+  without ``torch.no_grad()``) that ends with no optimizer step is an evaluation's too, known
+  only once it is over: its rows are noted then (``LoaderInfo.evaluation_rows``,
+  :meth:`~.open_steps.LoaderSteps.epoch_over`), not flagged.
 * **Optimizer rows.** The intervals between the first optimizer's ``step()`` calls (several
   optimizers, as in a GAN, make one step) are rows of their own, with the data wait and the
   samples of the training fetches inside: the steps of a loop without a DataLoader, and of a
