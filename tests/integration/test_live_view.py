@@ -30,7 +30,6 @@ from traceml_nb.views.live.charts import OTHER_LABEL, OWN_STEP_TITLE, PHASES_STE
 from traceml_nb.views.live.data import (
     PHASE_FIELDS,
     STEP_FIELDS,
-    SampleSeries,
     SeriesUpdate,
     StepRows,
     StepSeries,
@@ -41,6 +40,7 @@ from traceml_nb.views.live.data import (
     bucket_size,
     recent_rate,
 )
+from traceml_nb.views.live.sample_series import SampleSeries
 from traceml_nb.views.live.view import (
     MAX_TICK_S,
     VIEW_MAX_DUTY,

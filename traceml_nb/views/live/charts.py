@@ -19,7 +19,8 @@ from bokeh.plotting import figure
 
 from ...analysis.formatting import fmt_share, plural
 from ...engine.run import Run
-from .data import MAX_POINTS, RATE_WINDOW_STEPS, SampleSeries, SeriesUpdate
+from .data import MAX_POINTS, RATE_WINDOW_STEPS, SeriesUpdate
+from .sample_series import SampleSeries
 
 #: The CPU chart's label of this process's children, and what it becomes once ranks start.
 WORKERS_LABEL = "DataLoader workers"

@@ -1,4 +1,5 @@
-"""Chart data for the live view: record snapshots in, batched and downsampled points out.
+"""Chart data for the live view: record snapshots in, batched and downsampled points out (the
+step chart's here, the sample charts' in :mod:`.sample_series`).
 
 Pure logic, no Bokeh: the live view asks a series for its update once per tick and sends the
 result as one ``stream`` (``replace=False``: append the points) or one data replacement
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -60,16 +61,6 @@ STEP_FIELDS = (
     *PHASE_FIELDS,
     "other_ms",
 )
-
-
-class SampleTableLike(Protocol):
-    """What a :class:`SampleSeries` reads: a :class:`~traceml_nb.engine.record.SampleTable`."""
-
-    names: tuple[str, ...]
-
-    def snapshot(self, start: int = 0) -> dict[str, Any]: ...
-
-    def __len__(self) -> int: ...
 
 
 Columns = dict[str, np.ndarray]
@@ -231,7 +222,7 @@ def _carried_shares(phases: PhaseRows, rest_ns: np.ndarray, carry: np.ndarray | 
     return filled
 
 
-def _empty_columns(names: Sequence[str]) -> Columns:
+def empty_columns(names: Sequence[str]) -> Columns:
     return {name: np.empty(0) for name in names}
 
 
@@ -255,7 +246,7 @@ def bin_steps(
     body = len(rows) - context
     used = body if partial else body - body % k
     if used <= 0:
-        return _empty_columns(STEP_FIELDS), 0
+        return empty_columns(STEP_FIELDS), 0
     seg = slice(context, context + used)
     wall_ms = rows.wall_ns[seg] / 1e6
     wait_ms = rows.wait_ns[seg] / 1e6
@@ -424,72 +415,3 @@ class StepSeries:
         self._pending.drop(sent - keep)
         self._context = keep
         return data
-
-
-class SampleSeries:
-    """The points of one sample table (host or one GPU): ≤ ``max_points`` bucket medians.
-
-    The table halves itself when it reaches its cap (its ``stride`` doubles, its rows are
-    renumbered); the series notices and rebuilds.
-    """
-
-    def __init__(
-        self,
-        table: SampleTableLike,
-        columns: Sequence[str] | None = None,
-        max_points: int = MAX_POINTS,
-    ) -> None:
-        self.table = table
-        wanted = table.names[1:] if columns is None else columns
-        #: the columns sent: the time ``t`` (seconds since the run start) and ``columns``
-        self.names = ("t",) + tuple(c for c in wanted if c in table.names and c != "t")
-        self.max_points = max_points
-        self.k = 1  #: samples per point
-        self.points = 0
-        self.finished = False
-        self._stride = getattr(table, "stride", 1)
-        self._rows_read = 0
-        self._binned = 0
-        self._pending: Columns = _empty_columns(self.names)
-        self._started = False
-
-    def update(self, *, final: bool = False) -> SeriesUpdate | None:
-        """The points to send now, or ``None`` when there is nothing new."""
-        if self.finished:
-            return None
-        self.finished = final
-        stride = getattr(self.table, "stride", 1)
-        if not self._started or stride != self._stride:
-            self._started = True
-            self._stride = stride
-            return self._rebuild(final)
-        snap = self._snapshot(self._rows_read)
-        added = len(snap["t"])
-        self._rows_read += added
-        if bucket_size(self._binned + len(self._pending["t"]) + added, self.max_points) != self.k:
-            return self._rebuild(final)
-        for name, values in snap.items():
-            self._pending[name] = np.concatenate([self._pending[name], values])
-        return self._emit(final, replace=False)
-
-    def _emit(self, final: bool, *, replace: bool) -> SeriesUpdate | None:
-        data, used = bin_samples(self._pending, self.k, partial=final)
-        self._pending = {name: values[used:] for name, values in self._pending.items()}
-        self._binned += used
-        had_points = self.points
-        self.points = (0 if replace else self.points) + len(data["t"])
-        if not len(data["t"]) and not (replace and had_points):
-            return None
-        return SeriesUpdate(data, replace=replace)
-
-    def _rebuild(self, final: bool) -> SeriesUpdate | None:
-        snap = self._snapshot(0)
-        self._rows_read = len(snap["t"])
-        self.k = bucket_size(self._rows_read, self.max_points)
-        self._pending = snap
-        self._binned = 0
-        return self._emit(final, replace=True)
-
-    def _snapshot(self, start: int) -> Columns:
-        snap = self.table.snapshot(start)
-        return {name: np.asarray(snap[name], dtype=np.float64) for name in self.names}
