@@ -20,11 +20,12 @@ WAIT_NS = 100_000
 REST_NS = 2_000_000  #: each batch's work outside next()
 
 
-def _record(epochs: list[tuple[str, bool, str]], *, end_mid_epoch: bool = False) -> RunRecord:
-    """One epoch per ``(mode, stepped, timed)``: begun with the model in ``mode`` ("train" or
-    "eval"; autograd on), an optimizer step after each batch where ``stepped``, its batches
-    timed by the instruments where ``timed`` is "forward" or "forward+backward" (else "no").
-    ``end_mid_epoch``: the run ends before the last epoch's iterator is exhausted."""
+def _log(epochs: list[tuple[str, bool, str]], end_mid_epoch: bool = False) -> tuple[list, int]:
+    """The events of one epoch per ``(mode, stepped, timed)``: begun with the model in
+    ``mode`` ("train" or "eval"; autograd on), an optimizer step after each batch where
+    ``stepped``, its batches timed by the instruments where ``timed`` is "forward" or
+    "forward+backward" (else "no"); and the clock at their end. ``end_mid_epoch``: the run
+    ends before the last epoch's iterator is exhausted."""
     loader = DataLoader(TensorDataset(torch.zeros(2 * BATCHES, 2)), batch_size=2)
     opt = object()
     t, log = 1_000, []
@@ -45,6 +46,12 @@ def _record(epochs: list[tuple[str, bool, str]], *, end_mid_epoch: bool = False)
                 log.append((ev.OPTIMIZER_STEP, opt, t - 10))
         if not (end_mid_epoch and e == len(epochs) - 1):
             log.append((ev.EXHAUSTED, it, t + 10, None))
+    return log, t
+
+
+def _record(epochs: list[tuple[str, bool, str]], *, end_mid_epoch: bool = False) -> RunRecord:
+    """The record of :func:`_log`'s events, processed."""
+    log, t = _log(epochs, end_mid_epoch)
     record = RunRecord()
     tracer = StepTracer(record, clock=lambda: t + 20)
     tracer.log.extend(log)
@@ -114,3 +121,33 @@ def test_a_loader_that_never_trained_keeps_its_epochs_in_eval_mode_as_its_steps(
     record = _record([("eval", False, "no"), ("eval", False, "no")])
     assert record.loaders[0].evaluation_rows == []
     assert len(select_rows(record.snapshot()).wall_ms) == 2 * BATCHES
+
+
+@pytest.mark.parametrize("duty", [1e9, 1e-12])
+def test_the_live_chart_reads_the_steps_again_once_an_evaluation_is_found(duty, monkeypatch):
+    # the evaluation is known once the next epoch begins; the chart (and the plain frontends'
+    # step count), which showed its batches as steps, reads the record again at once where its
+    # last reading was cheap enough (REREAD_MAX_DUTY), else later, and in its final update in
+    # any case
+    from traceml_nb.views.live import data
+    from traceml_nb.views.live.handle import RecentSteps
+
+    monkeypatch.setattr(data, "REREAD_MAX_DUTY", duty)
+    log, t = _log([TRAIN, TRAIN, ("eval", False, "no"), TRAIN])
+    fourth = [k for k, e in enumerate(log) if e[0] == ev.EPOCH_STARTED][3]
+    record = RunRecord()
+    tracer = StepTracer(record, clock=lambda: t + 20)
+    chart = data.StepSeries(lambda row: record.snapshot(row, samples=False))
+    counter = RecentSteps(lambda row: record.snapshot(row, samples=False))
+    tracer.log.extend(log[:fourth])
+    tracer.process()
+    chart.update()
+    assert chart.steps == counter.poll()[0] == 3 * BATCHES  # the evaluation's, as steps yet
+    tracer.log.extend(log[fourth:])
+    tracer.process()
+    chart.update()
+    assert chart.steps == counter.poll()[0] == (3 if duty > 1 else 4) * BATCHES
+    tracer.close()
+    chart.update(final=True)
+    steps = len(select_rows(record.snapshot()).wall_ms)
+    assert chart.steps == counter.poll(final=True)[0] == steps == 3 * BATCHES

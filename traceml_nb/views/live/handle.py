@@ -22,7 +22,7 @@ from ...engine.record import RecordSnapshot
 from ...engine.run import Run
 from ..chart import step_chart_svg
 from ..report_content import StepChart
-from .data import RECENT_STEPS, SnapshotReader, StepRows
+from .data import RECENT_STEPS, Rereads, SnapshotReader, StepRows
 from .rank_figures import figures_of, slowest_parts
 
 THREAD_NAME = "traceml-handle-view"
@@ -100,18 +100,24 @@ class RecentSteps:
         self._rule: StepRule | None = None
         self._recent: deque[tuple[float, float]] = deque(maxlen=keep)
         self._count = 0
+        self._rereads = Rereads()
 
-    def poll(self) -> tuple[int, list[float], list[float]]:
-        """``(steps, recent step ms, recent data wait ms)`` of the run's steps so far."""
+    def poll(self, *, final: bool = False) -> tuple[int, list[float], list[float]]:
+        """``(steps, recent step ms, recent data wait ms)`` of the run's steps so far
+        (``final``: the run is over; a changed rule is read at once)."""
         snap = self.read(self._read)
         rule = rule_of(snap)
-        if rule != self._rule:  # the steps are other rows now: read them all again
-            snap = self.read(0)
-            rule = rule_of(snap)
-            self._rule = rule
-            self._read = 0
-            self._recent.clear()
-            self._count = 0
+        shown = self._rule
+        if rule != shown and (final or shown is None or self._rereads.due(shown, rule)):
+            with self._rereads.reading():  # the steps are other rows now: read them all again
+                snap = self.read(0)
+                rule = rule_of(snap)
+                self._rule = rule
+                self._read = 0
+                self._recent.clear()
+                self._count = 0
+        elif shown is not None:
+            rule = shown  # (evaluations found since: read with the rule shown until then)
         self._read += len(snap.steps)
         rows = StepRows.of_rule(snap.steps, rule)
         self._count += len(rows)
@@ -147,15 +153,16 @@ class HandleView:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def status(self) -> LiveStatus:
-        """The run's state now; for a run that launched ranks, its slowest rank's steps."""
-        followed = self._slowest_rank()
+    def status(self, *, final: bool = False) -> LiveStatus:
+        """The run's state now (``final``: after the run); for a run that launched ranks, its
+        slowest rank's steps."""
+        followed = self._slowest_rank(final)
         if followed is not None:
             return followed
-        steps, walls, waits = self._steps.poll()
+        steps, walls, waits = self._steps.poll(final=final)
         return LiveStatus(self.run.name, self.run.status, self.run.elapsed_s, steps, walls, waits)
 
-    def _slowest_rank(self) -> LiveStatus | None:
+    def _slowest_rank(self, final: bool) -> LiveStatus | None:
         ranks = list(getattr(self.run, "ranks", ()))
         if not ranks:
             return None
@@ -165,7 +172,7 @@ class HandleView:
             reader = self._rank_steps.get(key)
             if reader is None:
                 reader = self._rank_steps[key] = RecentSteps(_reader_of(rec))
-            polled[key] = (rec, reader.poll())
+            polled[key] = (rec, reader.poll(final=final))
         latest = max(launch for launch, _ in polled)
         found = slowest_parts(
             [
@@ -197,8 +204,8 @@ class HandleView:
                 except Exception:  # a failed update must never reach the training thread
                     return
 
-    def _publish(self) -> None:
-        status = self.status()
+    def _publish(self, final: bool = False) -> None:
+        status = self.status(final=final)
         if self._handle is not None:
             self._handle.update(status)
         self.updates += 1
@@ -210,4 +217,4 @@ class HandleView:
         if thread is not None:
             thread.join(5.0)
             self._thread = None
-            self._publish()
+            self._publish(final=True)
