@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import threading
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
@@ -108,21 +109,24 @@ class RecentSteps:
         snap = self.read(self._read)
         rule = rule_of(snap)
         shown = self._rule
-        if rule != shown and (final or shown is None or self._rereads.due(shown, rule)):
-            with self._rereads.reading():  # the steps are other rows now: read them all again
+        again = rule != shown and (final or shown is None or self._rereads.due(shown, rule))
+        with self._rereads.reading() if again else nullcontext():
+            if again:  # the steps are other rows now: read them all again
                 snap = self.read(0)
                 rule = rule_of(snap)
                 self._rule = rule
                 self._read = 0
                 self._recent.clear()
                 self._count = 0
-        elif shown is not None:
-            rule = shown  # (evaluations found since: read with the rule shown until then)
-        self._read += len(snap.steps)
-        rows = StepRows.of_rule(snap.steps, rule)
-        self._count += len(rows)
-        for wall, wait in zip(rows.wall_ns[-self.keep :], rows.wait_ns[-self.keep :], strict=True):
-            self._recent.append((wall / 1e6, wait / 1e6))
+            elif shown is not None:
+                rule = shown  # (evaluations found since: read with the rule shown until then)
+            self._read += len(snap.steps)
+            rows = StepRows.of_rule(snap.steps, rule)
+            self._count += len(rows)
+            for wall, wait in zip(
+                rows.wall_ns[-self.keep :], rows.wait_ns[-self.keep :], strict=True
+            ):
+                self._recent.append((wall / 1e6, wait / 1e6))
         recent = list(self._recent)
         return self._count, [r[0] for r in recent], [r[1] for r in recent]
 
