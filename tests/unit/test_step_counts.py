@@ -558,3 +558,20 @@ def test_two_tasks_trained_in_turn_are_both_training_loaders():
     assert res.summary.phases == [] and res.summary.interleaved_steps == 0
     assert all(info.optimizer_steps > 0 for info in run.record.loaders)
     assert res.summary.total_steps == 2 * 2 * 32
+
+
+def test_a_model_whose_mode_cannot_be_read_leaves_the_loop_as_it_was(monkeypatch):
+    # the models' training mode is read at each epoch's first batch, inside the user's next():
+    # a failure there is the mode unknown, never the user's exception
+    from traceml_nb.engine.instrument.step_phases import StepPhases
+
+    def raises(self):
+        raise RuntimeError("a model whose attributes raise")
+
+    monkeypatch.setattr(StepPhases, "models_training", raises)
+    model, opt = model_and_opt()
+    with traceml_nb.Run("mode unknown", sample=False) as run:
+        for _epoch in range(2):
+            for x, y in DataLoader(Counted(n=32), batch_size=4):
+                train_step(model, opt, x, y)
+    assert run.status == "completed" and result_of(run).summary.total_steps == 2 * 8

@@ -20,7 +20,8 @@ The rule, in order (the first that applies wins):
    last batch, on the gradients its last batches left) is not; and a batch of an epoch begun
    with autograd off (``FLAG_EVALUATING``: an evaluation over the training set) is no step,
    but a phase, as is one of an epoch found an evaluation's once it was over, begun with
-   autograd on (``LoaderInfo.evaluation_rows``: no optimizer step in it, no backward);
+   autograd on and the models in eval mode (``LoaderInfo.evaluation_rows``: no optimizer
+   step in it, no backward);
 3. optimizer ``step()`` boundaries;
 4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
 

@@ -147,9 +147,10 @@ class LoaderInfo:
     #: closed steps without an optimizer step not told apart yet
     rows_untold: int = 0
     #: the rows of this loader (``[first, end)`` row indices of the step table) of each epoch
-    #: found, once it was over, to be an evaluation over the training set run with autograd on
-    #: (no ``torch.no_grad()``): no optimizer step in it nor after it, no backward in a step the
-    #: instruments timed (``open_steps.EpochWork``); an evaluation's batches, as those flagged
+    #: found, once it was over, to be an evaluation over the training set begun with autograd
+    #: on and the models in eval mode (``model.eval()`` without ``torch.no_grad()``): no
+    #: optimizer step in it nor after it, no backward in a step the instruments timed
+    #: (``open_steps.EpochWork``); an evaluation's batches, as those flagged
     #: ``FLAG_EVALUATING`` when written are
     evaluation_rows: list[tuple[int, int]] = field(default_factory=list)
     #: time away from training while this loader was iterated (not a training loader): from the

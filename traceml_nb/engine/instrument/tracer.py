@@ -282,7 +282,10 @@ class StepTracer:
             self.worker_pids.add([w.pid for w in getattr(it, "_workers", ()) if w.pid], grad)
         except Exception:
             pass
-        training = self.models_training()
+        try:
+            training = self.models_training()
+        except Exception:  # a model whose attributes raise: its mode unknown
+            training = None
         self.log.append((EPOCH_STARTED, it, samples, driver, grad, training))
         workers = bool(getattr(it, "_num_workers", 0))
         due = not self.reader_attached and len(self.log) >= EPOCH_PROCESS_EVENTS
