@@ -167,7 +167,10 @@ class LoaderSteps:
         if info.optimizer_steps > self.epoch_credits:  # it trained
             self.trained_in_train_mode = not self.epoch_in_eval_mode
         epoch, self.epoch = self.epoch, None
-        if epoch is None or not epoch.evaluation(info):
+        # its loader trained before it, and no optimizer step was credited to it since it
+        # began (its next epoch begins, or the run ended after its last batch)
+        untrained = 0 < self.epoch_credits == info.optimizer_steps
+        if epoch is None or not (untrained and epoch.evaluation()):
             return
         info.evaluation_rows.append((epoch.first_row, end_row))
         counted = epoch.counted
@@ -183,11 +186,10 @@ class EpochWork:
     (``model.eval()`` without ``torch.no_grad()``): enough to tell, once it is over, an
     evaluation over the training set, and what its rows counted, to take back then."""
 
-    __slots__ = ("first_row", "credits", "rows", "backward", "counted", "untold", "exhausted")
+    __slots__ = ("first_row", "rows", "backward", "counted", "untold", "exhausted")
 
     def __init__(self, first_row: int, info: LoaderInfo, untold: int) -> None:
         self.first_row = first_row  #: the step table's index of its first row
-        self.credits = info.optimizer_steps  #: the loader's optimizer steps when it began
         self.rows = 0  #: its steps closed so far (not cut short by the run's end)
         self.backward = False  #: a step of it that the instruments timed ran a backward
         #: the loader's counts of rows without an optimizer step when it began, and how many
@@ -204,12 +206,10 @@ class EpochWork:
         if phases is not None and phases[2] > 0:
             self.backward = True
 
-    def evaluation(self, info: LoaderInfo) -> bool:
-        """Over, was it an evaluation's? Its loader trained before it, and no optimizer step
-        was credited to it since it began (its next epoch begins, or the run ended after its
-        last batch), nor did a step of it that the instruments timed run a backward."""
-        trained_before = 0 < self.credits == info.optimizer_steps
-        return trained_before and self.rows > 0 and not self.backward
+    def evaluation(self) -> bool:
+        """Over without an optimizer step, was it an evaluation's? It closed a step, and no
+        step of it that the instruments timed ran a backward."""
+        return self.rows > 0 and not self.backward
 
 
 def _count_row(info: LoaderInfo, worked: bool, epoch_first: bool) -> None:
