@@ -325,9 +325,13 @@ class Rereads:
         self.cost_s = 0.0  #: the CPU time of the last reading, s
         self.at = -math.inf  #: when it ended (``time.monotonic()``)
 
-    def due(self, old: StepRule, new: StepRule) -> bool:
-        """Whether a change of rule from ``old`` to ``new`` is read now."""
-        if replace(new, evaluations=old.evaluations) != old:
+    def due(self, shown: StepRule | None, new: StepRule, final: bool) -> bool:
+        """Whether a reader that shows the steps by ``shown`` (None: none yet) reads the whole
+        record again now for ``new``: where the rule changed otherwise than by evaluations
+        found since, or in its ``final`` update, at once."""
+        if new == shown:
+            return False
+        if final or shown is None or replace(new, evaluations=shown.evaluations) != shown:
             return True
         return time.monotonic() - self.at >= self.cost_s / REREAD_MAX_DUTY
 
@@ -401,9 +405,9 @@ class StepSeries:
         if rule.kind == "none":
             return None
         shown = self.rule
-        if rule != shown:
-            if final or shown is None or self._rereads.due(shown, rule):
-                return self._rebuild(final, snapshot)
+        if self._rereads.due(shown, rule, final):
+            return self._rebuild(final, snapshot)
+        if shown is not None:
             rule = shown  # (evaluations found since: read with the rule shown until then)
         self._rows_read += len(snap.steps)
         new = StepRows.of_rule(snap.steps, rule, self._carry)

@@ -109,7 +109,7 @@ class RecentSteps:
         snap = self.read(self._read)
         rule = rule_of(snap)
         shown = self._rule
-        again = rule != shown and (final or shown is None or self._rereads.due(shown, rule))
+        again = self._rereads.due(shown, rule, final)
         with self._rereads.reading() if again else nullcontext():
             if again:  # the steps are other rows now: read them all again
                 snap = self.read(0)
