@@ -23,6 +23,7 @@ import numpy as np
 from traceml_nb.analysis.findings import PhaseSummary, Summary
 from traceml_nb.engine.capabilities import Capabilities
 from traceml_nb.engine.instrument.loader import IN_MEMORY_DATASETS
+from traceml_nb.engine.instrument.tracer import StepTracer
 from traceml_nb.engine.record import (
     FLAG_EPOCH_START,
     SOURCE_MARKER,
@@ -253,3 +254,16 @@ def make_summary(**changes) -> Summary:
     )
     values.update(changes)
     return Summary(**values)
+
+
+def processed(log: Sequence[tuple[Any, ...]], t_end_ns: int) -> RunRecord:
+    """The record of a hand-built event log (:mod:`traceml_nb.engine.events`' tuples, as the
+    instruments log them), processed by the tracer as a run does and closed at ``t_end_ns``
+    (a little after); the processing raised nothing."""
+    record = RunRecord()
+    tracer = StepTracer(record, clock=lambda: t_end_ns + 20)
+    tracer.log.extend(log)
+    tracer.process()
+    tracer.close()
+    assert tracer.error is None, tracer.error
+    return record

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.builders import processed
 from torch.utils.data import DataLoader, TensorDataset
 
 from traceml_nb.analysis.steps import select_rows
@@ -51,14 +52,7 @@ def _log(epochs: list[tuple[str, bool, str]], end_mid_epoch: bool = False) -> tu
 
 def _record(epochs: list[tuple[str, bool, str]], *, end_mid_epoch: bool = False) -> RunRecord:
     """The record of :func:`_log`'s events, processed."""
-    log, t = _log(epochs, end_mid_epoch)
-    record = RunRecord()
-    tracer = StepTracer(record, clock=lambda: t + 20)
-    tracer.log.extend(log)
-    tracer.process()
-    tracer.close()
-    assert tracer.error is None, tracer.error
-    return record
+    return processed(*_log(epochs, end_mid_epoch))
 
 
 TRAIN = ("train", True, "no")

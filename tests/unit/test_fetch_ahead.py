@@ -9,27 +9,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.builders import processed
 from torch.utils.data import DataLoader, TensorDataset
 
 from traceml_nb.analysis.steps import select_rows
 from traceml_nb.engine import events as ev
-from traceml_nb.engine.instrument.tracer import StepTracer
 from traceml_nb.engine.open_steps import FETCH_ONLY_SHARE, STEPS_TO_TELL_ROWS
 from traceml_nb.engine.record import RunRecord
 
 CYCLES, ACCUMULATION = 8, 2
 WAIT_NS = 100_000  #: each fetch waits 0.1 ms
 STEP_WORK_NS = 20_000_000  #: the work of a step with an optimizer step, outside next()
-
-
-def _processed(log: list, t_end: int) -> RunRecord:
-    record = RunRecord()
-    tracer = StepTracer(record, clock=lambda: t_end + 20)
-    tracer.log.extend(log)
-    tracer.process()
-    tracer.close()
-    assert tracer.error is None, tracer.error
-    return record
 
 
 def _record(fetch_ahead: bool, rest_between_fetches_ns: int, evaluated: bool = False) -> RunRecord:
@@ -57,7 +47,7 @@ def _record(fetch_ahead: bool, rest_between_fetches_ns: int, evaluated: bool = F
             log.append((ev.FETCH, again, n, t, t + WAIT_NS, 2, None, None))
             t += WAIT_NS + STEP_WORK_NS
         log.append((ev.EXHAUSTED, again, t, None))
-    return _processed(log, t)
+    return processed(log, t)
 
 
 @pytest.mark.parametrize(
@@ -105,7 +95,7 @@ def _rows(rests_ns: list[int], stepped: list[bool], forward_ns: list[int | None]
             log.append((ev.SAMPLING, False))
             log.append((ev.OPTIMIZER_STEP, opt, t - 10))
     log.append((ev.EXHAUSTED, it, t + 10, None))
-    return _processed(log, t)
+    return processed(log, t)
 
 
 SKIPPED = 5  #: the optimizer steps skipped at the start (GradScaler, at too large a scale)
