@@ -813,10 +813,11 @@ def test_a_loop_with_neither_a_loader_nor_an_optimizer_keeps_its_log_bounded() -
     assert len(log) == 1 + 250 + 248 - 4 * 101  # removed: nothing more is logged
 
 
-def _one_ms_steps(steps: int) -> tuple[StepPhases, list, list[int]]:
-    """``steps`` optimizer steps of 1 ms on a made-up clock, each ended by the tracer's
-    optimizer hook as it calls the phases (its countdown): the phases (removed after), their
-    log, and the steps at which the sampling turned on (not the first step's, at install)."""
+def _one_ms_steps(steps: int, step_ms: int = 1) -> tuple[StepPhases, list, list[int]]:
+    """``steps`` optimizer steps of 1 ms (``step_ms``) on a made-up clock, each ended by the
+    tracer's optimizer hook as it calls the phases (its countdown): the phases (removed after),
+    their log, and the steps at which the sampling turned on (not the first step's, at
+    install)."""
     now = [0]
     log: list = []
     phases = StepPhases(log, lambda: now[0], lambda: None, 1 << 20)
@@ -825,7 +826,7 @@ def _one_ms_steps(steps: int) -> tuple[StepPhases, list, list[int]]:
     on_at: list[int] = []
     try:
         for step in range(steps):
-            now[0] += 1_000_000
+            now[0] += step_ms * 1_000_000
             phases.countdown -= 1
             if phases.countdown <= 0:
                 was_on = phases.sampling
@@ -858,6 +859,23 @@ def test_after_the_early_samples_the_sampling_spaces_out(monkeypatch) -> None:
     assert phases.samples == len(on_at) + 1  # and the first step's, at install
     assert set(gaps[2 : early - 2]) == {51}
     assert set(gaps[early + 1 :]) == {201}
+
+
+def test_long_steps_are_sampled_once_in_min_sample_skip_steps_after_the_early_samples(
+    monkeypatch,
+) -> None:
+    """Steps of 20 ms: every 0.2 s would be every 11th step; after the early samples (every
+    3rd, which the floor leaves alone) it is every (MIN_SAMPLE_SKIP + 1)th. Steps whose interval is more steps than the floor
+    keep to the interval (the test above: every 201st)."""
+    monkeypatch.setattr(step_phases, "EARLY_SAMPLE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 0.2)
+    skip = step_phases.MIN_SAMPLE_SKIP
+    assert skip > 0.2 / 0.020  # the floor, not the interval, decides here
+    phases, _, on_at = _one_ms_steps(3_000, step_ms=20)
+    gaps = [b - a for a, b in zip(on_at, on_at[1:], strict=False)]
+    early = step_phases.EARLY_SAMPLES
+    assert set(gaps[2 : early - 2]) == {3}  # 0.05 s: the sampled step and 2 (2.5 rounded)
+    assert set(gaps[early + 1 :]) == {skip + 1}
 
 
 def test_a_step_inside_a_step_of_the_same_optimizer_is_one_optimizer_phase() -> None:

@@ -16,7 +16,8 @@ the loop's thread did (segmenting the log, resolving the CUDA events:
 ``StepTracer.processing_ns``) per traced step. It must be at most ``HOST_COST_BUDGET_US``. The
 whole step's added time is reported beside it: it also holds the phases' hooks in the forward
 and backward, in place on one sampled step in many (one in about every 0.05 s of training for
-the first 32, every 0.2 s after: a sample is ~100 us on the host), and the compute's own noise.
+the first 32, every 0.2 s and 32 steps at least after: a sample is ~100 us on the host), and
+the compute's own noise.
 
 A warm-up run of the same blocks first fills the device's shared event pool; the measured run
 must then create next to no event (``EventPool.created``: at most one per

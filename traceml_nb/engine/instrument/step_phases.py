@@ -9,7 +9,8 @@ them (:mod:`.gpu_events`).
 and putting them in place and taking them away costs tens of microseconds: over the budget of
 a sub-millisecond step if paid on every one. So the phases are timed on the first step and
 then on one step in about every :data:`EARLY_SAMPLE_INTERVAL_S` of training, and every
-:data:`SAMPLE_INTERVAL_S` once :data:`EARLY_SAMPLES` were taken: the instruments are put
+:data:`SAMPLE_INTERVAL_S` (and :data:`MIN_SAMPLE_SKIP` steps at least) once
+:data:`EARLY_SAMPLES` were taken: the instruments are put
 in place at an optimizer step's end and taken away at the same optimizer's next one (where a
 GAN's other optimizer stepped in between, at the one after), and each switch is logged
 (:class:`~traceml_nb.engine.events.Sampling`), so the segmenter gives phases to the steps that
@@ -67,6 +68,13 @@ EARLY_SAMPLES = 32
 #: the steps around it slower too: sampled every 0.05 s, the tiny MLP's median step (0.8 ms)
 #: grew by 4-6 us more than sampled every 0.2 s (benchmarks/README.md, 2026-12-05).
 SAMPLE_INTERVAL_S = 0.2
+#: ...and, after the early samples, at most one step in this many optimizer steps: a sample's
+#: switching costs the step before it and its own step tens of microseconds each inside
+#: ``optimizer.step()``, and every 0.2 s is every few steps of a conv net's 30 ms or a GPU
+#: model's 100 ms. Sampling one conv step in 7 moved the median step's time inside ``next()``
+#: and ``optimizer.step()`` by 14-16 us; one in 33, by none measurable (benchmarks/README.md,
+#: 2026-12-07). A step of 1 s is then timed every 33 s, after 32 steps timed at the start.
+MIN_SAMPLE_SKIP = 32
 #: Optimizer steps skipped after the first sample, before the steps' pace is known.
 FIRST_SKIP = 4
 #: A sample ends after this many optimizer step ends whatever it waits for (an optimizer's
@@ -116,6 +124,7 @@ class StepPhases:
         #: the module when the run starts; never more than the later one)
         self.interval_ns = int(SAMPLE_INTERVAL_S * 1e9)
         self.early_interval_ns = int(min(EARLY_SAMPLE_INTERVAL_S, SAMPLE_INTERVAL_S) * 1e9)
+        self.min_skip = MIN_SAMPLE_SKIP  #: the fewest steps skipped after the early samples
         self.samples = 0  #: the samples taken (the sampling turned on)
         self._off_at_ns = 0  #: when the sampling last turned off (clock)
         self._skipped = 0  #: the optimizer steps it stayed off for since
@@ -266,14 +275,16 @@ class StepPhases:
 
     def _skip(self) -> int:
         """Optimizer steps to stay off for: about :attr:`early_interval_ns`, then
-        :attr:`interval_ns`, at the pace of the steps skipped last time (the first time,
-        :data:`FIRST_SKIP`)."""
+        :attr:`interval_ns` and at least :attr:`min_skip`, at the pace of the steps skipped
+        last time (the first time, :data:`FIRST_SKIP`)."""
         now = self.clock.clock()
         skip = FIRST_SKIP
         if self._skipped and self._off_at_ns:
             per_step = (self._last_on_ns - self._off_at_ns) / self._skipped
-            interval = self.early_interval_ns if self.samples < EARLY_SAMPLES else self.interval_ns
-            skip = max(1, min(1 << 20, round(interval / max(per_step, 1.0))))
+            early = self.samples < EARLY_SAMPLES
+            interval = self.early_interval_ns if early else self.interval_ns
+            least = 1 if early else self.min_skip
+            skip = max(least, min(1 << 20, round(interval / max(per_step, 1.0))))
         self._off_at_ns, self._skipped = now, skip
         return skip
 
