@@ -47,6 +47,7 @@ from traceml_nb.analysis.thresholds import (
     DEFAULT_PRIOR_DF,
     LOAD_CHANGE_SHARE,
     MATERIAL_STEAL_SHARE,
+    OWN_NOISIER_LEVEL,
     SOURCE_DIFF_LINES,
     STEAL_CHANGE_SHARE,
     STEP_LENGTH_FACTOR,
@@ -103,16 +104,27 @@ DEMO_MACHINE = [
 
 
 def test_a_configuration_whose_runs_scatter_far_beyond_the_rest_is_left_out():
-    noise = estimate_noise(DEMO_OWN, 24.3, DEMO_MACHINE)
-    assert (noise.class_configs, noise.class_left_out) == (2, 1)
-    assert noise.sigma == pytest.approx(0.088, abs=0.001)  # 0.199 with it
-    assert judge_change([42.5], [24.3], noise, 0.10).verdict == "faster"
-    said = noise_source(noise)
-    assert said == (
+    """The quickstart's own runs alike (its fixed cell's as quiet as its starved one's), the
+    two quiet configurations beside them count; with the store's own runs, which scatter more
+    (the fixed cell 15%), they are set aside too."""
+    alike = [DEMO_OWN[0], [24.3 * ms / 42.0 for ms in DEMO_OWN[0]]]
+    noise = estimate_noise(alike, 24.3, DEMO_MACHINE)
+    assert (noise.class_configs, noise.class_left_out, noise.class_set_aside) == (2, 1, 0)
+    assert noise.sigma == pytest.approx(0.052, abs=0.001)
+    assert noise_source(noise) == (
         "10 runs of 2 configurations and 2 other configurations on this machine (1 more on "
         "this machine left out: its runs scattered far beyond the rest)"
     )
-    assert "left out" not in noise_source(estimate_noise(DEMO_OWN, 24.3, DEMO_MACHINE[3:]))
+    assert "left out" not in noise_source(estimate_noise(alike, 24.3, DEMO_MACHINE[3:]))
+    noise = estimate_noise(DEMO_OWN, 24.3, DEMO_MACHINE)
+    assert (noise.class_configs, noise.class_left_out, noise.class_set_aside) == (0, 1, 2)
+    assert noise.sigma == pytest.approx(0.102, abs=0.001)  # 0.199 with all, 0.088 with two
+    assert judge_change([42.5], [24.3], noise, 0.10).verdict == "faster"
+    assert noise_source(noise) == (
+        "10 runs of 2 configurations (1 other configuration on this machine left out: its "
+        "runs scattered far beyond the rest; 2 more set aside: their runs scatter less than "
+        "these configurations')"
+    )
 
 
 def test_a_configuration_is_left_out_only_past_its_level():
@@ -126,6 +138,26 @@ def test_a_configuration_is_left_out_only_past_its_level():
         p = f_sf(sd**2 / DEFAULT_NOISE_AT_10MS**2, 1, DEFAULT_PRIOR_DF)
         assert (p < CLASS_OUTLIER_LEVEL) is bool(left_out), p
         assert noise.class_left_out == left_out
+
+
+def test_other_configurations_are_set_aside_only_past_their_level():
+    """The F test's two sides, a configuration's four runs (ln ±d around their mean) against
+    another configuration's four (ln ±0.03): twice as wide (F = 4, p ≈ 0.14), the other counts;
+    2.65 times (F = 7, p ≈ 0.07), it is set aside, and the noise is the own runs' and the
+    default's."""
+    other = [RunPoint("c", 10.0 * math.exp(x)) for x in (-0.03, -0.03, 0.03, 0.03)]
+    for ratio, set_aside in ((2.0, 0), (math.sqrt(7.0), 1)):
+        own = [[10.0 * math.exp(x * 0.03 * ratio) for x in (-1, -1, 1, 1)]]
+        noise = estimate_noise(own, 10.0, other, own_configs=["mine"])
+        p = f_sf(ratio**2, 3, 3)
+        assert (p < OWN_NOISIER_LEVEL) is bool(set_aside), p
+        assert (noise.class_set_aside, noise.class_configs) == (set_aside, 1 - set_aside)
+        alone = estimate_noise(own, 10.0, own_configs=["mine"])
+        assert (noise.sigma == alone.sigma) is bool(set_aside)
+        words = noise_source(noise)
+        assert ("set aside: its runs scatter less than this configuration's" in words) is bool(
+            set_aside
+        ), words
 
 
 def test_a_busy_machine_is_told_on_both_sides_of_its_thresholds():

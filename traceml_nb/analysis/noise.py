@@ -10,7 +10,9 @@ configurations never do. With few runs that estimate is itself uncertain, so it 
 * **shrunk** toward what this machine class has shown for *other* configurations and names of a
   similar step length (within ``STEP_LENGTH_FACTOR``; at most ``CLASS_PRIOR_MAX_DF`` degrees of
   freedom of it; a configuration whose runs scatter far beyond all the rest, two workloads
-  under one key, left out: ``CLASS_OUTLIER_LEVEL``), and toward a documented default for the
+  under one key, left out: ``CLASS_OUTLIER_LEVEL``; all of them set aside where the compared
+  configurations' own runs scatter more: ``OWN_NOISIER_LEVEL``), and toward a documented
+  default for the
   step length
   (:func:`default_noise_sigma`, worth ``DEFAULT_PRIOR_DF`` degrees of freedom): short steps
   are noisier;
@@ -44,6 +46,7 @@ from .thresholds import (
     DEFAULT_NOISE_MAX,
     DEFAULT_PRIOR_DF,
     MATERIAL_STEAL_SHARE,
+    OWN_NOISIER_LEVEL,
     SESSION_NOISE,
     STEP_LENGTH_FACTOR,
 )
@@ -98,7 +101,9 @@ class Noise:
     runs or more) and ``own_df`` their degrees of freedom (runs less one per configuration);
     ``class_df``: what other configurations of the machine
     class gave (``class_configs`` of them; ``class_left_out`` more were left out, their runs
-    scattered beyond the machine's noise); ``default_df``: the default's weight;
+    scattered beyond the machine's noise; ``class_set_aside`` were set aside, the compared
+    configurations' own runs scattering more than theirs); ``default_df``: the default's
+    weight;
     ``step_ms``: the step length the default and the class were taken at;
     ``across_sessions``: the compared runs came from different sessions (the default is then
     the wider one, :func:`default_noise_sigma`).
@@ -112,6 +117,7 @@ class Noise:
     class_df: float = 0.0
     class_configs: int = 0
     class_left_out: int = 0
+    class_set_aside: int = 0
     default_df: float = DEFAULT_PRIOR_DF
     step_ms: float = 0.0
     across_sessions: bool = False
@@ -178,6 +184,17 @@ def _without_outliers(
     return [group for group, _, _ in kept], left_out
 
 
+def _scatters_more(own_ss: float, own_df: float, class_ss: float, class_df: float) -> bool:
+    """The compared configurations' own runs (``own_ss`` over ``own_df``) scatter more than
+    the other configurations' (``class_ss`` over ``class_df``), by an F test of the two
+    variances below ``OWN_NOISIER_LEVEL``."""
+    if own_df == 0 or class_df == 0 or own_ss == 0:
+        return False
+    if class_ss == 0:
+        return True
+    return f_sf((own_ss / own_df) / (class_ss / class_df), own_df, class_df) < OWN_NOISIER_LEVEL
+
+
 def _by_config(points: Sequence[RunPoint]) -> dict[str | None, list[float]]:
     groups: dict[str | None, list[float]] = {}
     for p in points:
@@ -216,6 +233,9 @@ def estimate_noise(
     prior_ss, prior_df = DEFAULT_PRIOR_DF * default**2 + own_ss, DEFAULT_PRIOR_DF + own_df
     kept, left_out = _without_outliers(groups, prior_ss, prior_df)
     class_ss, class_df, class_configs = _class_prior(kept)
+    set_aside = 0
+    if _scatters_more(own_ss, own_df, class_ss, class_df):
+        set_aside, class_ss, class_df, class_configs = class_configs, 0.0, 0.0, 0
     df = prior_df + class_df
     variance = (prior_ss + class_ss) / df
     return Noise(
@@ -227,6 +247,7 @@ def estimate_noise(
         class_df=class_df,
         class_configs=class_configs,
         class_left_out=left_out,
+        class_set_aside=set_aside,
         default_df=DEFAULT_PRIOR_DF,
         step_ms=step_ms,
         across_sessions=across_sessions,

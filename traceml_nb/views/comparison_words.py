@@ -30,7 +30,9 @@ def noise_source(noise: Noise, after_busy: bool = False) -> str:
     """Where the noise comes from: ``5 runs of this configuration``, ``7 runs of 2
     configurations and 3 other configurations on this machine``, or ``assumed for 10 ms steps
     until reruns tell``; ``… (1 more on this machine left out: …)`` where the noise left a
-    configuration out (:data:`~traceml_nb.analysis.thresholds.CLASS_OUTLIER_LEVEL`); for runs
+    configuration out (:data:`~traceml_nb.analysis.thresholds.CLASS_OUTLIER_LEVEL`), ``…
+    (2 other configurations on this machine set aside: …)`` where it set the other
+    configurations aside (:data:`~traceml_nb.analysis.thresholds.OWN_NOISIER_LEVEL`); for runs
     of different sessions ``…, between sessions``; with ``after_busy``, ``…, 5× for this run
     on a busy machine``."""
     busy = f", {BUSY_NOISE_FACTOR:g}\u00d7 for this run on a busy machine" if after_busy else ""
@@ -42,13 +44,22 @@ def noise_source(noise: Noise, after_busy: bool = False) -> str:
         parts.append(f"{noise.own_runs} runs of {noise.own_configs} configurations")
     if noise.class_configs:
         parts.append(f"{plural(noise.class_configs, 'other configuration')} on this machine")
-    left_out = ""
+    notes = []
     if noise.class_left_out:
         n = noise.class_left_out
-        left_out = (
-            f" ({n} more on this machine left out: {'its' if n == 1 else 'their'} runs "
-            "scattered far beyond the rest)"
+        who = f"{n} more" if noise.class_configs else plural(n, "other configuration")
+        notes.append(
+            f"{who} on this machine left out: {'its' if n == 1 else 'their'} runs scattered far "
+            "beyond the rest"
         )
+    if noise.class_set_aside:
+        n = noise.class_set_aside
+        who = f"{n} more" if notes else f"{plural(n, 'other configuration')} on this machine"
+        mine = "this configuration's" if noise.own_configs == 1 else "these configurations'"
+        notes.append(
+            f"{who} set aside: {'its' if n == 1 else 'their'} runs scatter less than {mine}"
+        )
+    left_out = f" ({'; '.join(notes)})" if notes else ""
     if not parts:
         return (
             f"assumed for {fmt_ms(noise.step_ms)} steps{sessions} until reruns tell{left_out}{busy}"
