@@ -241,9 +241,9 @@ CLASS_OUTLIER_LEVEL = 0.001
 #: this VM the quickstart's fixed cell (its 7 runs 11% apart; 17.6% over 10 since) was judged
 #: at 9.9% beside the starved one (5.5%), and a run like the next two read "+41%, slower,
 #: beyond the run-to-run noise"; with the starved cell set aside, 11.8%: inconclusive.
-#: Simulated (tests/unit/test_noise_statistics.py): identical runs of a configuration at 15%
-#: beside one at 5% were called different in 4.6% of comparisons, 1.4% with this; where every
-#: configuration scatters alike, +20% is caught in 48.5% instead of 52.8% of gates.
+#: Simulated (tests/unit/test_noise_statistics.py, 2,000 gates each): a configuration at 15%
+#: beside three at 3-5%, identical runs, 2.95% false alarms, 1.6% with this; five at 5% alike,
+#: +20% caught in 40% after 5 runs (43% never set aside, 14% never counted).
 OWN_NOISIER_LEVEL = 0.10
 #: A run made on a busy machine (``BUSY_MACHINE_SHARE``, ``MATERIAL_STEAL_SHARE``) against a quiet
 #: baseline is judged with this many times the noise: such runs measured 20-60% slower than
