@@ -77,6 +77,36 @@ def test_a_loop_that_ends_without_another_fetch_keeps_its_last_step(how):
     assert len(res.steps.wall_ms) == 40
 
 
+@pytest.mark.parametrize("pause_s", [0.0, 0.05])
+@pytest.mark.parametrize("how", ["break before the step", "break after the step", "islice"])
+def test_a_loop_that_leaves_each_epoch_early_keeps_its_steps(how, pause_s):
+    """Three epochs of 40 steps over a loader of 100 batches, each left early: the batch the
+    loop fetched and broke on is no step (it read as a batch fetched ahead, and the run's
+    steps as its optimizer rows: 1 step in all; with a pause between epochs, as a step: 122),
+    and an epoch's last step ends at its optimizer step, not at the next epoch's first batch
+    (it took the pause: 50 ms)."""
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(n=400), batch_size=4)
+    made = 0
+    with traceml_nb.Run(how, sample=False) as run:
+        for _ in range(3):
+            batches = itertools.islice(loader, 40) if how == "islice" else loader
+            for i, (x, y) in enumerate(batches):
+                if how == "break before the step" and i == 40:
+                    break
+                train_step(model, opt, x, y)
+                time.sleep(0.001)  # a step's work, beside which a fetch alone is nothing
+                made += 1
+                if how == "break after the step" and i == 39:
+                    break
+            time.sleep(pause_s)  # between epochs: no step's time
+    assert made == 120
+    res = result_of(run)
+    assert res.summary.total_steps == 120
+    assert len(res.steps.wall_ms) == 120
+    assert max(res.steps.wall_ms) < 40.0
+
+
 def test_a_step_that_failed_before_its_optimizer_step_is_not_a_step():
     model, opt = model_and_opt()
     made = 0

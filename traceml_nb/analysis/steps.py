@@ -7,7 +7,8 @@ The rule, in order (the first that applies wins):
 2. training loaders (optimizer steps followed their batches): the rows of those that begin
    steps (``LoaderInfo.leads``: the outer loop's loader, not one drawn inside each step, nor
    the second of two loaders consumed with ``zip``). The last step, cut short by the end of
-   the run (``break``, ``islice``, an exception), is a step if its optimizer step ran. A step
+   the run (``break``, ``islice``, an exception) or by the loop leaving its epoch early (the
+   loader's next epoch begins), is a step if its optimizer step ran. A step
    an evaluation ran inside (``FLAG_INTERLEAVED``) is a step, which the statistics leave out
    (:mod:`.summary`): its time includes the evaluation. Where the loop fetches each batch
    one step ahead, or a gradient-accumulation cycle's batches before it trains on them

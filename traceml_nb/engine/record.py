@@ -36,7 +36,9 @@ SOURCE_OPTIMIZER = 254  #: ``optimizer.step()`` boundaries (used when no DataLoa
 FLAG_EPOCH_START = 1  #: first batch of an epoch (its wait includes worker start-up)
 #: a loader whose batches no optimizer step followed (an evaluation) was iterated inside this step
 FLAG_INTERLEAVED = 2
-FLAG_TRUNCATED = 4  #: closed by the end of the run, not by the next batch
+#: closed by the end of the run, or by the loader's next epoch where the loop left its
+#: iterator (a ``break``), not by the iterator's next batch
+FLAG_TRUNCATED = 4
 FLAG_OPTIMIZER_STEP = 8  #: at least one ``optimizer.step()`` ran inside this step
 #: the step ran (in part) under ``torch.profiler`` (``RunRecord.profile``); set by the
 #: analysis when it selects the steps, not written into the table

@@ -8,7 +8,9 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   ``__next__`` while the step was open (loaders consumed together with ``zip(a, b)``, or a
   second loader drawn inside each step: its wait is part of the step's). The exhausting fetch
   (``StopIteration``) closes the epoch's last step; the end of the run closes the rest
-  (``FLAG_TRUNCATED``), and a step closed so ends at its last optimizer step, if it had one.
+  (``FLAG_TRUNCATED``), and so does a loader's next epoch where the loop left its iterator
+  (a ``break`` out of each epoch: its last batch fetched and, before the break, trained on
+  or not); a step closed so ends at its last optimizer step, if it had one.
 * **Which loader trains.** An optimizer step is credited to the loader fetched last and to
   every loader fetched alongside it since the previous optimizer step (no more often than
   that one): their batches are followed by optimizer steps (``LoaderInfo.optimizer_steps``).
@@ -222,15 +224,15 @@ class StepSegmenter:
             self._let_go(gpu_enter, gpu_exit)
             return  # a loader past MAX_LOADERS
         batch = known.batch(number, size)
-        if st.start >= 0:
-            self._close(st, t_enter, gpu_enter, truncated=False)
+        first = number == 1
+        if st.start >= 0:  # a new epoch: the loop left the iterator of the step still open
+            self._close(st, t_enter, None if first else gpu_enter, truncated=first)
         wait = t_exit - t_enter
         info = st.info
         info.fetches += 1
         without = self._optimizer_rows.without_fetch
         if (without.held is not None or without.in_run) and info.is_training:
             self._fetched_again()
-        first = number == 1
         if first or info.fetches == 1 or not self._trained:
             self._first_fetches(st, info, first, t_enter, wait)
         phase = self._phase
