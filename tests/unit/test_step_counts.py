@@ -107,6 +107,25 @@ def test_a_loop_that_leaves_each_epoch_early_keeps_its_steps(how, pause_s):
     assert max(res.steps.wall_ms) < 40.0
 
 
+def test_a_batch_drawn_from_a_new_iterator_every_step_is_a_step_to_the_next():
+    """``next(iter(loader))`` for each batch, accumulating four: every iterator is left after
+    one batch, which is no epoch left early: each batch is a step, from its fetch to the
+    next one (as a loop over one iterator accumulating four counts them)."""
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(n=400), batch_size=4, shuffle=True)
+    with traceml_nb.Run("new iterator each step", sample=False) as run:
+        for k in range(48):
+            x, y = next(iter(loader))
+            (((model(x) - y) ** 2).mean() / 4).backward()
+            if k % 4 == 3:
+                opt.step()
+                opt.zero_grad()
+            time.sleep(0.001)
+    res = result_of(run)
+    assert res.summary.total_steps == 48
+    assert sum(res.steps.wall_ms) == pytest.approx(run.record.elapsed_ns / 1e6, rel=0.1)
+
+
 def test_a_step_that_failed_before_its_optimizer_step_is_not_a_step():
     model, opt = model_and_opt()
     made = 0

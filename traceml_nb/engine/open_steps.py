@@ -59,12 +59,14 @@ class LoaderSteps:
         "epoch_in_eval_mode",
         "trained_in_train_mode",
         "epoch",
+        "number",
     )
 
     def __init__(self, slot: int, info: LoaderInfo) -> None:
         self.slot = slot
         self.info = info
         self.start = -1  #: entry of the open step's fetch, -1 while no step is open
+        self.number = 0  #: the open step's batch number in its iterator (1: an epoch's first)
         self.wait = 0
         self.batch = -1
         self.flags = 0

@@ -9,8 +9,9 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   second loader drawn inside each step: its wait is part of the step's). The exhausting fetch
   (``StopIteration``) closes the epoch's last step; the end of the run closes the rest
   (``FLAG_TRUNCATED``), and so does a loader's next epoch where the loop left its iterator
-  (a ``break`` out of each epoch: its last batch fetched and, before the break, trained on
-  or not); a step closed so ends at its last optimizer step, if it had one.
+  after two batches or more (a ``break`` out of each epoch: its last batch fetched and,
+  before the break, trained on or not; not ``next(iter(loader))`` every step); a step closed
+  so ends at its last optimizer step, if it had one.
 * **Which loader trains.** An optimizer step is credited to the loader fetched last and to
   every loader fetched alongside it since the previous optimizer step (no more often than
   that one): their batches are followed by optimizer steps (``LoaderInfo.optimizer_steps``).
@@ -225,8 +226,11 @@ class StepSegmenter:
             return  # a loader past MAX_LOADERS
         batch = known.batch(number, size)
         first = number == 1
-        if st.start >= 0:  # a new epoch: the loop left the iterator of the step still open
-            self._close(st, t_enter, None if first else gpu_enter, truncated=first)
+        if st.start >= 0:
+            # a new epoch while an earlier one's step is open: the loop left that epoch early
+            # (a break), unless it was one batch long (``next(iter(loader))`` every step)
+            left = first and st.number > 1
+            self._close(st, t_enter, None if left else gpu_enter, truncated=left)
         wait = t_exit - t_enter
         info = st.info
         info.fetches += 1
@@ -256,6 +260,7 @@ class StepSegmenter:
             st.fresh_draws = first
         st.since_optimizer += 1
         st.start = t_enter
+        st.number = number
         st.wait = wait
         st.batch = batch
         st.flags = (FLAG_EPOCH_START if first else 0) | (FLAG_EVALUATING if st.evaluating else 0)
