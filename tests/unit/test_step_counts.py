@@ -127,6 +127,28 @@ def test_a_batch_drawn_from_a_new_iterator_every_step_is_a_step_to_the_next():
     assert sum(res.steps.wall_ms) == pytest.approx(run.record.elapsed_ns / 1e6, rel=0.1)
 
 
+@pytest.mark.parametrize("every", [10, 3])
+def test_a_loop_that_skips_batches_keeps_its_steps(every):
+    """``continue`` on every 10th (or 3rd) batch: a skipped batch is a row that only fetched,
+    as a batch a trainer fetches ahead is. Read so once the loader's rows had been decided on,
+    it made the run's steps the optimizer rows, which were no longer written: 1 step. The
+    decision the first steps made is kept: each batch the loop iterated is a step, the skipped
+    ones too (their fetch is the loop's data wait)."""
+    model, opt = model_and_opt()
+    trained = 0
+    with traceml_nb.Run("skips batches", sample=False) as run:
+        for i, (x, y) in enumerate(DataLoader(Counted(n=640), batch_size=4)):
+            if i % every == every - 1:
+                continue
+            train_step(model, opt, x, y)
+            time.sleep(0.001)  # a step's work, beside which a fetch alone is nothing
+            trained += 1
+    res = result_of(run)
+    assert run.record.loaders[0].fetch_only_rows > 0  # (told apart as such)
+    assert res.summary.total_steps == 160
+    assert res.summary.step_ms_median > 1.0
+
+
 def test_a_step_that_failed_before_its_optimizer_step_is_not_a_step():
     model, opt = model_and_opt()
     made = 0

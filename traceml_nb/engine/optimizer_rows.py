@@ -72,9 +72,16 @@ class OptimizerRows:
 
     def decided(self) -> bool:
         """Optimizer rows are the steps, or may be (:func:`optimizer_rows_decided`: kept once
-        decided, until another loader starts to train, which sets :attr:`needed` to None)."""
+        decided, until another loader starts to train, which sets :attr:`needed` to None).
+        Once decided, each training loader keeps how it fetches (``LoaderInfo.ahead_decided``):
+        the rows written follow that decision, and so must the step rule."""
         if self.needed is None:
             self.needed = optimizer_rows_decided(self._by_slot.values())
+            if self.needed is not None:
+                for st in self._by_slot.values():
+                    info = st.info
+                    if info.is_training and info.ahead_decided is None:
+                        info.ahead_decided = info.fetches_ahead
         return self.needed is not False
 
     def fetched_again(self) -> Row | None:

@@ -168,6 +168,12 @@ class LoaderInfo:
     #: its samples are tensors already in memory: a ``TensorDataset``, or a ``Subset`` or
     #: ``ConcatDataset`` of them (``random_split``'s), :data:`~.instrument.loader.IN_MEMORY_DATASETS`
     in_memory: bool = False
+    #: :attr:`fetches_ahead` as the segmenter decided it once the first steps told, kept from
+    #: then on (None: not decided yet). A batch the loop skips later (``continue``) is a row
+    #: that only fetched, as a batch fetched ahead is; read so, it turned the run's steps into
+    #: its optimizer rows, which are not written once the loader's own rows were decided on:
+    #: 144 steps read as 1
+    ahead_decided: bool | None = None
 
     @property
     def fetches_ahead(self) -> bool | None:
@@ -175,7 +181,10 @@ class LoaderInfo:
         (a trainer's prefetch of one batch: the first step of each epoch holds two fetches and
         no optimizer step; or of a whole gradient-accumulation cycle: ``fetch_only_rows``):
         True, False, or None while too few steps tell (or, not yet known to fetch ahead,
-        while a row without an optimizer step waits to be told apart)."""
+        while a row without an optimizer step waits to be told apart); once decided
+        (:attr:`ahead_decided`), that."""
+        if self.ahead_decided is not None:
+            return self.ahead_decided
         ahead = self.epoch_first_rows_without_step or self.fetch_only_rows
         if self.rows_without_step:
             return False
