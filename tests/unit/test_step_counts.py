@@ -316,6 +316,32 @@ def test_an_evaluation_over_the_training_loader_with_autograd_on_is_a_phase_not_
     assert [len(info.evaluation_rows) for info in run.record.loaders] == [3, 0]
 
 
+@pytest.mark.parametrize("ended", ["completed", "interrupted"])
+def test_an_evaluation_left_by_a_break_at_the_run_s_end_is_over_if_the_run_completed(ended):
+    # each epoch's evaluation over 4 batches of the training loader (model.eval(), autograd
+    # on), left by a break: the last one is followed by no epoch, only by the run's end. A run
+    # that completed ended its loop, so that epoch is over (its batches were 4 steps more); an
+    # interrupted one may have been training, and its batches stay steps
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(n=64), batch_size=4)
+    with contextlib.suppress(KeyboardInterrupt), traceml_nb.Run(ended, sample=False) as run:
+        for _epoch in range(3):
+            model.train()
+            for x, y in loader:
+                train_step(model, opt, x, y)
+            model.eval()
+            for i, (x, _) in enumerate(loader):
+                if i == 4:
+                    break
+                model(x)
+        if ended == "interrupted":
+            raise KeyboardInterrupt
+    summary = result_of(run).summary
+    told = 3 if ended == "completed" else 2
+    assert summary.total_steps == 3 * 16 + 4 * (3 - told)
+    assert {p.name: p.passes for p in summary.phases} == {"eval (loader 0)": told}
+
+
 @pytest.mark.parametrize("timing", TIMINGS)
 def test_a_loop_that_trains_in_eval_mode_keeps_its_steps(timing, monkeypatch):
     # the other side: model.eval() called once and model.train() never again (a validation

@@ -382,7 +382,7 @@ class Run:
             finally:
                 try:
                     if self._tracer is not None:
-                        self._tracer.close()
+                        self._tracer.close(self.status == "completed")
                         self._note_tracer_error()
                 except Exception as exc:
                     self.capabilities.note(

@@ -160,15 +160,18 @@ class StepSegmenter:
         finally:
             self._flush()
 
-    def finish(self, t_end_ns: int) -> None:
-        """Close every open step at the run's end ``t_end_ns`` (``FLAG_TRUNCATED``)."""
+    def finish(self, t_end_ns: int, completed: bool = False) -> None:
+        """Close every open step at the run's end ``t_end_ns`` (``FLAG_TRUNCATED``). An epoch
+        begun with the models in eval mode is over if its iterator was exhausted, or if the run
+        ``completed`` (the loop ended: a ``break`` left it; an interrupted one may have been
+        training)."""
         self._end_phase(t_end_ns)
         try:
             for st in list(self._open.values()):
                 self._close(st, t_end_ns, None, truncated=True)
             end_row = len(self.record.steps) + len(self._rows)
             for st in self._by_slot.values():
-                if st.epoch is not None and st.epoch.exhausted:
+                if st.epoch is not None and (completed or st.epoch.exhausted):
                     st.epoch_over(end_row)
                 st.tell_rows_apart()
             self._fetched_again()

@@ -431,17 +431,18 @@ class StepTracer:
         self.active = False
 
     # --- end ------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Process the rest of the log, close every open step at the run's end and resolve the
-        GPU events (the run's one synchronisation); after an :attr:`error`, only let go of the
-        loaders. A reader may still call :meth:`process` afterwards: it finds nothing."""
+    def close(self, completed: bool = False) -> None:
+        """Process the rest of the log, close every open step at the run's end (``completed``:
+        the loop ended, not interrupted nor failed) and resolve the GPU events (the run's one
+        synchronisation); after an :attr:`error`, only let go of the loaders. A reader may
+        still call :meth:`process` afterwards: it finds nothing."""
         t_end = self.clock()
         t0 = time.perf_counter_ns()
         with self.lock:
             try:
                 if self.error is None:
                     self._segment()
-                    self._segmenter.finish(t_end)
+                    self._segmenter.finish(t_end, completed)
                     self.processing_ns += time.perf_counter_ns() - t0
                     if self.gpu is not None:
                         self.gpu.finish()
