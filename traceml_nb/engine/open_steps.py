@@ -192,7 +192,7 @@ class EpochWork:
 
     def __init__(self, first_row: int, info: LoaderInfo, untold: int) -> None:
         self.first_row = first_row  #: the step table's index of its first row
-        self.rows = 0  #: its steps closed so far (not cut short by the run's end)
+        self.rows = 0  #: its steps closed so far (not those a break or the run's end cut short)
         self.backward = False  #: a step of it that the instruments timed ran a backward
         #: the loader's counts of rows without an optimizer step when it began, and how many
         #: of those were not told apart yet
