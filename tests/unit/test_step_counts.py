@@ -108,6 +108,102 @@ def test_a_loop_that_leaves_each_epoch_early_keeps_its_steps(how, pause_s):
     assert epochs_last[1] < 40.0  # the median of the three: a busy machine may hold one up
 
 
+def _update_by_hand(model, x, y) -> None:
+    loss = ((model(x) - y) ** 2).mean()
+    model.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.01 * p.grad
+
+
+@pytest.mark.parametrize(
+    ("update", "how"),
+    [
+        ("optimizer", "break before the step"),
+        ("optimizer", "break after the step"),
+        ("by hand", "to the end"),
+        ("by hand", "break after the step"),
+        ("by hand, dataset anew", "to the end"),
+        ("none, under no_grad", "to the end"),
+    ],
+)
+def test_a_new_loader_each_epoch_keeps_its_steps(update, how):
+    """A DataLoader built for each epoch over the same dataset goes on from the last one's
+    epochs: left by a break, its broken-on batch is no step (122 steps of 120 read before,
+    the batch credited with the next loader's first optimizer step); without an optimizer,
+    every loader's batches are the steps (the first loader's alone were, 60 of 180, and the
+    others an evaluation)."""
+    model, opt = model_and_opt()
+    data = Counted(n=160)
+    tensors = torch.randn(160, 8), torch.randn(160, 1)
+    made = 0
+    with traceml_nb.Run(update, sample=False) as run:
+        for _ in range(3):
+            if update == "by hand, dataset anew":
+                data = torch.utils.data.TensorDataset(*tensors)
+            for i, (x, y) in enumerate(DataLoader(data, batch_size=4, shuffle=True)):
+                if how == "break before the step" and i == 30:
+                    break
+                if update == "optimizer":
+                    train_step(model, opt, x, y)
+                elif update.startswith("by hand"):
+                    _update_by_hand(model, x, y)
+                else:
+                    with torch.no_grad():
+                        model(x)
+                made += 1
+                if how == "break after the step" and i == 29:
+                    break
+    assert made == (120 if how == "to the end" else 90)
+    summary = result_of(run).summary
+    assert (summary.total_steps, summary.phases) == (made, [])
+
+
+def test_two_new_loaders_each_epoch_drawn_together_keep_their_steps():
+    """``zip`` of two DataLoaders over one dataset, both built for each epoch: the second's
+    first batch leaves no epoch of the first (it is an epoch's first step, drawn beside it),
+    and the first's next one leaves the second's epoch, which ``zip`` never ends."""
+    model, opt = model_and_opt()
+    data = Counted(n=160)
+    made = 0
+    with traceml_nb.Run("zip anew", sample=False) as run:
+        for _ in range(3):
+            first, second = DataLoader(data, batch_size=4, shuffle=True), DataLoader(data, 4)
+            pairs = zip(first, second, strict=False)
+            for (x, y), (x2, y2) in pairs:
+                train_step(model, opt, torch.cat([x, x2]), torch.cat([y, y2]))
+                made += 1
+    assert made == 120
+    summary = result_of(run).summary
+    assert (summary.total_steps, summary.phases) == (120, [])
+
+
+@pytest.mark.parametrize("autograd", ["off", "on, eval mode"])
+def test_an_evaluation_over_the_training_set_with_a_new_loader_leaves_no_epoch(autograd):
+    """An evaluation over the training dataset with a DataLoader built for it, run inside a
+    training step before its optimizer step: iterated another way (autograd off, or the
+    model in eval mode), it leaves no training epoch, and its batches are a phase."""
+    model, opt = model_and_opt()
+    data = Counted(n=160)
+    made = 0
+    with traceml_nb.Run("evaluate anew", sample=False) as run:
+        for _ in range(2):
+            for i, (x, y) in enumerate(DataLoader(data, batch_size=4, shuffle=True)):
+                if i % 20 == 5:
+                    model.eval()
+                    with torch.no_grad() if autograd == "off" else contextlib.nullcontext():
+                        for x_eval, _ in DataLoader(data, batch_size=16):
+                            model(x_eval)
+                    model.train()
+                train_step(model, opt, x, y)
+                made += 1
+    summary = result_of(run).summary
+    assert summary.total_steps == made == 80
+    [phase] = summary.phases
+    assert (phase.batches, phase.passes) == (4 * 10, 4)
+
+
 def test_a_batch_drawn_from_a_new_iterator_every_step_is_a_step_to_the_next():
     """``next(iter(loader))`` for each batch, accumulating four: every iterator is left after
     one batch, which is no epoch left early: each batch is a step, from its fetch to the

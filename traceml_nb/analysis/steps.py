@@ -24,7 +24,9 @@ The rule, in order (the first that applies wins):
    autograd on and the models in eval mode (``LoaderInfo.evaluation_rows``: no optimizer
    step in it, no backward);
 3. optimizer ``step()`` boundaries;
-4. the loader fetched most often (no optimizer in the run: every batch consumed is a step).
+4. the loader fetched most often, with the loaders built anew that go on from its epochs
+   (``LoaderInfo.follows``: a new DataLoader for each epoch) and their fetches (no optimizer in
+   the run: every batch consumed is a step).
 
 Loaders whose rows are not the steps and whose batches are not inside them (evaluation
 loaders) become phases of their own (``Summary.phases``), never mixed in.
@@ -128,9 +130,22 @@ def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int)
     if optimizer_steps > 0:
         return StepRule("optimizer", (SOURCE_OPTIMIZER,))
     if loaders:
-        busiest = max(loaders, key=lambda info: info.fetches)
-        return StepRule("dataloader", (busiest.slot,), (busiest.slot,))
+        busiest = _busiest_chain(loaders)
+        return StepRule("dataloader", busiest, busiest)
     return StepRule("none", ())
+
+
+def _busiest_chain(loaders: Sequence[LoaderInfo]) -> tuple[int, ...]:
+    """The slots of the loaders fetched most often together, each loader with those whose
+    epochs it goes on from (``LoaderInfo.follows``: a new DataLoader for each epoch)."""
+    root: dict[int, int] = {}
+    fetches: dict[int, int] = {}
+    for info in sorted(loaders, key=lambda info: info.slot):
+        first = root.get(info.follows, info.slot) if info.follows is not None else info.slot
+        root[info.slot] = first
+        fetches[first] = fetches.get(first, 0) + info.fetches
+    busiest = max(fetches, key=lambda slot: fetches[slot])
+    return tuple(slot for slot, first in root.items() if first == busiest)
 
 
 def rule_of(snapshot: RecordSnapshot) -> StepRule:

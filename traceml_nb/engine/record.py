@@ -174,6 +174,21 @@ class LoaderInfo:
     #: its optimizer rows, which are not written once the loader's own rows were decided on:
     #: 144 steps read as 1
     ahead_decided: bool | None = None
+    #: the slot of the loader whose epochs this one goes on from: built anew (a new DataLoader
+    #: for each epoch) over the same dataset, iterated the same way (autograd on or off, the
+    #: models in eval mode or not), its first fetch came once that loader's step was closed or
+    #: left after two batches or more of its epoch; None where it is no such loader
+    follows: int | None = None
+
+    def over_same_dataset(self, other: LoaderInfo) -> bool:
+        """Its dataset is ``other``'s: the same object, or one of the same type and length (a
+        ``TensorDataset`` built anew over the same tensors for each epoch)."""
+        if self.dataset_id and self.dataset_id == other.dataset_id:
+            return True
+        return self.dataset_len is not None and (self.dataset_type, self.dataset_len) == (
+            other.dataset_type,
+            other.dataset_len,
+        )
 
     @property
     def fetches_ahead(self) -> bool | None:

@@ -10,8 +10,9 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   (``StopIteration``) closes the epoch's last step; the end of the run closes the rest
   (``FLAG_TRUNCATED``), and so does a loader's next epoch where the loop left its iterator
   after two batches or more (a ``break`` out of each epoch: its last batch fetched and,
-  before the break, trained on or not; not ``next(iter(loader))`` every step); a step closed
-  so ends at its last optimizer step, if it had one.
+  before the break, trained on or not; not ``next(iter(loader))`` every step), or a new loader
+  that goes on from its epochs (``LoaderInfo.follows``); a step closed so ends at its last
+  optimizer step, if it had one.
 * **Which loader trains.** An optimizer step is credited to the loader fetched last and to
   every loader fetched alongside it since the previous optimizer step (no more often than
   that one): their batches are followed by optimizer steps (``LoaderInfo.optimizer_steps``).
@@ -234,6 +235,8 @@ class StepSegmenter:
             # (a break), unless it was one batch long (``next(iter(loader))`` every step)
             left = first and st.number > 1
             self._close(st, t_enter, None if left else gpu_enter, truncated=left)
+        elif first and not st.info.fetches:
+            self._built_anew(st, t_enter)
         wait = t_exit - t_enter
         info = st.info
         info.fetches += 1
@@ -291,6 +294,31 @@ class StepSegmenter:
             st.epoch_began(len(self.record.steps) + len(self._rows))
         if not self._trained:
             info.fetches_before_training += 1
+
+    def _built_anew(self, st: LoaderSteps, t_enter: int) -> None:
+        """A loader's first fetch: a step still open after two batches or more of an epoch of a
+        loader over the same dataset, iterated the same way, was left (a new DataLoader each
+        epoch, and a ``break``); the loader goes on from the earliest such loader none goes on
+        from yet whose step is not open (not one drawn beside it: ``zip``), ``follows``."""
+        info = st.info
+        same = [
+            other
+            for other in self._by_slot.values()
+            if other is not st
+            and other.info.over_same_dataset(info)
+            and other.evaluating == st.evaluating
+            and other.model_evaluating == st.model_evaluating
+        ]
+        if not same:
+            return
+        for other in same:
+            if other.start >= 0 and other.number > 1:
+                self._close(other, t_enter, None, truncated=True)
+        followed = {other.info.follows for other in self._by_slot.values()}
+        for other in same:
+            if other.slot not in followed and other.start < 0:
+                info.follows = other.slot
+                return
 
     def _change_phase(self, st: LoaderSteps, t_enter: int) -> None:
         """A fetch of ``st`` after another loader's phase, or of a loader no optimizer step has
