@@ -62,12 +62,14 @@ NO_COPY = (
 #: Where the other phases were timed and no model's forward was seen: a model called only
 #: inside a function compiled with ``torch.compile`` (our hooks are traced there, and do
 #: nothing), a TorchScript model (it takes no hooks), a model first called after the first
-#: optimizer step (it is not sought). Its time, and the input copy's (which ends at the
-#: forward), are then in the rest of the step.
+#: optimizer step (it is not sought), a model of plain tensors (``X @ w + b``, no
+#: ``torch.nn.Module`` to hook). Its time, and the input copy's (which ends at the forward),
+#: are then in the rest of the step.
 NO_FORWARD = (
     "no forward of the model was seen: a model called inside a function compiled with "
-    "torch.compile, a TorchScript model and one first called after the first optimizer step "
-    "are not timed; its time is in the rest of the step"
+    "torch.compile, a TorchScript model, one first called after the first optimizer step and "
+    "one of plain tensors (no torch.nn.Module) are not timed; its time is in the rest of the "
+    "step"
 )
 NO_COPY_WITHOUT_FORWARD = "it ends at the model's forward, which was not seen"
 #: Where optimizer steps were timed and no ``backward()`` was seen: the gradients came another
