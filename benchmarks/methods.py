@@ -251,7 +251,7 @@ class Interleaved:
 def _phase_samples() -> int:
     """The phase samples the installed run has taken (its instruments are the hooks' own)."""
     installed = hooks._installed
-    return installed.phases.samples if installed is not None else 0
+    return installed.phases.schedule.samples if installed is not None else 0
 
 
 def pooled_median(blocks: Sequence[Sequence[float]]) -> float:

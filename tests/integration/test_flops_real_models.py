@@ -26,7 +26,7 @@ SEQ, HIDDEN = 16, 128
 @pytest.fixture(autouse=True)
 def nothing_compiled(monkeypatch) -> None:
     """As in a process that never compiled a model (another test of the suite may have)."""
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
 
 
 def summary_of(run):

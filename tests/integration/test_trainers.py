@@ -124,7 +124,7 @@ def test_a_trainer_accumulating_gradients_has_a_step_per_optimizer_step(tmp_path
     )  # fmt: skip
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(400))
     # as in a process that never compiled a model (an earlier test of the suite may have)
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     with traceml_nb.Run("hf-accumulation", sample=False) as run:
         trainer.train()
     summary = result_of(run).summary

@@ -49,7 +49,7 @@ def _dispatch_modes() -> int:
 @pytest.fixture(autouse=True)
 def nothing_compiled(monkeypatch) -> None:
     """As in a process that never compiled a model (another test of the suite may have)."""
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
 
 
 def test_the_count_is_flop_counter_mode_on_the_same_step_and_that_step_is_left_out() -> None:
@@ -195,7 +195,7 @@ def test_a_try_that_cannot_start_keeps_the_steps_the_first_one_slowed_left_out(
     """The count caught an evaluation and the next try cannot start (a model was compiled in
     between): no count, with why, and the first try's step is still left out."""
     calls = iter([False, True])
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: next(calls, True))
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: next(calls, True))
     run = _train_evaluating(10, 0)
     assert run.record.flops is not None and run.record.flops.why == flop_capture.COMPILED
     counted = np.flatnonzero(select_rows(run.record.snapshot()).flags & FLAG_FLOP_COUNTED)
@@ -331,7 +331,7 @@ def test_a_run_that_ends_inside_the_counted_step_leaves_no_counter_behind() -> N
 
 
 def test_a_process_that_compiled_a_model_counts_nothing(monkeypatch) -> None:
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: True)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: True)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with traceml_nb.Run("compiled", sample=False) as run:

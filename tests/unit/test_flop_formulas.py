@@ -360,7 +360,7 @@ class _LstmModel:
 
 def test_a_run_of_an_lstm_model_counts_its_recurrent_layers(monkeypatch) -> None:
     """The run's count is the step's with the LSTM's work in it, not the head's alone."""
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     model = _LstmModel()
     with traceml_nb.Run("lstm", sample=False) as run:
         model.train()
@@ -379,7 +379,7 @@ def test_a_formula_that_fails_leaves_the_step_alone_and_the_count_unavailable(
     """A formula runs inside the user's step: one that raises counts nothing there, the step
     goes on as without the run, and the FLOPs are unavailable with why (not a count short of
     the LSTM's work)."""
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
 
     def broken(*args, **kwargs) -> int:
         raise ValueError("a shape it did not expect")

@@ -204,7 +204,7 @@ def test_the_mfu_on_a_gpu_is_over_the_gpu_timelines_step(monkeypatch) -> None:
     """A GPU-bound loop on the simulated timeline, its FLOP count as a T4 in fp16 would give:
     the achieved FLOP/s are the step's FLOPs over its 12 ms on the GPU, the MFU against 65."""
     # an earlier test of the process compiled a model: the count would then be skipped
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     run = _train(FakeTimeline(), 60, 0.5)
     count = run.record.flops
     assert count is not None and count.flops

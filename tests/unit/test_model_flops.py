@@ -79,7 +79,7 @@ def _by_hand(reentrant: bool | None) -> tuple[int, int]:
 def test_the_recomputed_forwards_are_counted_apart_from_the_models_flops(
     monkeypatch, reentrant
 ) -> None:
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     plain, none_recomputed = _by_hand(None)
     model, recomputed = _by_hand(reentrant)
     assert none_recomputed == 0 and model == plain
@@ -106,7 +106,7 @@ def test_the_recomputed_forwards_are_counted_apart_from_the_models_flops(
 def test_without_checkpointing_nothing_is_recomputed_and_the_report_says_nothing(
     monkeypatch,
 ) -> None:
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     with traceml_nb.Run("plain", sample=False) as run:
         _train(Blocks(None))
     assert run.record.flops is not None and run.record.flops.recomputed_flops == 0
@@ -179,7 +179,7 @@ def _outside_count(make_optimizer) -> tuple[int, int, int]:
 def test_an_optimizers_own_matrix_work_is_counted_apart(monkeypatch, name) -> None:
     """Work done with autograd off, outside every module call and the autograd engine (the
     optimizer's step) is not the model's: MFU counts the forwards and backwards."""
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     if name == "Muon" and not hasattr(torch.optim, "Muon"):
         pytest.skip("this torch has no Muon")
 
@@ -201,7 +201,7 @@ def test_an_lbfgs_closure_is_the_models_work_and_adam_does_none_outside(monkeypa
     """LBFGS runs the forward and backward inside its step (autograd on again in the closure):
     the model's; its own dot products over the flat gradients are counted apart. Adam's step is
     elementwise: nothing counted outside."""
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     flops, outside, plain = _outside_count(lambda model: torch.optim.Adam(model.parameters()))
     assert (flops, outside) == (plain, 0)
     with traceml_nb.Run("lbfgs", sample=False) as run:
@@ -242,7 +242,7 @@ def test_operators_of_other_libraries_are_named_and_the_figures_read_as_lower_bo
     the count names it, and the report reads the FLOPs and FLOP/s as lower bounds. The
     profiler's marks (``record_function``, every optimizer step's) and torch's own operators
     without a formula's kind of work are not named."""
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     basis = torch.randn(WIDTH, WIDTH)
     model = Blocks(None)
     opt = torch.optim.Adam(model.parameters())
@@ -303,7 +303,7 @@ def test_operators_without_a_formula_outside_the_model_leave_its_count_whole(
     """An optimizer's eigendecomposition is named with the optimizer's work, and the model's
     FLOPs, FLOP/s and MFU stay whole (no "at least"); an FFT in the model's forward makes them
     lower bounds."""
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     model = SpectralHead() if where == "model" else Blocks(None)
     opt = (
         EigenStep(model.parameters())

@@ -856,7 +856,7 @@ def test_after_the_early_samples_the_sampling_spaces_out(monkeypatch) -> None:
     phases, _, on_at = _one_ms_steps(12_000)
     gaps = [b - a for a, b in zip(on_at, on_at[1:], strict=False)]
     early = step_phases.EARLY_SAMPLES
-    assert phases.samples == len(on_at) + 1  # and the first step's, at install
+    assert phases.schedule.samples == len(on_at) + 1  # and the first step's, at install
     assert set(gaps[2 : early - 2]) == {51}
     assert set(gaps[early + 1 :]) == {201}
 
@@ -928,3 +928,33 @@ def test_an_input_copy_begins_at_a_fetch_seen_while_the_instruments_are_on(fetch
         ledger.copy_from = 1_000
     ledger.phase((PHASE, FORWARD, 5_000, 9_000, None, None))
     assert ledger.totals[:2] == [4_000 if fetched == "in it" else 0, 4_000]
+
+
+@pytest.mark.parametrize("old_models", ["let go", "kept"])
+def test_a_model_made_for_each_fold_has_its_forward_timed(old_models) -> None:
+    """A new model and optimizer for each fold of a cross-validation (or each trial of a
+    sweep): the models are sought again in the first sample of an optimizer no sample saw, so
+    the later folds' forwards are timed too (they read 0 ms, and the forward's median with
+    them, where two folds in three went unseen), whether the earlier models were let go or
+    kept (an ensemble)."""
+    kept = []
+    with traceml_nb.Run("folds", sample=False) as run:
+        for _ in range(3):
+            model = torch.nn.Sequential(
+                torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)
+            )
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            if old_models == "kept":
+                kept.append(model)
+            for x, y in _loader(160):
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+    steps = _steps(run)
+    forward = _phase_ms(steps)[:, PHASES.index("forward")]
+    timed = _timed(steps)
+    for fold in range(3):
+        in_fold = timed & (np.arange(len(steps)) // 20 == fold)
+        assert in_fold.sum() >= 3
+        assert (forward[in_fold][1:] > 0).all(), fold  # (the first may be the sample before)
+    assert traceml_nb.Session().result(run).summary.forward_ms_median > 0

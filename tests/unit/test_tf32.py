@@ -129,7 +129,7 @@ def test_settings_that_cannot_be_read_leave_the_precision_unknown(monkeypatch):
 def test_a_run_that_set_the_new_settings_gets_its_flops_counted(settings, monkeypatch):
     """The FLOP counter read the legacy matmul precision, which raises once a program has set
     the new one: the count did not start ("the FLOP counter could not start")."""
-    monkeypatch.setattr(flop_count, "_compiled_anything", lambda: False)
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     torch.backends.cuda.matmul.fp32_precision = "tf32"
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

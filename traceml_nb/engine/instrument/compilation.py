@@ -13,8 +13,13 @@ gone. :func:`run_as_they_are` has it run our hooks as they are instead.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
+
+#: The warning torch gives when a compiled module is called while global module hooks are in
+#: place (ours, while the model is sought), held back meanwhile.
+COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
 def compiling_check() -> Callable[[], bool]:
@@ -41,6 +46,15 @@ def is_compiled(module: Any) -> bool:
     return is_compiled_wrapper(module) or getattr(module, "_compiled_call_impl", None) is not None
 
 
+def compiled_anything() -> bool:
+    """``torch.compile`` has compiled a graph in this process."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:
+        return False
+    return bool(counters["stats"].get("unique_graphs"))
+
+
 def run_as_they_are(*functions: Callable[..., Any]) -> bool:
     """Have ``torch.compile`` run ``functions``, and what they call, as they are when one is
     called on its own inside a compiled call (the hooks of a module compiled in place); traced
@@ -57,3 +71,17 @@ def run_as_they_are(*functions: Callable[..., Any]) -> bool:
     except Exception:  # a private API: missing or changed, our hooks compile as before
         return False
     return True
+
+
+def hold_compile_warning() -> Any:
+    """Hold :data:`COMPILE_WARNING` back; the filter that does, for
+    :func:`let_compile_warning_through`."""
+    warnings.filterwarnings("ignore", COMPILE_WARNING, UserWarning)
+    return warnings.filters[0]
+
+
+def let_compile_warning_through(held: Any) -> None:
+    """Take back the filter :func:`hold_compile_warning` gave (None: none)."""
+    if held is not None and held in warnings.filters:
+        cast(list[Any], warnings.filters).remove(held)
+        warnings._filters_mutated()  # type: ignore[attr-defined]

@@ -44,6 +44,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, FlopCount
+from .compilation import compiled_anything
 from .flop_formulas import WITHOUT_FORMULA, extra_formulas
 from .recompute import recomputing
 from .tf32 import CONV, MATMUL, RNN, tf32_allowed
@@ -298,14 +299,6 @@ class _CallsWithoutGrad:
         return self.seen
 
 
-def _compiled_anything() -> bool:
-    try:
-        from torch._dynamo.utils import counters
-    except Exception:
-        return False
-    return bool(counters["stats"].get("unique_graphs"))
-
-
 class FlopWindow:
     """Counts the FLOPs of one step; the tracer's optimizer post-step hook calls
     :meth:`optimizer_step_ended` when :attr:`countdown` runs out. ``found`` is handed the
@@ -350,7 +343,7 @@ class FlopWindow:
             self._end(optimizer)
 
     def _begin(self, optimizer: Any) -> None:
-        if _compiled_anything():
+        if compiled_anything():
             self._conclude(FlopCount(why=COMPILED))
             return
         try:

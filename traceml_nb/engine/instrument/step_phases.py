@@ -5,31 +5,31 @@ batch's arrival to the first forward after it). On CUDA each phase also records 
 its start and its end (:class:`PhaseClock`), from which its GPU time is read once the GPU is past
 them (:mod:`.gpu_events`).
 
-**A sample of the steps.** Hooks on a module make every call of it take torch's slower path,
-and putting them in place and taking them away costs tens of microseconds: over the budget of
-a sub-millisecond step if paid on every one. So the phases are timed on the first step and
-then on one step in about every :data:`EARLY_SAMPLE_INTERVAL_S` of training, and every
-:data:`SAMPLE_INTERVAL_S` (and :data:`MIN_SAMPLE_SKIP` steps at least) once
-:data:`EARLY_SAMPLES` were taken: the instruments are put
-in place at an optimizer step's end and taken away at the same optimizer's next one (where a
-GAN's other optimizer stepped in between, at the one after), and each switch is logged
-(:class:`~traceml_nb.engine.events.Sampling`), so the segmenter gives phases to the steps that
-ran while they were on, and none to the others. How many steps to skip is told from the steps'
-pace since the last sample. A loop without an optimizer (an evaluation) keeps them on
+**A sample of the steps.** Hooks on a module make every call of it take torch's slower path, and
+putting them in place and taking them away costs tens of microseconds: over the budget of a
+sub-millisecond step if paid on every one. So the phases are timed on the first step and then on
+one step in about every :data:`EARLY_SAMPLE_INTERVAL_S` of training, and every
+:data:`SAMPLE_INTERVAL_S` (and :data:`MIN_SAMPLE_SKIP` steps at least) once :data:`EARLY_SAMPLES`
+were taken: the instruments are put in place at an optimizer step's end and taken away at the same
+optimizer's next one (where a GAN's other optimizer stepped in between, at the one after), and each
+switch is logged (:class:`~traceml_nb.engine.events.Sampling`), so the segmenter gives phases to
+the steps that ran while they were on, and none to the others. How many steps to skip is told from
+the steps' pace since the last sample. A loop without an optimizer (an evaluation) keeps them on
 throughout.
 
 **The model is found without being named.** Until the first optimizer step (or the first model
-called a second time, or a compiled module called), global module forward hooks watch every
-module call and take as the model each module called from outside any other module that holds
-parameters (the loss function holds none); from then on only those modules carry hooks, while
-sampled, and only during each of their calls (never at a step boundary, where a loop copies
-or saves its model: a deep copy would keep them, a pickle fails on them). Several models (a
-GAN's two), a model called twice a step and a DDP wrapper are all outermost modules; a model
-first called after that first step is not seen. The backward is
-``torch.autograd.backward`` (what ``loss.backward()`` calls), wrapped while sampled; the
-optimizer's step starts at a global optimizer pre-step hook and ends in the tracer's post-step
-hook (:meth:`StepPhases.optimizer_step_ended`), so a step's optimizer phase is logged before
-the step's end. Putting the model's hooks in place at its call is timed as no phase (a
+called a second time, or a compiled module called), global module forward hooks watch every module
+call and take as the model each module called from outside any other module that holds parameters
+(the loss function holds none); from then on only those modules carry hooks, while sampled, and
+only during each of their calls (never at a step boundary, where a loop copies or saves its model:
+a deep copy would keep them, a pickle fails on them). Several models (a GAN's two), a model called
+twice a step and a DDP wrapper are all outermost modules; a model first called after that first
+step is found by a sample that begins at the step of an optimizer no sample saw (a new model and
+optimizer for each fold, each trial: :meth:`_seek_again`), and is not seen otherwise. The backward
+is ``torch.autograd.backward`` (what ``loss.backward()`` calls), wrapped while sampled; the
+optimizer's step starts at a global optimizer pre-step hook and ends in the tracer's post-step hook
+(:meth:`StepPhases.optimizer_step_ended`), so a step's optimizer phase is logged before the step's
+end. Putting the model's hooks in place at its call is timed as no phase (a
 :data:`~traceml_nb.engine.events.SETUP`, which ends the input copy): the forward starts after.
 
 A phase that starts inside another (a forward recomputed by activation checkpointing inside the
@@ -48,14 +48,21 @@ Everything is put back when the run ends, as :mod:`.hooks` does for the rest.
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from ..events import BACKWARD, FORWARD, OPTIMIZER, SAMPLING, EventLike
-from .compilation import is_compiled, is_compiled_wrapper, run_as_they_are
+from .compilation import (
+    compiled_anything,
+    hold_compile_warning,
+    is_compiled,
+    is_compiled_wrapper,
+    let_compile_warning_through,
+    run_as_they_are,
+)
 from .phase_clock import PhaseClock
+from .sample_schedule import SampleSchedule
 from .whole_step import WholeStep
 
 #: The phases are timed on the first step, then on about one step in this much training time,
@@ -88,10 +95,6 @@ NO_HOOKS = (
     "the rest of the step)"
 )
 
-#: The warning torch gives when a compiled module is called while global module hooks are in
-#: place (ours, while the model is sought), held back meanwhile.
-COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
-
 
 def _nothing(*_: Any) -> None:
     return None
@@ -120,15 +123,14 @@ class StepPhases:
         gpu_mark: Callable[[], EventLike | None] | None = None,
     ):
         self.clock = PhaseClock(log, clock, check, max_log, gpu_mark)
-        #: the time between samples, ns, and before :data:`EARLY_SAMPLES` were taken (read from
-        #: the module when the run starts; never more than the later one)
-        self.interval_ns = int(SAMPLE_INTERVAL_S * 1e9)
-        self.early_interval_ns = int(min(EARLY_SAMPLE_INTERVAL_S, SAMPLE_INTERVAL_S) * 1e9)
-        self.min_skip = MIN_SAMPLE_SKIP  #: the fewest steps skipped after the early samples
-        self.samples = 0  #: the samples taken (the sampling turned on)
-        self._off_at_ns = 0  #: when the sampling last turned off (clock)
-        self._skipped = 0  #: the optimizer steps it stayed off for since
-        self._last_on_ns = 0  #: when it last turned on (clock)
+        #: the constants as they are when the run starts (the early interval never the longer)
+        self.schedule = SampleSchedule(
+            int(SAMPLE_INTERVAL_S * 1e9),
+            int(min(EARLY_SAMPLE_INTERVAL_S, SAMPLE_INTERVAL_S) * 1e9),
+            MIN_SAMPLE_SKIP,
+            FIRST_SKIP,
+            EARLY_SAMPLES,
+        )
         #: the outermost modules with parameters seen so far, by id (the model or models),
         #: held weakly: a model the user's code lets go is freed then, as without the run (a
         #: model held to the run's end kept its memory through the next one's training, and a
@@ -138,12 +140,10 @@ class StepPhases:
         #: optimizer steps until the next look at the sampling (a countdown, so that the
         #: tracer's hook does a subtraction a step, not a call)
         self.countdown = 1
-        #: the step the sampling waits to end (the first sample's: at the first optimizer end)
-        self._sample_step = WholeStep()
+        self._sample_step = WholeStep()  #: the step the sample waits to end (the first's: any)
         self._ends = 0  #: optimizer step ends seen in this sample (bounded: MAX_SAMPLE_ENDS)
         self._installed = False
-        #: after :meth:`pause`: were the models still sought (None: not paused)
-        self._paused: bool | None = None
+        self._paused: bool | None = None  #: after :meth:`pause`: were the models still sought
         self._warning_filter: Any = None  #: the filter holding COMPILE_WARNING back, while seeking
         self._optimizer_hook: Any = None  #: the global optimizer pre-step hook, while sampling
         #: an optimizer's step was compiled (``torch.compile`` traced the pre-step hook): the
@@ -157,6 +157,8 @@ class StepPhases:
         #: models: a step boundary, or a batch of an evaluation, sees the model as it was made)
         self._arming_again = False
         self._watching: list[Any] = []  #: the global module hooks, while the model is sought
+        self._seeking_again = False  #: the models are sought again in this sample
+        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  #: those samples saw step
         self._stack: list[bool] = []  #: per module call open: did it start the forward?
         self._has_parameters: dict[int, bool] = {}
         self.notes: list[str] = []  #: what the run should say of the phases (models not timed)
@@ -244,14 +246,13 @@ class StepPhases:
             module_mod.register_module_forward_pre_hook(self._seek_pre),
             _forward_hook(module_mod, self._seek_post),
         ]
-        warnings.filterwarnings("ignore", COMPILE_WARNING, UserWarning)
-        self._warning_filter = warnings.filters[0]
+        self._warning_filter = hold_compile_warning()
 
     def optimizer_step_ended(self, optimizer: Any) -> None:
-        """The tracer's hook, at an optimizer step's end (when :attr:`countdown` ran out, or
-        while sampling): the optimizer phase ends; the sampling may turn. It turns off once a
-        whole step fell inside (:class:`~.whole_step.WholeStep`; the first sample, at the first
-        end), or after :data:`MAX_SAMPLE_ENDS` ends."""
+        """The tracer's hook, at an optimizer step's end (:attr:`countdown` ran out, or while
+        sampling): the optimizer phase ends; the sampling may turn, off once a whole step fell
+        inside (:class:`~.whole_step.WholeStep`; the first sample, at the first end), or after
+        :data:`MAX_SAMPLE_ENDS` ends."""
         clock = self.clock
         self.countdown = 1
         if clock.depth and clock.phase == OPTIMIZER:
@@ -265,28 +266,34 @@ class StepPhases:
             self.countdown = 1 << 62
         elif not self.sampling:
             self._sample_step, self._ends = WholeStep(optimizer), 0
-            self._last_on_ns = self.clock.clock()
+            self.schedule.on_at_ns = self.clock.clock()
+            if not self._watching and self._first_sample_of(optimizer):
+                self._seek_again()
             self._sample(True)
         elif self._sample_step.closes_at(optimizer) or self._ends >= MAX_SAMPLE_ENDS:
+            self._first_sample_of(optimizer)
             self._sample(False)
-            self.countdown = self._skip()
+            self.countdown = self.schedule.skip(self.clock.clock())
         else:
             self._ends += 1
 
-    def _skip(self) -> int:
-        """Optimizer steps to stay off for: about :attr:`early_interval_ns`, then
-        :attr:`interval_ns` and at least :attr:`min_skip`, at the pace of the steps skipped
-        last time (the first time, :data:`FIRST_SKIP`)."""
-        now = self.clock.clock()
-        skip = FIRST_SKIP
-        if self._skipped and self._off_at_ns:
-            per_step = (self._last_on_ns - self._off_at_ns) / self._skipped
-            early = self.samples < EARLY_SAMPLES
-            interval = self.early_interval_ns if early else self.interval_ns
-            least = 1 if early else self.min_skip
-            skip = max(least, min(1 << 20, round(interval / max(per_step, 1.0))))
-        self._off_at_ns, self._skipped = now, skip
-        return skip
+    def _first_sample_of(self, optimizer: Any) -> bool:
+        """No sample saw ``optimizer`` step before (one that takes no weak reference: seen)."""
+        try:
+            new = optimizer not in self._optimizers
+            self._optimizers.add(optimizer)
+        except TypeError:
+            return False
+        return new
+
+    def _seek_again(self) -> None:
+        """A sample begins at the step of an optimizer no sample saw: the global hooks seek the
+        models again in it (a model made since, each fold's, had its forward timed by nothing);
+        not where ``torch.compile`` compiled anything, which the hooks would compile again."""
+        if self._optimizer_compiled or compiled_anything():
+            return
+        self._seeking_again = True
+        self._watch()
 
     def _sample(self, on: bool) -> None:
         if self._watching and not on:
@@ -294,7 +301,7 @@ class StepPhases:
         self.sampling = on
         self.clock.log.append((SAMPLING, on))
         if on:
-            self.samples += 1
+            self.schedule.samples += 1
             self._put_in_place()
             return
         self._take_off_sample()
@@ -302,13 +309,12 @@ class StepPhases:
         self.clock.reset()  # a phase left open (a step() that raised) ends with the sample
 
     def _put_in_place(self) -> None:
-        """The sampled step's instruments: the optimizer pre-step hook, the models' hooks (unless
-        the global ones still seek them), the backward's wrapper. An eager model's hooks go on
-        at each of its calls (:meth:`_arm`) and come off when its forward returns, never staying
-        at the step boundary, where a loop copies or saves its model (``copy.deepcopy(model)``,
-        ``torch.save(model)``: a copy would keep our hooks, and a pickle fails on them); the
-        wrapper ``torch.compile(model)`` returns gets them at once (a global hook around its
-        call makes torch warn). The optimizer pre-step hook stays once a compile traced it."""
+        """The sampled step's instruments: the optimizer pre-step hook (it stays once a compile
+        traced it), the models' hooks (unless the global ones seek them), the backward's
+        wrapper. An eager model's hooks go on at each of its calls (:meth:`_arm`) and come off
+        when its forward returns, never at the step boundary, where a loop copies or saves its
+        model (a copy would keep our hooks, a pickle fails on them); the wrapper
+        ``torch.compile(model)`` returns gets them at once (a global hook around it warns)."""
         import torch
         import torch.nn.modules.module as module_mod
         import torch.optim.optimizer as optim_mod
@@ -369,7 +375,7 @@ class StepPhases:
         # gone
         compiled = is_compiled(module)
         if not stack and self._holds_parameters(module):
-            again = id(module) in self.models
+            again = id(module) in self.models and not self._seeking_again
             if not again and not self._takes_hooks(module):
                 stack.append(False)  # inside it, no module is the model either
                 return
@@ -421,6 +427,7 @@ class StepPhases:
         self._let_warnings_through()
         self._stack = []
         self._has_parameters = {}
+        self._seeking_again = False
 
     def _any_compiled_wrapper(self) -> bool:
         return any(is_compiled_wrapper(model) for model in self.models.values())
@@ -456,9 +463,7 @@ class StepPhases:
     def _let_warnings_through(self) -> None:
         """Take back the filter that held torch's compile warning."""
         held, self._warning_filter = self._warning_filter, None
-        if held is not None and held in warnings.filters:
-            cast(list[Any], warnings.filters).remove(held)
-            warnings._filters_mutated()  # type: ignore[attr-defined]
+        let_compile_warning_through(held)
 
     # --- the end -----------------------------------------------------------------------------
     def models_training(self) -> bool | None:
