@@ -142,6 +142,26 @@ def test_a_trainer_accumulating_gradients_has_a_step_per_optimizer_step(tmp_path
     )
 
 
+def test_two_trainer_trials_in_one_run_count_both_trials_steps(tmp_path):
+    """A hyperparameter search by hand: a new model, Trainer and optimizer for each trial. The
+    Trainer's steps are its optimizer's rows (it fetches ahead), and the second trial's
+    optimizer takes the lead (only the first trial's were rows: 10 of 20)."""
+    transformers, _ = tiny_gpt2()
+    made = 0
+    with traceml_nb.Run("hf-trials", sample=False) as run:
+        for trial, lr in enumerate((1e-3, 1e-4)):
+            _, model = tiny_gpt2()
+            args = transformers.TrainingArguments(
+                output_dir=str(tmp_path / str(trial)), max_steps=10, learning_rate=lr,
+                per_device_train_batch_size=4, logging_steps=1000, save_strategy="no",
+                report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+            )  # fmt: skip
+            trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(400))
+            trainer.train()
+            made += trainer.state.global_step
+    assert result_of(run).summary.total_steps == made == 20
+
+
 def test_lightning_counts_its_steps_times_validation_and_shows_the_sanity_check_apart():
     pl = pytest.importorskip("pytorch_lightning")
     warnings.filterwarnings("ignore", module="pytorch_lightning")

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import traceml_nb
 from traceml_nb.analysis import analyze
-from traceml_nb.engine.instrument import flop_count, recompute
+from traceml_nb.engine.instrument import flop_count, recompute, step_phases
 from traceml_nb.engine.instrument.flop_count import _counter
 from traceml_nb.views.text import _flops, metric_lines
 
@@ -339,3 +339,39 @@ def test_operators_without_a_formula_outside_the_model_leave_its_count_whole(
         assert count.uncounted_ops == ("aten::_fft_r2c", "aten::_fft_c2c")  # its backward too
         assert count.uncounted_outside_ops == ()
         assert line.startswith("at least ") and "outside the model" not in line
+
+
+@pytest.mark.parametrize("widths", [(16, 64, 256), (64, 64, 64)])
+def test_a_model_of_another_size_later_in_the_run_makes_the_flops_unavailable(
+    monkeypatch, widths
+) -> None:
+    """A sweep over model sizes in one cell, a new model and optimizer for each: the FLOPs
+    counted on the first model's step are not the run's (they read 4× too few a step, and the
+    achieved FLOP/s with them), so they are unavailable, with why; the same model made again
+    for each fold of a cross-validation keeps its count."""
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
+    monkeypatch.setattr(step_phases, "SAMPLE_INTERVAL_S", 0.0)
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    with traceml_nb.Run("sweep", sample=False) as run:
+        for width in widths:
+            model = torch.nn.Sequential(
+                torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+            )
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(20):
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    if len(set(widths)) == 1:
+        # 2·8·16·64 + 2·8·64 forward; as much again for the weights' gradients, and the
+        # second layer's input gradient (2·8·64)
+        assert summary.flops_per_step == 2 * (2 * 8 * 16 * 64 + 2 * 8 * 64) + 2 * 8 * 64
+        assert summary.total_steps == 60  # (the later folds' optimizers take the lead)
+        return
+    assert summary.flops_per_step is None
+    assert summary.unavailable["flops_per_step"] == (
+        "the model changed during the run (its parameters 289 → 1,153: a new model, as a "
+        "sweep over model sizes in one cell makes): the FLOPs counted on one step are not "
+        "every step's"
+    )

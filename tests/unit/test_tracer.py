@@ -168,6 +168,40 @@ def test_several_optimizers_make_one_step_gan_style() -> None:
     assert run.record.optimizer_steps == 20
 
 
+@pytest.mark.parametrize("critic_steps", [1, 5])
+def test_a_gan_whose_critic_steps_more_often_keeps_its_lead_optimizer(critic_steps) -> None:
+    """The critic's optimizer steps first, several times a step (WGAN): the generator's, once
+    between, takes no lead (that needs two steps with none of the lead's between)."""
+    gen, opt_g = model_and_opt()
+    critic, opt_c = model_and_opt()
+    x, y = torch.randn(8, 16), torch.randint(0, 2, (8,))
+    with traceml_nb.Run("wgan", sample=False) as run:
+        for _ in range(10):
+            for _ in range(critic_steps):
+                train_step(critic, opt_c, x, y)
+            train_step(gen, opt_g, x, y)
+    assert len(rows(run, SOURCE_OPTIMIZER)) == 10 * critic_steps
+
+
+@pytest.mark.parametrize("earlier", ["let go", "kept"])
+def test_a_new_optimizer_for_each_trial_takes_the_lead(earlier) -> None:
+    """A sweep (or folds, or stages of training) on tensors, a new model and optimizer for
+    each trial: each trial's optimizer takes the lead at its second step, and its first step
+    ends a row too (only the first trial's steps were rows: 20 of 60), whether the earlier
+    optimizers were let go or kept."""
+    x, y = torch.randn(8, 16), torch.randint(0, 2, (8,))
+    kept = []
+    with traceml_nb.Run("trials", sample=False) as run:
+        for _ in range(3):
+            model, opt = model_and_opt()
+            if earlier == "kept":
+                kept.append(opt)
+            for _ in range(20):
+                train_step(model, opt, x, y)
+    assert len(rows(run, SOURCE_OPTIMIZER)) == 60
+    assert traceml_nb.Session().result(run).summary.total_steps == 60
+
+
 def test_explicit_markers() -> None:
     with traceml_nb.Run("markers", sample=False) as run:
         for _ in range(12):

@@ -11,6 +11,12 @@ COMPILED = (
     "torch compile it again"
 )
 ENDED = "the run ended during the step whose FLOPs were being counted"
+#: The loop trained another model later in the run (:class:`~.instrument.model_sizes.ModelSizes`).
+MODEL_CHANGED = (
+    "the model changed during the run (its parameters {before:,} → {after:,}: a new model, as "
+    "a sweep over model sizes in one cell makes): the FLOPs counted on one step are not every "
+    "step's"
+)
 #: Each step counted had an evaluation inside (``FlopWindow`` tries ``FLOP_COUNT_TRIES``).
 EVALUATION_COUNTED = (
     "an evaluation ran while the step's FLOPs were counted: its FLOPs cannot be told from the "

@@ -38,6 +38,8 @@ class OptimizerRows:
         "epoch_started",
         "needed",
         "without_fetch",
+        "_rival",
+        "_took_lead",
     )
 
     def __init__(self, by_slot: Mapping[int, LoaderSteps], phases: PhaseLedger, t0: int) -> None:
@@ -53,19 +55,46 @@ class OptimizerRows:
         self.epoch_started = False  #: an epoch began since the last optimizer step
         self.needed: bool | None = None  #: optimizer rows needed, once it is decided
         self.without_fetch = StepsWithoutFetch()
+        #: another optimizer's step since the lead's last one: ``(id, t_ns, wait, phase mark)``
+        self._rival: tuple[int, int, int, Mark] | None = None
+        #: the first step of the optimizer that took the lead, its row not written yet
+        self._took_lead: tuple[int, int, int, Mark] | None = None
+
+    def rival_stepped(self, key: int, lead: int, t_ns: int, wait_total: int) -> int:
+        """An optimizer other than the lead (``id`` ``key``, the lead's ``lead``) stepped at
+        ``t_ns``: the lead from now on where it stepped twice with no step of the lead between
+        (the first optimizer steps no more: a new model and optimizer for each trial of a
+        sweep, each fold, each stage of training; a GAN's alternate), its first step a row's
+        end too (:meth:`stepped` writes it); else ``lead``."""
+        rival = self._rival
+        if rival is not None and rival[0] == key:
+            self._took_lead, self._rival = rival, None
+            return key
+        mark = self._phases.mark() if self._phases.sampling else ()
+        self._rival = (key, t_ns, wait_total, mark)
+        return lead
 
     def stepped(self, t_ns: int, outside: bool, wait_total: int) -> list[Row] | None:
         """The lead optimizer stepped at ``t_ns`` (``outside`` any training loader's step; the
-        run's data wait so far ``wait_total``): the rows to write now, if any."""
-        rows = None
+        run's data wait so far ``wait_total``): the rows to write now, if any (the lead's
+        first step before, where it has just taken the lead)."""
+        self._rival = None
+        took, self._took_lead = self._took_lead, None
+        rows = [] if took is None else self._ended(took[1], outside, took[2], took[3])
+        ledger = self._phases
+        rows += self._ended(t_ns, outside, wait_total, ledger.mark() if ledger.sampling else ())
+        return rows or None
+
+    def _ended(self, t_ns: int, outside: bool, wait_total: int, mark: Mark) -> list[Row]:
+        """The row of the lead's step at ``t_ns`` (the phase totals then ``mark``), if any."""
+        rows: list[Row] = []
         if outside:
             rows = self.without_fetch.stepped(self._row(t_ns, True, wait_total))
         elif self.needed is not False and self.decided():
             rows = [self._row(t_ns, False, wait_total)]
         self.prev_ns = t_ns
         self.wait_mark = wait_total
-        ledger = self._phases
-        self.phase_mark = ledger.mark() if ledger.sampling else ()
+        self.phase_mark = mark
         self.fetched.clear()
         self.epoch_started = False
         return rows

@@ -384,6 +384,8 @@ class StepSegmenter:
                 self.record.optimizers.append(optimizer_info(optimizer))
             if lead is None:
                 lead = self._lead_optimizer = key
+            else:
+                lead = self._lead_optimizer = rows.rival_stepped(key, lead, t_ns, self._wait_total)
         if key == lead:
             # no training loader's step is open (the one fetched last's, mostly)
             outside = cur is None or cur.start < 0 or not cur.info.is_training

@@ -43,9 +43,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, FlopCount
+from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, MODEL_CHANGED, FlopCount
 from .compilation import compiled_anything
 from .flop_formulas import WITHOUT_FORMULA, extra_formulas
+from .model_sizes import ModelSizes
 from .recompute import recomputing
 from .tf32 import CONV, MATMUL, RNN, tf32_allowed
 from .whole_step import WholeStep
@@ -329,6 +330,9 @@ class FlopWindow:
         self._calls: _CallsWithoutGrad | None = None  #: watching the try under way
         #: the tries that saw a trained model called without autograd, and nothing else
         self._without_grad: list[FlopCount] = []
+        #: the models the phase instruments found (:func:`.hooks.install` sets it): where the
+        #: run changed its model, the count is no longer the run's at :meth:`close`
+        self.sizes: ModelSizes | None = None
 
     def optimizer_step_ended(self, optimizer: Any) -> None:
         self.countdown = 1
@@ -453,4 +457,9 @@ class FlopWindow:
             except Exception:
                 pass
             self.result = FlopCount(why=ENDED, window_ns=(self._first_ns - self.t0_ns, 1 << 62))
-        return self.result or FlopCount()
+        result = self.result or FlopCount()
+        changed = self.sizes.changed if self.sizes is not None else None
+        if changed is not None and result.flops is not None:
+            why = MODEL_CHANGED.format(before=changed[0], after=changed[1])
+            result = FlopCount(why=why, window_ns=result.window_ns)
+        return result

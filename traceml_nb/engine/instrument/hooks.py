@@ -96,6 +96,8 @@ def install(
         )
         hook = tracer.optimizer_hook([x for x in (phases, flops) if x is not None])
     tracer.models_training = phases.models_training
+    if flops is not None:
+        flops.sizes = phases.sizes
     phases.install()
     handle = optim_mod.register_optimizer_step_post_hook(hook)
 

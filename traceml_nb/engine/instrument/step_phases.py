@@ -61,6 +61,7 @@ from .compilation import (
     let_compile_warning_through,
     run_as_they_are,
 )
+from .model_sizes import ModelSizes
 from .phase_clock import PhaseClock
 from .sample_schedule import SampleSchedule
 from .whole_step import WholeStep
@@ -158,6 +159,7 @@ class StepPhases:
         self._arming_again = False
         self._watching: list[Any] = []  #: the global module hooks, while the model is sought
         self._seeking_again = False  #: the models are sought again in this sample
+        self.sizes = ModelSizes()  #: the parameters of the models each search found
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  #: those samples saw step
         self._stack: list[bool] = []  #: per module call open: did it start the forward?
         self._has_parameters: dict[int, bool] = {}
@@ -380,6 +382,7 @@ class StepPhases:
                 stack.append(False)  # inside it, no module is the model either
                 return
             self.models[id(module)] = module
+            self.sizes.found(module)
             if again or compiled:  # a model called again (no optimizer step yet), or compiled
                 self._settle()
                 self._add_model_hooks()  # the model's own post-hook ends this forward
@@ -427,6 +430,7 @@ class StepPhases:
         self._let_warnings_through()
         self._stack = []
         self._has_parameters = {}
+        self.sizes.settled(self._seeking_again)
         self._seeking_again = False
 
     def _any_compiled_wrapper(self) -> bool:
