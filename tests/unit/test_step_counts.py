@@ -126,6 +126,7 @@ def _update_by_hand(model, x, y) -> None:
         ("by hand", "break after the step"),
         ("by hand, dataset anew", "to the end"),
         ("none, under no_grad", "to the end"),
+        ("none, in eval mode under no_grad", "to the end"),
     ],
 )
 def test_a_new_loader_each_epoch_keeps_its_steps(update, how):
@@ -150,6 +151,8 @@ def test_a_new_loader_each_epoch_keeps_its_steps(update, how):
                 elif update.startswith("by hand"):
                     _update_by_hand(model, x, y)
                 else:
+                    if update == "none, in eval mode under no_grad":
+                        model.eval()  # the models' mode read at the second epoch: eval
                     with torch.no_grad():
                         model(x)
                 made += 1

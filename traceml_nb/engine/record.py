@@ -175,9 +175,10 @@ class LoaderInfo:
     #: 144 steps read as 1
     ahead_decided: bool | None = None
     #: the slot of the loader whose epochs this one goes on from: built anew (a new DataLoader
-    #: for each epoch) over the same dataset, iterated the same way (autograd on or off, the
-    #: models in eval mode or not), its first fetch came once that loader's step was closed or
-    #: left after two batches or more of its epoch; None where it is no such loader
+    #: for each epoch) over the same dataset, iterated the same way (autograd on or off; as a
+    #: training loader's, the models in eval mode or not), its first fetch came once that
+    #: loader's step was closed or left after two batches or more of its epoch; None where it
+    #: is no such loader
     follows: int | None = None
 
     def over_same_dataset(self, other: LoaderInfo) -> bool:

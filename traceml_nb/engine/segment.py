@@ -297,9 +297,10 @@ class StepSegmenter:
 
     def _built_anew(self, st: LoaderSteps, t_enter: int) -> None:
         """A loader's first fetch: a step still open after two batches or more of an epoch of a
-        loader over the same dataset, iterated the same way, was left (a new DataLoader each
-        epoch, and a ``break``); the loader goes on from the earliest such loader none goes on
-        from yet whose step is not open (not one drawn beside it: ``zip``), ``follows``."""
+        loader over the same dataset, iterated the same way (a training one's: in the models'
+        mode too), was left (a new DataLoader each epoch, and a ``break``); the loader goes on
+        from the earliest such loader none goes on from yet whose step is not open (not one
+        drawn beside it: ``zip``), ``follows``."""
         info = st.info
         same = [
             other
@@ -307,7 +308,7 @@ class StepSegmenter:
             if other is not st
             and other.info.over_same_dataset(info)
             and other.evaluating == st.evaluating
-            and other.model_evaluating == st.model_evaluating
+            and (other.model_evaluating == st.model_evaluating or not other.info.is_training)
         ]
         if not same:
             return
