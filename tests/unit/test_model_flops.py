@@ -19,6 +19,7 @@ import traceml_nb
 from traceml_nb.analysis import analyze
 from traceml_nb.engine.instrument import flop_count, recompute, step_phases
 from traceml_nb.engine.instrument.flop_count import _counter
+from traceml_nb.engine.instrument.model_sizes import ModelSizes
 from traceml_nb.views.text import _flops, metric_lines
 
 WIDTH, HIDDEN, BATCH = 32, 128, 16
@@ -375,3 +376,25 @@ def test_a_model_of_another_size_later_in_the_run_makes_the_flops_unavailable(
         "sweep over model sizes in one cell makes): the FLOPs counted on one step are not "
         "every step's"
     )
+
+
+def test_a_model_found_only_by_a_later_search_changed_nothing() -> None:
+    """The searches for the models, as :class:`ModelSizes` hears of them: a GAN's generator
+    found by the second search beside the discriminator found by the first is no change, nor
+    is a model found by a search after one that found none; a model of another size found
+    alone is one, and the first change is the one told."""
+    small, big, other = nn.Linear(2, 2), nn.Linear(8, 8), nn.Linear(4, 4)
+    sizes = ModelSizes()
+    sizes.settled(again=False)  # the first search found nothing
+    sizes.found(small)
+    sizes.settled(again=True)
+    assert sizes.changed is None
+    sizes.found(small)
+    sizes.found(other)  # beside a model found before: a GAN's second model
+    sizes.settled(again=True)
+    assert sizes.changed is None
+    sizes.found(big)  # alone, another size: a sweep's next trial
+    sizes.settled(again=True)
+    sizes.found(small)
+    sizes.settled(again=True)
+    assert sizes.changed == (6 + 20, 72)

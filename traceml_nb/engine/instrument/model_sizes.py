@@ -4,7 +4,8 @@ no sample saw, that finds only models none found before, whose parameters differ
 from the models found last, means the loop trains another model now (a sweep over model sizes
 in one cell): the FLOPs counted on one step are then not the run's (:mod:`.flop_count`). The
 same model made again (a fold of a cross-validation) has as many; a GAN's models found in two
-searches, the models of the first found again beside them, changed nothing."""
+searches, the models of the first found again beside them, changed nothing; nor did a model
+found by a search after one that found none (first called after the first optimizer step)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class ModelSizes:
         if not found:
             return
         size = sum(self._sizes[key] for key in found)
-        if again and not found & self._earlier and size != self._last and self.changed is None:
+        earlier = self._earlier
+        if again and earlier and not found & earlier and size != self._last and not self.changed:
             self.changed = (self._last, size)
         self._earlier |= found
         self._last = size
