@@ -97,6 +97,9 @@ def test_a_large_optimizer_share_asks_an_unfused_optimizer_for_fused_on_a_cpu_to
         "The optimizer step takes 15% of each step: create the Adam optimizer with fused=True, "
         "which updates all parameters in one operation instead of one per tensor."
     )
+    gan = [*adam, *adam, OptimizerInfo("AdamW", fused=None, tensors=300, fusable=True)]
+    (finding,) = anatomy_advice(at, None, False, gan)  # each kind named once ("Adam and Adam")
+    assert "create the Adam and AdamW optimizers with fused=True" in sentence(finding)
     fused = [OptimizerInfo("Adam", fused=True, tensors=300, fusable=True)]
     assert anatomy_advice(at, None, False, fused) == []  # never what is set already
     lbfgs = [OptimizerInfo("LBFGS", tensors=300)]

@@ -37,7 +37,8 @@ ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
     ),
     "fused-optimizer": lambda f: (
         f"The optimizer step takes {fmt_share(f['optimizer_share'])} of each step: create "
-        f"the {' and '.join(f['optimizers'])} optimizer with fused=True, which updates all "
-        "parameters in one operation instead of one per tensor."
+        f"the {' and '.join(dict.fromkeys(f['optimizers']))} "
+        f"optimizer{'s' if len(f['optimizers']) > 1 else ''} with fused=True, which updates "
+        "all parameters in one operation instead of one per tensor."
     ),
 }
