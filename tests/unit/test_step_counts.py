@@ -126,15 +126,17 @@ def _update_by_hand(model, x, y) -> None:
         ("by hand", "break after the step"),
         ("by hand, dataset anew", "to the end"),
         ("none, under no_grad", "to the end"),
+        ("none, under no_grad", "break before the step"),
         ("none, in eval mode under no_grad", "to the end"),
     ],
 )
 def test_a_new_loader_each_epoch_keeps_its_steps(update, how):
     """A DataLoader built for each epoch over the same dataset goes on from the last one's
     epochs: left by a break, its broken-on batch is no step (122 steps of 120 read before,
-    the batch credited with the next loader's first optimizer step); without an optimizer,
-    every loader's batches are the steps (the first loader's alone were, 60 of 180, and the
-    others an evaluation)."""
+    the batch credited with the next loader's first optimizer step; without an optimizer, 93:
+    no optimizer step tells, the timed phases do, no model having run on it); without an
+    optimizer, every loader's batches are the steps (the first loader's alone were, 60 of
+    180, and the others an evaluation)."""
     model, opt = model_and_opt()
     data = Counted(n=160)
     tensors = torch.randn(160, 8), torch.randn(160, 1)
@@ -772,3 +774,21 @@ def test_a_model_whose_mode_cannot_be_read_leaves_the_loop_as_it_was(monkeypatch
             for x, y in DataLoader(Counted(n=32), batch_size=4):
                 train_step(model, opt, x, y)
     assert run.status == "completed" and result_of(run).summary.total_steps == 2 * 8
+
+
+@pytest.mark.parametrize("model", ["a module", "plain tensors"])
+def test_an_inference_loop_that_breaks_counts_the_batches_it_used(model):
+    """``for i, (x, y) in enumerate(loader): if i == 40: break; model(x)`` under no_grad, each
+    epoch: the batch broken on is fetched and never used, which the phases, timed on every
+    step of a loop without an optimizer, tell (41 a pass before). A model of plain tensors
+    shows no forward on any step, so nothing tells the batch apart: it stays."""
+    net = torch.nn.Linear(8, 1)
+    weight = torch.randn(8, 1)
+    loader = DataLoader(Counted(n=400), batch_size=4)
+    with traceml_nb.Run("inference break", sample=False) as run, torch.no_grad():
+        for _ in range(3):
+            for i, (x, _) in enumerate(loader):
+                if i == 40:
+                    break
+                net(x) if model == "a module" else x @ weight
+    assert result_of(run).summary.total_steps == (120 if model == "a module" else 123)

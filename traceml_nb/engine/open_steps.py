@@ -319,3 +319,30 @@ def optimizer_stepped(loaders: Collection[LoaderSteps]) -> None:
 
 #: A step row, and its phases (``PHASE_COLUMNS``; None: none), as the segmenter writes them.
 Row = tuple[tuple[int, int, int, int, int, int], "tuple[int, int, int, int] | None"]
+
+
+def goes_on_from(
+    st: LoaderSteps, loaders: Collection[LoaderSteps]
+) -> tuple[list[LoaderSteps], LoaderSteps | None]:
+    """At a loader's first fetch (``st``): ``(the steps it leaves, the loader it goes on
+    from)``. Of the loaders over the same dataset, iterated the same way (autograd on or off;
+    a training one's, in the models' mode too): those whose step is open after two batches or
+    more of an epoch were left (a new DataLoader each epoch, and a ``break``), and ``st`` goes
+    on from the earliest that none goes on from yet and whose step is not open, or is left
+    (not one whose epoch's first step is open: drawn beside it, ``zip``),
+    ``LoaderInfo.follows``."""
+    info = st.info
+    same = [
+        other
+        for other in loaders
+        if other is not st
+        and other.info.over_same_dataset(info)
+        and other.evaluating == st.evaluating
+        and (other.model_evaluating == st.model_evaluating or not other.info.is_training)
+    ]
+    left = [other for other in same if other.start >= 0 and other.number > 1]
+    followed = {other.info.follows for other in loaders}
+    for other in same:
+        if other.slot not in followed and (other.start < 0 or other in left):
+            return left, other
+    return left, None

@@ -12,7 +12,8 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   after two batches or more (a ``break`` out of each epoch: its last batch fetched and,
   before the break, trained on or not; not ``next(iter(loader))`` every step), or a new loader
   that goes on from its epochs (``LoaderInfo.follows``); a step closed so ends at its last
-  optimizer step, if it had one.
+  optimizer step, if it had one, and is no row where its batch was never used (timed, and no
+  model, backward or update ran on it).
 * **Which loader trains.** An optimizer step is credited to the loader fetched last and to
   every loader fetched alongside it since the previous optimizer step (no more often than
   that one): their batches are followed by optimizer steps (``LoaderInfo.optimizer_steps``).
@@ -72,7 +73,14 @@ from .events import (
     Marker,
     OptimizerStep,
 )
-from .open_steps import IteratorCount, LoaderSteps, Row, credited_loaders, optimizer_stepped
+from .open_steps import (
+    IteratorCount,
+    LoaderSteps,
+    Row,
+    credited_loaders,
+    goes_on_from,
+    optimizer_stepped,
+)
 from .optimizer_info import optimizer_info
 from .optimizer_rows import OptimizerRows
 from .phase_ledger import GpuSink, GpuStep, Mark, PhaseLedger
@@ -296,30 +304,13 @@ class StepSegmenter:
             info.fetches_before_training += 1
 
     def _built_anew(self, st: LoaderSteps, t_enter: int) -> None:
-        """A loader's first fetch: a step still open after two batches or more of an epoch of a
-        loader over the same dataset, iterated the same way (a training one's: in the models'
-        mode too), was left (a new DataLoader each epoch, and a ``break``); the loader goes on
-        from the earliest such loader none goes on from yet whose step is not open (not one
-        drawn beside it: ``zip``), ``follows``."""
-        info = st.info
-        same = [
-            other
-            for other in self._by_slot.values()
-            if other is not st
-            and other.info.over_same_dataset(info)
-            and other.evaluating == st.evaluating
-            and (other.model_evaluating == st.model_evaluating or not other.info.is_training)
-        ]
-        if not same:
-            return
-        for other in same:
-            if other.start >= 0 and other.number > 1:
-                self._close(other, t_enter, None, truncated=True)
-        followed = {other.info.follows for other in self._by_slot.values()}
-        for other in same:
-            if other.slot not in followed and other.start < 0:
-                info.follows = other.slot
-                return
+        """A loader's first fetch: the steps it leaves end, as at a loader's own next epoch,
+        and it goes on from a loader built before it (:func:`~.open_steps.goes_on_from`)."""
+        left, earlier = goes_on_from(st, self._by_slot.values())
+        for other in left:
+            self._close(other, t_enter, None, truncated=True)
+        if earlier is not None:
+            st.info.follows = earlier.slot
 
     def _change_phase(self, st: LoaderSteps, t_enter: int) -> None:
         """A fetch of ``st`` after another loader's phase, or of a loader no optimizer step has
@@ -439,7 +430,8 @@ class StepSegmenter:
     def _close(
         self, st: LoaderSteps, t_end_ns: int, next_gpu: EventLike | None, *, truncated: bool
     ) -> None:
-        """Write ``st``'s open step as a row, ending at ``t_end_ns``."""
+        """Write ``st``'s open step as a row, ending at ``t_end_ns``; cut short (``truncated``:
+        the loop left it), none where its batch was never used (a ``break`` before it)."""
         flags = st.flags
         inside = st.inside
         if inside and any(not self._by_slot[slot].info.is_training for slot in inside):
@@ -448,17 +440,20 @@ class StepSegmenter:
         began = st.start
         mark = st.phase_mark
         host_phases = self._phases.of_step(mark) if mark else None
+        unused = False  # fetched and never used: timed, and no model, backward or update ran
         if truncated:
             flags |= FLAG_TRUNCATED
             if st.last_optimizer_ns >= 0:
                 end = st.last_optimizer_ns
+            elif host_phases is not None and not any(host_phases[1:]):
+                unused = self._phases.totals[1] > 0  # (a model seen: its forward is timed)
         else:  # a row that only fetched, or one of work: its phases tell, or its rest
             st.closed(end - began - st.wait, flags, host_phases)
             rows = self._optimizer_rows
             rows.closed_ns, rows.closed_wait = end, self._wait_total
-        # what _write does, written out: a step's close runs once a step
-        self._rows.append((began - self._t0, end - began, st.wait, st.batch, st.slot, flags))
-        self._row_phases.append(host_phases)
+        if not unused:  # what _write does, written out: a step's close runs once a step
+            self._rows.append((began - self._t0, end - began, st.wait, st.batch, st.slot, flags))
+            self._row_phases.append(host_phases)
         if self._gpu_sink is not None:
             phases, gone = self._phases.gpu_of_step(mark)
             enter, exit_ = st.gpu_enter, st.gpu_exit
