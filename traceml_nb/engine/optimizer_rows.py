@@ -79,15 +79,18 @@ class OptimizerRows:
         run's data wait so far ``wait_total``): the rows to write now, if any (the lead's
         first step before, where it has just taken the lead)."""
         self._rival = None
-        took, self._took_lead = self._took_lead, None
-        rows = [] if took is None else self._ended(took[1], outside, took[2], took[3])
         ledger = self._phases
-        rows += self._ended(t_ns, outside, wait_total, ledger.mark() if ledger.sampling else ())
-        return rows or None
+        mark = ledger.mark() if ledger.sampling else ()
+        took = self._took_lead
+        if took is None:
+            return self._ended(t_ns, outside, wait_total, mark)
+        self._took_lead = None
+        first = self._ended(took[1], outside, took[2], took[3]) or []
+        return first + (self._ended(t_ns, outside, wait_total, mark) or []) or None
 
-    def _ended(self, t_ns: int, outside: bool, wait_total: int, mark: Mark) -> list[Row]:
+    def _ended(self, t_ns: int, outside: bool, wait_total: int, mark: Mark) -> list[Row] | None:
         """The row of the lead's step at ``t_ns`` (the phase totals then ``mark``), if any."""
-        rows: list[Row] = []
+        rows = None
         if outside:
             rows = self.without_fetch.stepped(self._row(t_ns, True, wait_total))
         elif self.needed is not False and self.decided():
