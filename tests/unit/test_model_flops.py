@@ -7,6 +7,7 @@ to name, not a gap in the model's count."""
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 import pytest
@@ -398,3 +399,19 @@ def test_a_model_found_only_by_a_later_search_changed_nothing() -> None:
     sizes.found(small)
     sizes.settled(again=True)
     assert sizes.changed == (6 + 20, 72)
+
+
+def test_a_model_made_where_a_freed_one_was_is_a_new_model() -> None:
+    """A trial run in a function of its own frees its model at the return, and the next
+    trial's may take its ``id()``: told by identity, not by id, it is a new model."""
+    sizes = ModelSizes()
+    first = nn.Linear(8, 8)
+    sizes.found(first)
+    sizes.settled(again=False)
+    other = nn.Linear(2, 2)
+    sizes._seen[id(other)] = sizes._seen.pop(id(first))  # as if made where the first was
+    del first
+    gc.collect()
+    sizes.found(other)
+    sizes.settled(again=True)
+    assert sizes.changed == (72, 6)
