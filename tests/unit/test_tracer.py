@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 import traceml_nb
+from traceml_nb.engine.optimizer_rows import LEAD_TAKEOVER_STEPS
 from traceml_nb.engine.record import (
     FLAG_EPOCH_START,
     FLAG_INTERLEAVED,
@@ -168,10 +169,15 @@ def test_several_optimizers_make_one_step_gan_style() -> None:
     assert run.record.optimizer_steps == 20
 
 
-@pytest.mark.parametrize("critic_steps", [1, 5])
-def test_a_gan_whose_critic_steps_more_often_keeps_its_lead_optimizer(critic_steps) -> None:
-    """The critic's optimizer steps first, several times a step (WGAN): the generator's, once
-    between, takes no lead (that needs two steps with none of the lead's between)."""
+@pytest.mark.parametrize(("critic_steps", "generator_steps"), [(1, 1), (5, 1), (1, 3), (1, 4)])
+def test_a_gan_whose_optimizers_step_unevenly_keeps_its_lead_optimizer(
+    critic_steps, generator_steps
+) -> None:
+    """The critic's optimizer steps first, several times a step (WGAN), or the generator's
+    several times after it: the other one takes the lead only at its LEAD_TAKEOVER_STEPS-th
+    step in a row with none of the lead's (at 2, three generator steps a step read 3 steps;
+    at 4 they do: a sweep's trial steps hundreds of times)."""
+    assert LEAD_TAKEOVER_STEPS == 4
     gen, opt_g = model_and_opt()
     critic, opt_c = model_and_opt()
     x, y = torch.randn(8, 16), torch.randint(0, 2, (8,))
@@ -179,16 +185,20 @@ def test_a_gan_whose_critic_steps_more_often_keeps_its_lead_optimizer(critic_ste
         for _ in range(10):
             for _ in range(critic_steps):
                 train_step(critic, opt_c, x, y)
-            train_step(gen, opt_g, x, y)
-    assert len(rows(run, SOURCE_OPTIMIZER)) == 10 * critic_steps
+            for _ in range(generator_steps):
+                train_step(gen, opt_g, x, y)
+    if generator_steps < LEAD_TAKEOVER_STEPS:
+        assert len(rows(run, SOURCE_OPTIMIZER)) == 10 * critic_steps
+    else:  # (the critic's first step ended a row before the generator took the lead)
+        assert len(rows(run, SOURCE_OPTIMIZER)) == 1 + 10 * generator_steps
 
 
 @pytest.mark.parametrize("earlier", ["let go", "kept"])
 def test_a_new_optimizer_for_each_trial_takes_the_lead(earlier) -> None:
     """A sweep (or folds, or stages of training) on tensors, a new model and optimizer for
-    each trial: each trial's optimizer takes the lead at its second step, and its first step
-    ends a row too (only the first trial's steps were rows: 20 of 60), whether the earlier
-    optimizers were let go or kept."""
+    each trial: each trial's optimizer takes the lead at its LEAD_TAKEOVER_STEPS-th step, and
+    its earlier steps end rows too (only the first trial's steps were rows: 20 of 60), whether
+    the earlier optimizers were let go or kept."""
     x, y = torch.randn(8, 16), torch.randint(0, 2, (8,))
     kept = []
     with traceml_nb.Run("trials", sample=False) as run:

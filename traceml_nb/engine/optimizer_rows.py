@@ -20,6 +20,12 @@ from .record import (
     SOURCE_OPTIMIZER,
 )
 
+#: An optimizer other than the lead takes the lead at its this-many-th step in a row with none
+#: of the lead's: a sweep's, a fold's, a training stage's new optimizer, which steps hundreds of
+#: times, and not a GAN's generator stepped a few times for each step of the discriminator (at
+#: 2, a toy GAN's 50 iterations read 101 steps).
+LEAD_TAKEOVER_STEPS = 4
+
 
 class OptimizerRows:
     """The lead optimizer's rows of one run: what each needs from the fetches before it, and
@@ -55,38 +61,43 @@ class OptimizerRows:
         self.epoch_started = False  #: an epoch began since the last optimizer step
         self.needed: bool | None = None  #: optimizer rows needed, once it is decided
         self.without_fetch = StepsWithoutFetch()
-        #: another optimizer's step since the lead's last one: ``(id, t_ns, wait, phase mark)``
-        self._rival: tuple[int, int, int, Mark] | None = None
-        #: the first step of the optimizer that took the lead, its row not written yet
-        self._took_lead: tuple[int, int, int, Mark] | None = None
+        #: another optimizer's steps in a row since the lead's last one: its ``id`` and
+        #: ``(t_ns, wait, phase mark)`` of each
+        self._rival: tuple[int, list[tuple[int, int, Mark]]] | None = None
+        #: the earlier steps of the optimizer that took the lead, their rows not written yet
+        self._took_lead: list[tuple[int, int, Mark]] = []
 
     def rival_stepped(self, key: int, lead: int, t_ns: int, wait_total: int) -> int:
         """An optimizer other than the lead (``id`` ``key``, the lead's ``lead``) stepped at
-        ``t_ns``: the lead from now on where it stepped twice with no step of the lead between
-        (the first optimizer steps no more: a new model and optimizer for each trial of a
-        sweep, each fold, each stage of training; a GAN's alternate), its first step a row's
-        end too (:meth:`stepped` writes it); else ``lead``."""
-        rival = self._rival
-        if rival is not None and rival[0] == key:
-            self._took_lead, self._rival = rival, None
-            return key
+        ``t_ns``: the lead from now on where this is its ``LEAD_TAKEOVER_STEPS``-th step in a
+        row with none of the lead's (the first optimizer steps no more: a new model and
+        optimizer for each trial of a sweep, each fold, each stage of training), its earlier
+        steps rows' ends too (:meth:`stepped` writes them); else ``lead``."""
         mark = self._phases.mark() if self._phases.sampling else ()
-        self._rival = (key, t_ns, wait_total, mark)
-        return lead
+        rival = self._rival
+        if rival is None or rival[0] != key:
+            rival = self._rival = (key, [])
+        rival[1].append((t_ns, wait_total, mark))
+        if len(rival[1]) < LEAD_TAKEOVER_STEPS:
+            return lead
+        self._took_lead, self._rival = rival[1][:-1], None
+        return key
 
     def stepped(self, t_ns: int, outside: bool, wait_total: int) -> list[Row] | None:
         """The lead optimizer stepped at ``t_ns`` (``outside`` any training loader's step; the
         run's data wait so far ``wait_total``): the rows to write now, if any (the lead's
-        first step before, where it has just taken the lead)."""
+        earlier steps before, where it has just taken the lead)."""
         self._rival = None
         ledger = self._phases
         mark = ledger.mark() if ledger.sampling else ()
         took = self._took_lead
-        if took is None:
+        if not took:
             return self._ended(t_ns, outside, wait_total, mark)
-        self._took_lead = None
-        first = self._ended(took[1], outside, took[2], took[3]) or []
-        return first + (self._ended(t_ns, outside, wait_total, mark) or []) or None
+        self._took_lead = []
+        rows: list[Row] = []
+        for t_before, wait_before, mark_before in took:
+            rows += self._ended(t_before, outside, wait_before, mark_before) or []
+        return rows + (self._ended(t_ns, outside, wait_total, mark) or []) or None
 
     def _ended(self, t_ns: int, outside: bool, wait_total: int, mark: Mark) -> list[Row] | None:
         """The row of the lead's step at ``t_ns`` (the phase totals then ``mark``), if any."""
