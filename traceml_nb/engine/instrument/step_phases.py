@@ -269,18 +269,19 @@ class StepPhases:
         elif not self.sampling:
             self._sample_step, self._ends = WholeStep(optimizer), 0
             self.schedule.on_at_ns = self.clock.clock()
-            if not self._watching and self._first_sample_of(optimizer):
+            if not self._watching and self._note_sampled(optimizer):
                 self._seek_again()
             self._sample(True)
         elif self._sample_step.closes_at(optimizer) or self._ends >= MAX_SAMPLE_ENDS:
-            self._first_sample_of(optimizer)
+            self._note_sampled(optimizer)  # (the first sample began at install, not here)
             self._sample(False)
             self.countdown = self.schedule.skip(self.clock.clock())
         else:
             self._ends += 1
 
-    def _first_sample_of(self, optimizer: Any) -> bool:
-        """No sample saw ``optimizer`` step before (one that takes no weak reference: seen)."""
+    def _note_sampled(self, optimizer: Any) -> bool:
+        """Note that a sample saw ``optimizer`` step: whether none had before (one that takes no
+        weak reference counts as seen)."""
         try:
             new = optimizer not in self._optimizers
             self._optimizers.add(optimizer)
