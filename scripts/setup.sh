@@ -19,6 +19,16 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
 fi
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
+if [[ "$extras" == *test* ]]; then
+  # fastai for tests/integration/test_fastai.py, without its torchvision and spacy (its vision
+  # and text parts, which the tests do not use): torchvision would replace the CPU torch with
+  # the build it pins. Its other requirements first, then fastai alone, so pip finds no
+  # requirement of it missing while it resolves the others.
+  .venv/bin/python -m pip install --quiet "fastcore>=2.2.22" "fasttransform>=0.0.3" \
+      "fastprogress>=0.2.4" "fastdownload>=0.0.8,<2" "plum-dispatch<2.10" matplotlib \
+      scikit-learn scipy pyyaml cloudpickle
+  .venv/bin/python -m pip install --quiet --no-deps "fastai==2.8.12"
+fi
 # An editable install leaves the package uncompiled; where PYTHONDONTWRITEBYTECODE is set (CI
 # images, some notebook hosts) every process that imports it would compile it again (~0.15 s).
 compiled=(traceml_nb)

@@ -1008,14 +1008,42 @@ def test_a_sampler_in_a_freed_samplers_place_is_another_loader() -> None:
     from traceml_nb.engine.record import RunRecord
 
     tracer = StepTracer(RunRecord())
+    dataset = _Sampler()
     sampler = _Sampler()
-    key, new = tracer._loader_key(sampler)
-    assert new and tracer._loader_key(sampler) == (key, False)
+    key, new = tracer._loader_key(sampler, dataset)
+    assert new and tracer._loader_key(sampler, dataset) == (key, False)
     place = id(sampler)
     del sampler
     in_its_place = _Sampler()
-    tracer._loader_keys[id(in_its_place)] = tracer._loader_keys.pop(place)
-    assert tracer._loader_key(in_its_place) == (key + 1, True)
+    tracer._loader_keys[(id(in_its_place), id(dataset))] = tracer._loader_keys.pop(
+        (place, id(dataset))
+    )
+    assert tracer._loader_key(in_its_place, dataset) == (key + 1, True)
     held = object()  # without weak references: held, its key kept
-    held_key, _ = tracer._loader_key(held)
-    assert tracer._loader_key(held) == (held_key, False)
+    held_key, _ = tracer._loader_key(held, dataset)
+    assert tracer._loader_key(held, dataset) == (held_key, False)
+
+
+def test_one_sampler_over_two_datasets_is_two_loaders() -> None:
+    """fastai's DataLoaders hand torch's iterators one sampler, each its own stand-in dataset;
+    a dataset freed and another in its place is another loader, and one without weak
+    references (a list) is told by its ``id()``."""
+    from traceml_nb.engine.instrument.tracer import StepTracer
+    from traceml_nb.engine.record import RunRecord
+
+    tracer = StepTracer(RunRecord())
+    shared, train, valid = _Sampler(), _Sampler(), _Sampler()
+    train_key, _ = tracer._loader_key(shared, train)
+    valid_key, new = tracer._loader_key(shared, valid)
+    assert new and valid_key != train_key
+    assert tracer._loader_key(shared, train) == (train_key, False)
+    place = id(valid)
+    del valid
+    in_its_place = _Sampler()
+    tracer._loader_keys[(id(shared), id(in_its_place))] = tracer._loader_keys.pop(
+        (id(shared), place)
+    )
+    assert tracer._loader_key(shared, in_its_place) == (valid_key + 1, True)
+    items = [(1, 2), (3, 4)]
+    items_key, new = tracer._loader_key(shared, items)
+    assert new and tracer._loader_key(shared, items) == (items_key, False)

@@ -3,7 +3,7 @@
 * ``_BaseDataLoaderIter.__next__``, the method every DataLoader iterator's ``next()`` runs, is
   replaced by the tracer's wrapper (:meth:`~.tracer.StepTracer.wrap_next`).
 * A global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``)
-  reports every ``optimizer.step()``.
+  reports every ``optimizer.step()``, fastai's own optimizers' too (:mod:`.optimizer_hooks`).
 * The phase instruments (:mod:`.step_phases`; on CUDA with an event at each boundary), on a
   sample of the steps: module forward hooks (global ones until the model is found, then the
   model's own), a wrapper of ``torch.autograd.backward`` and a global optimizer pre-step hook;
@@ -28,6 +28,7 @@ from typing import Any
 
 from ..events import PHASE_NAMES, EventLike
 from .flop_count import FlopWindow
+from .optimizer_hooks import register_post, unwrap_foreign, wrap_foreign
 from .profiler import ProfileWindow
 from .step_phases import StepPhases
 from .tracer import READER_MAX_EVENTS, OptimizerHook, StepTracer
@@ -76,8 +77,6 @@ def install(
     one step's FLOPs). After ``uninstall(pause=True)`` of the same tracer, its phase
     instruments and optimizer hook resume (``flops`` is then the first install's)."""
     global _installed, _paused, _fork_callback_registered
-    import torch.optim.optimizer as optim_mod
-
     if not _fork_callback_registered and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_uninstall_in_forked_child)
         _fork_callback_registered = True
@@ -99,7 +98,9 @@ def install(
     if flops is not None:
         flops.sizes = phases.sizes
     phases.install()
-    handle = optim_mod.register_optimizer_step_post_hook(hook)
+    handle = register_post(hook)
+    wrap_foreign()
+    tracer.on_epoch = wrap_foreign
 
     def stop() -> None:  # tracing stopped on an error: no more optimizer steps, no phases
         handle.remove()
@@ -111,9 +112,7 @@ def install(
     )
     if window is not None:
         installed.gate = _gate(window, wrapper, installed)
-        installed.window_handle = optim_mod.register_optimizer_step_post_hook(
-            _window_hook(window, installed)
-        )
+        installed.window_handle = register_post(_window_hook(window, installed))
     cls.__next__ = installed.gate or wrapper
     _installed = installed
 
@@ -202,7 +201,9 @@ def uninstall(pause: bool = False) -> list[str]:
     notes = list(installed.phases.notes)
     installed.tracer.deactivate()  # what the wrapper still logs is dropped, wherever it is
     installed.tracer.on_stop = None
+    installed.tracer.on_epoch = None
     installed.hook_handle.remove()
+    unwrap_foreign()
     if pause:
         installed.phases.pause()
         _paused = _Paused(installed.tracer, installed.phases, installed.hook)

@@ -28,9 +28,15 @@ def in_memory(dataset: Any, depth: int = 0) -> bool:
 
 def loader_settings(it: Any) -> LoaderInfo:
     """The loader's settings as its iterator holds them (an iterator keeps no reference to its
-    loader); the slot is assigned by the segmenter."""
+    loader); the slot is assigned by the segmenter. A fastai DataLoader's iterators hold its
+    stand-in for torch's (:func:`fastai_loader`): its batch size and dataset are read from it."""
     sampler = getattr(it, "_index_sampler", None)
     dataset = getattr(it, "_dataset", None)
+    batch_size = getattr(sampler, "batch_size", None)
+    driver = None
+    fastai = fastai_loader(dataset)
+    if fastai is not None:
+        dataset, batch_size, driver = getattr(fastai, "dataset", None), fastai.bs, "fastai"
     try:
         dataset_len: int | None = len(dataset)  # type: ignore[arg-type]
     except Exception:
@@ -41,13 +47,25 @@ def loader_settings(it: Any) -> LoaderInfo:
         pin_memory=bool(getattr(it, "_pin_memory", False)),
         prefetch_factor=getattr(it, "_prefetch_factor", None),
         persistent_workers=bool(getattr(it, "_persistent_workers", False)),
-        batch_size=getattr(sampler, "batch_size", None),
+        batch_size=batch_size if type(batch_size) is int else None,
         dataset_type=type(dataset).__name__,
         dataset_len=dataset_len,
         iterable=getattr(it, "_dataset_kind", 0) == 1,  # torch's _DatasetKind.Iterable
         dataset_id=id(dataset),
         in_memory=in_memory(dataset),
+        driver=driver,
     )
+
+
+def fastai_loader(dataset: Any) -> Any:
+    """The fastai DataLoader that ``dataset`` stands in for, else None: a fastai DataLoader
+    hands torch's iterator a ``_FakeLoader`` of its own as loader and dataset alike, whose
+    ``d`` is the fastai DataLoader (its ``bs``, its ``dataset``)."""
+    cls = type(dataset)
+    if cls.__name__ != "_FakeLoader" or not cls.__module__.startswith("fastai."):
+        return None
+    fastai = getattr(dataset, "d", None)
+    return fastai if hasattr(fastai, "bs") else None
 
 
 #: The packages whose trainers and wrappers iterate a DataLoader for the user, by the name of

@@ -62,6 +62,7 @@ from .compilation import (
     run_as_they_are,
 )
 from .model_sizes import ModelSizes
+from .optimizer_hooks import register_pre
 from .phase_clock import PhaseClock
 from .sample_schedule import SampleSchedule
 from .whole_step import WholeStep
@@ -320,12 +321,9 @@ class StepPhases:
         ``torch.compile(model)`` returns gets them at once (a global hook around it warns)."""
         import torch
         import torch.nn.modules.module as module_mod
-        import torch.optim.optimizer as optim_mod
 
         if self._optimizer_hook is None:
-            self._optimizer_hook = optim_mod.register_optimizer_step_pre_hook(
-                self._optimizer_starts
-            )
+            self._optimizer_hook = register_pre(self._optimizer_starts)
         if not self._watching and self.models:
             if self._any_compiled_wrapper():
                 self._add_model_hooks()

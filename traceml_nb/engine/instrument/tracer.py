@@ -165,6 +165,8 @@ class StepTracer:
         self.reader_processing_ns = 0
         #: called once if the tracing stops on an error (the hooks take the optimizer hook back)
         self.on_stop: Callable[[], None] | None = None
+        #: called as each epoch begins (the hooks wrap an optimizer imported since)
+        self.on_epoch: Callable[[], None] | None = None
         #: the DataLoader workers' process ids, read as each epoch begins: the host sampler
         #: counts these children as workers, no others (a W&B service, a compile worker)
         self.worker_pids = WorkerPids()
@@ -175,7 +177,9 @@ class StepTracer:
             record, gpu.take if gpu is not None else None, announce=self._announce
         )
         #: ``id()`` of each batch sampler met -> (a reference to it, its loader key)
-        self._loader_keys: dict[int, tuple[Callable[[], Any], int]] = {}
+        self._loader_keys: dict[
+            tuple[int, int], tuple[Callable[[], Any], Callable[[], Any] | None, int]
+        ] = {}
         self._next_key = itertools.count()
 
     # --- the hot path ---------------------------------------------------------------------
@@ -287,6 +291,11 @@ class StepTracer:
         except Exception:  # a model whose attributes raise: its mode unknown
             training = None
         self.log.append((EPOCH_STARTED, it, samples, driver, grad, training))
+        try:
+            if self.on_epoch is not None:
+                self.on_epoch()
+        except Exception:
+            pass
         workers = bool(getattr(it, "_num_workers", 0))
         due = not self.reader_attached and len(self.log) >= EPOCH_PROCESS_EVENTS
         if self.active and (workers or due):
@@ -385,31 +394,44 @@ class StepTracer:
             driver = None
         else:
             samples, driver = starting
-        loader, new = self._loader_key(it._index_sampler)
+        loader, new = self._loader_key(it._index_sampler, getattr(it, "_dataset", None))
         settings = None
         if new:
             settings = loader_settings(it)
-            settings.driver = driver
+            settings.driver = driver or settings.driver
         workers = [w.pid for w in getattr(it, "_workers", ()) if w.pid]
         if workers:
             self.worker_pids.of_loader(loader, settings, workers)
         return IteratorStarted.of(it, loader, settings, counted_batch_size(it), samples)
 
-    def _loader_key(self, sampler: Any) -> tuple[int, bool]:
-        """The key of the loader whose batch sampler is ``sampler``, and whether it is new to
-        the run. Keys are never reused, and the sampler is held weakly where it can be: the
-        sampler holds the dataset, which the user's code frees when it drops the loader (a
-        stage's, a sweep's), as without a run. A sampler freed, its ``id()`` may come back as
-        another loader's: the reference tells them apart."""
-        known = self._loader_keys.get(id(sampler))
-        if known is not None and known[0]() is sampler:
-            return known[1], False
+    def _loader_key(self, sampler: Any, dataset: Any) -> tuple[int, bool]:
+        """The key of the loader whose batch sampler is ``sampler`` and whose dataset is
+        ``dataset``, and whether it is new to the run (a DataLoader's sampler is its own; fastai's
+        loaders share one, each the dataset of its iterators). Keys are never reused, and the
+        sampler and dataset are held weakly where they can be: the user's code frees them when
+        it drops the loader (a stage's, a sweep's), as without a run. One freed, its ``id()``
+        may come back as another loader's: the references tell them apart (a sampler without
+        weak references is held to the run's end; a dataset without them, a list, is told by
+        its ``id()`` alone, its sampler holding it)."""
+        ids = (id(sampler), id(dataset))
+        known = self._loader_keys.get(ids)
+        if (
+            known is not None
+            and known[0]() is sampler
+            and (known[1] is None or known[1]() is dataset)
+        ):
+            return known[2], False
         key = next(self._next_key)
         try:
             ref: Callable[[], Any] = weakref.ref(sampler)
-        except TypeError:  # a sampler without weak references is held to the run's end
+        except TypeError:
             ref = functools.partial(_itself, sampler)
-        self._loader_keys[id(sampler)] = (ref, key)
+        dataset_ref: Callable[[], Any] | None = None
+        try:
+            dataset_ref = weakref.ref(dataset)
+        except TypeError:
+            pass
+        self._loader_keys[ids] = (ref, dataset_ref, key)
         return key, True
 
     def stop_on_error(self, exc: BaseException) -> None:

@@ -1,0 +1,166 @@
+"""fastai's Learner on a tiny model and synthetic data: its own optimizers, which torch's
+optimizer hooks never see, and its own DataLoaders, whose iterators share one sampler; the
+steps against fastai's own count, the phases, the FLOPs, and the advice in fastai's terms."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from functools import partial
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import traceml_nb
+from traceml_nb.engine.instrument import optimizer_hooks
+from traceml_nb.session import Session
+
+fastai_basics = pytest.importorskip("fastai.basics")
+fastai_optimizer = pytest.importorskip("fastai.optimizer")
+import fastai.callback.progress  # noqa: E402, F401 (the progress bar, and Learner.no_bar)
+from fastai.callback.core import Callback  # noqa: E402
+
+ITEM_SLEEP_S = 0.0005  #: each item costs this much (a decode): the loops wait for data
+#: the tiny MLP's FLOPs a batch of 32: forward 2·32·(16·256 + 256), backward twice that less
+#: the first layer's input gradient (its input needs none)
+MLP_FLOPS = 2 * 32 * (16 * 256 + 256) * 3 - 2 * 32 * 16 * 256
+
+
+class Pairs(Dataset):
+    def __init__(self, n: int) -> None:
+        gen = torch.Generator().manual_seed(n)
+        self.x, self.y = torch.randn(n, 16, generator=gen), torch.randn(n, 1, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        time.sleep(ITEM_SLEEP_S)
+        return self.x[i], self.y[i]
+
+
+class CountSteps(Callback):
+    """fastai's own count of the optimizer steps it made."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def after_step(self) -> None:
+        self.steps += 1
+
+
+def learner(opt_func=None):
+    warnings.filterwarnings("ignore", module="fastai")
+    dls = fastai_basics.DataLoaders.from_dsets(Pairs(640), Pairs(128), bs=32, num_workers=0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    learn = fastai_basics.Learner(
+        dls, model, loss_func=fastai_basics.MSELossFlat(), opt_func=opt_func or fastai_basics.Adam
+    )
+    counted = CountSteps()
+    learn.add_cb(counted)
+    return learn, counted
+
+
+def fit(learn, epochs: int = 2, label: str = "fastai"):
+    with traceml_nb.Run(label, sample=False) as run:
+        with learn.no_bar(), learn.no_logging():
+            learn.fit(epochs)
+    return Session().result(run)
+
+
+def test_fastai_own_optimizer_steps_are_the_steps_with_their_phases_and_flops():
+    original = fastai_optimizer.Optimizer.__dict__["step"]
+    learn, counted = learner()
+    with traceml_nb.Run("fastai", sample=False) as run:
+        with learn.no_bar(), learn.no_logging():
+            learn.fit(2)
+    s = Session().result(run).summary
+    assert s.total_steps == counted.steps == 40  # 640 // 32 a training epoch, twice
+    assert s.optimizer_ms_median > 0 and s.forward_ms_median > 0 and s.backward_ms_median > 0
+    assert s.flops_per_step == pytest.approx(MLP_FLOPS, rel=0.05)
+    # the validation loader is a loader of its own, though fastai's iterators share a sampler
+    train, valid = run.record.loaders
+    assert (train.batch_size, train.dataset_type, train.driver) == (32, "Pairs", "fastai")
+    assert (valid.batch_size, valid.fetches, valid.driver) == (32, 8, "fastai")
+    [phase] = s.phases
+    assert phase.batches == 8
+    # the step is fastai's own again, and calls no hook of ours
+    assert fastai_optimizer.Optimizer.__dict__["step"] is original
+    assert optimizer_hooks._pre == {} and optimizer_hooks._post == {}
+
+
+@pytest.mark.parametrize("kind", ["torch-optimizer", "lookahead"])
+def test_fastai_optimizers_that_step_another_count_each_step_once(kind):
+    if kind == "torch-optimizer":  # torch's hooks see the optimizer it wraps, and only those
+        opt_func = partial(fastai_optimizer.OptimWrapper, opt=torch.optim.Adam)
+    else:  # fastai's ranger: a Lookahead stepping a fastai RAdam
+        opt_func = fastai_optimizer.ranger
+    learn, counted = learner(opt_func)
+    res = fit(learn, epochs=1)
+    assert res.summary.total_steps == counted.steps == 20
+    assert res.summary.optimizer_ms_median > 0
+
+
+def test_a_step_wrapped_over_ours_keeps_working_and_ours_beneath_calls_nothing():
+    cls = fastai_optimizer.Optimizer
+    original = cls.__dict__["step"]
+    calls = []
+    learn, counted = learner()
+    try:
+        with traceml_nb.Run("wrapped over", sample=False) as run:
+            ours = cls.__dict__["step"]
+
+            def theirs(self, *args, **kwargs):
+                calls.append(1)
+                return ours(self, *args, **kwargs)
+
+            cls.step = theirs
+            with learn.no_bar(), learn.no_logging():
+                learn.fit(1)
+        assert cls.__dict__["step"] is theirs  # theirs stays
+        assert Session().result(run).summary.total_steps == counted.steps == 20
+        stepped = []  # the next run wraps theirs; ours beneath it calls no hook twice
+        handle = optimizer_hooks.register_post(lambda optimizer, args, kwargs: stepped.append(1))
+        try:
+            res = fit(learn, epochs=1, label="next run")
+        finally:
+            handle.remove()
+        assert res.summary.total_steps == 20 and len(stepped) == 20 and len(calls) == 40
+    finally:
+        cls.step = original
+
+
+def test_fastai_imported_after_the_run_began_is_seen(tmp_path):
+    """A cell that imports fastai and trains: the step is wrapped as the first epoch begins."""
+    script = textwrap.dedent(
+        """
+        import warnings
+        import torch
+        import traceml_nb
+        from traceml_nb.session import Session
+        with traceml_nb.Run("late import", sample=False) as run:
+            from fastai.basics import Adam, DataLoaders, Learner, MSELossFlat
+            import fastai.callback.progress
+            x, y = torch.randn(256, 16), torch.randn(256, 1)
+            ds = torch.utils.data.TensorDataset(x, y)
+            dls = DataLoaders.from_dsets(ds, ds, bs=32, num_workers=0)
+            learn = Learner(dls, torch.nn.Linear(16, 1), loss_func=MSELossFlat(), opt_func=Adam)
+            warnings.filterwarnings("ignore")
+            with learn.no_bar(), learn.no_logging():
+                learn.fit(2)
+        s = Session().result(run).summary
+        print("steps", s.total_steps, "optimizer", s.optimizer_ms_median > 0, s.flops_per_step)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+        cwd=tmp_path, env={**os.environ, "TRACEML_NB_STORE": "off"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    # the linear model's FLOPs a batch of 32: forward 2·32·16, and its weights' gradient
+    assert "steps 16 optimizer True 2048" in out.stdout, out.stdout + out.stderr[-2000:]
