@@ -19,6 +19,9 @@ from torch.utils.data import Dataset
 import traceml_nb
 from traceml_nb.engine.instrument import optimizer_hooks
 from traceml_nb.session import Session
+from traceml_nb.tune.of_run import tune_run
+from traceml_nb.views.diagnosis_words import sentence
+from traceml_nb.views.report import Report
 
 fastai_basics = pytest.importorskip("fastai.basics")
 fastai_optimizer = pytest.importorskip("fastai.optimizer")
@@ -104,6 +107,31 @@ def test_fastai_optimizers_that_step_another_count_each_step_once(kind):
     res = fit(learn, epochs=1)
     assert res.summary.total_steps == counted.steps == 20
     assert res.summary.optimizer_ms_median > 0
+
+
+def test_fastai_input_bound_advice_names_fastai_settings_and_no_prefetch_factor():
+    learn, _ = learner()
+    res = fit(learn)
+    d = res.diagnosis
+    assert d.verdict == "input-bound", d.title
+    first = sentence(d.advice[0])
+    assert first.startswith("Change the arguments where your fastai DataLoaders are made"), first
+    assert "num_workers=0 \u2192 num_workers=" in first
+    report = repr(Report.of(res))
+    assert "prefetch_factor" not in report and "%traceml tune" not in report
+    assert "DataLoader: num_workers=0, pin_memory=False, persistent_workers=False, bs=32" in report
+
+
+def test_tune_says_it_cannot_build_a_fastai_loader_afresh():
+    learn, _ = learner()
+    session = Session()
+    with traceml_nb.Run("fastai tune", sample=False) as run:
+        with learn.no_bar(), learn.no_logging():
+            learn.fit(1)
+    res = session.result(run)
+    entry = session.history.get(res.run_id)
+    with pytest.raises(LookupError, match="is a fastai DataLoader, which tune cannot build"):
+        tune_run(entry, namespace={"learn": learn})
 
 
 def test_a_step_wrapped_over_ours_keeps_working_and_ours_beneath_calls_nothing():

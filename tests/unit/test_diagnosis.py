@@ -11,7 +11,14 @@ from builders import (
 )
 
 from traceml_nb.analysis import analyze
-from traceml_nb.analysis.advice import Change, loader_changes, more_workers, worker_target
+from traceml_nb.analysis.advice import (
+    Change,
+    loader_changes,
+    more_workers,
+    setting_name,
+    worker_target,
+)
+from traceml_nb.analysis.advice import loader_settings as advice_loader_settings
 from traceml_nb.analysis.diagnosis import BATCHED_INDEXING
 from traceml_nb.analysis.diagnosis_facts import confidence
 from traceml_nb.analysis.findings import Diagnosis, Finding
@@ -869,6 +876,39 @@ def test_pin_memory_only_with_a_gpu():
     assert loader_changes(loader(num_workers=4, prefetch_factor=8), workers=None, gpu=False) == [
         Change("persistent_workers", True)
     ]
+
+
+def test_fastai_loaders_take_no_prefetch_factor_and_call_the_batch_size_bs():
+    fastai = [
+        change_text(c.to_dict(), "fastai")
+        for c in loader_changes(loader(driver="fastai"), workers=2, gpu=False)
+    ]
+    assert fastai == ["num_workers=0 \u2192 num_workers=2", "persistent_workers=True"]
+    assert setting_name("batch_size", "fastai") == "bs"
+    assert setting_name("batch_size", None) == "batch_size"
+    assert "prefetch_factor" not in advice_loader_settings(loader(driver="fastai"))
+    assert "prefetch_factor" in advice_loader_settings(loader())
+
+
+def test_a_fastai_input_bound_run_is_advised_in_fastai_terms_without_the_tuner():
+    b = RecordBuilder()
+    b.loader(num_workers=0, batch_size=8, dataset_type="Pairs").driver = "fastai"
+    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
+    b.samples("host", **{**IDLE_HOST, "workers": 0})
+    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    assert d.cause == CAUSE_TOO_FEW_WORKERS
+    assert said(d).advice == [
+        "Change the arguments where your fastai DataLoaders are made (DataBlock.dataloaders, "
+        "ImageDataLoaders.from_\u2026, DataLoaders.from_dsets and DataLoader take them): "
+        "num_workers=0 \u2192 num_workers=2, persistent_workers=True",
+        "With num_workers=0, the main process loads every batch while the training loop waits; "
+        "2 workers (one per CPU available: 2) load batches in parallel with the compute.",
+        "persistent_workers=True keeps the workers alive between epochs instead of starting them "
+        "again (each start costs the first-batch wait again).",
+    ]
+    assert evidence(d, "DataLoader") == (
+        "num_workers=0, pin_memory=False, persistent_workers=False, bs=8"
+    )
 
 
 def test_system_cpu_evidence_names_the_busiest_core():

@@ -1,7 +1,8 @@
 """Concrete DataLoader changes, read from the user's own loader and the CPUs really available,
 as findings the views write in the terms of whatever built the loader (``driver``): the user's
 own ``DataLoader(...)``, the transformers ``TrainingArguments``, a Lightning module's
-``train_dataloader()``, or the loader passed to accelerate's ``Accelerator.prepare``."""
+``train_dataloader()``, the loader passed to accelerate's ``Accelerator.prepare``, or fastai's
+DataLoaders."""
 
 from __future__ import annotations
 
@@ -26,20 +27,38 @@ TRAINING_ARGUMENTS = {
 }
 
 
+#: What a DataLoader setting is called where the user sets it, by what built the loader
+#: (``LoaderInfo.driver``); a setting not named here is called as ``DataLoader`` calls it.
+SETTING_NAMES = {"transformers": TRAINING_ARGUMENTS, "fastai": {"batch_size": "bs"}}
+#: The DataLoader settings a driver's loaders do not take (fastai's ``DataLoader`` has no
+#: ``prefetch_factor``): neither advised nor shown among the loader's settings.
+NOT_TAKEN = {"fastai": frozenset({"prefetch_factor"})}
+#: What builds loaders that ``%traceml tune`` cannot build afresh (it builds torch
+#: ``DataLoader``\ s over the run's dataset; fastai's make their batches themselves).
+UNTUNABLE_DRIVERS = frozenset({"fastai"})
+
+
 def setting_name(setting: str, driver: str | None) -> str:
     """What a DataLoader setting is called where the user sets it."""
-    return TRAINING_ARGUMENTS.get(setting, setting) if driver == "transformers" else setting
+    return SETTING_NAMES.get(driver or "", {}).get(setting, setting)
+
+
+def takes(driver: str | None, setting: str) -> bool:
+    """Whether the loaders that ``driver`` builds take ``setting``."""
+    return setting not in NOT_TAKEN.get(driver or "", ())
 
 
 def loader_settings(loader: LoaderInfo) -> dict[str, Any]:
-    """The loader's settings the advice is about, by their DataLoader names."""
-    return {
+    """The loader's settings the advice is about, by their DataLoader names (those its driver
+    takes)."""
+    settings = {
         "num_workers": loader.num_workers,
         "pin_memory": loader.pin_memory,
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": loader.persistent_workers,
         "batch_size": loader.batch_size,
     }
+    return {k: v for k, v in settings.items() if takes(loader.driver, k)}
 
 
 def worker_target(cpus: int | None, gpu: bool) -> int:
@@ -96,6 +115,7 @@ def loader_changes(
     current = loader.prefetch_factor if loader.num_workers > 0 else None
     if (
         prefetch
+        and takes(loader.driver, "prefetch_factor")
         and effective_workers > 0
         and (current or TORCH_DEFAULT_PREFETCH) < SUGGESTED_PREFETCH
     ):

@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine.record import LoaderInfo
-from .advice import Change, change_loader, explain_changes, loader_changes, more_workers
+from .advice import (
+    UNTUNABLE_DRIVERS,
+    Change,
+    change_loader,
+    explain_changes,
+    loader_changes,
+    more_workers,
+    takes,
+)
 from .diagnosis_facts import Facts, confidence
 from .findings import Diagnosis, Finding
 from .summary import Measurements
@@ -39,7 +47,8 @@ CAUSE_UNKNOWN = "input-unknown"  #: worker CPU unavailable
 #: from rules.
 TUNE_HINT = "tune-hint"
 #: The causes whose advice ends with ``TUNE_HINT`` (not workers short of CPU: ``tune``
-#: iterates the loaders without the model, whose threads are what the workers wait for).
+#: iterates the loaders without the model, whose threads are what the workers wait for), for
+#: a loader that ``tune`` can build (not one of ``advice.UNTUNABLE_DRIVERS``).
 TUNABLE_CAUSES = (
     CAUSE_TOO_FEW_WORKERS, CAUSE_PAGEABLE, CAUSE_STORAGE, CAUSE_IN_MEMORY, CAUSE_UNKNOWN
 )  # fmt: skip
@@ -130,7 +139,7 @@ def input_bound(f: Facts) -> Diagnosis:
         d.cause = CAUSE_UNKNOWN
         return d
     _input_cause(f, d, loader)
-    if d.cause in TUNABLE_CAUSES:
+    if d.cause in TUNABLE_CAUSES and loader.driver not in UNTUNABLE_DRIVERS:
         d.advice.append(Finding(TUNE_HINT))
     return d
 
@@ -182,7 +191,8 @@ def _input_cause(f: Facts, d: Diagnosis, loader: LoaderInfo) -> None:
         d.wont_help.append(
             Finding("more-workers-saturated", {"cpus": cpus, "num_workers": loader.num_workers})
         )
-        d.wont_help.append(Finding("larger-prefetch-saturated"))
+        if takes(loader.driver, "prefetch_factor"):
+            d.wont_help.append(Finding("larger-prefetch-saturated"))
         return
     if gpu and not loader.pin_memory:
         d.cause = CAUSE_PAGEABLE
@@ -235,4 +245,5 @@ def _cpu_starved(f: Facts, d: Diagnosis, loader: LoaderInfo, sat: _Saturation) -
         d.advice.append(Finding("workers-short-of-cpu", facts))
     d.advice.append(Finding("cheaper-samples", sat.facts))
     d.wont_help.append(Finding("more-workers-starved", sat.facts))
-    d.wont_help.append(Finding("larger-prefetch-saturated"))
+    if takes(loader.driver, "prefetch_factor"):
+        d.wont_help.append(Finding("larger-prefetch-saturated"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..analysis.advice import UNTUNABLE_DRIVERS
 from .find import candidate_of, find_loader, namer, training_loader_info
 from .recorded_run import RecordedRun
 from .tuner import TuneResult, tune
@@ -27,6 +28,13 @@ def tune_run(
     there is no loader to tune."""
     info = training_loader_info(entry.loaders)
     name: str | None = None
+    if loader is None and info is not None and info.get("driver") in UNTUNABLE_DRIVERS:
+        raise LookupError(
+            f"the training loader of run {entry.label} is a {info['driver']} DataLoader, which "
+            "tune cannot build afresh (it builds torch DataLoaders over the run's dataset): "
+            "follow the report's advice, or pass a torch DataLoader over the same dataset: "
+            "%traceml tune --loader NAME"
+        )
     if loader is None:
         if info is None:
             raise LookupError(f"run {entry.label} iterated no DataLoader: nothing to tune")

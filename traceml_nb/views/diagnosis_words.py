@@ -31,6 +31,8 @@ WHERE = {
     "lightning": "Change the DataLoader that your LightningModule's (or DataModule's) "
     "train_dataloader() returns",
     "accelerate": "Change the DataLoader you pass to Accelerator.prepare()",
+    "fastai": "Change the arguments where your fastai DataLoaders are made (DataBlock.dataloaders, "
+    "ImageDataLoaders.from_…, DataLoaders.from_dsets and DataLoader take them)",
 }
 
 #: The advice for steps that spend a large share making tiny batches.
