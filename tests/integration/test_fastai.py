@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 import traceml_nb
 from traceml_nb.engine.instrument import optimizer_hooks
+from traceml_nb.engine.optimizer_info import optimizer_info
 from traceml_nb.session import Session
 from traceml_nb.tune.of_run import tune_run
 from traceml_nb.views.diagnosis_words import sentence
@@ -120,6 +121,48 @@ def test_fastai_input_bound_advice_names_fastai_settings_and_no_prefetch_factor(
     report = repr(Report.of(res))
     assert "prefetch_factor" not in report and "%traceml tune" not in report
     assert "DataLoader: num_workers=0, pin_memory=False, persistent_workers=False, bs=32" in report
+
+
+def test_fastai_optimizers_are_told_by_their_update_with_the_torch_optimizer_that_makes_it():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+
+    def plain_step(p, lr, **kwargs):
+        p.data.add_(p.grad, alpha=-lr)
+
+    told = {
+        "Adam": fastai_optimizer.Adam(params, lr=0.1),
+        "Adam, L2": fastai_optimizer.Adam(params, lr=0.1, decouple_wd=False),
+        "SGD": fastai_optimizer.SGD(params, lr=0.1),
+        "SGD, L2": fastai_optimizer.SGD(params, lr=0.1, mom=0.9, decouple_wd=False),
+        "ranger": fastai_optimizer.ranger(params, lr=0.1).opt,  # the RAdam it steps
+        "own update": fastai_optimizer.Optimizer(params, [plain_step], lr=0.1),
+        "wrapper": fastai_optimizer.OptimWrapper(params, torch.optim.AdamW),
+    }
+    infos = {k: optimizer_info(o) for k, o in told.items()}
+    assert {k: (i.kind, i.fastai_twin) for k, i in infos.items()} == {
+        "Adam": ("Adam", "AdamW"),  # fastai's Adam decouples its weight decay
+        "Adam, L2": ("Adam", "Adam"),
+        "SGD": ("SGD", ""),  # torch's SGD adds its weight decay to the gradient
+        "SGD, L2": ("SGD", "SGD"),
+        "ranger": ("RAdam", ""),
+        "own update": ("Optimizer", ""),
+        "wrapper": ("OptimWrapper", None),  # a torch optimizer inside, seen by torch's hooks
+    }
+
+
+def test_fastais_own_optimizer_taking_much_of_the_step_is_advised_its_fused_torch_twin():
+    warnings.filterwarnings("ignore", module="fastai")
+    blocks = [[torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)] for _ in range(40)]
+    model = torch.nn.Sequential(*[m for block in blocks for m in block], torch.nn.Linear(64, 1))
+    data = torch.utils.data.TensorDataset(torch.randn(1024, 64), torch.randn(1024, 1))
+    dls = fastai_basics.DataLoaders.from_dsets(data, data, bs=32, num_workers=0)
+    learn = fastai_basics.Learner(dls, model, loss_func=fastai_basics.MSELossFlat())
+    res = fit(learn, epochs=1)
+    # 162 tensors updated one by one: about half of each step here, 3.5 ms of 7 ms
+    assert res.summary.phase_shares["optimizer"] > 0.3
+    [advised] = [f for f in res.diagnosis.advice if f.code == "fastai-optimizer"]
+    assert advised.facts["tensors"] == 162
+    assert "opt=partial(torch.optim.AdamW, fused=True)" in sentence(advised)
 
 
 def test_tune_says_it_cannot_build_a_fastai_loader_afresh():

@@ -109,6 +109,31 @@ def test_a_large_optimizer_share_asks_an_unfused_optimizer_for_fused_on_a_cpu_to
     assert anatomy_advice(untimed, None, False, adam) == []
 
 
+def test_a_large_share_of_fastais_own_optimizer_asks_for_its_torch_twin_through_optimwrapper():
+    adam = [OptimizerInfo("Adam", tensors=162, fastai_twin="AdamW")]
+    below = _summary(optimizer=OPTIMIZER_SHARE_ADVICE - 0.001)
+    assert anatomy_advice(below, None, False, adam) == []
+    at = _summary(optimizer=OPTIMIZER_SHARE_ADVICE)
+    (finding,) = anatomy_advice(at, None, False, adam)
+    assert finding.code == "fastai-optimizer"
+    assert sentence(finding) == (
+        "The optimizer step takes 15% of each step: fastai's own Adam updates its 162 parameter "
+        "tensors one at a time, in Python. torch's AdamW makes the same update in one operation "
+        "with fused=True; fastai takes it through OptimWrapper: Learner(..., "
+        "opt_func=partial(OptimWrapper, opt=partial(torch.optim.AdamW, fused=True)))."
+    )
+    radam = [OptimizerInfo("RAdam", tensors=162, fastai_twin="")]
+    (finding,) = anatomy_advice(at, None, False, radam)  # no torch optimizer makes its update
+    assert sentence(finding).endswith(
+        "A torch.optim optimizer updates them together (foreach, its default, or fused=True "
+        "where it has one); fastai takes one through OptimWrapper: Learner(..., "
+        "opt_func=partial(OptimWrapper, opt=torch.optim.\u2026))."
+    )
+    untimed = _summary(optimizer=0.9)
+    del untimed.phase_shares["forward"], untimed.phase_shares["backward"]
+    assert anatomy_advice(untimed, None, False, adam) == []
+
+
 class Scalars(torch.nn.Module):
     """Three hundred one-element parameters: an optimizer step of one small update each."""
 

@@ -12,12 +12,15 @@ constant of :mod:`.thresholds`, each finding with the figures it rests on.
   tensor-core precision: ``channels_last`` for the model and its batches;
 * an optimizer step of at least ``OPTIMIZER_SHARE_ADVICE`` of the step, of an optimizer that
   has a fused update and does not use it: ``fused=True`` (one operation for all parameters,
-  on a CPU as on a GPU); not where the backward was not timed apart from it.
+  on a CPU as on a GPU); of fastai's own optimizer (one tensor at a time, in Python): the
+  torch optimizer that makes its update, fused, through fastai's ``OptimWrapper``; neither
+  where the backward was not timed apart from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..engine.optimizer_info import OptimizerInfo
 from ..engine.record import LoaderInfo
@@ -47,7 +50,7 @@ def anatomy_advice(
     found = []
     copy = shares.get("copy")
     if gpu and copy is not None and copy >= COPY_SHARE_ADVICE:
-        facts = {"copy_share": copy, "copy_ms": summary.copy_ms_median}
+        facts: dict[str, Any] = {"copy_share": copy, "copy_ms": summary.copy_ms_median}
         if loader is not None and not loader.pin_memory:
             found.append(
                 Finding(
@@ -67,10 +70,21 @@ def anatomy_advice(
     # the update's own share only where the backward was timed apart from it (a backward
     # counted in another phase may be in the optimizer's)
     alone = "backward" in shares
-    if optimizer is not None and optimizer >= OPTIMIZER_SHARE_ADVICE and unfused and alone:
+    if optimizer is None or optimizer < OPTIMIZER_SHARE_ADVICE or not alone:
+        return found
+    if unfused:
         found.append(
             Finding("fused-optimizer", {"optimizer_share": optimizer, "optimizers": unfused})
         )
+    fastai = next((o for o in optimizers if o.fastai_twin is not None), None)
+    if fastai is not None:
+        facts = {
+            "optimizer_share": optimizer,
+            "kind": fastai.kind,
+            "twin": fastai.fastai_twin,
+            "tensors": fastai.tensors,
+        }
+        found.append(Finding("fastai-optimizer", facts))
     return found
 
 

@@ -41,4 +41,18 @@ ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
         f"optimizer{'s' if len(f['optimizers']) > 1 else ''} with fused=True, which updates "
         "all parameters in one operation instead of one per tensor."
     ),
+    "fastai-optimizer": lambda f: (
+        f"The optimizer step takes {fmt_share(f['optimizer_share'])} of each step: fastai's "
+        f"own {f['kind']} updates its {f['tensors']} parameter tensors one at a time, in "
+        "Python. "
+        + (
+            f"torch's {f['twin']} makes the same update in one operation with fused=True; "
+            "fastai takes it through OptimWrapper: Learner(..., opt_func=partial(OptimWrapper, "
+            f"opt=partial(torch.optim.{f['twin']}, fused=True)))."
+            if f["twin"]
+            else "A torch.optim optimizer updates them together (foreach, its default, or "
+            "fused=True where it has one); fastai takes one through OptimWrapper: "
+            "Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.…))."
+        )
+    ),
 }
