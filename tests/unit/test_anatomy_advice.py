@@ -110,7 +110,8 @@ def test_a_large_optimizer_share_asks_an_unfused_optimizer_for_fused_on_a_cpu_to
 
 
 def test_a_large_share_of_fastais_own_optimizer_asks_for_its_torch_twin_through_optimwrapper():
-    adam = [OptimizerInfo("Adam", tensors=162, fastai_twin="AdamW")]
+    arguments = (("betas", (0.9, 0.99)), ("eps", 1e-05))
+    adam = [OptimizerInfo("Adam", tensors=162, fastai_twin="AdamW", twin_arguments=arguments)]
     below = _summary(optimizer=OPTIMIZER_SHARE_ADVICE - 0.001)
     assert anatomy_advice(below, None, False, adam) == []
     at = _summary(optimizer=OPTIMIZER_SHARE_ADVICE)
@@ -120,7 +121,8 @@ def test_a_large_share_of_fastais_own_optimizer_asks_for_its_torch_twin_through_
         "The optimizer step takes 15% of each step: fastai's own Adam updates its 162 parameter "
         "tensors one at a time, in Python. torch's AdamW makes the same update in one operation "
         "with fused=True; fastai takes it through OptimWrapper: Learner(..., "
-        "opt_func=partial(OptimWrapper, opt=partial(torch.optim.AdamW, fused=True)))."
+        "opt_func=partial(OptimWrapper, opt=partial(torch.optim.AdamW, fused=True, "
+        "betas=(0.9, 0.99), eps=1e-05)))."
     )
     radam = [OptimizerInfo("RAdam", tensors=162, fastai_twin="")]
     (finding,) = anatomy_advice(at, None, False, radam)  # no torch optimizer makes its update

@@ -82,6 +82,7 @@ def anatomy_advice(
             "optimizer_share": optimizer,
             "kind": fastai.kind,
             "twin": fastai.fastai_twin,
+            "twin_arguments": [[k, v] for k, v in fastai.twin_arguments],
             "tensors": fastai.tensors,
         }
         found.append(Finding("fastai-optimizer", facts))

@@ -48,7 +48,9 @@ ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
         + (
             f"torch's {f['twin']} makes the same update in one operation with fused=True; "
             "fastai takes it through OptimWrapper: Learner(..., opt_func=partial(OptimWrapper, "
-            f"opt=partial(torch.optim.{f['twin']}, fused=True)))."
+            f"opt=partial(torch.optim.{f['twin']}, fused=True"
+            + "".join(f", {k}={_argument(v)}" for k, v in f.get("twin_arguments", ()))
+            + ")))."
             if f["twin"]
             else "A torch.optim optimizer updates them together (foreach, its default, or "
             "fused=True where it has one); fastai takes one through OptimWrapper: "
@@ -56,3 +58,10 @@ ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
         )
     ),
 }
+
+
+def _argument(value: Any) -> str:
+    """A keyword argument's value as Python writes it (a pair stored as a list: a tuple)."""
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_argument(v) for v in value) + ")"
+    return repr(value)

@@ -176,7 +176,8 @@ class StepTracer:
         self._segmenter = StepSegmenter(
             record, gpu.take if gpu is not None else None, announce=self._announce
         )
-        #: ``id()`` of each batch sampler met -> (a reference to it, its loader key)
+        #: ``(id(sampler), id(dataset))`` of each batch sampler and dataset met together ->
+        #: (a reference to the sampler, one to the dataset or None, their loader key)
         self._loader_keys: dict[
             tuple[int, int], tuple[Callable[[], Any], Callable[[], Any] | None, int]
         ] = {}
