@@ -15,9 +15,11 @@ from functools import partial
 import pytest
 import torch
 from torch.utils.data import Dataset
+from torch.utils.flop_counter import FlopCounterMode
 
 import traceml_nb
 from traceml_nb.engine.instrument import optimizer_hooks
+from traceml_nb.engine.instrument.trainable import TRAINABLE_CHECK_STEPS
 from traceml_nb.engine.optimizer_info import optimizer_info
 from traceml_nb.session import Session
 from traceml_nb.tune.of_run import tune_run
@@ -27,6 +29,7 @@ from traceml_nb.views.report import Report
 fastai_basics = pytest.importorskip("fastai.basics")
 fastai_optimizer = pytest.importorskip("fastai.optimizer")
 import fastai.callback.progress  # noqa: E402, F401 (the progress bar, and Learner.no_bar)
+import fastai.callback.schedule  # noqa: E402, F401 (Learner.fine_tune)
 from fastai.callback.core import Callback  # noqa: E402
 
 ITEM_SLEEP_S = 0.0005  #: each item costs this much (a decode): the loops wait for data
@@ -170,6 +173,34 @@ def test_fastais_own_optimizer_taking_much_of_the_step_is_advised_its_fused_torc
     assert "opt=partial(torch.optim.AdamW, fused=True, betas=(0.9, 0.99), eps=1e-05)" in sentence(
         advised
     )
+
+
+def test_fine_tune_counts_the_flops_again_once_the_body_is_unfrozen():
+    """fastai's fine_tune trains the head with the body frozen, then the whole model: the
+    count of a frozen step (about two thirds of an unfrozen one here) would stand for all."""
+    warnings.filterwarnings("ignore", module="fastai")
+    torch.manual_seed(0)
+    body = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+    )  # fmt: skip
+    model = torch.nn.Sequential(body, torch.nn.Linear(16, 4))
+    x, y = torch.randn(512, 3, 16, 16), torch.randint(0, 4, (512,))
+    data = torch.utils.data.TensorDataset(x, y)
+    dls = fastai_basics.DataLoaders.from_dsets(data, data, bs=16, num_workers=0)
+    learn = fastai_basics.Learner(
+        dls, model, loss_func=fastai_basics.CrossEntropyLossFlat(),
+        splitter=lambda m: [list(m[0].parameters()), list(m[1].parameters())],
+    )  # fmt: skip
+    with traceml_nb.Run("fine_tune", sample=False) as run:
+        with learn.no_bar(), learn.no_logging():
+            learn.fine_tune(2, freeze_epochs=1)  # 32 steps frozen, 64 unfrozen
+    s = Session().result(run).summary
+    with FlopCounterMode(display=False) as by_hand:
+        torch.nn.functional.cross_entropy(model(x[:16]), y[:16]).backward()
+    assert s.flops_per_step == pytest.approx(by_hand.get_total_flops(), rel=0.05)
+    assert 32 < s.flops_since_step <= 32 + TRAINABLE_CHECK_STEPS + 2
 
 
 def test_tune_says_it_cannot_build_a_fastai_loader_afresh():

@@ -121,6 +121,10 @@ class Summary:
     #: with FlopCounterMode (:mod:`traceml_nb.engine.instrument.flop_count`) over
     #: ``flop_window_steps`` steps, divided by them
     flops_per_step: float | None = None
+    #: where the loop changed the parameters it trains after the first count (an unfreeze),
+    #: the step (from 1, of all the run's) from which the count made again stands:
+    #: ``flops_per_step`` and the FLOP/s are of the steady steps since; None: of the whole run
+    flops_since_step: int | None = None
     #: floating-point operations per step of the forwards activation checkpointing recomputed
     #: in the backward: done, but not the model's (not in ``flops_per_step``, the FLOP/s or the
     #: MFU); 0 where none ran or none could be told

@@ -201,7 +201,7 @@ def began_inside(sel: StepSelection, window_ns: tuple[int, int]) -> np.ndarray:
 def select_rows(snapshot: RecordSnapshot) -> StepSelection:
     """The steps of ``snapshot`` as arrays; the steps that overlap the profiler's window
     (``RecordSnapshot.profile``) carry ``FLAG_PROFILED``, those that began inside the FLOP
-    count's (``RecordSnapshot.flops``) ``FLAG_FLOP_COUNTED``."""
+    count's (``RecordSnapshot.flops``; a count made again, each one's) ``FLAG_FLOP_COUNTED``."""
     cols = snapshot.steps
     rule = rule_of(snapshot)
     mask = rule.mask(cols)
@@ -214,10 +214,12 @@ def select_rows(snapshot: RecordSnapshot) -> StepSelection:
         begin, end = window
         profiled = (start_ns < end) & (start_ns + wall_ns > begin)
         flags = flags | np.where(profiled, FLAG_PROFILED, 0).astype("u1")
-    counted = snapshot.flops.window_ns if snapshot.flops is not None else None
-    if counted is not None:
-        inside = _began_inside(start_ns, counted)
-        flags = flags | np.where(inside, FLAG_FLOP_COUNTED, 0).astype("u1")
+    count = snapshot.flops
+    windows = [] if count is None else [*count.earlier_windows_ns, count.window_ns]
+    for counted in windows:
+        if counted is not None:
+            inside = _began_inside(start_ns, counted)
+            flags = flags | np.where(inside, FLAG_FLOP_COUNTED, 0).astype("u1")
     return StepSelection(
         rule=rule,
         start_s=start_ns / 1e9,

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.capabilities import Capabilities
+from ..engine.flop_capture import FlopCount
 from ..engine.optimizer_info import OptimizerInfo
 from ..engine.record import (
     FLAG_EPOCH_START,
@@ -270,13 +271,16 @@ def _flop_figures(
     if flops is None:
         unavailable["flops_per_step"] = unavailable["achieved_tflops"] = why
     elif m.steady:
-        spans = m.span_ms[np.isfinite(m.span_ms)] if m.gpu_in_use else m.span_ms[:0]
-        compute_ms = float(np.median(spans if len(spans) else m.wall_ms - m.wait_ms))
+        since = _counted_since(count, m)
+        spans = m.span_ms[since & np.isfinite(m.span_ms)] if m.gpu_in_use else m.span_ms[:0]
+        rest = (m.wall_ms - m.wait_ms)[since]
+        compute_ms = float(np.median(spans if len(spans) else rest)) if len(rest) else 0.0
         achieved = flops / (compute_ms / 1e3) / 1e12 if compute_ms > 0 else None
     if achieved is None and "achieved_tflops" not in unavailable:
         unavailable["achieved_tflops"] = NO_STEPS
     figures: dict[str, Any] = {
         "flops_per_step": flops,
+        "flops_since_step": _since_step(count, m) if flops is not None else None,
         "achieved_tflops": achieved,
         "flop_window_steps": window if flops is not None else 0,
     }
@@ -300,6 +304,21 @@ def _flop_figures(
         unavailable["mfu"] = found.why
     figures.update(mfu=found.mfu, mfu_peak_tflops=found.peak_tflops)
     return figures
+
+
+def _counted_since(count: FlopCount | None, m: Measurements) -> np.ndarray:
+    """Which steady steps the count stands for: all, or where it was counted again after the
+    trained parameters changed, those that began since."""
+    if count is None or count.since_ns is None:
+        return np.ones(len(m.wall_ms), dtype=bool)
+    return np.asarray(m.start_s * 1e9 >= count.since_ns)
+
+
+def _since_step(count: FlopCount | None, m: Measurements) -> int | None:
+    """The step (from 1) from which a count made again stands (None: the whole run's)."""
+    if count is None or count.since_ns is None:
+        return None
+    return int((m.selection.start_s * 1e9 < count.since_ns).sum()) + 1
 
 
 def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:

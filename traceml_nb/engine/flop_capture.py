@@ -18,6 +18,11 @@ MODEL_CHANGED = (
     "step's"
 )
 #: Each step counted had an evaluation inside (``FlopWindow`` tries ``FLOP_COUNT_TRIES``).
+#: The trainable parameters changed more than ``trainable.MAX_RECOUNTS`` times.
+TRAINABLE_CHANGING = (
+    "the trained parameters changed {n} times during the run (parameters frozen and unfrozen): "
+    "no FLOP count holds for its steps"
+)
 EVALUATION_COUNTED = (
     "an evaluation ran while the step's FLOPs were counted: its FLOPs cannot be told from the "
     "training step's"
@@ -52,6 +57,11 @@ class FlopCount:
     ``uncounted_outside_ops``: those that ran outside the model, as ``outside_flops`` tells it
     (an optimizer's eigendecompositions, as Shampoo's and SOAP's): not in ``outside_flops``, and
     no part of the model's ``flops``.
+    ``since_ns``: where the loop changed the parameters it trains after an earlier count stood
+    (an unfreeze: :mod:`.instrument.trainable`), when that was seen (ns from the run start):
+    this count is of the steps since, counted again; None where the count is the whole run's.
+    ``earlier_windows_ns``: the windows of the counts made before it, whose steps the counting
+    slowed too.
     """
 
     flops: int | None = None
@@ -66,6 +76,8 @@ class FlopCount:
     outside_flops: int = 0
     uncounted_ops: tuple[str, ...] = ()
     uncounted_outside_ops: tuple[str, ...] = ()
+    since_ns: int | None = None
+    earlier_windows_ns: tuple[tuple[int, int], ...] = ()
 
     @property
     def count_window_ns(self) -> tuple[int, int] | None:

@@ -134,6 +134,11 @@ def _flops(s: Summary, v: float) -> str:
     forwards recomputed by activation checkpointing, an optimizer's own."""
     n = s.flop_window_steps
     how = f"counted over {n:,} steps, their mean" if n > 1 else "counted on one step"
+    if s.flops_since_step is not None:
+        how += (
+            "; counted again as the parameters it trains changed: the steps from step "
+            f"{s.flops_since_step:,} on"
+        )
     if s.recomputed_flops_per_step:
         how += (
             f"; {_flop_amount(s.recomputed_flops_per_step)} more recomputed by activation "

@@ -27,10 +27,14 @@ A count during which a loader that does not train was iterated (an evaluation: t
 counted the evaluation's forwards too: it is given up and the next step counted instead, up to
 :data:`FLOP_COUNT_TRIES` steps; the steps of every try are left out of the statistics. An
 evaluation on tensors, without a DataLoader (``with torch.no_grad(): model(X_val)``), shows as a
-call of a model the optimizers train made with autograd off (:class:`_CallsWithoutGrad`): that
-count is tried again too, but where every try saw one, such a call is part of each step (the
+call of a model the optimizers train made with autograd off
+(:class:`~.calls_without_grad.CallsWithoutGrad`): that count is tried again too, but where every try saw one, such a call is part of each step (the
 pseudo-labels of a semi-supervised loop, a model run twice, once without gradients) and the
 smallest count stands.
+
+Where the loop changes the parameters it trains after the count stood (an unfreeze: fastai's
+``fine_tune``), the steps after it do other work: the count is made again (:mod:`.trainable`),
+and stands for the steps since.
 
 Not counted, with why: a loop without an optimizer step (no step to count), a process that has
 compiled a model with ``torch.compile`` (counting would make it compile again), a torch without
@@ -43,12 +47,21 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..flop_capture import COMPILED, ENDED, EVALUATION_COUNTED, MODEL_CHANGED, FlopCount
+from ..flop_capture import (
+    COMPILED,
+    ENDED,
+    EVALUATION_COUNTED,
+    MODEL_CHANGED,
+    TRAINABLE_CHANGING,
+    FlopCount,
+)
+from .calls_without_grad import CallsWithoutGrad
 from .compilation import compiled_anything
 from .flop_formulas import WITHOUT_FORMULA, extra_formulas
 from .model_sizes import ModelSizes
 from .recompute import recomputing
 from .tf32 import CONV, MATMUL, RNN, tf32_allowed
+from .trainable import MAX_RECOUNTS, TRAINABLE_CHECK_STEPS, TrainableWatch
 from .whole_step import WholeStep
 
 #: Optimizer steps before the counted one: the second step is counted (the first does one-off
@@ -248,58 +261,6 @@ def _counter() -> Any:
     return PrecisionFlopCounter()
 
 
-class _CallsWithoutGrad:
-    """While a step is counted, global module hooks watch the outermost module calls for one of
-    a model that ``optimizers`` train made with autograd off (``torch.no_grad()``,
-    ``inference_mode()``): an evaluation on tensors, which the count cannot tell from the
-    step's own forwards. A frozen backbone or a teacher, whose parameters no optimizer holds,
-    is the step's. The same hooks know when no module call is open: :meth:`outside_model`.
-    :meth:`remove` takes the hooks away and tells whether one was seen."""
-
-    def __init__(self, optimizers: list[Any]) -> None:
-        import torch
-        from torch.nn.modules import module
-
-        self.optimizers = optimizers
-        self.seen = False
-        self._depth = 0  #: module calls open
-        self._trained: set[int] = set()
-        self._read = 0  #: optimizers whose parameters are in ``_trained``
-        self._grad_enabled = torch.is_grad_enabled
-        self._graph_task = getattr(torch._C, "_current_graph_task_id", None)
-        returned = module.register_module_forward_hook(self._returned, always_call=True)
-        self._handles = [returned, module.register_module_forward_pre_hook(self._called)]
-
-    def outside_model(self) -> bool:
-        """The operator dispatched now runs with autograd off, outside every module call and
-        outside the autograd engine (whose backward runs with autograd off too): an optimizer's
-        own work, as Muon's orthogonalisation, not the model's forward or backward."""
-        if self._depth or self._grad_enabled() or self._graph_task is None:
-            return False
-        return bool(self._graph_task() == -1)
-
-    def _called(self, mod: Any, args: Any) -> None:
-        if self._depth == 0 and not self.seen and not self._grad_enabled():
-            self.seen = self._is_trained(mod)
-        self._depth += 1
-
-    def _returned(self, mod: Any, args: Any, out: Any) -> None:
-        self._depth = max(0, self._depth - 1)  # a call open before the hooks has no pre-call
-
-    def _is_trained(self, mod: Any) -> bool:
-        for optimizer in self.optimizers[self._read :]:
-            for group in optimizer.param_groups:
-                self._trained.update(id(p) for p in group["params"])
-        self._read = len(self.optimizers)
-        return any(id(p) in self._trained for p in mod.parameters())
-
-    def remove(self) -> bool:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        return self.seen
-
-
 class FlopWindow:
     """Counts the FLOPs of one step; the tracer's optimizer post-step hook calls
     :meth:`optimizer_step_ended` when :attr:`countdown` runs out. ``found`` is handed the
@@ -327,17 +288,25 @@ class FlopWindow:
         self._tries = 0
         self._step: WholeStep | None = None  #: the step counted, while it is
         self._optimizers: list[Any] = []  #: those that stepped since the first try began
-        self._calls: _CallsWithoutGrad | None = None  #: watching the try under way
+        self._calls: CallsWithoutGrad | None = None  #: watching the try under way
         #: the tries that saw a trained model called without autograd, and nothing else
         self._without_grad: list[FlopCount] = []
         #: the models the phase instruments found (:func:`.hooks.install` sets it): where the
         #: run changed its model, the count is no longer the run's at :meth:`close`
         self.sizes: ModelSizes | None = None
+        self._watch = TrainableWatch()  #: what the optimizers trained when the count stood
+        self._recounts = 0
+        self._since_ns: int | None = None  #: when the change counted again for was seen
+        self._earlier: tuple[tuple[int, int], ...] = ()  #: the windows of the counts before
 
     def optimizer_step_ended(self, optimizer: Any) -> None:
         self.countdown = 1
         if self.result is not None:
             self.countdown = 1 << 62
+            if self.result.flops is not None and self._watch.changed(optimizer):
+                self._count_again(optimizer)
+            elif self.result.flops is not None:
+                self.countdown = TRAINABLE_CHECK_STEPS
             return
         if not any(o is optimizer for o in self._optimizers):
             self._optimizers.append(optimizer)
@@ -345,6 +314,23 @@ class FlopWindow:
             self._begin(optimizer)
         elif self._step is not None and self._step.closes_at(optimizer):
             self._end(optimizer)
+
+    def _count_again(self, optimizer: Any) -> None:
+        """``optimizer`` trains other parameters than when the count stood: count the next
+        step, which stands for the steps from now (after ``MAX_RECOUNTS``, no count does)."""
+        done = self.result
+        assert done is not None
+        if done.window_ns is not None:
+            self._earlier += (done.window_ns,)
+        if self._recounts >= MAX_RECOUNTS:
+            self._conclude(FlopCount(why=TRAINABLE_CHANGING.format(n=self._recounts + 1)))
+            return
+        self._recounts += 1
+        self._since_ns = self.clock() - self.t0_ns
+        self.result, self._tries, self._without_grad = None, 0, []
+        self._optimizers = [optimizer]
+        self._begin(optimizer)
+        self.countdown = 1
 
     def _begin(self, optimizer: Any) -> None:
         if compiled_anything():
@@ -358,7 +344,7 @@ class FlopWindow:
             return
         self._mode, self._step = mode, WholeStep(optimizer)
         try:
-            self._calls = _CallsWithoutGrad(self._optimizers)
+            self._calls = CallsWithoutGrad(self._optimizers)
         except Exception:  # an older torch, whose global forward hooks have no always_call
             self._calls = None
         else:
@@ -399,7 +385,7 @@ class FlopWindow:
         )
         evaluated = self.evaluated_since is not None and self.evaluated_since(self._start_ns)
         if not evaluated and not without_grad:
-            self._stand(count)
+            self._stand(count, optimizer)
             return
         if not evaluated:
             self._without_grad.append(count)
@@ -409,19 +395,21 @@ class FlopWindow:
             return
         if self._tries == FLOP_COUNT_TRIES and self._without_grad:  # part of every step
             least = min(self._without_grad, key=lambda c: c.flops or 0)
-            self._stand(replace(least, window_ns=window))
+            self._stand(replace(least, window_ns=window), optimizer)
             return
         why = self.result.why if self.result is not None else EVALUATION_COUNTED
         self._conclude(FlopCount(why=why, window_ns=window))  # no try left, or none could start
 
-    def _stand(self, count: FlopCount) -> None:
+    def _stand(self, count: FlopCount, optimizer: Any) -> None:
+        self._watch.note(optimizer)
         self._conclude(count)
-        self.found(count)
+        self.countdown = TRAINABLE_CHECK_STEPS
+        self.found(self.result or count)
 
     def _conclude(self, result: FlopCount) -> None:
         """The count is over: ``result`` stands, and no optimizer is held (an optimizer holds
         its model's parameters and state, which the user's code may let go during the run)."""
-        self.result = result
+        self.result = self._after_earlier(result)
         self.countdown = 1 << 62
         self._optimizers = []
         self._step = None
@@ -462,4 +450,11 @@ class FlopWindow:
         if changed is not None and result.flops is not None:
             why = MODEL_CHANGED.format(before=changed[0], after=changed[1])
             result = FlopCount(why=why, window_ns=result.window_ns)
-        return result
+        return self._after_earlier(result)
+
+    def _after_earlier(self, result: FlopCount) -> FlopCount:
+        """``result`` with the windows of the counts made before it, and where it was counted
+        again, since when it stands."""
+        if not self._earlier:
+            return result
+        return replace(result, since_ns=self._since_ns, earlier_windows_ns=self._earlier)
