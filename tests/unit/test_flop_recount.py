@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import traceml_nb
 from traceml_nb.analysis import analyze
@@ -82,6 +83,22 @@ def test_an_unfreeze_counts_the_flops_again_for_the_steps_since():
         "(counted on one step; counted again as the parameters it trains changed: the steps "
         f"from step {summary.flops_since_step} on)"
     )
+
+
+def test_an_unfreeze_between_two_epochs_is_seen_at_the_next_epochs_first_step():
+    """A loop unfreezes between epochs: the epoch's first fetch has the count look at the next
+    optimizer step, not up to ``TRAINABLE_CHECK_STEPS`` later."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    data = TensorDataset(torch.randn(8 * 20, 16), torch.randn(8 * 20, 1))
+    with traceml_nb.Run("unfreeze by epoch", sample=False) as run:
+        for epoch in range(3):
+            _freeze_body(model, frozen=epoch == 0)
+            for x, y in DataLoader(data, batch_size=8):
+                _step(model, opt, x, y)
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.flops_per_step == _by_hand(model, x, y)
+    assert summary.flops_since_step == 22  # the second epoch's first step looked: 21 + 1
 
 
 def test_a_run_that_trains_the_same_parameters_throughout_is_counted_once():

@@ -947,6 +947,24 @@ def test_the_optimizer_hook_looks_at_its_listeners_only_when_the_least_countdown
     assert every3.looked == every5.looked == [1, 4, 6, 7, 10, 11, 13]
 
 
+def test_a_look_asked_for_early_owes_each_listener_only_the_steps_since_the_last() -> None:
+    """``look_soon()`` (an epoch began: the FLOP count looks at the trained parameters) has
+    the hook look at the next step; the other listener's countdown runs as before."""
+    from traceml_nb.engine.instrument.tracer import StepTracer
+    from traceml_nb.engine.record import RunRecord
+
+    step = [0]
+    every5, every7 = _Listener(5, step), _Listener(7, step)
+    hook = StepTracer(RunRecord()).optimizer_hook([every5, every7])
+    for step[0] in range(1, 16):
+        if step[0] == 3:
+            every7.countdown = 1
+            hook.look_soon()  # type: ignore[attr-defined]
+        hook(None, (), {})
+    assert every5.told == [1, 6, 11] and every7.told == [1, 3, 10]
+    assert every5.looked == every7.looked == [1, 3, 6, 10, 11]
+
+
 def test_a_loop_without_a_loader_bounds_its_log_at_the_optimizer_hooks_looks() -> None:
     """The optimizer hook measures the log only when it looks (every ``CHECK_EVERY`` steps at
     most): a loop without a DataLoader has its log processed once it passes

@@ -28,9 +28,9 @@ counted the evaluation's forwards too: it is given up and the next step counted 
 :data:`FLOP_COUNT_TRIES` steps; the steps of every try are left out of the statistics. An
 evaluation on tensors, without a DataLoader (``with torch.no_grad(): model(X_val)``), shows as a
 call of a model the optimizers train made with autograd off
-(:class:`~.calls_without_grad.CallsWithoutGrad`): that count is tried again too, but where every try saw one, such a call is part of each step (the
-pseudo-labels of a semi-supervised loop, a model run twice, once without gradients) and the
-smallest count stands.
+(:class:`~.calls_without_grad.CallsWithoutGrad`): that count is tried again too, but where every
+try saw one, such a call is part of each step (the pseudo-labels of a semi-supervised loop, a
+model run twice, once without gradients) and the smallest count stands.
 
 Where the loop changes the parameters it trains after the count stood (an unfreeze: fastai's
 ``fine_tune``), the steps after it do other work: the count is made again (:mod:`.trainable`),
@@ -314,6 +314,14 @@ class FlopWindow:
             self._begin(optimizer)
         elif self._step is not None and self._step.closes_at(optimizer):
             self._end(optimizer)
+
+    def look_at_next_step(self) -> bool:
+        """An epoch began: where a count stood, look at the trained parameters at the next
+        optimizer step (True), not only every ``TRAINABLE_CHECK_STEPS``."""
+        if self.result is None or self.result.flops is None:
+            return False
+        self.countdown = 1
+        return True
 
     def _count_again(self, optimizer: Any) -> None:
         """``optimizer`` trains other parameters than when the count stood: count the next

@@ -100,7 +100,7 @@ def install(
     phases.install()
     handle = register_post(hook)
     wrap_foreign()
-    tracer.on_epoch = wrap_foreign
+    tracer.on_epoch = _at_each_epoch(hook, flops)
 
     def stop() -> None:  # tracing stopped on an error: no more optimizer steps, no phases
         handle.remove()
@@ -115,6 +115,19 @@ def install(
         installed.window_handle = register_post(_window_hook(window, installed))
     cls.__next__ = installed.gate or wrapper
     _installed = installed
+
+
+def _at_each_epoch(hook: OptimizerHook, flops: FlopWindow | None) -> Callable[[], None]:
+    """What each epoch's first fetch does: wrap an optimizer imported since, and have the FLOP
+    count look at the trained parameters at the next optimizer step (a loop unfreezes its
+    model between two epochs, fastai's ``fine_tune`` between two fits)."""
+
+    def epoch_began() -> None:
+        wrap_foreign()
+        if flops is not None and flops.look_at_next_step():
+            hook.look_soon()  # type: ignore[attr-defined]
+
+    return epoch_began
 
 
 def _phase_mark(tracer: StepTracer) -> Callable[[], EventLike | None] | None:

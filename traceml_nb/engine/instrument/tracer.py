@@ -228,7 +228,8 @@ class StepTracer:
 
     def optimizer_hook(self, listeners: Sequence[StepEndListener] = ()) -> OptimizerHook:
         """A global optimizer post-step hook that logs each step; each of ``listeners`` (the
-        phase instruments, the FLOP count) is told first when its countdown runs out. The
+        phase instruments, the FLOP count) is told first when its countdown runs out (its
+        ``look_soon()`` has the hook look at their countdowns at the next step). The
         listeners, and the log's length against :data:`READER_MAX_EVENTS`, are looked at only
         then, or every :data:`CHECK_EVERY` steps: the hook counts down on its own in between
         (after a step that evicted the caches, every object touched costs: the step's end took
@@ -267,6 +268,13 @@ class StepTracer:
             elif look and len(log) > READER_MAX_EVENTS:
                 tracer.check()
 
+        def look_soon() -> None:
+            """Look at the listeners at the next step (a listener's countdown was cut short):
+            the steps owed are those since the last look, the next one included."""
+            nonlocal due, owed
+            owed, due = owed - due + 1, 1
+
+        on_optimizer_step.look_soon = look_soon  # type: ignore[attr-defined]
         return on_optimizer_step
 
     def epoch_started(self, it: Any) -> None:

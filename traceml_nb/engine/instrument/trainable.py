@@ -10,7 +10,8 @@ import weakref
 from typing import Any
 
 #: Optimizer steps between two looks at the trainable parameters, once a count stood (a look
-#: reads ``requires_grad`` of each parameter the optimizer holds: a few microseconds).
+#: reads ``requires_grad`` of each parameter the optimizer holds: a few microseconds); each
+#: epoch's first optimizer step is looked at too (:func:`.hooks.install`).
 TRAINABLE_CHECK_STEPS = 32
 #: Counts made again in a run at most (fastai's gradual unfreezing changes the trainable
 #: parameters three times: ``freeze_to(-2)``, ``freeze_to(-3)``, ``unfreeze()``); a change
