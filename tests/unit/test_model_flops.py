@@ -246,14 +246,24 @@ def test_operators_of_other_libraries_are_named_and_the_figures_read_as_lower_bo
     without a formula's kind of work are not named."""
     monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
     basis = torch.randn(WIDTH, WIDTH)
-    model = Blocks(None)
+    blocks = Blocks(None)
+
+    class Projected(nn.Module):  # the operator inside the model's forward, as attention is
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = blocks
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.profiler.record_function("features"):
+                features = project(x, basis)
+            return self.blocks(features)
+
+    model = Projected()
     opt = torch.optim.Adam(model.parameters())
     data = TensorDataset(torch.randn(8 * BATCH, WIDTH), torch.randint(0, 2, (8 * BATCH,)))
     with traceml_nb.Run("custom", sample=False) as run:
         for x, y in DataLoader(data, batch_size=BATCH):
-            with torch.profiler.record_function("features"):
-                features = project(x, basis)
-            nn.functional.cross_entropy(model(features), y).backward()
+            nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad()
     count = run.record.flops
@@ -327,13 +337,14 @@ def test_operators_without_a_formula_outside_the_model_leave_its_count_whole(
         assert count.uncounted_outside_ops == ("aten::_linalg_eigh",) and count.outside_flops > 0
         assert not line.startswith("at least ")
         assert "; at least " in line and line.endswith(
-            "more with autograd off outside the model (an optimizer's own work; without whatever "
+            "more outside the model (an optimizer's own work, the batch's preparation; without "
+            "whatever "
             "FLOPs there of operators the counter has no formula for: aten::_linalg_eigh), not "
             "counted as the model's)"
         )
         alone = replace(summary, outside_flops_per_step=0.0)  # the eigendecomposition alone
         assert _flops(alone, summary.flops_per_step).endswith(
-            "; more work with autograd off outside the model (an optimizer's own work, by "
+            "; more work outside the model (an optimizer's own work, the batch's preparation, by "
             "operators the counter has no formula for: aten::_linalg_eigh), not counted as the "
             "model's)"
         )
@@ -415,3 +426,48 @@ def test_a_model_made_where_a_freed_one_was_is_a_new_model() -> None:
     sizes.found(other)
     sizes.settled(again=True)
     assert sizes.changed == (72, 6)
+
+
+@pytest.mark.parametrize("model_kind", ["module", "plain tensors", "plain first layer"])
+def test_the_batchs_preparation_before_the_forward_is_not_the_models(monkeypatch, model_kind):
+    """A batch warped before the model (fastai's batch transforms, an augmentation on the GPU:
+    a matrix product here, with autograd on) is counted apart as work outside the model where
+    the model is a module; a model of plain tensors has no call to tell its forward by, and
+    all its step's work stays its own; a first layer of plain parameters before a module is
+    the model's (its inputs need a gradient)."""
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
+    torch.manual_seed(0)
+    warp = torch.randn(WIDTH, WIDTH)
+    layer = nn.Linear(WIDTH, 2, bias=False)
+    weight = layer.weight.detach().clone().requires_grad_(True)
+    first = torch.randn(WIDTH, WIDTH, requires_grad=True)
+    params = {
+        "module": list(layer.parameters()),
+        "plain tensors": [weight],
+        "plain first layer": [first, *layer.parameters()],
+    }[model_kind]
+    opt = torch.optim.SGD(params, lr=0.01)
+    data = TensorDataset(torch.randn(8 * BATCH, WIDTH), torch.randint(0, 2, (8 * BATCH,)))
+    with traceml_nb.Run("prepared", sample=False) as run:
+        for x, y in DataLoader(data, batch_size=BATCH):
+            x = x @ warp  # the batch's preparation: 2·BATCH·WIDTH·WIDTH
+            if model_kind == "plain tensors":
+                out = x @ weight.T
+            elif model_kind == "plain first layer":
+                out = layer(x @ first)
+            else:
+                out = layer(x)
+            nn.functional.cross_entropy(out, y).backward()
+            opt.step()
+            opt.zero_grad()
+    count = run.record.flops
+    assert count is not None and count.why == ""
+    model = 2 * BATCH * WIDTH * 2 * 2  # its forward, and its weight's gradient
+    prepared = 2 * BATCH * WIDTH * WIDTH
+    if model_kind == "module":
+        assert (count.flops, count.outside_flops) == (model, prepared)
+    elif model_kind == "plain tensors":
+        assert (count.flops, count.outside_flops) == (model + prepared, 0)
+    else:  # the first layer's forward, its weight's gradient and its output's for the layer
+        first_layer = prepared * 2 + 2 * BATCH * WIDTH * 2
+        assert (count.flops, count.outside_flops) == (model + first_layer, prepared)

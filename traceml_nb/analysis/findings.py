@@ -129,8 +129,9 @@ class Summary:
     #: in the backward: done, but not the model's (not in ``flops_per_step``, the FLOP/s or the
     #: MFU); 0 where none ran or none could be told
     recomputed_flops_per_step: float = 0.0
-    #: ...and of the work done with autograd off outside the model's forward and backward (an
-    #: optimizer's own matrix work, as Muon's), likewise left out
+    #: ...and of the work done outside the model's forward and backward (with autograd off:
+    #: an optimizer's own matrix work, as Muon's; before the step's first module call: the
+    #: batch's preparation, fastai's batch transforms), likewise left out
     outside_flops_per_step: float = 0.0
     #: operators the count has no formula for, other libraries' and torch's that compute (their
     #: FLOPs, if any, are not in ``flops_per_step``, a lower bound then), by name

@@ -47,9 +47,11 @@ class FlopCount:
     told). ``recomputed_flops``: the FLOPs of the forwards that activation checkpointing
     recomputed in the backward, counted but not in ``flops`` (the model's: each forward once,
     as MFU counts them), over the same steps; 0 where none ran or none could be told.
-    ``outside_flops``: those done with autograd off outside every module call and outside the
-    autograd engine (an optimizer's own matrix work, as Muon's), not in ``flops`` either; 0
-    where none, or where this torch could not tell module calls apart. ``uncounted_ops``: the
+    ``outside_flops``: those done outside every module call and outside the autograd engine,
+    with autograd off (an optimizer's own matrix work, as Muon's) or before the step's first
+    module call (the batch's preparation: fastai's batch transforms, an augmentation on the
+    GPU), not in ``flops`` either; 0 where none, or where this torch could not tell module
+    calls apart. ``uncounted_ops``: the
     operators of other libraries, and those of torch's that compute, that ran in the counted
     steps and that the counter has no formula for
     (``"xformers::efficient_attention_forward_cutlass"``, ``"aten::_fft_r2c"``): whatever FLOPs

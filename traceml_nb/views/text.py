@@ -155,11 +155,11 @@ def _flops(s: Summary, v: float) -> str:
 
 
 def _outside(s: Summary) -> str:
-    """``1.2 GFLOP more with autograd off outside the model (an optimizer's own work),``; where
-    operators without a formula ran there, ``at least …`` and which, or the work without a
-    figure where they alone ran."""
+    """``1.2 GFLOP more outside the model (an optimizer's own work, the batch's preparation),``;
+    where operators without a formula ran there, ``at least …`` and which, or the work without
+    a figure where they alone ran."""
     ops = ", ".join(s.uncounted_outside_ops)
-    where = "with autograd off outside the model (an optimizer's own work"
+    where = "outside the model (an optimizer's own work, the batch's preparation"
     if not ops:
         return f"{_flop_amount(s.outside_flops_per_step)} more {where}),"
     no_formula = f"operators the counter has no formula for: {ops}"

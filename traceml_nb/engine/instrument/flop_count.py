@@ -102,7 +102,7 @@ FLOP_FREE_NAMESPACES = frozenset(
 MAX_UNCOUNTED_OPS = 5
 
 
-def _never() -> bool:
+def _never(*_: Any) -> bool:
     return False
 
 
@@ -197,7 +197,8 @@ def _counter() -> Any:
             self.conv_flops = self.channels_last_flops = 0
             self.recomputed = 0  #: of the total, the forwards activation checkpointing redid
             self.outside = 0  #: ...and the work outside the model (``outside_model``)
-            self.outside_model: Callable[[], bool] = _never
+            #: of the operator's inputs: whether it runs outside the model
+            self.outside_model: Callable[[Any], bool] = _never
             #: operators without a formula that may compute (other libraries', torch's of
             #: WITHOUT_FORMULA), in the order seen: in the model's work, and outside it
             self.uncounted: dict[str, None] = {}
@@ -213,14 +214,15 @@ def _counter() -> Any:
                 if name is None:
                     name = self._names[packet] = _may_compute(packet)
                 if name:
-                    uncounted = self.uncounted_outside if self.outside_model() else self.uncounted
+                    outside = self.outside_model(args[2] if len(args) > 2 else ())
+                    uncounted = self.uncounted_outside if outside else self.uncounted
                     uncounted[name] = None
             before = self.get_total_flops()
             result = super()._count_flops(*args, **kwargs)  # type: ignore[misc]
             added = self.get_total_flops() - before
             if added and recomputing():
                 self.recomputed += added  # the model's FLOPs count each forward once
-            elif added and self.outside_model():
+            elif added and self.outside_model(args[2] if len(args) > 2 else ()):
                 self.outside += added
             elif added:
                 try:
@@ -352,7 +354,8 @@ class FlopWindow:
             return
         self._mode, self._step = mode, WholeStep(optimizer)
         try:
-            self._calls = CallsWithoutGrad(self._optimizers)
+            modules = self.sizes is not None and self.sizes.found_any
+            self._calls = CallsWithoutGrad(self._optimizers, modules)
         except Exception:  # an older torch, whose global forward hooks have no always_call
             self._calls = None
         else:

@@ -42,6 +42,11 @@ class ModelSizes:
             self._seen[id(model)] = seen
         self._found[seen[1]] = seen[2]
 
+    @property
+    def found_any(self) -> bool:
+        """A search found a model (a module holding parameters, called outermost)."""
+        return bool(self._seen)
+
     def settled(self, again: bool) -> None:
         """The search is over: the first (``again`` False) or a later one."""
         found, self._found = self._found, {}
