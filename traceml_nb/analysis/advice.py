@@ -33,8 +33,8 @@ SETTING_NAMES = {"transformers": TRAINING_ARGUMENTS, "fastai": {"batch_size": "b
 #: The DataLoader settings a driver's loaders do not take (fastai's ``DataLoader`` has no
 #: ``prefetch_factor``): neither advised nor shown among the loader's settings.
 NOT_TAKEN = {"fastai": frozenset({"prefetch_factor"})}
-#: What builds loaders that ``%traceml tune`` cannot build afresh (it builds torch
-#: ``DataLoader``\ s over the run's dataset; fastai's make their batches themselves).
+#: What builds loaders that ``%traceml tune`` cannot build afresh (it builds torch DataLoaders
+#: over the run's dataset; fastai's make their batches themselves).
 UNTUNABLE_DRIVERS = frozenset({"fastai"})
 
 
