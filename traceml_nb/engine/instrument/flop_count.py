@@ -209,20 +209,22 @@ def _counter() -> Any:
 
         def _count_flops(self, *args: Any, **kwargs: Any) -> Any:
             packet = args[0] if args else None
+            inputs = args[2] if len(args) > 2 else ()
             if packet not in self.flop_registry:
                 name = self._names.get(packet)
                 if name is None:
                     name = self._names[packet] = _may_compute(packet)
                 if name:
-                    outside = self.outside_model(args[2] if len(args) > 2 else ())
-                    uncounted = self.uncounted_outside if outside else self.uncounted
+                    uncounted = (
+                        self.uncounted_outside if self.outside_model(inputs) else self.uncounted
+                    )
                     uncounted[name] = None
             before = self.get_total_flops()
             result = super()._count_flops(*args, **kwargs)  # type: ignore[misc]
             added = self.get_total_flops() - before
             if added and recomputing():
                 self.recomputed += added  # the model's FLOPs count each forward once
-            elif added and self.outside_model(args[2] if len(args) > 2 else ()):
+            elif added and self.outside_model(inputs):
                 self.outside += added
             elif added:
                 try:
@@ -305,10 +307,10 @@ class FlopWindow:
         self.countdown = 1
         if self.result is not None:
             self.countdown = 1 << 62
-            if self.result.flops is not None and self._watch.changed(optimizer):
-                self._count_again(optimizer)
-            elif self.result.flops is not None:
+            if self.result.flops is not None:  # a count stands: the trained parameters watched
                 self.countdown = TRAINABLE_CHECK_STEPS
+                if self._watch.changed(optimizer):
+                    self._count_again(optimizer)
             return
         if not any(o is optimizer for o in self._optimizers):
             self._optimizers.append(optimizer)
