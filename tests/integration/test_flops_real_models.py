@@ -2,12 +2,14 @@
 layout and parameter count, small inputs) in a plain loop and a tiny BERT built from a config in
 the transformers ``Trainer``. Each has its phases, and its FLOPs per step equal FlopCounterMode
 run by hand on one step of the same shape; the BERT's are the analytic 6·N·tokens as well, and
-with gradient checkpointing on, the same, the recomputed forwards apart."""
+with gradient checkpointing on, the same, the recomputed forwards apart; with batches padded to
+their longest sentence, the steps' mean."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -15,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import traceml_nb
 from traceml_nb.analysis import analyze
+from traceml_nb.analysis.summary import measure
 from traceml_nb.engine.instrument import flop_count
 from traceml_nb.selfcheck.overhead import resnet18_like
 
@@ -161,3 +164,62 @@ def test_gradient_checkpointing_in_the_trainer_keeps_the_models_flops(
     assert model is not None and checkpointed is not None and checkpointed.why == ""
     assert checkpointed.flops == model.flops
     assert 0.1 * model.flops < checkpointed.recomputed_flops <= model.flops / 3
+
+
+def _word_tokenizer(transformers):
+    """A tokenizer made here (no hub): words of a 1,000-word vocabulary, [PAD] 0."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i for i in range(2, 1000)}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]"
+    )
+
+
+def test_dynamic_padding_in_the_trainer_is_the_steps_mean(tmp_path, fresh_accelerate) -> None:
+    """``DataCollatorWithPadding`` pads each batch to its longest sentence: the FLOPs per step
+    are the steps' mean (FlopCounterMode by hand on a batch of each step's length, within 3%:
+    attention and the classifier's head are not in proportion to the tokens), not the one
+    counted batch's."""
+    transformers = pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers.logging.set_verbosity_error()
+    tokenizer = _word_tokenizer(transformers)
+    generator = torch.Generator().manual_seed(5)
+    lengths = torch.randint(2, SEQ + 1, (96,), generator=generator).tolist()
+    texts = [" ".join(f"w{2 + (7 * i + j) % 998}" for j in range(n)) for i, n in enumerate(lengths)]
+    data = [{**tokenizer(text), "labels": i % 2} for i, text in enumerate(texts)]
+    model = _tiny_bert(transformers)
+    batch = 4
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=24, per_device_train_batch_size=batch,
+        logging_steps=1000, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )  # fmt: skip
+    collator = transformers.DataCollatorWithPadding(tokenizer)
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=data, data_collator=collator
+    )
+    with traceml_nb.Run("padded", sample=False) as run:
+        trainer.train()
+    snapshot = run.record.snapshot()
+    summary = analyze(snapshot, run.capabilities).summary
+    m = measure(snapshot, run.capabilities)
+    padded = m.selection.elements[m.steady_index] // batch  # each step's length
+    assert len(padded) >= 16 and len(set(padded.tolist())) > 1
+    assert summary.flop_input_elements is not None
+
+    opt = torch.optim.AdamW(model.parameters())
+    by_length = {}
+    for length in set(padded.tolist()):
+        one = collator([{**tokenizer(" ".join(["w5"] * length)), "labels": 0}] * batch)
+        with FlopCounterMode(display=False) as by_hand:
+            model(**one).loss.backward()
+            opt.step()
+        by_length[length] = by_hand.get_total_flops()
+    truth = float(np.mean([by_length[n] for n in padded.tolist()]))
+    assert summary.flops_per_step == pytest.approx(truth, rel=0.03)
+    assert run.record.flops is not None
+    assert run.record.flops.flops != pytest.approx(truth, rel=0.03)  # as counted: one batch's

@@ -516,7 +516,7 @@ class _WatchedIter(_Iter):
 
 
 def test_a_fetch_logs_one_tuple_and_the_loaders_settings_are_read_when_processed() -> None:
-    """A fetch appends one tuple (the iterator, its batch count, the times, the batch size),
+    """A fetch appends one tuple (the iterator, its batch count, the times, the batch's shape),
     which is its typed event (an epoch's first also its sample count); the loader's settings
     are read when the log is processed."""
     from traceml_nb.engine.events import EPOCH_STARTED, FETCH, Fetch, typed
@@ -536,7 +536,7 @@ def test_a_fetch_logs_one_tuple_and_the_loaders_settings_are_read_when_processed
     assert started[:2] == (EPOCH_STARTED, it)
     assert all(item[:3] == (FETCH, it, n) for n, item in enumerate(fetches, 1))
     events = [typed(item) for item in fetches]
-    assert all(type(e) is Fetch and e.iterator is it and e.batch == 4 for e in events)
+    assert all(type(e) is Fetch and e.iterator is it and e.shape == (4, 1) for e in events)
     assert [e.number for e in events] == list(range(1, 301))
     before = _WatchedIter.reads
     tracer.process()
@@ -582,8 +582,8 @@ def test_an_epoch_start_processed_before_its_fetch_keeps_what_it_logged() -> Non
     )  # 6 when the epoch started
     tracer.process()
     tracer.log += [
-        (FETCH, it, 1, 100, 150, -1, None, None),
-        (FETCH, it, 2, 200, 250, -1, None, None),
+        (FETCH, it, 1, 100, 150, None, None, None),
+        (FETCH, it, 2, 200, 250, None, None, None),
     ]
     tracer.process()
     tracer.log.append((EXHAUSTED, it, 300, None))

@@ -140,7 +140,13 @@ class Summary:
     #: ...and those that ran outside the model (no part of ``flops_per_step``; whatever they
     #: did is not in ``outside_flops_per_step`` either)
     uncounted_outside_ops: list[str] = field(default_factory=list)
-    #: those FLOPs over the median rest of the step (the step less its data wait), TFLOP/s
+    #: where the steps' batches differ in their samples' size (padded to their longest
+    #: sequence), the elements of their first tensor: [the counted steps' mean, the steps' mean,
+    #: the least, the most]; ``flops_per_step`` is then the count taken in proportion to them,
+    #: the steps' mean (:mod:`.input_sizes`); None: as counted
+    flop_input_elements: list[float] | None = None
+    #: those FLOPs over the median rest of the step (the step less its data wait), TFLOP/s;
+    #: where the batches differ in size, the median of each step's FLOPs over its rest
     achieved_tflops: float | None = None
     #: the share (0..1) of those FLOPs each precision did: "fp32", "tf32", "fp16", "bf16"
     #: (empty: not told)

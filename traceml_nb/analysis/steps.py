@@ -164,6 +164,8 @@ class StepSelection:
     batch: np.ndarray  #: -1 where the batch size could not be read
     gpu_stall_ms: np.ndarray  #: NaN while pending or unavailable
     flags: np.ndarray
+    #: the elements of each batch's first tensor, -1 where not read (``StepTable``)
+    elements: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: GPU time from the batch's arrival to the next fetch, NaN while pending or unavailable
     gpu_span_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: the input copy, forward, backward and optimizer time (the record's ``PHASE_COLUMNS``),
@@ -226,6 +228,7 @@ def select_rows(snapshot: RecordSnapshot) -> StepSelection:
         wall_ms=wall_ns / 1e6,
         wait_ms=_np(cols.wait_ns, "i8")[mask] / 1e6,
         batch=_np(cols.batch, "i4")[mask],
+        elements=_np(cols.elements, "i8")[mask],
         gpu_stall_ms=_np(cols.gpu_stall_ms, "f4")[mask].astype(np.float64),
         flags=flags,
         gpu_span_ms=_np(cols.gpu_span_ms, "f4")[mask].astype(np.float64),

@@ -23,6 +23,7 @@ from ..engine.record import (
 )
 from ..engine.step_table import PhaseRows, StepColumns
 from .findings import Summary
+from .input_sizes import InputSizes, input_sizes
 from .peak_flops import utilisation
 from .samples import Reading, Window
 from .step_anatomy import MEDIAN_FIELDS, NO_COPY, step_anatomy
@@ -253,7 +254,8 @@ def _batch_size(m: Measurements, batches: np.ndarray) -> int | None:
 def _flop_figures(
     snapshot: RecordSnapshot, m: Measurements, unavailable: dict[str, str]
 ) -> dict[str, Any]:
-    """The FLOPs per step (the count over the steps that began inside it, divided by them),
+    """The FLOPs per step (the count over the steps that began inside it, divided by them;
+    where the batches differ in size, taken in proportion to their elements: :mod:`.input_sizes`),
     their shares by precision, the FLOP/s they make over the median
     rest of the steady steps (the step less its data wait; on a GPU its span on the GPU
     timeline, from the batch's arrival to the next fetch, where resolved), the MFU and the peak
@@ -268,14 +270,24 @@ def _flop_figures(
     elif count is not None:
         why = count.why
     achieved = None
+    sizes = None
     if flops is None:
         unavailable["flops_per_step"] = unavailable["achieved_tflops"] = why
     elif m.steady:
         since = _counted_since(count, m)
-        spans = m.span_ms[since & np.isfinite(m.span_ms)] if m.gpu_in_use else m.span_ms[:0]
-        rest = (m.wall_ms - m.wait_ms)[since]
-        compute_ms = float(np.median(spans if len(spans) else rest)) if len(rest) else 0.0
-        achieved = flops / (compute_ms / 1e3) / 1e12 if compute_ms > 0 else None
+        spans = since & np.isfinite(m.span_ms) if m.gpu_in_use else np.zeros_like(since)
+        on_gpu = bool(spans.any())
+        timed = spans if on_gpu else since
+        times_ms = (m.span_ms if on_gpu else m.wall_ms - m.wait_ms)[timed]
+        sizes = _input_sizes(m, window, counted_ns, since)
+        if sizes is not None:  # each step's FLOPs over its time
+            work = sizes.work(flops, m.selection.elements[m.steady_index][timed])
+            rates = work[times_ms > 0] / (times_ms[times_ms > 0] / 1e3)
+            achieved = float(np.median(rates)) / 1e12 if len(rates) else None
+            flops *= sizes.factor
+        else:
+            compute_ms = float(np.median(times_ms)) if len(times_ms) else 0.0
+            achieved = flops / (compute_ms / 1e3) / 1e12 if compute_ms > 0 else None
     if achieved is None and "achieved_tflops" not in unavailable:
         unavailable["achieved_tflops"] = NO_STEPS
     figures: dict[str, Any] = {
@@ -285,8 +297,11 @@ def _flop_figures(
         "flop_window_steps": window if flops is not None else 0,
     }
     if flops is not None and count is not None:
-        figures["recomputed_flops_per_step"] = count.recomputed_flops / max(1, window)
-        figures["outside_flops_per_step"] = count.outside_flops / max(1, window)
+        factor = sizes.factor if sizes is not None else 1.0
+        figures["recomputed_flops_per_step"] = count.recomputed_flops / max(1, window) * factor
+        figures["outside_flops_per_step"] = count.outside_flops / max(1, window) * factor
+        if sizes is not None:
+            figures["flop_input_elements"] = [sizes.counted, sizes.mean, sizes.least, sizes.most]
         figures["uncounted_ops"] = list(count.uncounted_ops)
         figures["uncounted_outside_ops"] = list(count.uncounted_outside_ops)
     if count is not None and count.by_dtype:
@@ -312,6 +327,20 @@ def _counted_since(count: FlopCount | None, m: Measurements) -> np.ndarray:
     if count is None or count.since_ns is None:
         return np.ones(len(m.wall_ms), dtype=bool)
     return np.asarray(m.start_s * 1e9 >= count.since_ns)
+
+
+def _input_sizes(
+    m: Measurements, window: int, counted_ns: tuple[int, int] | None, since: np.ndarray
+) -> InputSizes | None:
+    """The sizes of the batches of the count's steps and of the steady steps it stands for,
+    where they differ in their samples' size (:mod:`.input_sizes`)."""
+    sel = m.selection
+    if not window or counted_ns is None or len(sel.elements) != len(sel.wall_ms):
+        return None
+    steady = m.steady_index[since]
+    return input_sizes(
+        sel.elements[began_inside(sel, counted_ns)], sel.elements[steady], sel.batch[steady]
+    )
 
 
 def _since_step(count: FlopCount | None, m: Measurements) -> int | None:

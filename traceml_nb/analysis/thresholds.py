@@ -144,6 +144,15 @@ MOSTLY = 0.5
 #: GPU, launch) overhead.
 OPTIMIZER_SHARE_ADVICE = 0.15
 
+# --- the FLOPs of batches that differ in size (:mod:`.input_sizes`) ---------------------------
+#: The steps' batches differ in their samples' size where the elements a sample of their first
+#: tensor spread by at least this coefficient of variation (standard deviation over mean):
+#: batches padded to their longest sequence (0.23-0.27 on SST-2-like lengths at a batch of 32),
+#: images of several sizes. A short last batch an epoch holds fewer samples of the same size:
+#: no spread. The FLOPs counted on one step are then taken in proportion to each batch's
+#: elements.
+VARYING_INPUTS = 0.05
+
 # --- comparison -------------------------------------------------------------------------------
 #: A part of the step (data wait, input copy, forward, backward, optimizer step, the rest) moved
 #: between two runs when its median changed by at least this share of itself...

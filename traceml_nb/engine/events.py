@@ -69,15 +69,16 @@ class Fetch(_Event):
     """A batch returned by a DataLoader iterator's ``__next__``."""
 
     __slots__ = ()
-    _fields = ("iterator", "number", "t_enter_ns", "t_exit_ns", "batch", "gpu_enter", "gpu_exit")
+    _fields = ("iterator", "number", "t_enter_ns", "t_exit_ns", "shape", "gpu_enter", "gpu_exit")
     iterator: Any = _field(1, "the iterator")
     number: int = _field(2, "batches the iterator has yielded this epoch, this one included")
     t_enter_ns: int = _field(3, "when __next__ was entered")
     t_exit_ns: int = _field(4, "when it returned the batch")
-    batch: int = _field(
+    shape: Any = _field(
         5,
-        "samples in the batch as read from it; -1 when they could not be read, or were not: a "
-        "loader whose sizes the segmenter counts (IteratorStarted.batch_size)",
+        "the shape of the batch's first tensor as read off it (its first dimension the "
+        "samples, open_steps.batch_extent); None where it could not be read, or was not: a loader "
+        "whose sizes the segmenter counts (IteratorStarted.batch_size)",
     )
     gpu_enter: EventLike | None = _field(6, "CUDA event recorded at the entry (None off CUDA)")
     gpu_exit: EventLike | None = _field(7, "CUDA event recorded at the exit")

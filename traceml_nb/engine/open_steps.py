@@ -5,6 +5,8 @@ counted."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from math import prod
+from typing import Any
 
 from .events import EventLike
 from .phase_ledger import Mark
@@ -39,6 +41,7 @@ class LoaderSteps:
         "start",
         "wait",
         "batch",
+        "elements",
         "flags",
         "inside",
         "last_optimizer_ns",
@@ -69,6 +72,8 @@ class LoaderSteps:
         self.number = 0  #: the open step's batch number in its iterator (1: an epoch's first)
         self.wait = 0
         self.batch = -1
+        #: the elements of the open step's batch's first tensor (-1: not read, or counted)
+        self.elements = -1
         self.flags = 0
         self.inside: set[int] = set()  #: slots of the other loaders fetched inside the open step
         self.last_optimizer_ns = -1  #: the last optimizer step inside the open step
@@ -254,6 +259,18 @@ class IteratorCount:
         return (per_batch if per_batch < left else left) if left > 0 else -1
 
 
+def batch_extent(shape: Any) -> tuple[int, int]:
+    """The samples (the first dimension) and the elements of the shape of a batch's first
+    tensor, as the tracer read it (:func:`~traceml_nb.engine.instrument.loader.batch_shape_of`),
+    each -1 where not told (None, a shape of no dimension, one that is no sequence of ints)."""
+    if shape is None:
+        return -1, -1
+    try:
+        return int(shape[0]), int(prod(shape))
+    except Exception:
+        return -1, -1
+
+
 def credited_loaders(
     loaders: Collection[LoaderSteps], last: LoaderSteps, after_no_fetch: bool = False
 ) -> tuple[list[LoaderSteps], list[LoaderSteps]]:
@@ -317,8 +334,9 @@ def optimizer_stepped(loaders: Collection[LoaderSteps]) -> None:
         st.since_optimizer = 0
 
 
-#: A step row, and its phases (``PHASE_COLUMNS``; None: none), as the segmenter writes them.
-Row = tuple[tuple[int, int, int, int, int, int], "tuple[int, int, int, int] | None"]
+#: A step row, its phases (``PHASE_COLUMNS``; None: none) and the elements of the batches it
+#: trained on (their first tensor's, -1: not told), as the segmenter writes them.
+Row = tuple[tuple[int, int, int, int, int, int], "tuple[int, int, int, int] | None", int]
 
 
 def goes_on_from(

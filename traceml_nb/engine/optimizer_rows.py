@@ -18,6 +18,7 @@ from .record import (
     FLAG_NO_FETCH,
     FLAG_OPTIMIZER_STEP,
     SOURCE_OPTIMIZER,
+    LoaderInfo,
 )
 
 #: An optimizer other than the lead takes the lead at its this-many-th step in a row with none
@@ -41,6 +42,9 @@ class OptimizerRows:
         "closed_ns",
         "closed_wait",
         "fetched",
+        "_before",
+        "_newest",
+        "_carried",
         "epoch_started",
         "needed",
         "without_fetch",
@@ -58,6 +62,12 @@ class OptimizerRows:
         self.closed_ns = self.closed_wait = 0  #: the last loader step's end, the wait till it
         #: the loader slots fetched since the last optimizer step: the samples of their batches
         self.fetched: dict[int, int] = {}  # (-1: a batch of unknown size)
+        #: the elements of those batches (an evaluation's aside) but the newest, and of the
+        #: newest (-1: one not told; None: none), and the last step's newest, trained on in
+        #: this one where fetched ahead
+        self._before: int | None = None
+        self._newest: int | None = None
+        self._carried: int | None = None
         self.epoch_started = False  #: an epoch began since the last optimizer step
         self.needed: bool | None = None  #: optimizer rows needed, once it is decided
         self.without_fetch = StepsWithoutFetch()
@@ -102,10 +112,11 @@ class OptimizerRows:
     def _ended(self, t_ns: int, outside: bool, wait_total: int, mark: Mark) -> list[Row] | None:
         """The row of the lead's step at ``t_ns`` (the phase totals then ``mark``), if any."""
         rows = None
+        elements = self._trained_elements()
         if outside:
-            rows = self.without_fetch.stepped(self._row(t_ns, True, wait_total))
+            rows = self.without_fetch.stepped(self._row(t_ns, True, wait_total, elements))
         elif self.needed is not False and self.decided():
-            rows = [self._row(t_ns, False, wait_total)]
+            rows = [self._row(t_ns, False, wait_total, elements)]
         self.prev_ns = t_ns
         self.wait_mark = wait_total
         self.phase_mark = mark
@@ -135,7 +146,30 @@ class OptimizerRows:
             return alone
         return None
 
-    def _row(self, t_ns: int, outside: bool, wait_total: int) -> Row:
+    def fetched_batch(self, elements: int, evaluating: bool) -> None:
+        """A loader fetched a batch of ``elements`` (its first tensor's, where read), in an
+        epoch begun with autograd off (``evaluating``: no training batch) or not."""
+        if not evaluating:
+            self._before = _together(self._before, self._newest)
+            self._newest = elements
+
+    def _trained_elements(self) -> int:
+        """The elements of the training batches this step trained on (-1: not all told): those
+        fetched since the last step; where the training loaders fetch ahead (a trainer's
+        prefetch; before that is decided, where their first rows say so), the last step's
+        newest and all but the newest of this one's."""
+        if self._newest is None and self._carried is None:
+            return -1  # (none read since the last step, nor carried: checked first, as cheap)
+        by_slot = self._by_slot
+        ahead = any(_seems_ahead(st.info) for st in by_slot.values() if st.info.is_training)
+        if ahead:
+            trained = _together(self._carried, self._before)
+        else:
+            trained = _together(self._before, self._newest)
+        self._carried, self._before, self._newest = self._newest, None, None
+        return -1 if trained is None else trained
+
+    def _row(self, t_ns: int, outside: bool, wait_total: int, elements: int) -> Row:
         """The row from the previous optimizer step (the first: the training loaders' first
         fetch; made ``outside`` any training loader's step where those are the steps: the last
         one's end, if later) to this one: the data wait of the fetches between, the samples
@@ -155,7 +189,7 @@ class OptimizerRows:
         phases = self.phase_mark
         wait = wait_total - wait_mark
         row = (start - self._t0, t_ns - start, wait, samples, SOURCE_OPTIMIZER, flags)
-        return row, self._phases.of_step(phases) if phases else None
+        return row, self._phases.of_step(phases) if phases else None, elements
 
 
 class StepsWithoutFetch:
@@ -186,8 +220,26 @@ class StepsWithoutFetch:
         held, self.held, self.in_run = self.held, None, False
         if held is None:
             return None
-        (start, wall, wait, batch, source, flags), phases = held
-        return (start, wall, wait, batch, source, flags & ~FLAG_NO_FETCH), phases
+        (start, wall, wait, batch, source, flags), phases, elements = held
+        return (start, wall, wait, batch, source, flags & ~FLAG_NO_FETCH), phases, elements
+
+
+def _together(a: int | None, b: int | None) -> int | None:
+    """The elements of two parts (None: no batch; -1: not told)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return -1 if a < 0 or b < 0 else a + b
+
+
+def _seems_ahead(info: LoaderInfo) -> bool:
+    """The loader fetches ahead: as decided, or until then, as its rows tell so far (the
+    FLOP count's step, the run's second, comes before the decision)."""
+    decided = info.fetches_ahead
+    if decided is not None:
+        return decided
+    return bool(info.epoch_first_rows_without_step or info.fetch_only_rows) and not (
+        info.rows_without_step
+    )
 
 
 def first_training_fetch(loaders: Iterable[LoaderSteps], t_ns: int, default: int) -> int:

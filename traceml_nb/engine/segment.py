@@ -76,7 +76,7 @@ from .events import (
 from .open_steps import (
     IteratorCount,
     LoaderSteps,
-    Row,
+    batch_extent,
     credited_loaders,
     goes_on_from,
     optimizer_stepped,
@@ -95,6 +95,7 @@ from .record import (
     LoaderInfo,
     RunRecord,
 )
+from .row_queue import RowQueue
 
 
 class StepSegmenter:
@@ -141,8 +142,7 @@ class StepSegmenter:
         self._optimizer_rows = OptimizerRows(self._by_slot, self._phases, self._t0)
         self._marker_phase_mark: Mark = ()
         self._last_batch = -1
-        self._rows: list[tuple[int, int, int, int, int, int]] = []
-        self._row_phases: list[tuple[int, int, int, int] | None] = []
+        self._queue = RowQueue(record.steps)
         self._gpu: list[GpuStep] = []
         self._gpu_done: list[tuple[int, EventLike]] = []  #: CUDA events let go of, for the sink
         #: by event kind (an event's first item)
@@ -178,7 +178,7 @@ class StepSegmenter:
         try:
             for st in list(self._open.values()):
                 self._close(st, t_end_ns, None, truncated=True)
-            end_row = len(self.record.steps) + len(self._rows)
+            end_row = self._queue.next_index
             for st in self._by_slot.values():
                 if st.epoch is not None and (completed or st.epoch.exhausted):
                     st.epoch_over(end_row)
@@ -223,7 +223,7 @@ class StepSegmenter:
         return known
 
     def _fetch(self, ev: Fetch) -> None:
-        _, iterator, number, t_enter, t_exit, size, gpu_enter, gpu_exit = ev
+        _, iterator, number, t_enter, t_exit, shape, gpu_enter, gpu_exit = ev
         key = id(iterator)
         known = self._iterators.get(key)
         if known is None or number <= known.last:
@@ -236,7 +236,8 @@ class StepSegmenter:
         if st is None:
             self._let_go(gpu_enter, gpu_exit)
             return  # a loader past MAX_LOADERS
-        batch = known.batch(number, size)
+        read, elements = batch_extent(shape)
+        batch = known.batch(number, read)
         first = number == 1
         if st.start >= 0:
             # a new epoch while an earlier one's step is open: the loop left that epoch early
@@ -262,6 +263,8 @@ class StepSegmenter:
         fetched = self._optimizer_rows.fetched
         before = fetched.get(slot, 0)
         fetched[slot] = before + batch if before >= 0 and batch >= 0 else -1
+        if elements >= 0:  # (a training loader's batches read, not counted: a collate of one's own)
+            self._optimizer_rows.fetched_batch(elements, st.evaluating)
         if self._after_optimizer:
             info.leads += 1
             self._after_optimizer = False
@@ -277,6 +280,7 @@ class StepSegmenter:
         st.number = number
         st.wait = wait
         st.batch = batch
+        st.elements = elements
         st.flags = (FLAG_EPOCH_START if first else 0) | (FLAG_EVALUATING if st.evaluating else 0)
         st.gpu_enter = gpu_enter
         st.gpu_exit = gpu_exit
@@ -299,7 +303,7 @@ class StepSegmenter:
         if first:
             info.epochs += 1
             self._optimizer_rows.epoch_started = True
-            st.epoch_began(len(self.record.steps) + len(self._rows))
+            st.epoch_began(self._queue.next_index)
         if not self._trained:
             info.fetches_before_training += 1
 
@@ -385,22 +389,15 @@ class StepSegmenter:
                 outside = not any(self._by_slot[slot].info.is_training for slot in self._open)
             made = rows.stepped(t_ns, outside, self._wait_total)
             if made:
-                self._write(*made)
+                self._queue.add(*made)
             self._step_before_fetched = trained_on
-
-    def _write(self, *rows: Row) -> None:
-        """Queue rows (times relative to the run start) and their phases: :meth:`_flush` writes
-        them."""
-        for row, phases in rows:
-            self._rows.append(row)
-            self._row_phases.append(phases)
 
     def _fetched_again(self) -> None:
         """A training loader fetched, or the run ended: an optimizer step made alone outside
         its steps is no step (its row written only where optimizer rows are)."""
         alone = self._optimizer_rows.fetched_again()
         if alone is not None:
-            self._write(alone)
+            self._queue.add(alone)
 
     def _end_phase(self, t_ns: int) -> None:
         """The loader iterated away from training (an evaluation) is done at ``t_ns``: the
@@ -421,7 +418,7 @@ class StepSegmenter:
         wait = self._wait_total - self._marker_wait_mark
         mark = self._marker_phase_mark
         row = (start - self._t0, t_ns - start, wait, self._last_batch, SOURCE_MARKER, 0)
-        self._write((row, self._phases.of_step(mark) if mark else None))
+        self._queue.add((row, self._phases.of_step(mark) if mark else None, -1))
         self._marker_prev_ns = t_ns
         self._marker_wait_mark = self._wait_total
         self._marker_phase_mark = self._phases.mark()
@@ -451,15 +448,15 @@ class StepSegmenter:
             st.closed(end - began - st.wait, flags, host_phases)
             rows = self._optimizer_rows
             rows.closed_ns, rows.closed_wait = end, self._wait_total
-        if not unused:  # what _write does, written out: a step's close runs once a step
-            self._rows.append((began - self._t0, end - began, st.wait, st.batch, st.slot, flags))
-            self._row_phases.append(host_phases)
+        if not unused:
+            row = (began - self._t0, end - began, st.wait, st.batch, st.slot, flags)
+            self._queue.add((row, host_phases, st.elements))
         if self._gpu_sink is not None:
             phases, gone = self._phases.gpu_of_step(mark)
             enter, exit_ = st.gpu_enter, st.gpu_exit
             if enter is not None and exit_ is not None and next_gpu is not None:
-                row = len(self.record.steps) + len(self._rows) - 1  # its index, once written
-                self._gpu.append((row, enter, exit_, next_gpu, phases))
+                written_at = self._queue.next_index - 1
+                self._gpu.append((written_at, enter, exit_, next_gpu, phases))
                 if gone:
                     self._let_go(*gone)  # the step's own events go with it
             else:
@@ -484,10 +481,7 @@ class StepSegmenter:
         phases' events, when no loader's step is open to claim them: a loop without one)."""
         if not self._open and self._phases.gpu_pending:
             self._let_go(*self._phases.gpu_of_step(())[1])
-        if self._rows:
-            self.record.steps.extend(self._rows, self._row_phases)
-            self._rows = []
-            self._row_phases = []
+        self._queue.write()
         if self._gpu or self._gpu_done:
             steps, self._gpu = self._gpu, []
             done, self._gpu_done = self._gpu_done, []

@@ -31,7 +31,8 @@ def pack_meta(batch: int, source: int, flags: int) -> int:
 
 
 class StepTable:
-    """One row per step: 32 bytes a row, plus 8 when GPU figures are filled in.
+    """One row per step: 32 bytes a row, plus 8 when GPU figures are filled in, 8 more where
+    the batches' elements were read.
 
     Columns (all times are nanoseconds of ``time.perf_counter_ns`` relative to the run start,
     GPU figures are milliseconds on the GPU timeline, ``NaN`` while pending or unavailable):
@@ -41,6 +42,8 @@ class StepTable:
     ``wait_ns``   host time spent inside the loader's ``__next__`` (data wait)
     ``batch``     samples in the batch, counted from the loader's ``BatchSampler`` where that
                   is exact, else read from the batch; -1 when unknown
+    ``elements``  elements of the batch's first tensor, where its size was read (a custom
+                  collate: batches padded to their longest sequence), else -1
     ``gpu_stall_ms`` time the GPU sat idle waiting for this batch (CUDA events)
     ``gpu_span_ms``  time on the GPU timeline from the batch's arrival to the next fetch
     ``source``    loader slot (0..249) or ``SOURCE_MARKER`` / ``SOURCE_OPTIMIZER``
@@ -57,8 +60,8 @@ class StepTable:
                   pending)
 
     Rows are four int64 in a single array (start, wall, wait, and :func:`pack_meta` of batch,
-    source and flags), written whole; the GPU columns are separate arrays that grow only when a
-    GPU value is set; the phases, kept for the few rows that have them, are two more arrays each
+    source and flags), written whole; the GPU columns and ``elements`` are separate arrays that
+    grow only when a value is set; the phases, kept for the few rows that have them, are two more arrays each
     (the rows' indices, ascending, and :data:`PHASE_WIDTH` values each), written before their
     rows and each index after its values. Readers get plain typed columns from
     :meth:`snapshot`, and the phases as :class:`PhaseRows`.
@@ -71,18 +74,20 @@ class StepTable:
         "wall_ns",
         "wait_ns",
         "batch",
+        "elements",
         "gpu_stall_ms",
         "gpu_span_ms",
         "source",
         "flags",
     )
-    TYPECODES = ("q", "q", "q", "i", "f", "f", "B", "B")
+    TYPECODES = ("q", "q", "q", "i", "q", "f", "f", "B", "B")
     WIDTH = 4  #: int64 slots per row in the packed array
 
     def __init__(self) -> None:
         self._rows = array("q")
         self._gpu_stall = array("f")
         self._gpu_span = array("f")
+        self._elements = array("q")  #: as far as the last row that has them, -1 in between
         self._phase_rows = array("q")  #: indices of the rows that have phases, ascending
         self._phase_values = array("q")  #: their PHASE_COLUMNS, PHASE_WIDTH a row
         self._gpu_phase_rows = array("q")  #: indices of the rows that have GPU phases, ascending
@@ -100,10 +105,11 @@ class StepTable:
         self,
         rows: Iterable[tuple[int, int, int, int, int, int]],
         phases: Sequence[tuple[int, int, int, int] | None] = (),
+        elements: Sequence[int] = (),
     ) -> None:
         """Append many steps ``(start_ns, wall_ns, wait_ns, batch, source, flags)`` in one atomic
         ``extend``: a reader sees all of them or none. ``phases``, where given, holds each row's
-        ``PHASE_COLUMNS`` (None: the row has none)."""
+        ``PHASE_COLUMNS`` (None: the row has none); ``elements``, each row's (-1: none told)."""
         packed: list[int] = []
         for start_ns, wall_ns, wait_ns, batch, source, flags in rows:
             packed += (start_ns, wall_ns, wait_ns, pack_meta(batch, source, flags))
@@ -112,6 +118,12 @@ class StepTable:
             if p is not None:
                 self._phase_values.extend(p)
                 self._phase_rows.append(first + i)
+        if elements and max(elements) >= 0:
+            column = self._elements
+            missing = first - len(column)
+            if missing > 0:
+                column.extend(_unknown(missing))
+            column.extend(array("q", elements))
         self._rows.extend(packed)
 
     def set_gpu(self, row: int, stall_ms: float, span_ms: float) -> None:
@@ -150,6 +162,7 @@ class StepTable:
                 self._rows,
                 self._gpu_stall,
                 self._gpu_span,
+                self._elements,
                 self._phase_rows,
                 self._phase_values,
                 self._gpu_phase_rows,
@@ -171,6 +184,7 @@ class StepTable:
             packed[1::4],
             packed[2::4],
             _typed("i", (meta >> 16).astype(np.int32)),
+            self._elements_column(start, n),
             self._gpu_column(self._gpu_stall, start, n),
             self._gpu_column(self._gpu_span, start, n),
             _typed("B", ((meta >> 8) & 0xFF).astype(np.uint8)),
@@ -184,6 +198,12 @@ class StepTable:
         out = col[start : start + n]
         if len(out) < n:
             out.extend(_nans(n - len(out)))
+        return out
+
+    def _elements_column(self, start: int, n: int) -> array:
+        out = self._elements[start : start + n]
+        if len(out) < n:
+            out.extend(_unknown(n - len(out)))
         return out
 
     # whole columns, for readers that want one (each call copies: use snapshot() for several)
@@ -202,6 +222,10 @@ class StepTable:
     @property
     def batch(self) -> array:
         return self.snapshot().batch
+
+    @property
+    def elements(self) -> array:
+        return self._elements_column(0, len(self))
 
     @property
     def gpu_stall_ms(self) -> array:
@@ -319,6 +343,7 @@ class StepColumns:
     wall_ns: array
     wait_ns: array
     batch: array
+    elements: array
     gpu_stall_ms: array
     gpu_span_ms: array
     source: array
@@ -352,6 +377,11 @@ class StepColumns:
         names = GPU_PHASE_COLUMNS if gpu else PHASE_COLUMNS
         rows = self.gpu_phases if gpu else self.phases
         return _typed("d", rows.dense(len(self))[:, names.index(name)].copy())
+
+
+def _unknown(n: int) -> array:
+    """``n`` -1s of the ``elements`` column."""
+    return array("q", [-1]) * n
 
 
 def _nans(n: int) -> array:

@@ -130,10 +130,19 @@ def _step_phases(s: Summary, v: float) -> str:
 
 def _flops(s: Summary, v: float) -> str:
     """``3.2 GFLOP (counted on one step)``; ``(counted over 4 steps, their mean)`` where the
-    count spanned an optimizer step's cycle of several; and the work the figure leaves out: the
-    forwards recomputed by activation checkpointing, an optimizer's own."""
+    count spanned an optimizer step's cycle of several; the batches' sizes it was taken in
+    proportion to; and the work the figure leaves out: the forwards recomputed by activation
+    checkpointing, an optimizer's own."""
     n = s.flop_window_steps
     how = f"counted over {n:,} steps, their mean" if n > 1 else "counted on one step"
+    if s.flop_input_elements:
+        counted, _, least, most = s.flop_input_elements
+        of = f"a batch of {counted:,.0f}" if n <= 1 else f"batches of {counted:,.0f} on average"
+        how = (
+            f"the steps' mean: {how}, of {of} elements, and taken in proportion to each "
+            f"step's; the batches differ in size, {least:,.0f} to {most:,.0f} elements in their "
+            "first tensor"
+        )
     if s.flops_since_step is not None:
         how += (
             "; counted again as the parameters it trains changed: the steps from step "

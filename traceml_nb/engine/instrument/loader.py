@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..record import LoaderInfo
@@ -128,37 +129,34 @@ def counted_batch_size(it: Any) -> int:
     return size if type(size) is int and size > 0 else 0
 
 
-def batch_size_of(batch: Any, _depth: int = 0) -> int:
-    """First dimension of the first tensor-like in ``batch`` (tensor, tuple/list, dict), or -1.
+def batch_shape_of(batch: Any, _depth: int = 0) -> Any:
+    """The shape of the first tensor-like in ``batch`` (tensor, tuple/list, mapping), as it is (a
+    ``torch.Size``, a tuple), or None: its first dimension is the batch's samples, and its
+    elements tell batches padded to their longest sequence apart
+    (:func:`~traceml_nb.engine.open_steps.batch_extent`).
 
     Looks at most two levels deep and at the first four items of a level, so the usual
-    ``(inputs, targets)`` and ``{"input_ids": ...}`` batches cost a few attribute reads.
+    ``(inputs, targets)`` and ``{"input_ids": ...}`` batches cost a few attribute reads; the
+    shape is read, not converted (the segmenter does that, off the loop's fetch).
     """
     kind = type(batch)
     if (kind is tuple or kind is list) and batch:  # the usual (inputs, targets), read directly
         first = getattr(batch[0], "shape", None)
-        if first is not None:
-            try:
-                if len(first):
-                    return int(first[0])
-            except Exception:
-                pass  # the general path below gives this item's answer (-1) and goes on
+        if first:  # (a shape of no dimension: the other items may tell)
+            return first
     shape = getattr(batch, "shape", None)
     if shape is not None:
-        try:
-            return int(shape[0]) if len(shape) else -1
-        except Exception:
-            return -1
+        return shape
     if _depth >= 2:
-        return -1
+        return None
     if isinstance(batch, (tuple, list)):
         items: Any = batch[:4]
-    elif isinstance(batch, dict):
+    elif isinstance(batch, Mapping):  # a dict, transformers' BatchEncoding (a UserDict)
         items = list(batch.values())[:4]
     else:
-        return -1
+        return None
     for item in items:
-        n = batch_size_of(item, _depth + 1)
-        if n >= 0:
-            return n
-    return -1
+        found = batch_shape_of(item, _depth + 1)
+        if found:
+            return found
+    return None

@@ -2,8 +2,9 @@
 log turned into step rows (:class:`~traceml_nb.engine.segment.StepSegmenter`) in batches.
 
 The hot path, a fetch, reads two clocks and the iterator's batch count and appends one tuple
-(:mod:`traceml_nb.engine.events`) to the log, with the batch's size where it cannot be counted
-(:func:`~.loader.counted_batch_size`); an optimizer step appends one more. On CUDA a fetch also
+(:mod:`traceml_nb.engine.events`) to the log, with the shape of the batch's first tensor where
+its size cannot be counted (:func:`~.loader.counted_batch_size`); an optimizer step appends one
+more. On CUDA a fetch also
 records two pooled CUDA events (:mod:`.gpu_events`).
 Everything else happens later, many events at a time, on whichever thread processes the log:
 the segmenter writes the rows, and has the tracer announce each iterator new to the run or
@@ -37,7 +38,7 @@ from ..events import EPOCH_STARTED, EXHAUSTED, FETCH, MARKER, OPTIMIZER_STEP, It
 from ..record import LoaderInfo, RunRecord
 from ..segment import StepSegmenter
 from .gpu_events import GpuStallTimer
-from .loader import batch_size_of, counted_batch_size, driver_of, epoch_samples, loader_settings
+from .loader import batch_shape_of, counted_batch_size, driver_of, epoch_samples, loader_settings
 
 #: Without a reader, the training thread processes the log once it holds this many events...
 PROCESS_EVENTS = 256
@@ -213,10 +214,10 @@ class StepTracer:
                 and it._collate_fn is default_collate
                 and not it._dataset_kind
             ):
-                size = -1  # the segmenter counts it
+                shape = None  # the segmenter counts its samples
             else:
-                size = batch_size_of(batch)
-            append((FETCH, it, number, t_enter, t_exit, size, gpu_enter, gpu_exit))
+                shape = batch_shape_of(batch)
+            append((FETCH, it, number, t_enter, t_exit, shape, gpu_enter, gpu_exit))
             if not number % CHECK_EVERY:
                 tracer.check()
             return batch
