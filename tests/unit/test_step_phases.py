@@ -420,6 +420,52 @@ def test_gradients_taken_with_autograd_grad_leave_the_backward_unavailable() -> 
     assert summary.forward_ms_median > 0 and summary.optimizer_ms_median > 0
 
 
+@pytest.mark.parametrize("optimizer_steps", [0, 1])
+def test_a_backward_without_any_optimizer_step_leaves_the_optimizer_unavailable_not_zero(
+    optimizer_steps,
+) -> None:
+    """Backward timed and no step with an optimizer step (an update by hand, a framework's own
+    optimizer): the optimizer is unavailable with why, not 0 ms; one step with an optimizer
+    step in the run makes its 0 ms in the timed steps what it is (gradient accumulation), and
+    without a backward (an evaluation) nothing was updated: 0 ms."""
+    from traceml_nb.analysis.step_anatomy import NO_OPTIMIZER_STEP
+
+    wall, wait, phases = _eight_steps(forward=3.0, backward=4.0)
+    stepped = np.zeros(len(wall), dtype=bool)
+    stepped[len(wall) - optimizer_steps :] = True
+    anatomy = step_anatomy(wall, wait, PhaseRows.of_dense(phases[:-1]), stepped=stepped)
+    if optimizer_steps:
+        assert anatomy.unavailable == {} and anatomy.medians_ms["optimizer"] == 0.0
+    else:
+        assert anatomy.unavailable == {"optimizer": NO_OPTIMIZER_STEP}
+        assert "optimizer" not in anatomy.medians_ms and "optimizer" not in anatomy.shares
+    phases[:, PHASES.index("backward")] = 0.0
+    evaluation = step_anatomy(wall, wait, PhaseRows.of_dense(phases), stepped=stepped & False)
+    assert evaluation.medians_ms["optimizer"] == 0.0 and evaluation.unavailable == {}
+
+
+def test_an_update_by_hand_is_in_the_rest_of_the_step_and_the_report_says_so() -> None:
+    """The d2l "from scratch" loop: ``p -= lr * p.grad`` under ``no_grad``, no optimizer."""
+    from traceml_nb.analysis import analyze
+    from traceml_nb.analysis.step_anatomy import NO_OPTIMIZER_STEP
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    data = TensorDataset(torch.randn(640, 16), torch.randn(640, 1))
+    with traceml_nb.Run("by hand", sample=False) as run:
+        for x, y in DataLoader(data, batch_size=8):
+            ((model(x) - y) ** 2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+                    p.grad = None
+    summary = analyze(run.record.snapshot(), run.capabilities).summary
+    assert summary.optimizer_ms_median is None
+    assert summary.unavailable["optimizer_ms_median"] == NO_OPTIMIZER_STEP
+    assert summary.forward_ms_median > 0 and summary.backward_ms_median > 0
+    assert f"optimizer unavailable ({NO_OPTIMIZER_STEP})" in str(run.result())
+
+
 @pytest.mark.parametrize("seen_inside", [False, True])
 def test_a_phase_run_only_inside_another_is_unavailable_as_counted_there(seen_inside) -> None:
     """Backward and optimizer took time, no forward: told that the forward started inside the

@@ -98,6 +98,14 @@ NO_OPTIMIZER = (
     "the optimizer's steps ran and none was seen: one compiled with torch.compile is not timed; "
     "its time is in the rest of the step"
 )
+#: Where a backward ran and no step had an optimizer step: the parameters were updated another
+#: way, or not at all (gradients for an attack, a saliency map), which the run cannot tell: not
+#: "0 ms", which would say that no update ran.
+NO_OPTIMIZER_STEP = (
+    "a backward ran and no torch optimizer's step() was seen: an update made another way (by "
+    "hand, p -= lr * p.grad, or with a framework's own optimizer) is timed as the rest of the "
+    "step"
+)
 NO_GPU_PHASES = (
     "no steady step had its phases timed on the GPU: the phases' CUDA events are read with a "
     "DataLoader's steps (steps told by optimizer steps or markers, as a trainer's are, carry "
@@ -155,6 +163,9 @@ def step_anatomy(
     optimizer = phases[:, PHASES.index("optimizer")]
     if stepped is not None and stepped[rows].any() and not optimizer.any():
         unavailable["optimizer"] = NO_OPTIMIZER
+    backward = phases[:, PHASES.index("backward")].any()
+    if stepped is not None and not stepped.any() and backward and "optimizer" not in unavailable:
+        unavailable["optimizer"] = NO_OPTIMIZER_STEP
     timed = [(i, name) for i, name in enumerate(PHASES) if name not in unavailable]
     medians = {name: weighted_median(phases[:, i], w) for i, name in timed}
     medians["other"] = weighted_median(other, w)
