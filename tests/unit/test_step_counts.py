@@ -108,6 +108,27 @@ def test_a_loop_that_leaves_each_epoch_early_keeps_its_steps(how, pause_s):
     assert epochs_last[1] < 40.0  # the median of the three: a busy machine may hold one up
 
 
+def test_a_step_left_open_after_its_update_keeps_its_own_data_wait():
+    """Two training loaders taking turns by epoch, each left by a break after the update of
+    its 10th batch (Keras leaves each epoch's iterator so too): the step left open ends at its
+    update, and the other loader's waits meanwhile are none of its own (one read 20 waits of
+    the other's, 10 times its time)."""
+    model, opt = model_and_opt()
+    quick, slow = (
+        DataLoader(Counted(n=400), batch_size=4),
+        DataLoader(Counted(n=400, sleep_s=0.001), batch_size=4),
+    )
+    with traceml_nb.Run("turns", sample=False) as run:
+        for loader in (quick, slow, quick, slow):
+            for i, (x, y) in enumerate(loader):
+                train_step(model, opt, x, y)
+                if i == 9:
+                    break
+    steps = result_of(run).steps
+    assert len(steps.wall_ms) == 40
+    assert all(w <= wall for w, wall in zip(steps.data_wait_ms, steps.wall_ms, strict=True))
+
+
 def _update_by_hand(model, x, y) -> None:
     loss = ((model(x) - y) ** 2).mean()
     model.zero_grad()

@@ -1,8 +1,8 @@
 """Concrete DataLoader changes, read from the user's own loader and the CPUs really available,
 as findings the views write in the terms of whatever built the loader (``driver``): the user's
 own ``DataLoader(...)``, the transformers ``TrainingArguments``, a Lightning module's
-``train_dataloader()``, the loader passed to accelerate's ``Accelerator.prepare``, or fastai's
-DataLoaders."""
+``train_dataloader()``, the loader passed to accelerate's ``Accelerator.prepare``, fastai's
+DataLoaders, or what Keras' ``model.fit`` was given."""
 
 from __future__ import annotations
 
@@ -32,10 +32,21 @@ TRAINING_ARGUMENTS = {
 SETTING_NAMES = {"transformers": TRAINING_ARGUMENTS, "fastai": {"batch_size": "bs"}}
 #: The DataLoader settings a driver's loaders do not take (fastai's ``DataLoader`` has no
 #: ``prefetch_factor``): neither advised nor shown among the loader's settings.
-NOT_TAKEN = {"fastai": frozenset({"prefetch_factor"})}
+NOT_TAKEN = {
+    "fastai": frozenset({"prefetch_factor"}),
+    # Keras hands a PyDataset's batches to a DataLoader of its own, of no workers: its
+    # settings are none of the user's (the PyDataset's are not seen)
+    "keras-pydataset": frozenset(
+        {"num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size"}
+    ),
+}
+#: What builds loaders that make their batches themselves (fastai's ``create_item`` and
+#: collate; Keras' slices of the arrays given to ``model.fit``): a dataset's ``__getitems__``
+#: is not theirs to give.
+OWN_BATCHES = frozenset({"fastai", "keras", "keras-pydataset"})
 #: What builds loaders that ``%traceml tune`` cannot build afresh (it builds torch DataLoaders
-#: over the run's dataset; fastai's make their batches themselves).
-UNTUNABLE_DRIVERS = frozenset({"fastai"})
+#: over the run's dataset): those that make their batches themselves.
+UNTUNABLE_DRIVERS = OWN_BATCHES
 
 
 def setting_name(setting: str, driver: str | None) -> str:
@@ -102,15 +113,22 @@ def loader_changes(
 
     ``workers``: new worker count (``None`` keeps it). ``pin_memory`` only when a GPU is in use
     (pinned memory only speeds up host-to-GPU copies); ``persistent_workers`` and
-    ``prefetch_factor`` only when the loader will have workers.
+    ``prefetch_factor`` only when the loader will have workers; none that the loader's driver
+    does not take (:data:`NOT_TAKEN`).
     """
     changes = []
     if workers is not None and workers != loader.num_workers:
         changes.append(Change("num_workers", workers, loader.num_workers))
     effective_workers = workers if workers is not None else loader.num_workers
-    if gpu and not loader.pin_memory:
+    driver = loader.driver
+    if gpu and not loader.pin_memory and takes(driver, "pin_memory"):
         changes.append(Change("pin_memory", True))
-    if persistent and effective_workers > 0 and not loader.persistent_workers:
+    if (
+        persistent
+        and takes(driver, "persistent_workers")
+        and effective_workers > 0
+        and not loader.persistent_workers
+    ):
         changes.append(Change("persistent_workers", True))
     current = loader.prefetch_factor if loader.num_workers > 0 else None
     if (

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.capabilities import Capabilities
+from .advice import OWN_BATCHES
 from .anatomy_advice import anatomy_advice
 from .diagnosis_facts import Facts, confidence
 from .evidence import collect, input_signal, memory_share
@@ -51,6 +52,8 @@ ANATOMY_VERDICTS = ("compute-bound", "host-bound", "memory-pressure", "throttled
 #: training process where workers hand over batches already in memory (``workers`` in its
 #: facts).
 BATCHED_INDEXING = "batched-indexing"
+#: ...where a framework's own loader makes the batches (``advice.OWN_BATCHES``): larger ones
+LARGER_BATCHES = "larger-batches"
 
 
 def diagnose(summary: Summary, m: Measurements, capabilities: Capabilities) -> Diagnosis:
@@ -238,7 +241,11 @@ def _compute_bound(f: Facts) -> Diagnosis:
         )
         # no workers for batches in memory; a dataset that decodes keeps its workers
         in_memory_workers = workers and f.in_memory
-        advice = [Finding(BATCHED_INDEXING, {"workers": workers} if in_memory_workers else {})]
+        driver = f.m.loader.driver if f.m.loader is not None else None
+        if driver in OWN_BATCHES:  # (the batches are made by the framework's loader, not ours)
+            advice = [Finding(LARGER_BATCHES, {"driver": driver})]
+        else:
+            advice = [Finding(BATCHED_INDEXING, {"workers": workers} if in_memory_workers else {})]
         conf = confidence(False, m.steady)
     else:
         title = Finding("compute-bound-cpu", _input_facts(f))

@@ -17,6 +17,7 @@ from .advice import (
     loader_changes,
     more_workers,
     takes,
+    worker_target,
 )
 from .diagnosis_facts import Facts, confidence
 from .findings import Diagnosis, Finding
@@ -42,6 +43,9 @@ CAUSE_FIRST_EPOCH = "first-epoch-storage"  #: later epochs read from the page ca
 CAUSE_STORAGE = "slow-storage"  #: the workers are idle, yet cannot keep up
 CAUSE_IN_MEMORY = "in-memory-handover"  #: idle workers of a dataset in memory: no storage
 CAUSE_UNKNOWN = "input-unknown"  #: worker CPU unavailable
+#: a Keras ``PyDataset`` (or generator): Keras loads its batches, in threads or processes of its
+#: own, and hands them to a DataLoader of no workers; how many it loads with is not seen
+CAUSE_KERAS_PYDATASET = "keras-pydataset"
 #: The last line of the advice of an input-bound run whose DataLoader settings are the cause
 #: (or may be): run ``%traceml tune``, which measures the settings instead of reading them
 #: from rules.
@@ -156,6 +160,12 @@ def _lead_with_changes(
 def _input_cause(f: Facts, d: Diagnosis, loader: LoaderInfo) -> None:
     m, gpu = f.m, f.gpu
     cpus = m.cpus
+    if loader.driver == "keras-pydataset":
+        d.cause = CAUSE_KERAS_PYDATASET
+        target = worker_target(cpus, gpu)
+        if target:
+            d.advice.append(Finding("keras-pydataset-workers", {"workers": target}))
+        return
     in_memory = f.in_memory
     epochs = None if in_memory else _epoch_pattern(m)
     workers = more_workers(loader, cpus, gpu)

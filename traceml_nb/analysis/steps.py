@@ -263,18 +263,24 @@ def select_steps(snapshot: RecordSnapshot) -> tuple[StepColumns, StepSource]:
 def phase_loaders(snapshot: RecordSnapshot, selection: StepSelection) -> dict[int, str]:
     """The loaders that are phases of their own (neither the steps nor inside them), by slot,
     with the name of their phase: the loaders over one dataset (a trainer builds its
-    evaluation loader anew for each evaluation) are one phase."""
+    evaluation loader anew for each evaluation), or each going on from the one before
+    (``LoaderInfo.follows``: Keras builds its validation loader anew, of a new dataset, for
+    each pass), are one phase."""
     rule = selection.rule
     has_training = snapshot.optimizer_steps > 0 or any(
         info.is_training for info in snapshot.loaders
     )
     groups: dict[int, list[int]] = {}
+    key_of: dict[int, int] = {}  #: each loader's group, by slot
     for info in snapshot.loaders:
+        key = info.dataset_id or -1 - info.slot  # an unknown dataset: a phase of its own
+        if info.follows is not None:  # built anew for each pass (Keras' validation loaders)
+            key = key_of.get(info.follows, key)
+        key_of[info.slot] = key
         if rule.kind == "dataloader" and info.slot in rule.inner + rule.sources:
             continue
         if info.is_training and rule.kind != "dataloader":
             continue  # its batches are inside the marker/optimizer steps already
-        key = info.dataset_id or -1 - info.slot  # an unknown dataset: a phase of its own
         groups.setdefault(key, []).append(info.slot)
     out: dict[int, str] = {}
     for slots in groups.values():

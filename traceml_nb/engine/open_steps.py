@@ -45,6 +45,7 @@ class LoaderSteps:
         "flags",
         "inside",
         "last_optimizer_ns",
+        "at_optimizer",
         "gpu_enter",
         "gpu_exit",
         "since_optimizer",
@@ -77,6 +78,8 @@ class LoaderSteps:
         self.flags = 0
         self.inside: set[int] = set()  #: slots of the other loaders fetched inside the open step
         self.last_optimizer_ns = -1  #: the last optimizer step inside the open step
+        #: the open step's data wait and the other loaders fetched inside it, at that step
+        self.at_optimizer: tuple[int, frozenset[int]] = (0, frozenset())
         self.gpu_enter: EventLike | None = None
         self.gpu_exit: EventLike | None = None
         self.since_optimizer = 0  #: fetches since the last optimizer step

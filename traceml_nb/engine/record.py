@@ -162,9 +162,10 @@ class LoaderInfo:
     phase_ns: int = 0
     phase_before_training_ns: int = 0
     fetches_before_training: int = 0
-    #: where its fetches come from: "transformers", "lightning", "accelerate" (their trainers
-    #: and wrappers iterate the loader), "fastai" (a fastai DataLoader, whatever iterates it),
-    #: or None (the user's own loop)
+    #: where its fetches come from: "transformers", "lightning", "accelerate", "keras-fit"
+    #: (their trainers and wrappers iterate the loader), "fastai" (a fastai DataLoader, whatever
+    #: iterates it), "keras" and "keras-pydataset" (a loader Keras made of the arrays, or of
+    #: the PyDataset or generator, given to ``model.fit``), or None (the user's own loop)
     driver: str | None = None
     #: its samples are tensors already in memory: a ``TensorDataset``, or a ``Subset`` or
     #: ``ConcatDataset`` of them (``random_split``'s), :data:`~.instrument.loader.IN_MEMORY_DATASETS`

@@ -371,6 +371,7 @@ class StepSegmenter:
                 if st.start >= 0:
                     st.flags |= FLAG_OPTIMIZER_STEP
                     st.last_optimizer_ns = t_ns
+                    st.at_optimizer = (st.wait, frozenset(st.inside))
             optimizer_stepped(self._by_slot.values())
         key = id(optimizer)
         lead = self._lead_optimizer
@@ -429,10 +430,8 @@ class StepSegmenter:
     ) -> None:
         """Write ``st``'s open step as a row, ending at ``t_end_ns``; cut short (``truncated``:
         the loop left it), none where its batch was never used (a ``break`` before it)."""
-        flags = st.flags
-        inside = st.inside
-        if inside and any(not self._by_slot[slot].info.is_training for slot in inside):
-            flags |= FLAG_INTERLEAVED
+        flags, wait = st.flags, st.wait
+        inside: set[int] | frozenset[int] = st.inside
         end = t_end_ns
         began = st.start
         mark = st.phase_mark
@@ -440,16 +439,19 @@ class StepSegmenter:
         unused = False  # fetched and never used: timed, and no model, backward or update ran
         if truncated:
             flags |= FLAG_TRUNCATED
-            if st.last_optimizer_ns >= 0:
+            if st.last_optimizer_ns >= 0:  # it ends there: what came after is no part of it
                 end = st.last_optimizer_ns
+                wait, inside = st.at_optimizer
             elif host_phases is not None and not any(host_phases[1:]):
                 unused = self._phases.totals[1] > 0  # (a model seen: its forward is timed)
-        else:  # a row that only fetched, or one of work: its phases tell, or its rest
-            st.closed(end - began - st.wait, flags, host_phases)
+        if inside and any(not self._by_slot[slot].info.is_training for slot in inside):
+            flags |= FLAG_INTERLEAVED
+        if not truncated:  # a row that only fetched, or one of work: its phases tell, or its rest
+            st.closed(end - began - wait, flags, host_phases)
             rows = self._optimizer_rows
             rows.closed_ns, rows.closed_wait = end, self._wait_total
         if not unused:
-            row = (began - self._t0, end - began, st.wait, st.batch, st.slot, flags)
+            row = (began - self._t0, end - began, wait, st.batch, st.slot, flags)
             self._queue.add((row, host_phases, st.elements))
         if self._gpu_sink is not None:
             phases, gone = self._phases.gpu_of_step(mark)
@@ -465,8 +467,8 @@ class StepSegmenter:
                 self._let_go(*gone, enter, exit_)
             st.gpu_enter = st.gpu_exit = None
         st.start = -1
-        if inside:
-            inside.clear()
+        if st.inside:
+            st.inside.clear()
         st.last_optimizer_ns = -1
         del self._open[st.slot]
 

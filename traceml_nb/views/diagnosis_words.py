@@ -33,6 +33,17 @@ WHERE = {
     "accelerate": "Change the DataLoader you pass to Accelerator.prepare()",
     "fastai": "Change the arguments where your fastai DataLoaders are made (DataBlock.dataloaders, "
     "ImageDataLoaders.from_…, DataLoaders.from_dsets and DataLoader take them)",
+    "keras": "Keras made this DataLoader of what model.fit was given, with num_workers=0: pass "
+    "model.fit a torch DataLoader made with these arguments instead",
+    "keras-pydataset": "Change the arguments of your keras.utils.PyDataset (Keras made a "
+    "DataLoader of it with num_workers=0; use_multiprocessing=True makes its workers processes)",
+    "keras-fit": "Change the DataLoader you pass to model.fit()",
+}
+#: Where a larger batch goes, by what made the loader (``advice.OWN_BATCHES``).
+LARGER_BATCH_WHERE = {
+    "fastai": "a larger bs where your fastai DataLoaders are made",
+    "keras": "a larger batch_size in model.fit",
+    "keras-pydataset": "larger batches from your PyDataset's __getitem__",
 }
 
 #: The advice for steps that spend a large share making tiny batches.
@@ -243,6 +254,12 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
             "it. Try num_workers=0 with each batch made in one call (give the dataset a "
             "__getitems__, or slice the tensors directly), and keep whichever is faster."
         )
+    ),
+    "larger-batches": lambda f: (
+        "Make fewer, larger batches: the loader makes each one itself, at a cost per batch that "
+        "these short steps cannot hide, and "
+        f"{LARGER_BATCH_WHERE.get(f.get('driver') or '', 'a larger batch size')} pays it for more "
+        "samples at once."
     ),
     "cpu-is-the-limit": lambda f: (
         "The CPU computing the model is the limit: a GPU, or a smaller model or inputs, is what "

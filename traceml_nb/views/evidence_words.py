@@ -64,8 +64,9 @@ EVIDENCE_SENTENCES: dict[str, Callable[[Facts], str]] = {
     "gpu-utilisation": lambda f: f"median {fmt_pct(f['pct'])} during the steady steps",
     "sm-activity": _sm_activity,
     "no-loader": lambda f: "no DataLoader seen",
-    "loader": lambda f: ", ".join(
-        f"{setting_name(k, f.get('driver'))}={v}" for k, v in f["settings"].items()
+    "loader": lambda f: (
+        ", ".join(f"{setting_name(k, f.get('driver'))}={v}" for k, v in f["settings"].items())
+        or "none of its settings are yours (made by what iterates it)"
     ),
     "count": lambda f: str(f["count"]),
     "samples-per-step": lambda f: (

@@ -13,6 +13,7 @@ from ..analysis.input_bound import (
     CAUSE_CPU_STARVED,
     CAUSE_FIRST_EPOCH,
     CAUSE_IN_MEMORY,
+    CAUSE_KERAS_PYDATASET,
     CAUSE_PAGEABLE,
     CAUSE_STORAGE,
     CAUSE_TOO_FEW_WORKERS,
@@ -31,6 +32,7 @@ CAUSES = {
     CAUSE_STORAGE: "slow storage (the workers are idle, yet cannot keep up)",
     CAUSE_IN_MEMORY: "batches in memory, handed over by worker processes (no storage to wait on)",
     CAUSE_UNKNOWN: "input pipeline too slow (worker CPU unavailable)",
+    CAUSE_KERAS_PYDATASET: "a Keras PyDataset that loads too slowly (Keras loads its batches)",
 }
 
 
@@ -85,6 +87,12 @@ INPUT_SENTENCES: dict[str, Callable[[Facts], str]] = {
         "storage. Waiting workers need little CPU, so more workers than CPUs overlap more "
         "reads; better still, copy the dataset to local disk or memory, or use fewer, larger "
         "files."
+    ),
+    "keras-pydataset-workers": lambda f: (
+        f"Give your keras.utils.PyDataset workers={f['workers']} and use_multiprocessing=True "
+        "(its own arguments): Keras loads its batches itself, with one thread by default, and "
+        "hands them to a DataLoader of no workers; in processes they load in parallel with the "
+        "compute."
     ),
     "in-memory-workers": lambda f: (
         f"The dataset is a {f['dataset_type']}, already in memory: its workers wait on no "

@@ -30,7 +30,8 @@ def in_memory(dataset: Any, depth: int = 0) -> bool:
 def loader_settings(it: Any) -> LoaderInfo:
     """The loader's settings as its iterator holds them (an iterator keeps no reference to its
     loader); the slot is assigned by the segmenter. A fastai DataLoader's iterators hold its
-    stand-in for torch's (:func:`fastai_loader`): its batch size and dataset are read from it."""
+    stand-in for torch's (:func:`fastai_loader`): its batch size and dataset are read from it.
+    A loader over a dataset of Keras' own was made by Keras (:data:`KERAS_DATASETS`)."""
     sampler = getattr(it, "_index_sampler", None)
     dataset = getattr(it, "_dataset", None)
     batch_size = getattr(sampler, "batch_size", None)
@@ -40,8 +41,11 @@ def loader_settings(it: Any) -> LoaderInfo:
         dataset, batch_size, driver = getattr(fastai, "dataset", None), fastai.bs, "fastai"
     try:
         dataset_len: int | None = len(dataset)  # type: ignore[arg-type]
-    except Exception:
-        dataset_len = None
+    except Exception:  # (Keras' ArrayDataset: the samples its sampler draws are its length)
+        samples = epoch_samples(sampler)
+        dataset_len = samples if samples >= 0 else None
+    if driver is None and type(dataset).__module__.startswith("keras."):
+        driver = KERAS_DATASETS.get(type(dataset).__name__, "keras")  # Keras made it
     return LoaderInfo(
         slot=-1,
         num_workers=int(getattr(it, "_num_workers", 0) or 0),
@@ -69,6 +73,9 @@ def fastai_loader(dataset: Any) -> Any:
     return fastai if hasattr(fastai, "bs") else None
 
 
+#: The loaders Keras makes of what ``model.fit`` is given, by the class of their dataset: of
+#: arrays ("keras"), of a ``keras.utils.PyDataset`` or a generator ("keras-pydataset").
+KERAS_DATASETS = {"ArrayDataset": "keras", "ConverterIterableDataset": "keras-pydataset"}
 #: The packages whose trainers and wrappers iterate a DataLoader for the user, by the name of
 #: their top module, and what the advice calls them (``LoaderInfo.driver``).
 DRIVERS = {
@@ -76,6 +83,7 @@ DRIVERS = {
     "pytorch_lightning": "lightning",
     "lightning": "lightning",
     "accelerate": "accelerate",
+    "keras": "keras-fit",  # a DataLoader the user passed to Keras' model.fit
 }
 #: Frames looked at, from the fetch outwards, for a driver.
 DRIVER_FRAMES = 80

@@ -408,7 +408,7 @@ class StepTracer:
         settings = None
         if new:
             settings = loader_settings(it)
-            settings.driver = driver or settings.driver
+            settings.driver = settings.driver or driver  # what made it, else what iterates it
         workers = [w.pid for w in getattr(it, "_workers", ()) if w.pid]
         if workers:
             self.worker_pids.of_loader(loader, settings, workers)
