@@ -21,6 +21,9 @@ import traceml_nb  # noqa: E402
 from traceml_nb.analysis import analyze  # noqa: E402
 from traceml_nb.analysis.input_bound import CAUSE_KERAS_PYDATASET  # noqa: E402
 
+#: Keras' own warning on each batch of numpy arrays it converts (numpy 2's ``copy`` keyword)
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
 #: FLOPs of a step of Dense 16 -> 256 -> 1 at a batch of 32: 2 per multiply-add, forward and
 #: the weights' gradients of both layers, the hidden layer's input gradient (the inputs' is not
 #: computed)

@@ -911,6 +911,54 @@ def test_a_fastai_input_bound_run_is_advised_in_fastai_terms_without_the_tuner()
     )
 
 
+@pytest.mark.parametrize("driver", [None, "fastai", "keras", "keras-pydataset"])
+def test_tiny_steps_of_a_frameworks_own_loader_are_advised_larger_batches(driver):
+    """Tiny steps whose batches a framework's loader makes (fastai's, Keras'): no
+    ``__getitems__`` to give, but fewer, larger batches, named as that framework takes them;
+    the user's own loader keeps the advice to make each batch in one call."""
+    from traceml_nb.analysis.diagnosis import LARGER_BATCHES
+
+    b = RecordBuilder()
+    b.loader(num_workers=0, batch_size=8, dataset_type="Pairs").driver = driver
+    b.steps(100, 0.15, 0.05, batch=8)
+    d = analyze(b.finish(), cpu_capabilities(), warmup=0, cpus_available=2).diagnosis
+    assert d.verdict == "compute-bound"
+    if driver is None:
+        assert d.advice == [Finding(BATCHED_INDEXING)]
+        return
+    assert d.advice == [Finding(LARGER_BATCHES, {"driver": driver})]
+    where = {
+        "fastai": "a larger bs where your fastai DataLoaders are made",
+        "keras": "a larger batch_size in model.fit",
+        "keras-pydataset": "larger batches from your PyDataset's __getitem__",
+    }[driver]
+    assert said(d).advice == [
+        "Make fewer, larger batches: the loader makes each one itself, at a cost per batch that "
+        f"these short steps cannot hide, and {where} pays it for more samples at once."
+    ]
+
+
+@pytest.mark.parametrize("driver", ["keras", "keras-fit"])
+def test_a_keras_input_bound_run_is_advised_where_its_dataloader_is_made(driver):
+    """The DataLoader Keras made of arrays: give model.fit one of your own with these settings;
+    the one the user gave model.fit: change it. Neither is offered to ``tune``."""
+    b = RecordBuilder()
+    b.loader(num_workers=0, batch_size=8, dataset_type="Pairs").driver = driver
+    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
+    b.samples("host", **{**IDLE_HOST, "workers": 0})
+    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    assert d.cause == CAUSE_TOO_FEW_WORKERS
+    where = {
+        "keras": "Keras made this DataLoader of what model.fit was given, with num_workers=0: "
+        "pass model.fit a torch DataLoader made with these arguments instead",
+        "keras-fit": "Change the DataLoader you pass to model.fit()",
+    }[driver]
+    assert said(d).advice[0] == (
+        f"{where}: num_workers=0 → num_workers=2, persistent_workers=True, prefetch_factor=4"
+    )
+    assert (Finding("tune-hint") in d.advice) is (driver == "keras-fit")
+
+
 def test_system_cpu_evidence_names_the_busiest_core():
     d = cpu_run(0.6, host={**IDLE_HOST, "max_core_pct": 100.0}).diagnosis
     assert evidence(d, "system CPU") == "median 50% of all CPUs (busiest core 100%)"
