@@ -62,6 +62,41 @@ def test_a_long_copy_on_a_gpu_from_pageable_memory_asks_for_pinned_memory():
 
 
 @pytest.mark.parametrize(
+    ("driver", "pageable", "pinned"),
+    [
+        (None, "pin_memory=True and copies with .to(device, non_blocking=True) let it", "copy "
+         "the batch with .to(device, non_blocking=True) from pinned memory"),
+        ("transformers", "dataloader_pin_memory=True and accelerator_config={'non_blocking': "
+         "True} in the TrainingArguments let it", "accelerator_config={'non_blocking': True} in "
+         "the TrainingArguments from pinned memory"),
+        ("accelerate", "pin_memory=True and Accelerator(dataloader_config=DataLoaderConfiguration"
+         "(non_blocking=True)) let it", "Accelerator(dataloader_config=DataLoaderConfiguration("
+         "non_blocking=True)) from pinned memory"),
+        ("lightning", "pin_memory=True lets it overlap the compute (Lightning copies with "
+         "non_blocking=True)", None),
+        ("fastai", "pin_memory=True makes it faster (fastai copies without non_blocking; the "
+         "phase also holds its batch transforms, after_batch, which pinning does not speed up)",
+         None),
+        ("keras-fit", "pin_memory=True in a torch DataLoader given to model.fit makes it faster "
+         "(Keras copies without non_blocking)", None),
+    ],
+)  # fmt: skip
+def test_a_long_copy_is_advised_where_the_batch_is_copied(driver, pageable, pinned):
+    """Where a framework copies the batch, the advice names its setting for a non-blocking
+    copy (the Trainer's, accelerate's); where none can be set (Lightning copies non-blocking
+    already; fastai and Keras copy without it), pinned memory alone, and nothing once pinned."""
+    long = _summary(copy=COPY_SHARE_ADVICE)
+    (finding,) = anatomy_advice(long, _loader(False, driver=driver), True)
+    assert pageable in sentence(finding)
+    advised = anatomy_advice(long, _loader(True, driver=driver), True)
+    if pinned is None:
+        assert advised == []
+    else:
+        assert [f.code for f in advised] == ["non-blocking-copies"]
+        assert pinned in sentence(advised[0])
+
+
+@pytest.mark.parametrize(
     ("device", "precisions", "advised"),
     [
         ("Tesla T4", {"fp32": FP32_SHARE_ADVICE}, "float16"),  # a T4: fp16 8x fp32, no bf16

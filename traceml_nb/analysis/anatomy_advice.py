@@ -4,7 +4,9 @@ constant of :mod:`.thresholds`, each finding with the figures it rests on.
 
 * an input copy of at least ``COPY_SHARE_ADVICE`` of the step on a GPU: pinned memory
   (``pin_memory=True``) where the training loader does not pin, then ``non_blocking=True``
-  copies, so that the copy overlaps the compute;
+  copies, so that the copy overlaps the compute, each where what copies the batch takes it
+  (``LoaderInfo.driver``: the Trainer's ``accelerator_config``, accelerate's
+  ``DataLoaderConfiguration``; none where it cannot be set, :data:`COPIES_AS_THEY_ARE`);
 * at least ``FP32_SHARE_ADVICE`` of the FLOPs in float32 (or tf32) on a GPU whose
   half-precision peak is at least ``HALF_PRECISION_GAIN`` times the peak they ran at: autocast,
   in bf16 where the GPU has it, else fp16 with a GradScaler;
@@ -36,6 +38,12 @@ from .thresholds import (
     OPTIMIZER_SHARE_ADVICE,
 )
 
+#: What copies the batch to the GPU in a way the user does not set: Lightning copies with
+#: ``non_blocking=True`` already; fastai's DataLoader and Keras' trainer copy without it, and
+#: nothing the user passes them changes that. A long copy from pinned memory there has no
+#: ``non_blocking`` to advise.
+COPIES_AS_THEY_ARE = frozenset({"lightning", "fastai", "keras", "keras-fit", "keras-pydataset"})
+
 
 def anatomy_advice(
     summary: Summary,
@@ -50,15 +58,20 @@ def anatomy_advice(
     found = []
     copy = shares.get("copy")
     if gpu and copy is not None and copy >= COPY_SHARE_ADVICE:
-        facts: dict[str, Any] = {"copy_share": copy, "copy_ms": summary.copy_ms_median}
+        driver = loader.driver if loader is not None else None
+        facts: dict[str, Any] = {
+            "copy_share": copy,
+            "copy_ms": summary.copy_ms_median,
+            "driver": driver,
+        }
         if loader is not None and not loader.pin_memory:
             found.append(
                 Finding(
                     "pin-memory-for-copies",
-                    {**facts, "setting": setting_name("pin_memory", loader.driver)},
+                    {**facts, "setting": setting_name("pin_memory", driver)},
                 )
             )
-        else:
+        elif driver not in COPIES_AS_THEY_ARE:
             found.append(Finding("non-blocking-copies", facts))
     mixed = _mixed_precision(summary) if gpu else None
     if mixed is not None:

@@ -10,17 +10,53 @@ from ..analysis.formatting import fmt_ms, fmt_share
 
 Facts = dict[str, Any]
 
+#: How the batch's copy is made non-blocking where a framework copies it, by driver
+#: (``LoaderInfo.driver``); the user's own loop copies with ``.to(device, non_blocking=True)``.
+NON_BLOCKING = {
+    "transformers": "accelerator_config={'non_blocking': True} in the TrainingArguments",
+    "accelerate": "Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))",
+}
+#: ...and what pinned memory does where the copy cannot be made non-blocking
+#: (``anatomy_advice.COPIES_AS_THEY_ARE``).
+PINNED_ONLY = {
+    "lightning": "lets it overlap the compute (Lightning copies with non_blocking=True)",
+    "fastai": (
+        "makes it faster (fastai copies without non_blocking; the phase also holds its batch "
+        "transforms, after_batch, which pinning does not speed up)"
+    ),
+}
+PINNED_ONLY_KERAS = "makes it faster (Keras copies without non_blocking)"
+
+
+def _pin_memory(f: Facts) -> str:
+    driver = f.get("driver")
+    head = (
+        f"The input copy takes {fmt_share(f['copy_share'])} of each step "
+        f"({fmt_ms(f['copy_ms'])}) from pageable memory: {f['setting']}=True"
+    )
+    if driver in NON_BLOCKING:
+        return f"{head} and {NON_BLOCKING[driver]} let it overlap the compute."
+    if driver is not None and driver.startswith("keras"):
+        return f"{head} in a torch DataLoader given to model.fit {PINNED_ONLY_KERAS}."
+    if driver in PINNED_ONLY:
+        return f"{head} {PINNED_ONLY[driver]}."
+    return f"{head} and copies with .to(device, non_blocking=True) let it overlap the compute."
+
+
+def _non_blocking(f: Facts) -> str:
+    how = NON_BLOCKING.get(
+        f.get("driver") or "", "copy the batch with .to(device, non_blocking=True)"
+    )
+    return (
+        f"The input copy takes {fmt_share(f['copy_share'])} of each step "
+        f"({fmt_ms(f['copy_ms'])}): {how} from pinned memory, so that it overlaps the compute "
+        "instead of waiting for it."
+    )
+
+
 ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
-    "pin-memory-for-copies": lambda f: (
-        f"The input copy takes {fmt_share(f['copy_share'])} of each step "
-        f"({fmt_ms(f['copy_ms'])}) from pageable memory: {f['setting']}=True and copies "
-        "with .to(device, non_blocking=True) let it overlap the compute."
-    ),
-    "non-blocking-copies": lambda f: (
-        f"The input copy takes {fmt_share(f['copy_share'])} of each step "
-        f"({fmt_ms(f['copy_ms'])}): copy the batch with .to(device, non_blocking=True) from "
-        "pinned memory, so that it overlaps the compute instead of waiting for it."
-    ),
+    "pin-memory-for-copies": _pin_memory,
+    "non-blocking-copies": _non_blocking,
     "mixed-precision": lambda f: (
         f"{fmt_share(f['single_share'])} of the model's FLOPs run in {f['ran_in']} on a "
         f"{f['device']}, whose {f['dtype']} peak is {f['gain']:.3g}\u00d7 that: run the forward "
