@@ -144,6 +144,28 @@ def test_a_large_optimizer_share_asks_an_unfused_optimizer_for_fused_on_a_cpu_to
     assert anatomy_advice(untimed, None, False, adam) == []
 
 
+@pytest.mark.parametrize(
+    ("driver", "kind", "how"),
+    [
+        ("transformers", "AdamW", 'optim="adamw_torch_fused" in the TrainingArguments (the '
+         "Trainer makes the AdamW)"),
+        ("transformers", "SGD", "create the SGD optimizer with fused=True"),  # one of the user's
+        ("skorch", "Adam", "pass optimizer__fused=True to your skorch NeuralNet"),
+        ("lightning", "Adam", "create the Adam optimizer with fused=True"),
+    ],
+)  # fmt: skip
+def test_a_fused_update_is_asked_for_where_the_optimizer_is_made(driver, kind, how):
+    """The Trainer makes its AdamW from ``optim``, skorch its optimizer from ``optimizer__``
+    arguments; any other is the user's to create."""
+    unfused = [OptimizerInfo(kind, fused=None, tensors=300, fusable=True)]
+    at = _summary(optimizer=OPTIMIZER_SHARE_ADVICE)
+    (finding,) = anatomy_advice(at, _loader(True, driver=driver), False, unfused)
+    assert sentence(finding) == (
+        f"The optimizer step takes 15% of each step: {how}, which updates all parameters in one "
+        "operation instead of one per tensor."
+    )
+
+
 def test_a_large_share_of_fastais_own_optimizer_asks_for_its_torch_twin_through_optimwrapper():
     arguments = (("betas", (0.9, 0.99)), ("eps", 1e-05))
     adam = [OptimizerInfo("Adam", tensors=162, fastai_twin="AdamW", twin_arguments=arguments)]

@@ -27,9 +27,21 @@ TRAINING_ARGUMENTS = {
 }
 
 
+#: skorch's ``NeuralNet`` takes the training DataLoader's arguments with this prefix (its
+#: ``batch_size`` is its own).
+SKORCH_ARGUMENTS = {
+    name: f"iterator_train__{name}"
+    for name in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+}
+
+
 #: What a DataLoader setting is called where the user sets it, by what built the loader
 #: (``LoaderInfo.driver``); a setting not named here is called as ``DataLoader`` calls it.
-SETTING_NAMES = {"transformers": TRAINING_ARGUMENTS, "fastai": {"batch_size": "bs"}}
+SETTING_NAMES = {
+    "transformers": TRAINING_ARGUMENTS,
+    "fastai": {"batch_size": "bs"},
+    "skorch": SKORCH_ARGUMENTS,
+}
 #: The DataLoader settings a driver's loaders do not take (fastai's ``DataLoader`` has no
 #: ``prefetch_factor``): neither advised nor shown among the loader's settings.
 NOT_TAKEN = {

@@ -86,9 +86,9 @@ def anatomy_advice(
     if optimizer is None or optimizer < OPTIMIZER_SHARE_ADVICE or not alone:
         return found
     if unfused:
-        found.append(
-            Finding("fused-optimizer", {"optimizer_share": optimizer, "optimizers": unfused})
-        )
+        driver = loader.driver if loader is not None else None
+        facts = {"optimizer_share": optimizer, "optimizers": unfused, "driver": driver}
+        found.append(Finding("fused-optimizer", facts))
     fastai = next((o for o in optimizers if o.fastai_twin is not None), None)
     if fastai is not None:
         facts = {

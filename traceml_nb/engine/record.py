@@ -162,8 +162,8 @@ class LoaderInfo:
     phase_ns: int = 0
     phase_before_training_ns: int = 0
     fetches_before_training: int = 0
-    #: where its fetches come from: "transformers", "lightning", "accelerate", "keras-fit"
-    #: (their trainers and wrappers iterate the loader), "fastai" (a fastai DataLoader, whatever
+    #: where its fetches come from: "transformers", "lightning", "accelerate", "keras-fit",
+    #: "skorch" (their trainers and wrappers iterate the loader), "fastai" (a fastai DataLoader, whatever
     #: iterates it), "keras" and "keras-pydataset" (a loader Keras made of the arrays, or of
     #: the PyDataset or generator, given to ``model.fit``), or None (the user's own loop)
     driver: str | None = None

@@ -54,6 +54,20 @@ def _non_blocking(f: Facts) -> str:
     )
 
 
+def _fused_how(f: Facts) -> str:
+    """Where a fused update is asked for: the optimizer's own ``fused=True``, or what the
+    trainer that makes the optimizer takes (the Trainer's ``optim``, skorch's prefix)."""
+    kinds = list(dict.fromkeys(f["optimizers"]))
+    driver = f.get("driver")
+    if driver == "transformers" and kinds == ["AdamW"]:
+        return 'optim="adamw_torch_fused" in the TrainingArguments (the Trainer makes the AdamW)'
+    if driver == "skorch":
+        return "pass optimizer__fused=True to your skorch NeuralNet"
+    return (
+        f"create the {' and '.join(kinds)} optimizer{'s' if len(kinds) > 1 else ''} with fused=True"
+    )
+
+
 ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
     "pin-memory-for-copies": _pin_memory,
     "non-blocking-copies": _non_blocking,
@@ -72,10 +86,9 @@ ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
         "give them NHWC as it is."
     ),
     "fused-optimizer": lambda f: (
-        f"The optimizer step takes {fmt_share(f['optimizer_share'])} of each step: create "
-        f"the {' and '.join(dict.fromkeys(f['optimizers']))} "
-        f"optimizer{'s' if len(f['optimizers']) > 1 else ''} with fused=True, which updates "
-        "all parameters in one operation instead of one per tensor."
+        f"The optimizer step takes {fmt_share(f['optimizer_share'])} of each step: "
+        f"{_fused_how(f)}, which updates all parameters in one operation instead of one per "
+        "tensor."
     ),
     "fastai-optimizer": lambda f: (
         f"The optimizer step takes {fmt_share(f['optimizer_share'])} of each step: fastai's "

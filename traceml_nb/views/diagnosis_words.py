@@ -38,6 +38,7 @@ WHERE = {
     "keras-pydataset": "Change the arguments of your keras.utils.PyDataset (Keras made a "
     "DataLoader of it with num_workers=0; use_multiprocessing=True makes its workers processes)",
     "keras-fit": "Change the DataLoader you pass to model.fit()",
+    "skorch": "Change the arguments of your skorch NeuralNet",
 }
 #: Where a larger batch goes, by what made the loader (``advice.OWN_BATCHES``).
 LARGER_BATCH_WHERE = {

@@ -84,6 +84,7 @@ DRIVERS = {
     "lightning": "lightning",
     "accelerate": "accelerate",
     "keras": "keras-fit",  # a DataLoader the user passed to Keras' model.fit
+    "skorch": "skorch",
 }
 #: Frames looked at, from the fetch outwards, for a driver.
 DRIVER_FRAMES = 80
