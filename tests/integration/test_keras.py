@@ -127,4 +127,6 @@ def test_a_dataloader_given_to_fit_is_advised_where_it_is_made() -> None:
         model.fit(loader, epochs=2, verbose=0, callbacks=[count])
     assert {info.driver for info in run.record.loaders} == {"keras-fit"}
     assert run.record.optimizer_steps == count.train == 40
+    # the batch Keras builds its model with, before training, is no step (it read 41)
+    assert analyze(run.record.snapshot(), run.capabilities).summary.total_steps == 40
     assert f"{WHERE['keras-fit']}: num_workers=0 → num_workers=" in str(run.result())

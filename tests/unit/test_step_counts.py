@@ -129,6 +129,27 @@ def test_a_step_left_open_after_its_update_keeps_its_own_data_wait():
     assert all(w <= wall for w, wall in zip(steps.data_wait_ms, steps.wall_ms, strict=True))
 
 
+@pytest.mark.parametrize("look", ["fetch", "forward"])
+def test_a_look_at_the_first_batch_before_training_is_no_step(look):
+    """``x, y = next(iter(loader))``, and a shape check through the model, before the loop
+    (Keras' ``model.fit`` builds its model so): no step of the 60 the loop made (it read 61
+    with the forward); an inference loop of such looks keeps each as a step."""
+    model, opt = model_and_opt()
+    loader = DataLoader(Counted(n=80), batch_size=4)
+    with traceml_nb.Run("look", sample=False) as run:
+        x, _ = next(iter(loader))
+        if look == "forward":
+            model(x)
+        for _ in range(3):
+            for x, y in loader:
+                train_step(model, opt, x, y)
+    assert result_of(run).summary.total_steps == 60
+    with traceml_nb.Run("looks", sample=False) as inference, torch.no_grad():
+        for _ in range(20):
+            model(next(iter(loader))[0])
+    assert result_of(inference).summary.total_steps == 20
+
+
 def _update_by_hand(model, x, y) -> None:
     loss = ((model(x) - y) ** 2).mean()
     model.zero_grad()

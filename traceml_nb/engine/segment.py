@@ -73,6 +73,7 @@ from .events import (
     Marker,
     OptimizerStep,
 )
+from .marker_rows import MarkerRows
 from .open_steps import (
     IteratorCount,
     LoaderSteps,
@@ -83,7 +84,7 @@ from .open_steps import (
 )
 from .optimizer_info import optimizer_info
 from .optimizer_rows import OptimizerRows
-from .phase_ledger import GpuSink, GpuStep, Mark, PhaseLedger
+from .phase_ledger import GpuSink, GpuStep, PhaseLedger
 from .record import (
     FLAG_EPOCH_START,
     FLAG_EVALUATING,
@@ -91,7 +92,6 @@ from .record import (
     FLAG_OPTIMIZER_STEP,
     FLAG_TRUNCATED,
     MAX_LOADERS,
-    SOURCE_MARKER,
     LoaderInfo,
     RunRecord,
 )
@@ -135,12 +135,10 @@ class StepSegmenter:
         #: entry of the last fetch of a loader no optimizer step has followed (an evaluation's
         #: once training has begun), -1 before any
         self.away_fetch_ns = -1
-        self._marker_prev_ns = 0
-        self._marker_wait_mark = 0
         self._wait_total = 0  #: data wait of every fetch so far, ns
         self._phases = PhaseLedger()
         self._optimizer_rows = OptimizerRows(self._by_slot, self._phases, self._t0)
-        self._marker_phase_mark: Mark = ()
+        self._markers = MarkerRows(self._phases, self._t0)
         self._last_batch = -1
         self._queue = RowQueue(record.steps)
         self._gpu: list[GpuStep] = []
@@ -241,9 +239,11 @@ class StepSegmenter:
         first = number == 1
         if st.start >= 0:
             # a new epoch while an earlier one's step is open: the loop left that epoch early
-            # (a break), unless it was one batch long (``next(iter(loader))`` every step)
+            # (a break), unless it was one batch long (``next(iter(loader))`` every step, or a
+            # look at the first batch before training: ``peek``)
             left = first and st.number > 1
-            self._close(st, t_enter, None if left else gpu_enter, truncated=left)
+            peek = first and st.number == 1 and not self._trained
+            self._close(st, t_enter, None if left else gpu_enter, truncated=left, peek=peek)
         elif first and not st.info.fetches:
             self._built_anew(st, t_enter)
         wait = t_exit - t_enter
@@ -347,8 +347,7 @@ class StepSegmenter:
         rows = self._optimizer_rows
         if rows.phase_mark:
             rows.phase_mark = ledger.still_timed(rows.phase_mark)
-        if self._marker_phase_mark:
-            self._marker_phase_mark = ledger.still_timed(self._marker_phase_mark)
+        self._markers.still_timed()
         ledger.turned_off = False  # the optimizer step that turned them off has been seen
         if self._phase is not None:
             self._end_phase(t_ns)
@@ -413,23 +412,24 @@ class StepSegmenter:
         self._phase = None
 
     def _marker(self, ev: Marker) -> None:
-        t_ns = ev[1]
         self.record.markers += 1
-        start = self._marker_prev_ns or self._t0
-        wait = self._wait_total - self._marker_wait_mark
-        mark = self._marker_phase_mark
-        row = (start - self._t0, t_ns - start, wait, self._last_batch, SOURCE_MARKER, 0)
-        self._queue.add((row, self._phases.of_step(mark) if mark else None, -1))
-        self._marker_prev_ns = t_ns
-        self._marker_wait_mark = self._wait_total
-        self._marker_phase_mark = self._phases.mark()
+        self._queue.add(self._markers.marked(ev[1], self._wait_total, self._last_batch))
 
     # --- rows --------------------------------------------------------------------------------
     def _close(
-        self, st: LoaderSteps, t_end_ns: int, next_gpu: EventLike | None, *, truncated: bool
+        self,
+        st: LoaderSteps,
+        t_end_ns: int,
+        next_gpu: EventLike | None,
+        *,
+        truncated: bool,
+        peek: bool = False,
     ) -> None:
         """Write ``st``'s open step as a row, ending at ``t_end_ns``; cut short (``truncated``:
-        the loop left it), none where its batch was never used (a ``break`` before it)."""
+        the loop left it), none where its batch was never used (a ``break`` before it). A
+        ``peek``, a one-batch epoch before the run's first optimizer step, in which no backward
+        and no update ran (``model(next(iter(loader)))``, a shape check; Keras builds its model
+        so), is noted an evaluation's row: no step where the loader trains."""
         flags, wait = st.flags, st.wait
         inside: set[int] | frozenset[int] = st.inside
         end = t_end_ns
@@ -453,6 +453,9 @@ class StepSegmenter:
         if not unused:
             row = (began - self._t0, end - began, wait, st.batch, st.slot, flags)
             self._queue.add((row, host_phases, st.elements))
+            if peek and host_phases is not None and not any(host_phases[2:]):
+                at = self._queue.next_index
+                st.info.evaluation_rows.append((at - 1, at))
         if self._gpu_sink is not None:
             phases, gone = self._phases.gpu_of_step(mark)
             enter, exit_ = st.gpu_enter, st.gpu_exit
