@@ -79,7 +79,7 @@ class LoaderSteps:
         self.inside: set[int] = set()  #: slots of the other loaders fetched inside the open step
         self.last_optimizer_ns = -1  #: the last optimizer step inside the open step
         #: the open step's data wait and the other loaders fetched inside it, at that step
-        self.at_optimizer: tuple[int, frozenset[int]] = (0, frozenset())
+        self.at_optimizer: tuple[int, frozenset[int]] = (0, NONE)
         self.gpu_enter: EventLike | None = None
         self.gpu_exit: EventLike | None = None
         self.since_optimizer = 0  #: fetches since the last optimizer step
@@ -260,6 +260,10 @@ class IteratorCount:
             return per_batch
         left = self.samples - (number - 1) * per_batch
         return (per_batch if per_batch < left else left) if left > 0 else -1
+
+
+#: No other loader fetched inside a step (``LoaderSteps.at_optimizer``).
+NONE: frozenset[int] = frozenset()
 
 
 def batch_extent(shape: Any) -> tuple[int, int]:

@@ -22,12 +22,11 @@ class RowQueue:
         self.phases: list[tuple[int, int, int, int] | None] = []
         self.elements: list[int] = []
 
-    def add(self, *rows: Row) -> None:
-        """Queue ``rows`` (times relative to the run start)."""
-        for row, phases, elements in rows:
-            self.rows.append(row)
-            self.phases.append(phases)
-            self.elements.append(elements)
+    def add(self, row: Row) -> None:
+        """Queue ``row`` (times relative to the run start)."""
+        self.rows.append(row[0])
+        self.phases.append(row[1])
+        self.elements.append(row[2])
 
     @property
     def next_index(self) -> int:

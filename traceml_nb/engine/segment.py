@@ -75,6 +75,7 @@ from .events import (
 )
 from .marker_rows import MarkerRows
 from .open_steps import (
+    NONE,
     IteratorCount,
     LoaderSteps,
     batch_extent,
@@ -370,7 +371,7 @@ class StepSegmenter:
                 if st.start >= 0:
                     st.flags |= FLAG_OPTIMIZER_STEP
                     st.last_optimizer_ns = t_ns
-                    st.at_optimizer = (st.wait, frozenset(st.inside))
+                    st.at_optimizer = (st.wait, frozenset(st.inside) if st.inside else NONE)
             optimizer_stepped(self._by_slot.values())
         key = id(optimizer)
         lead = self._lead_optimizer
@@ -389,7 +390,8 @@ class StepSegmenter:
                 outside = not any(self._by_slot[slot].info.is_training for slot in self._open)
             made = rows.stepped(t_ns, outside, self._wait_total)
             if made:
-                self._queue.add(*made)
+                for row in made:
+                    self._queue.add(row)
             self._step_before_fetched = trained_on
 
     def _fetched_again(self) -> None:
