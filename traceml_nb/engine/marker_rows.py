@@ -34,5 +34,4 @@ class MarkerRows:
 
     def still_timed(self) -> None:
         """An optimizer step ran: the phase totals marked go on only where still timed."""
-        if self.phase_mark:
-            self.phase_mark = self._phases.still_timed(self.phase_mark)
+        self.phase_mark = self._phases.still_timed(self.phase_mark)

@@ -264,7 +264,7 @@ class StepSegmenter:
         fetched = self._optimizer_rows.fetched
         before = fetched.get(slot, 0)
         fetched[slot] = before + batch if before >= 0 and batch >= 0 else -1
-        if elements >= 0:  # (a training loader's batches read, not counted: a collate of one's own)
+        if elements >= 0:  # (its batch was read, not counted: a collate of one's own)
             self._optimizer_rows.fetched_batch(elements, st.evaluating)
         if self._after_optimizer:
             info.leads += 1
@@ -348,7 +348,8 @@ class StepSegmenter:
         rows = self._optimizer_rows
         if rows.phase_mark:
             rows.phase_mark = ledger.still_timed(rows.phase_mark)
-        self._markers.still_timed()
+        if self._markers.phase_mark:
+            self._markers.still_timed()
         ledger.turned_off = False  # the optimizer step that turned them off has been seen
         if self._phase is not None:
             self._end_phase(t_ns)
