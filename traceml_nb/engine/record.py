@@ -153,7 +153,8 @@ class LoaderInfo:
     #: on and the models in eval mode (``model.eval()`` without ``torch.no_grad()``): no
     #: optimizer step in it nor after it, no backward in a step the instruments timed
     #: (``open_steps.EpochWork``); an evaluation's batches, as those flagged
-    #: ``FLAG_EVALUATING`` when written are
+    #: ``FLAG_EVALUATING`` when written are; and a look at one batch before the run's first
+    #: optimizer step, no backward nor update in it (``model(next(iter(loader)))``)
     evaluation_rows: list[tuple[int, int]] = field(default_factory=list)
     #: time away from training while this loader was iterated (not a training loader): from the
     #: first fetch of each run of its fetches to the next fetch of another loader or the next
