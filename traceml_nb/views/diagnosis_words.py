@@ -35,8 +35,6 @@ WHERE = {
     "ImageDataLoaders.from_…, DataLoaders.from_dsets and DataLoader take them)",
     "keras": "Keras made this DataLoader of what model.fit was given, with num_workers=0: pass "
     "model.fit a torch DataLoader made with these arguments instead",
-    "keras-pydataset": "Change the arguments of your keras.utils.PyDataset (Keras made a "
-    "DataLoader of it with num_workers=0; use_multiprocessing=True makes its workers processes)",
     "keras-fit": "Change the DataLoader you pass to model.fit()",
     "skorch": "Change the arguments of your skorch NeuralNet",
 }
