@@ -224,3 +224,44 @@ def test_while_a_cuda_graph_is_captured_the_phases_record_no_event(monkeypatch) 
     assert len(cols.phases) and np.isfinite(cols.phases.values).all()  # the host phases, as ever
     assert np.isnan(cols.gpu_phases.values[:, 1]).all()  # no GPU forward
     assert timeline.records <= 2 * 21  # the fetches' events only
+
+
+def test_padded_batches_on_a_gpu_make_their_flops_over_their_own_gpu_time(monkeypatch) -> None:
+    """Batches padded to their longest sequence, each step's GPU work in proportion to its
+    length: taken in proportion to each batch's elements, every step runs at the same FLOP/s,
+    and the achieved FLOP/s is that rate, over each step's own span on the GPU timeline (one
+    count over the median span read it off by the counted batch's length over the median's)."""
+    from traceml_nb.analysis.steps import began_inside, select_rows
+
+    monkeypatch.setattr(flop_count, "compiled_anything", lambda: False)
+    timeline = FakeTimeline()
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    lengths = torch.randint(4, 40, (240,), generator=torch.Generator().manual_seed(0))
+    data = [torch.randn(int(n), 4) for n in lengths]
+
+    def pad(items):
+        return torch.nn.utils.rnn.pad_sequence(items, batch_first=True)
+
+    ms_per_token = 0.05  # the GPU work each padded position queues
+    backends = Backends(event_factory=timeline.event, stream_getter=timeline.current_stream)
+    with traceml_nb.Run("padded", sample=False, backends=backends) as run:
+        for x in DataLoader(data, batch_size=4, collate_fn=pad):
+            timeline.launch(ms_per_token * x.shape[1])
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            timeline.host(0.1)
+    count = run.record.flops
+    assert count is not None and count.window_ns is not None
+    snapshot = run.record.snapshot()
+    selection = select_rows(snapshot)
+    counted = selection.elements[began_inside(selection, count.window_ns)]
+    per_element = 1e6  # FLOPs
+    flops = per_element * float(counted.mean())
+    run.record.flops = replace(count, flops=flops, by_dtype={"fp16": flops}, device="Tesla T4")
+    summary = analyze(run.record, run.capabilities, warmup=2).summary
+    assert summary.flop_input_elements is not None
+    assert summary.flops_per_step == pytest.approx(per_element * summary.flop_input_elements[1])
+    per_second = per_element * 4 * 4 / (ms_per_token / 1e3)  # 16 elements a position
+    assert summary.achieved_tflops == pytest.approx(per_second / 1e12, rel=0.02)
