@@ -121,6 +121,35 @@ def test_float32_flops_on_a_gpu_with_a_faster_half_precision_ask_for_autocast(
         assert ("GradScaler" in words) == (advised == "float16")
 
 
+@pytest.mark.parametrize(
+    ("driver", "t4", "a100"),
+    [
+        (None, 'run the forward under torch.autocast("cuda", dtype=torch.float16) with a '
+         "torch.amp.GradScaler for the loss", 'run the forward under torch.autocast("cuda", '
+         "dtype=torch.bfloat16)"),
+        ("transformers", "set fp16=True in the TrainingArguments (the Trainer scales the loss)",
+         "set bf16=True in the TrainingArguments"),
+        ("lightning", 'set Trainer(precision="16-mixed") (Lightning scales the loss)',
+         'set Trainer(precision="bf16-mixed")'),
+        ("accelerate", 'set Accelerator(mixed_precision="fp16") (accelerator.backward scales '
+         "the loss)", 'set Accelerator(mixed_precision="bf16")'),
+        ("fastai", "set learn.to_fp16() (it scales the loss)", "set learn.to_bf16()"),
+        ("keras-fit", 'set keras.mixed_precision.set_global_policy("mixed_float16") before the '
+         "model is made", 'set keras.mixed_precision.set_global_policy("mixed_bfloat16") before '
+         "the model is made"),
+    ],
+)  # fmt: skip
+def test_mixed_precision_is_asked_for_where_the_trainer_runs_the_forward(driver, t4, a100):
+    """A trainer runs the forward and scales the loss itself: its own setting, in the half
+    precision the GPU has (a T4 fp16, an A100 bf16); the user's own loop: autocast."""
+    for device, how in (("Tesla T4", t4), ("NVIDIA A100-SXM4-40GB", a100)):
+        summary = _summary()
+        summary.flop_precisions, summary.flop_device = {"fp32": 1.0}, device
+        found = anatomy_advice(summary, _loader(True, driver=driver), True)
+        (mixed,) = [f for f in found if f.code == "mixed-precision"]
+        assert sentence(mixed).endswith(f" that: {how}."), sentence(mixed)
+
+
 def test_a_large_optimizer_share_asks_an_unfused_optimizer_for_fused_on_a_cpu_too():
     adam = [OptimizerInfo("Adam", fused=None, tensors=300, fusable=True)]
     below = _summary(optimizer=OPTIMIZER_SHARE_ADVICE - 0.001)

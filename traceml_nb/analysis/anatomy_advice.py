@@ -9,7 +9,8 @@ constant of :mod:`.thresholds`, each finding with the figures it rests on.
   ``DataLoaderConfiguration``; none where it cannot be set, :data:`COPIES_AS_THEY_ARE`);
 * at least ``FP32_SHARE_ADVICE`` of the FLOPs in float32 (or tf32) on a GPU whose
   half-precision peak is at least ``HALF_PRECISION_GAIN`` times the peak they ran at: autocast,
-  in bf16 where the GPU has it, else fp16 with a GradScaler;
+  in bf16 where the GPU has it, else fp16 with a GradScaler (or the trainer's own setting for
+  it, by driver);
 * at least ``CONV_SHARE_ADVICE`` of the FLOPs in convolutions on NCHW inputs, on a GPU, in a
   tensor-core precision: ``channels_last`` for the model and its batches;
 * an optimizer step of at least ``OPTIMIZER_SHARE_ADVICE`` of the step, of an optimizer that
@@ -73,7 +74,9 @@ def anatomy_advice(
             )
         elif driver not in COPIES_AS_THEY_ARE:
             found.append(Finding("non-blocking-copies", facts))
-    mixed = _mixed_precision(summary) if gpu else None
+    mixed = (
+        _mixed_precision(summary, loader.driver if loader is not None else None) if gpu else None
+    )
     if mixed is not None:
         found.append(mixed)
     if gpu and _nchw_convolutions(summary):
@@ -102,7 +105,7 @@ def anatomy_advice(
     return found
 
 
-def _mixed_precision(summary: Summary) -> Finding | None:
+def _mixed_precision(summary: Summary, driver: str | None) -> Finding | None:
     precisions = summary.flop_precisions
     single = precisions.get("fp32", 0.0) + precisions.get("tf32", 0.0)
     device = summary.flop_device
@@ -124,6 +127,7 @@ def _mixed_precision(summary: Summary) -> Finding | None:
             "device": device,
             "dtype": half,
             "gain": gain,
+            "driver": driver,
         },
     )
 

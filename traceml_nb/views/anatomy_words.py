@@ -54,6 +54,42 @@ def _non_blocking(f: Facts) -> str:
     )
 
 
+#: Mixed precision where a trainer runs the forward, by driver (``LoaderInfo.driver``) and the
+#: half precision advised: its own setting, which also scales the loss for fp16.
+MIXED_PRECISION = {
+    "transformers": {
+        "bf16": "bf16=True in the TrainingArguments",
+        "fp16": "fp16=True in the TrainingArguments (the Trainer scales the loss)",
+    },
+    "lightning": {
+        "bf16": 'Trainer(precision="bf16-mixed")',
+        "fp16": 'Trainer(precision="16-mixed") (Lightning scales the loss)',
+    },
+    "accelerate": {
+        "bf16": 'Accelerator(mixed_precision="bf16")',
+        "fp16": 'Accelerator(mixed_precision="fp16") (accelerator.backward scales the loss)',
+    },
+    "fastai": {"bf16": "learn.to_bf16()", "fp16": "learn.to_fp16() (it scales the loss)"},
+}
+KERAS_MIXED_PRECISION = {
+    "bf16": 'keras.mixed_precision.set_global_policy("mixed_bfloat16") before the model is made',
+    "fp16": 'keras.mixed_precision.set_global_policy("mixed_float16") before the model is made',
+}
+
+
+def _mixed_how(f: Facts) -> str:
+    """Where mixed precision is asked for: the trainer's setting, or autocast in the user's
+    own loop (fp16 with a GradScaler)."""
+    driver, dtype = f.get("driver") or "", f["dtype"]
+    if driver in MIXED_PRECISION:
+        return f"set {MIXED_PRECISION[driver][dtype]}"
+    if driver.startswith("keras"):
+        return f"set {KERAS_MIXED_PRECISION[dtype]}"
+    name = "bfloat16" if dtype == "bf16" else "float16"
+    scaler = "" if dtype == "bf16" else " with a torch.amp.GradScaler for the loss"
+    return f'run the forward under torch.autocast("cuda", dtype=torch.{name}){scaler}'
+
+
 def _fused_how(f: Facts) -> str:
     """Where a fused update is asked for: the optimizer's own ``fused=True``, or what the
     trainer that makes the optimizer takes (the Trainer's ``optim``, skorch's prefix)."""
@@ -73,11 +109,7 @@ ANATOMY_SENTENCES: dict[str, Callable[[Facts], str]] = {
     "non-blocking-copies": _non_blocking,
     "mixed-precision": lambda f: (
         f"{fmt_share(f['single_share'])} of the model's FLOPs run in {f['ran_in']} on a "
-        f"{f['device']}, whose {f['dtype']} peak is {f['gain']:.3g}\u00d7 that: run the forward "
-        f'under torch.autocast("cuda", dtype=torch.'
-        f"{'bfloat16' if f['dtype'] == 'bf16' else 'float16'})"
-        + ("" if f["dtype"] == "bf16" else " with a torch.amp.GradScaler for the loss")
-        + "."
+        f"{f['device']}, whose {f['dtype']} peak is {f['gain']:.3g}\u00d7 that: {_mixed_how(f)}."
     ),
     "channels-last": lambda f: (
         f"{fmt_share(f['conv_share'])} of the model's FLOPs are convolutions on NCHW inputs, "
