@@ -52,6 +52,9 @@ NOT_TAKEN = {
         {"num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size"}
     ),
 }
+#: What Keras' ``model.fit`` iterates: a loader it made of arrays, one it made of a PyDataset or
+#: a generator, a DataLoader given to it.
+KERAS_DRIVERS = frozenset({"keras", "keras-pydataset", "keras-fit"})
 #: What builds loaders that make their batches themselves (fastai's ``create_item`` and
 #: collate; Keras' slices of the arrays given to ``model.fit``): a dataset's ``__getitems__``
 #: is not theirs to give.

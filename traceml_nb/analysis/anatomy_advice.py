@@ -27,7 +27,7 @@ from typing import Any
 
 from ..engine.optimizer_info import OptimizerInfo
 from ..engine.record import LoaderInfo
-from .advice import setting_name
+from .advice import KERAS_DRIVERS, setting_name
 from .findings import Finding, Summary
 from .peak_flops import peak_for
 from .thresholds import (
@@ -43,7 +43,7 @@ from .thresholds import (
 #: ``non_blocking=True`` already; fastai's DataLoader and Keras' trainer copy without it, and
 #: nothing the user passes them changes that. A long copy from pinned memory there has no
 #: ``non_blocking`` to advise.
-COPIES_AS_THEY_ARE = frozenset({"lightning", "fastai", "keras", "keras-fit", "keras-pydataset"})
+COPIES_AS_THEY_ARE = frozenset({"lightning", "fastai", *KERAS_DRIVERS})
 
 
 def anatomy_advice(

@@ -234,12 +234,10 @@ def _together(a: int | None, b: int | None) -> int | None:
 def _seems_ahead(info: LoaderInfo) -> bool:
     """The loader fetches ahead: as decided, or until then, as its rows tell so far (the
     FLOP count's step, the run's second, comes before the decision)."""
-    decided = info.fetches_ahead
+    decided = info.fetches_ahead  # (undecided: no row without a step has come yet)
     if decided is not None:
         return decided
-    return bool(info.epoch_first_rows_without_step or info.fetch_only_rows) and not (
-        info.rows_without_step
-    )
+    return bool(info.epoch_first_rows_without_step or info.fetch_only_rows)
 
 
 def first_training_fetch(loaders: Iterable[LoaderSteps], t_ns: int, default: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..analysis.advice import KERAS_DRIVERS
 from ..analysis.formatting import fmt_ms, fmt_share
 
 Facts = dict[str, Any]
@@ -24,8 +25,12 @@ PINNED_ONLY = {
         "makes it faster (fastai copies without non_blocking; the phase also holds its batch "
         "transforms, after_batch, which pinning does not speed up)"
     ),
+    **dict.fromkeys(
+        KERAS_DRIVERS,
+        "in a torch DataLoader given to model.fit makes it faster (Keras copies without "
+        "non_blocking)",
+    ),
 }
-PINNED_ONLY_KERAS = "makes it faster (Keras copies without non_blocking)"
 
 
 def _pin_memory(f: Facts) -> str:
@@ -36,8 +41,6 @@ def _pin_memory(f: Facts) -> str:
     )
     if driver in NON_BLOCKING:
         return f"{head} and {NON_BLOCKING[driver]} let it overlap the compute."
-    if driver is not None and driver.startswith("keras"):
-        return f"{head} in a torch DataLoader given to model.fit {PINNED_ONLY_KERAS}."
     if driver in PINNED_ONLY:
         return f"{head} {PINNED_ONLY[driver]}."
     return f"{head} and copies with .to(device, non_blocking=True) let it overlap the compute."
@@ -70,10 +73,15 @@ MIXED_PRECISION = {
         "fp16": 'Accelerator(mixed_precision="fp16") (accelerator.backward scales the loss)',
     },
     "fastai": {"bf16": "learn.to_bf16()", "fp16": "learn.to_fp16() (it scales the loss)"},
-}
-KERAS_MIXED_PRECISION = {
-    "bf16": 'keras.mixed_precision.set_global_policy("mixed_bfloat16") before the model is made',
-    "fp16": 'keras.mixed_precision.set_global_policy("mixed_float16") before the model is made',
+    **dict.fromkeys(
+        KERAS_DRIVERS,
+        {
+            "bf16": 'keras.mixed_precision.set_global_policy("mixed_bfloat16") before the model '
+            "is made",
+            "fp16": 'keras.mixed_precision.set_global_policy("mixed_float16") before the model '
+            "is made",
+        },
+    ),
 }
 
 
@@ -83,8 +91,6 @@ def _mixed_how(f: Facts) -> str:
     driver, dtype = f.get("driver") or "", f["dtype"]
     if driver in MIXED_PRECISION:
         return f"set {MIXED_PRECISION[driver][dtype]}"
-    if driver.startswith("keras"):
-        return f"set {KERAS_MIXED_PRECISION[dtype]}"
     name = "bfloat16" if dtype == "bf16" else "float16"
     scaler = "" if dtype == "bf16" else " with a torch.amp.GradScaler for the loss"
     return f'run the forward under torch.autocast("cuda", dtype=torch.{name}){scaler}'
