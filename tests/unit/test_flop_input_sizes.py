@@ -151,6 +151,18 @@ def test_the_spread_of_the_elements_a_sample_decides_on_both_sides_of_varying_in
     assert input_sizes(np.array([-1.0]), elements_with_spread(0.3), samples) is None
 
 
+def test_a_trainers_steps_at_its_epochs_ends_are_no_spread() -> None:
+    """Where a trainer fetches ahead, an epoch's first step holds two fetches' samples and its
+    last none told, while each step's elements are the batch it trained on: batches of one size
+    (a Trainer's 40 steps an epoch of 4 sequences of 16 read "the batches differ in size, 64 to
+    64 elements" when the spread was of the elements a sample); padded ones still spread."""
+    samples = np.array(([8] + [4] * 38 + [-1]) * 2)
+    assert input_sizes(np.array([64.0]), np.full(80, 64), samples) is None
+    padded = np.tile([40, 64, 52, 48], 20)
+    varying = input_sizes(np.array([64.0]), padded, samples)
+    assert varying is not None and (varying.least, varying.most) == (40, 64)
+
+
 def test_a_batchs_first_tensor_tells_its_samples_and_elements() -> None:
     ids = torch.zeros(4, 7, dtype=torch.long)
     assert batch_extent(batch_shape_of({"input_ids": ids, "labels": ids[:, 0]})) == (4, 28)

@@ -49,16 +49,21 @@ def input_sizes(
 ) -> InputSizes | None:
     """The :class:`InputSizes` where the steps' batches differ in their samples' size, else
     None: ``counted``, the elements of the batches the count covered; ``elements`` and
-    ``samples``, each step's (-1 unknown). None too where any of their elements is unknown;
-    the spread is of the steps whose samples are known (a trainer's last step of an epoch,
-    its batch fetched ahead, may have none told)."""
+    ``samples``, each step's (-1 unknown). None too where any of their elements is unknown.
+    The spread is that of the steps of the most common number of samples (the full batches):
+    a short last batch holds fewer samples of the same size, and where a trainer fetches
+    ahead an epoch's first step holds two fetches' samples and its last none told, while
+    their elements are those of the batch each trained on."""
     if not len(counted) or not len(elements) or len(samples) != len(elements):
         return None
     if (counted <= 0).any() or (elements <= 0).any():
         return None
-    known = samples > 0
-    per_sample = elements[known] / samples[known]
-    if not len(per_sample) or per_sample.std() < VARYING_INPUTS * per_sample.mean():
+    known = samples[samples > 0]
+    if not len(known):
+        return None
+    values, counts = np.unique(known, return_counts=True)
+    full = elements[samples == values[counts.argmax()]]
+    if full.std() < VARYING_INPUTS * full.mean():
         return None
     return InputSizes(
         counted=float(counted.mean()),

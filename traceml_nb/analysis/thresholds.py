@@ -145,12 +145,12 @@ MOSTLY = 0.5
 OPTIMIZER_SHARE_ADVICE = 0.15
 
 # --- the FLOPs of batches that differ in size (:mod:`.input_sizes`) ---------------------------
-#: The steps' batches differ in their samples' size where the elements a sample of their first
-#: tensor spread by at least this coefficient of variation (standard deviation over mean):
-#: batches padded to their longest sequence (0.23-0.27 on SST-2-like lengths at a batch of 32),
-#: images of several sizes. A short last batch an epoch holds fewer samples of the same size:
-#: no spread. The FLOPs counted on one step are then taken in proportion to each batch's
-#: elements.
+#: The steps' batches differ in their samples' size where the elements of the first tensor of
+#: the batches of the most common number of samples (the full ones) spread by at least this
+#: coefficient of variation (standard deviation over mean): batches padded to their longest
+#: sequence (0.23-0.27 on SST-2-like lengths at a batch of 32), images of several sizes. A
+#: short last batch, a trainer's step holding two fetches, are not among them. The FLOPs
+#: counted on one step are then taken in proportion to each batch's elements.
 VARYING_INPUTS = 0.05
 
 # --- comparison -------------------------------------------------------------------------------
