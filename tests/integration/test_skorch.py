@@ -15,6 +15,7 @@ skorch = pytest.importorskip("skorch")
 
 import traceml_nb  # noqa: E402
 from traceml_nb.analysis import analyze  # noqa: E402
+from traceml_nb.session import Session  # noqa: E402
 
 
 class Count(skorch.callbacks.Callback):
@@ -74,12 +75,20 @@ def test_a_slow_dataset_is_advised_in_the_arguments_skorch_takes() -> None:
             return x[i], y[i]
 
     net = _net(train_split=None)
+    dataset = Slow()
     with traceml_nb.Run("skorch", sample=False) as run:
-        net.fit(Slow(), None)
+        net.fit(dataset, None)
     assert run.record.optimizer_steps == _count(net).train == 60
+    session = Session()
+    session.result(run)
     text = str(run.result())
     assert (
         "Change the arguments of your skorch NeuralNet: iterator_train__num_workers=0 → "
         "iterator_train__num_workers="
     ) in text
     assert "DataLoader: iterator_train__num_workers=0, iterator_train__pin_memory=False" in text
+    # skorch's loader is gone after fit: tuned on one of the user's, pasted where skorch takes it
+    loader = torch.utils.data.DataLoader(dataset, batch_size=32)
+    tuned = session.tune(loader=loader, workers=[0, 2], budget_s=10, batches=8)
+    assert tuned.paste is not None and tuned.paste.startswith("NeuralNet(\u2026, ")
+    assert "iterator_train__num_workers=2, iterator_train__persistent_workers=True" in tuned.paste

@@ -319,6 +319,27 @@ def test_the_line_to_paste():
     assert paste_line(spec, Candidate(0)) == "DataLoader(data, batch_size=32, shuffle=True)"
 
 
+def test_the_line_to_paste_where_a_trainer_builds_the_loader():
+    """The Trainer and skorch build the training DataLoader from their own arguments: the
+    tuned settings go there, by their names there (a DataLoader line of the Trainer's own
+    sampler and collate was no line its user can paste); a user's own DataLoader that
+    Lightning or accelerate iterates keeps the DataLoader line."""
+    spec = LoaderSpec("train", [("batch_sampler", "batch_sampler")], driver="transformers")
+    assert paste_line(spec, Candidate(4, 4, True)) == (
+        "TrainingArguments(\u2026, dataloader_num_workers=4, dataloader_pin_memory=True, "
+        "dataloader_persistent_workers=True, dataloader_prefetch_factor=4)"
+    )
+    skorch = LoaderSpec("dataset", [("batch_size", "32")], driver="skorch")
+    assert paste_line(skorch, Candidate(2, 2)) == (
+        "NeuralNet(\u2026, iterator_train__num_workers=2, iterator_train__persistent_workers=True)"
+    )
+    for driver in ("lightning", "accelerate", "keras-fit", None):
+        own = LoaderSpec("data", [("batch_size", "32")], driver=driver)
+        assert paste_line(own, Candidate(2, 2)) == (
+            "DataLoader(data, batch_size=32, num_workers=2, persistent_workers=True)"
+        )
+
+
 def test_same_settings_reads_the_run_loader():
     info = {"num_workers": 2, "pin_memory": False, "prefetch_factor": None}
     assert same_settings(Candidate(2, 2), info)  # torch's default prefetch

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..analysis.advice import setting_name
 from .constants import MAX_TUNE_WORKERS, PREFETCH_CHOICES, RAM_SHARE
 
 #: torch's ``prefetch_factor`` when a loader with workers is given none
@@ -144,20 +145,32 @@ class LoaderSpec:
     driver: str | None = None
 
 
+#: Where a trainer builds the training DataLoader from arguments of its own
+#: (``LoaderInfo.driver``): the call the tuned settings go into, by their names there
+#: (``advice.setting_name``), beside the user's other arguments.
+ARGUMENTS_OF = {"transformers": "TrainingArguments", "skorch": "NeuralNet"}
+
+
 def paste_line(spec: LoaderSpec, candidate: Candidate, *, persistent: bool = True) -> str:
     """``DataLoader(ds, batch_size=32, shuffle=True, num_workers=2, persistent_workers=True,
     prefetch_factor=4)``: the user's arguments, then the tuned ones (torch's defaults left
-    out)."""
-    args = [spec.dataset, *(f"{k}={v}" for k, v in spec.arguments)]
+    out). Where a trainer builds the loader (:data:`ARGUMENTS_OF`), the tuned ones as it names
+    them: ``TrainingArguments(…, dataloader_num_workers=2, …)``."""
+    tuned = []
     if candidate.num_workers:
-        args.append(f"num_workers={candidate.num_workers}")
+        tuned.append(("num_workers", candidate.num_workers))
     if candidate.pin_memory:
-        args.append("pin_memory=True")
+        tuned.append(("pin_memory", True))
     if candidate.num_workers and persistent:
-        args.append("persistent_workers=True")
+        tuned.append(("persistent_workers", True))
     if candidate.num_workers and candidate.prefetch_factor not in (None, TORCH_DEFAULT_PREFETCH):
-        args.append(f"prefetch_factor={candidate.prefetch_factor}")
-    return f"DataLoader({', '.join(args)})"
+        tuned.append(("prefetch_factor", candidate.prefetch_factor))
+    call = ARGUMENTS_OF.get(spec.driver or "")
+    if call is not None:
+        args = ["\u2026", *(f"{setting_name(k, spec.driver)}={v}" for k, v in tuned)]
+        return f"{call}({', '.join(args)})"
+    args = [spec.dataset, *(f"{k}={v}" for k, v in spec.arguments)]
+    return f"DataLoader({', '.join([*args, *(f'{k}={v}' for k, v in tuned)])})"
 
 
 def same_settings(candidate: Candidate, loader: dict[str, Any]) -> bool:

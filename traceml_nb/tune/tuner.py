@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..analysis.advice import setting_name
 from .candidates import (
     Candidate,
     LoaderSpec,
@@ -303,7 +304,8 @@ def _conclude(
     if chosen.candidate.num_workers and chosen.startup_s is not None:
         result.persistent_saving_s = chosen.startup_s
         result.notes.append(
-            f"persistent_workers=True: the workers start once instead of at every epoch "
+            f"{setting_name('persistent_workers', spec.driver)}=True: the workers start once "
+            "instead of at every epoch "
             f"(their start-up, measured: {fmt_ms(chosen.startup_s * 1e3)})"
         )
     if result.current is not None:
