@@ -60,7 +60,8 @@ def test_fit_counts_skorchs_training_batches_and_its_validation_apart() -> None:
     summary = analyze(run.record.snapshot(), run.capabilities).summary
     assert count.train == 48 and summary.total_steps == count.train
     assert [p.batches for p in summary.phases] == [count.valid]
-    assert {info.driver for info in run.record.loaders} == {"skorch"}
+    # skorch's own Dataset of the arrays: the batches are skorch's to make, not the user's
+    assert {info.driver for info in run.record.loaders} == {"skorch-arrays"}
 
 
 def test_a_slow_dataset_is_advised_in_the_arguments_skorch_takes() -> None:
@@ -87,6 +88,7 @@ def test_a_slow_dataset_is_advised_in_the_arguments_skorch_takes() -> None:
         "iterator_train__num_workers="
     ) in text
     assert "DataLoader: iterator_train__num_workers=0, iterator_train__pin_memory=False" in text
+    assert {info.driver for info in run.record.loaders} == {"skorch"}  # the user's dataset
     # skorch's loader is gone after fit: tuned on one of the user's, pasted where skorch takes it
     loader = torch.utils.data.DataLoader(dataset, batch_size=32)
     tuned = session.tune(loader=loader, workers=[0, 2], budget_s=10, batches=8)

@@ -79,12 +79,17 @@ def test_a_long_copy_on_a_gpu_from_pageable_memory_asks_for_pinned_memory():
          None),
         ("keras-fit", "pin_memory=True in a torch DataLoader given to model.fit makes it faster "
          "(Keras copies without non_blocking)", None),
+        ("skorch", "iterator_train__pin_memory=True makes it faster (skorch copies without "
+         "non_blocking)", None),
+        ("skorch-arrays", "iterator_train__pin_memory=True makes it faster (skorch copies "
+         "without non_blocking)", None),
     ],
 )  # fmt: skip
 def test_a_long_copy_is_advised_where_the_batch_is_copied(driver, pageable, pinned):
     """Where a framework copies the batch, the advice names its setting for a non-blocking
     copy (the Trainer's, accelerate's); where none can be set (Lightning copies non-blocking
-    already; fastai and Keras copy without it), pinned memory alone, and nothing once pinned."""
+    already; fastai, Keras and skorch copy without it), pinned memory alone, and nothing once
+    pinned."""
     long = _summary(copy=COPY_SHARE_ADVICE)
     (finding,) = anatomy_advice(long, _loader(False, driver=driver), True)
     assert pageable in sentence(finding)
@@ -137,6 +142,10 @@ def test_float32_flops_on_a_gpu_with_a_faster_half_precision_ask_for_autocast(
         ("keras-fit", 'set keras.mixed_precision.set_global_policy("mixed_float16") before the '
          "model is made", 'set keras.mixed_precision.set_global_policy("mixed_bfloat16") before '
          "the model is made"),
+        ("skorch-arrays", 'set accelerator=Accelerator(mixed_precision="fp16") on a net class '
+         "made with skorch.hf.AccelerateMixin (accelerate scales the loss)", "set accelerator="
+         'Accelerator(mixed_precision="bf16") on a net class made with skorch.hf.AccelerateMixin '
+         "(accelerate scales the loss)"),
     ],
 )  # fmt: skip
 def test_mixed_precision_is_asked_for_where_the_trainer_runs_the_forward(driver, t4, a100):
@@ -180,6 +189,7 @@ def test_a_large_optimizer_share_asks_an_unfused_optimizer_for_fused_on_a_cpu_to
          "Trainer makes the AdamW)"),
         ("transformers", "SGD", "create the SGD optimizer with fused=True"),  # one of the user's
         ("skorch", "Adam", "pass optimizer__fused=True to your skorch NeuralNet"),
+        ("skorch-arrays", "SGD", "pass optimizer__fused=True to your skorch NeuralNet"),
         ("lightning", "Adam", "create the Adam optimizer with fused=True"),
     ],
 )  # fmt: skip

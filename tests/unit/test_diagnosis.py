@@ -911,11 +911,14 @@ def test_a_fastai_input_bound_run_is_advised_in_fastai_terms_without_the_tuner()
     )
 
 
-@pytest.mark.parametrize("driver", [None, "fastai", "keras", "keras-pydataset"])
+@pytest.mark.parametrize(
+    "driver", [None, "fastai", "keras", "keras-pydataset", "skorch-arrays", "skorch"]
+)
 def test_tiny_steps_of_a_frameworks_own_loader_are_advised_larger_batches(driver):
-    """Tiny steps whose batches a framework's loader makes (fastai's, Keras'): no
-    ``__getitems__`` to give, but fewer, larger batches, named as that framework takes them;
-    the user's own loader keeps the advice to make each batch in one call."""
+    """Tiny steps whose batches a framework's loader makes (fastai's, Keras', skorch's of the
+    arrays given to ``fit``): no ``__getitems__`` to give, but fewer, larger batches, named as
+    that framework takes them; the user's own dataset (skorch iterating one too) keeps the
+    advice to make each batch in one call."""
     from traceml_nb.analysis.diagnosis import LARGER_BATCHES
 
     b = RecordBuilder()
@@ -923,7 +926,7 @@ def test_tiny_steps_of_a_frameworks_own_loader_are_advised_larger_batches(driver
     b.steps(100, 0.15, 0.05, batch=8)
     d = analyze(b.finish(), cpu_capabilities(), warmup=0, cpus_available=2).diagnosis
     assert d.verdict == "compute-bound"
-    if driver is None:
+    if driver in (None, "skorch"):
         assert d.advice == [Finding(BATCHED_INDEXING)]
         return
     assert d.advice == [Finding(LARGER_BATCHES, {"driver": driver})]
@@ -931,6 +934,7 @@ def test_tiny_steps_of_a_frameworks_own_loader_are_advised_larger_batches(driver
         "fastai": "a larger bs where your fastai DataLoaders are made",
         "keras": "a larger batch_size in model.fit",
         "keras-pydataset": "larger batches from your PyDataset's __getitem__",
+        "skorch-arrays": "a larger batch_size in your skorch NeuralNet",
     }[driver]
     assert said(d).advice == [
         "Make fewer, larger batches: the loader makes each one itself, at a cost per batch that "

@@ -35,12 +35,17 @@ SKORCH_ARGUMENTS = {
 }
 
 
+#: What skorch's ``NeuralNet`` iterates: a loader of the user's dataset, and one of skorch's own
+#: ``Dataset`` of the arrays given to ``fit``.
+SKORCH_DRIVERS = frozenset({"skorch", "skorch-arrays"})
+
+
 #: What a DataLoader setting is called where the user sets it, by what built the loader
 #: (``LoaderInfo.driver``); a setting not named here is called as ``DataLoader`` calls it.
 SETTING_NAMES = {
     "transformers": TRAINING_ARGUMENTS,
     "fastai": {"batch_size": "bs"},
-    "skorch": SKORCH_ARGUMENTS,
+    **dict.fromkeys(SKORCH_DRIVERS, SKORCH_ARGUMENTS),
 }
 #: The DataLoader settings a driver's loaders do not take (fastai's ``DataLoader`` has no
 #: ``prefetch_factor``): neither advised nor shown among the loader's settings.
@@ -56,9 +61,9 @@ NOT_TAKEN = {
 #: a generator, a DataLoader given to it.
 KERAS_DRIVERS = frozenset({"keras", "keras-pydataset", "keras-fit"})
 #: What builds loaders that make their batches themselves (fastai's ``create_item`` and
-#: collate; Keras' slices of the arrays given to ``model.fit``): a dataset's ``__getitems__``
-#: is not theirs to give.
-OWN_BATCHES = frozenset({"fastai", "keras", "keras-pydataset"})
+#: collate; Keras' slices of the arrays given to ``model.fit``; skorch's ``Dataset`` of them):
+#: a dataset's ``__getitems__`` is not theirs to give.
+OWN_BATCHES = frozenset({"fastai", "keras", "keras-pydataset", "skorch-arrays"})
 #: What builds loaders that ``%traceml tune`` cannot build afresh (it builds torch DataLoaders
 #: over the run's dataset): those that make their batches themselves.
 UNTUNABLE_DRIVERS = OWN_BATCHES

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..engine.optimizer_info import OptimizerInfo
 from ..engine.record import LoaderInfo
-from .advice import KERAS_DRIVERS, setting_name
+from .advice import KERAS_DRIVERS, SKORCH_DRIVERS, setting_name
 from .findings import Finding, Summary
 from .peak_flops import peak_for
 from .thresholds import (
@@ -40,10 +40,10 @@ from .thresholds import (
 )
 
 #: What copies the batch to the GPU in a way the user does not set: Lightning copies with
-#: ``non_blocking=True`` already; fastai's DataLoader and Keras' trainer copy without it, and
-#: nothing the user passes them changes that. A long copy from pinned memory there has no
-#: ``non_blocking`` to advise.
-COPIES_AS_THEY_ARE = frozenset({"lightning", "fastai", *KERAS_DRIVERS})
+#: ``non_blocking=True`` already; fastai's DataLoader, Keras' trainer and skorch's
+#: ``to_device`` copy without it, and nothing the user passes them changes that. A long copy
+#: from pinned memory there has no ``non_blocking`` to advise.
+COPIES_AS_THEY_ARE = frozenset({"lightning", "fastai", *KERAS_DRIVERS, *SKORCH_DRIVERS})
 
 
 def anatomy_advice(

@@ -166,7 +166,8 @@ class LoaderInfo:
     #: where its fetches come from: "transformers", "lightning", "accelerate", "keras-fit",
     #: "skorch" (their trainers and wrappers iterate the loader), "fastai" (a fastai DataLoader, whatever
     #: iterates it), "keras" and "keras-pydataset" (a loader Keras made of the arrays, or of
-    #: the PyDataset or generator, given to ``model.fit``), or None (the user's own loop)
+    #: the PyDataset or generator, given to ``model.fit``), "skorch-arrays" (a loader skorch
+    #: made of the arrays given to ``fit``), or None (the user's own loop)
     driver: str | None = None
     #: its samples are tensors already in memory: a ``TensorDataset``, or a ``Subset`` or
     #: ``ConcatDataset`` of them (``random_split``'s), :data:`~.instrument.loader.IN_MEMORY_DATASETS`

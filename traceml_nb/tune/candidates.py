@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..analysis.advice import setting_name
+from ..analysis.advice import SKORCH_DRIVERS, setting_name
 from .constants import MAX_TUNE_WORKERS, PREFETCH_CHOICES, RAM_SHARE
 
 #: torch's ``prefetch_factor`` when a loader with workers is given none
@@ -148,7 +148,7 @@ class LoaderSpec:
 #: Where a trainer builds the training DataLoader from arguments of its own
 #: (``LoaderInfo.driver``): the call the tuned settings go into, by their names there
 #: (``advice.setting_name``), beside the user's other arguments.
-ARGUMENTS_OF = {"transformers": "TrainingArguments", "skorch": "NeuralNet"}
+ARGUMENTS_OF = {"transformers": "TrainingArguments", **dict.fromkeys(SKORCH_DRIVERS, "NeuralNet")}
 
 
 def paste_line(spec: LoaderSpec, candidate: Candidate, *, persistent: bool = True) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..analysis.advice import KERAS_DRIVERS
+from ..analysis.advice import KERAS_DRIVERS, SKORCH_DRIVERS
 from ..analysis.formatting import fmt_ms, fmt_share
 
 Facts = dict[str, Any]
@@ -30,6 +30,7 @@ PINNED_ONLY = {
         "in a torch DataLoader given to model.fit makes it faster (Keras copies without "
         "non_blocking)",
     ),
+    **dict.fromkeys(SKORCH_DRIVERS, "makes it faster (skorch copies without non_blocking)"),
 }
 
 
@@ -82,6 +83,14 @@ MIXED_PRECISION = {
             "is made",
         },
     ),
+    **dict.fromkeys(
+        SKORCH_DRIVERS,
+        {
+            dtype: f'accelerator=Accelerator(mixed_precision="{dtype}") on a net class made '
+            "with skorch.hf.AccelerateMixin (accelerate scales the loss)"
+            for dtype in ("bf16", "fp16")
+        },
+    ),
 }
 
 
@@ -103,7 +112,7 @@ def _fused_how(f: Facts) -> str:
     driver = f.get("driver")
     if driver == "transformers" and kinds == ["AdamW"]:
         return 'optim="adamw_torch_fused" in the TrainingArguments (the Trainer makes the AdamW)'
-    if driver == "skorch":
+    if driver in SKORCH_DRIVERS:
         return "pass optimizer__fused=True to your skorch NeuralNet"
     return (
         f"create the {' and '.join(kinds)} optimizer{'s' if len(kinds) > 1 else ''} with fused=True"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analysis.advice import setting_name
+from ..analysis.advice import SKORCH_DRIVERS, setting_name
 from ..analysis.findings import TEXT, Diagnosis, Finding
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share, fmt_share_below
 from ..analysis.gpu_busy import GPM
@@ -36,13 +36,14 @@ WHERE = {
     "keras": "Keras made this DataLoader of what model.fit was given, with num_workers=0: pass "
     "model.fit a torch DataLoader made with these arguments instead",
     "keras-fit": "Change the DataLoader you pass to model.fit()",
-    "skorch": "Change the arguments of your skorch NeuralNet",
+    **dict.fromkeys(SKORCH_DRIVERS, "Change the arguments of your skorch NeuralNet"),
 }
 #: Where a larger batch goes, by what made the loader (``advice.OWN_BATCHES``).
 LARGER_BATCH_WHERE = {
     "fastai": "a larger bs where your fastai DataLoaders are made",
     "keras": "a larger batch_size in model.fit",
     "keras-pydataset": "larger batches from your PyDataset's __getitem__",
+    "skorch-arrays": "a larger batch_size in your skorch NeuralNet",
 }
 
 #: The advice for steps that spend a large share making tiny batches.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..record import LoaderInfo
@@ -14,24 +14,36 @@ IN_MEMORY_DATASETS = frozenset({"TensorDataset"})
 VIEW_DATASETS = {"Subset": "dataset", "ConcatDataset": "datasets"}
 
 
-def in_memory(dataset: Any, depth: int = 0) -> bool:
+def in_memory(dataset: Any) -> bool:
     """``dataset`` is one of :data:`IN_MEMORY_DATASETS`, or views only such datasets."""
-    name = type(dataset).__name__
-    if name in IN_MEMORY_DATASETS:
+    return _all_seen_through(dataset, lambda d: type(d).__name__ in IN_MEMORY_DATASETS)
+
+
+def made_by(dataset: Any, package: str) -> bool:
+    """``dataset`` is of a class of ``package`` (its top module), or views only such datasets
+    (skorch's train split is a ``Subset`` of its own ``Dataset``)."""
+    return _all_seen_through(dataset, lambda d: type(d).__module__.partition(".")[0] == package)
+
+
+def _all_seen_through(dataset: Any, test: Callable[[Any], bool], depth: int = 0) -> bool:
+    """``test`` holds for ``dataset``, or for every dataset it views (:data:`VIEW_DATASETS`)."""
+    if test(dataset):
         return True
-    attr = VIEW_DATASETS.get(name)
+    attr = VIEW_DATASETS.get(type(dataset).__name__)
     if attr is None or depth >= 8:
         return False
     inner = getattr(dataset, attr, None)
     views = inner if isinstance(inner, list) else [inner]
-    return inner is not None and all(in_memory(d, depth + 1) for d in views)
+    return inner is not None and all(_all_seen_through(d, test, depth + 1) for d in views)
 
 
-def loader_settings(it: Any) -> LoaderInfo:
+def loader_settings(it: Any, iterated_by: str | None = None) -> LoaderInfo:
     """The loader's settings as its iterator holds them (an iterator keeps no reference to its
     loader); the slot is assigned by the segmenter. A fastai DataLoader's iterators hold its
     stand-in for torch's (:func:`fastai_loader`): its batch size and dataset are read from it.
-    A loader over a dataset of Keras' own was made by Keras (:data:`KERAS_DATASETS`)."""
+    A loader over a dataset of Keras' own was made by Keras (:data:`KERAS_DATASETS`), one over
+    skorch's own that skorch iterates (``iterated_by``, :func:`driver_of`) by skorch of the
+    arrays given to ``fit`` ("skorch-arrays"); its driver is else what iterates it."""
     sampler = getattr(it, "_index_sampler", None)
     dataset = getattr(it, "_dataset", None)
     batch_size = getattr(sampler, "batch_size", None)
@@ -46,6 +58,8 @@ def loader_settings(it: Any) -> LoaderInfo:
         dataset_len = samples if samples >= 0 else None
     if driver is None and type(dataset).__module__.startswith("keras."):
         driver = KERAS_DATASETS.get(type(dataset).__name__, "keras")  # Keras made it
+    elif iterated_by == "skorch" and made_by(dataset, "skorch"):
+        driver = "skorch-arrays"  # (its Dataset of the X, y given to fit)
     return LoaderInfo(
         slot=-1,
         num_workers=int(getattr(it, "_num_workers", 0) or 0),
@@ -58,7 +72,7 @@ def loader_settings(it: Any) -> LoaderInfo:
         iterable=getattr(it, "_dataset_kind", 0) == 1,  # torch's _DatasetKind.Iterable
         dataset_id=id(dataset),
         in_memory=in_memory(dataset),
-        driver=driver,
+        driver=driver or iterated_by,
     )
 
 

@@ -407,8 +407,7 @@ class StepTracer:
         loader, new = self._loader_key(it._index_sampler, getattr(it, "_dataset", None))
         settings = None
         if new:
-            settings = loader_settings(it)
-            settings.driver = settings.driver or driver  # what made it, else what iterates it
+            settings = loader_settings(it, driver)
         workers = [w.pid for w in getattr(it, "_workers", ()) if w.pid]
         if workers:
             self.worker_pids.of_loader(loader, settings, workers)
