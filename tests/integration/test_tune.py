@@ -101,6 +101,37 @@ def by_candidate(result):
     return {m.candidate: m for m in result.measurements}
 
 
+def test_the_line_to_paste_writes_the_loader_as_its_user_wrote_it():
+    """A loader accelerate prepared batches with torch's BatchSampler passed as
+    ``batch_sampler=`` (over a ``SeedableRandomSampler`` where the user shuffled): written as
+    the user's ``batch_size=16, shuffle=True`` (it read ``batch_sampler=batch_sampler``, a name
+    the notebook has not); a batch sampler of one's own, or a sampler that draws with
+    replacement, by its name; ``batch_size=None`` kept."""
+    from accelerate import Accelerator
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    from traceml_nb.tune.measure import LoaderSource
+
+    data = TensorDataset(torch.randn(64, 4))
+
+    def spec(loader):
+        return LoaderSource(loader).spec({id(data): "data"}.get).arguments
+
+    prepared = Accelerator(cpu=True).prepare(DataLoader(data, batch_size=16, shuffle=True))
+    assert spec(prepared) == [("batch_size", "16"), ("shuffle", "True")]
+    dropped = DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), 16, True))
+    assert spec(dropped) == [("batch_size", "16"), ("shuffle", "True"), ("drop_last", "True")]
+
+    class Buckets(BatchSampler):
+        pass
+
+    own = DataLoader(data, batch_sampler=Buckets(RandomSampler(data), 16, False))
+    assert spec(own) == [("batch_sampler", "batch_sampler")]
+    drawn = DataLoader(data, batch_size=8, sampler=RandomSampler(data, replacement=True))
+    assert spec(drawn) == [("batch_size", "8"), ("sampler", "sampler")]
+    assert spec(DataLoader(data, batch_size=None)) == [("batch_size", "None")]
+
+
 def test_the_users_loader_generator_and_random_state_are_untouched(tmp_path):
     calls = []
 

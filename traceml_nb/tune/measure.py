@@ -145,7 +145,7 @@ class LoaderSource:
         """The loader's arguments as the paste line writes them; ``name_of`` gives an object's
         name in the notebook (None: unknown)."""
         from torch.utils.data import (
-            RandomSampler,
+            BatchSampler,
             SequentialSampler,
             default_collate,
             default_convert,
@@ -157,16 +157,24 @@ class LoaderSource:
             return name_of(obj) or getattr(obj, "__name__", None) or fallback
 
         args: list[tuple[str, str]] = []
-        if self.custom_batch_sampler:
-            args.append(("batch_sampler", name(ld.batch_sampler, "batch_sampler")))
-        else:
-            args.append(("batch_size", repr(ld.batch_size)))
+        batch_size, sampler, drop_last = ld.batch_size, ld.sampler, ld.drop_last
+        batch_sampler = ld.batch_sampler
+        own = type(batch_sampler) is BatchSampler
+        if self.custom_batch_sampler and own:
+            # torch's own, passed as batch_sampler=: accelerate's prepared loader (over a
+            # SeedableRandomSampler where the user's shuffled), written as the user wrote it
+            batch_size = batch_sampler.batch_size
+            sampler, drop_last = batch_sampler.sampler, batch_sampler.drop_last
+        elif self.custom_batch_sampler:
+            args.append(("batch_sampler", name(batch_sampler, "batch_sampler")))
+        if not self.custom_batch_sampler or own:
+            args.append(("batch_size", repr(batch_size)))
             if not self.iterable:
-                if type(ld.sampler) is RandomSampler:
+                if _shuffles(sampler):
                     args.append(("shuffle", "True"))
-                elif type(ld.sampler) is not SequentialSampler:
-                    args.append(("sampler", name(ld.sampler, "sampler")))
-            if ld.drop_last:
+                elif type(sampler) is not SequentialSampler:
+                    args.append(("sampler", name(sampler, "sampler")))
+            if drop_last:
                 args.append(("drop_last", "True"))
         if ld.collate_fn not in (default_collate, default_convert):
             args.append(("collate_fn", name(ld.collate_fn, "collate_fn")))
@@ -180,6 +188,18 @@ class LoaderSource:
         if ld.timeout:
             args.append(("timeout", repr(ld.timeout)))
         return LoaderSpec(name(self.dataset, "dataset"), args, self.iterable, driver)
+
+
+def _shuffles(sampler: Any) -> bool:
+    """``sampler`` is what ``shuffle=True`` makes: a ``RandomSampler`` (or a subclass, as
+    accelerate's ``SeedableRandomSampler``) drawing each sample once."""
+    from torch.utils.data import RandomSampler
+
+    return (
+        isinstance(sampler, RandomSampler)
+        and not sampler.replacement
+        and sampler._num_samples is None
+    )
 
 
 def _default_start_method() -> str:
