@@ -25,7 +25,7 @@ from .profile_words import PROFILE_SENTENCES
 Facts = dict[str, Any]
 
 #: Where a DataLoader change goes, by what iterated the loader (``LoaderInfo.driver``).
-WHERE = {
+WHERE: dict[str | None, str] = {
     None: "Change the training DataLoader",
     "transformers": "Change the Trainer's TrainingArguments",
     "lightning": "Change the DataLoader that your LightningModule's (or DataModule's) "
