@@ -54,14 +54,18 @@ def _count(net) -> Count:
 def test_fit_counts_skorchs_training_batches_and_its_validation_apart() -> None:
     x, y = _arrays()
     net = _net()
+    session = Session()
     with traceml_nb.Run("skorch", sample=False) as run:
         net.fit(x, y)
+    session.result(run)
     count = _count(net)
     summary = analyze(run.record.snapshot(), run.capabilities).summary
     assert count.train == 48 and summary.total_steps == count.train
     assert [p.batches for p in summary.phases] == [count.valid]
     # skorch's own Dataset of the arrays: the batches are skorch's to make, not the user's
     assert {info.driver for info in run.record.loaders} == {"skorch-arrays"}
+    with pytest.raises(LookupError, match="is a DataLoader skorch made of the arrays given to fit"):
+        session.tune()
 
 
 def test_a_slow_dataset_is_advised_in_the_arguments_skorch_takes() -> None:

@@ -319,6 +319,13 @@ def test_the_line_to_paste():
     assert paste_line(spec, Candidate(0)) == "DataLoader(data, batch_size=32, shuffle=True)"
 
 
+def test_each_loader_tune_cannot_build_is_named_in_words():
+    from traceml_nb.analysis.advice import UNTUNABLE_DRIVERS
+    from traceml_nb.tune.of_run import MADE_BY
+
+    assert set(MADE_BY) == UNTUNABLE_DRIVERS
+
+
 def test_the_line_to_paste_where_a_trainer_builds_the_loader():
     """The Trainer and skorch build the training DataLoader from their own arguments: the
     tuned settings go there, by their names there (a DataLoader line of the Trainer's own

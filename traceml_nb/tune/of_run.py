@@ -14,6 +14,14 @@ from .find import candidate_of, find_loader, namer, training_loader_info
 from .recorded_run import RecordedRun
 from .tuner import TuneResult, tune
 
+#: What made a loader ``tune`` cannot build afresh (``advice.UNTUNABLE_DRIVERS``), in words.
+MADE_BY = {
+    "fastai": "a fastai DataLoader",
+    "keras": "a DataLoader Keras made of the arrays given to model.fit",
+    "keras-pydataset": "a DataLoader Keras made of a PyDataset or generator",
+    "skorch-arrays": "a DataLoader skorch made of the arrays given to fit",
+}
+
 
 def tune_run(
     entry: RecordedRun,
@@ -30,9 +38,9 @@ def tune_run(
     name: str | None = None
     if loader is None and info is not None and info.get("driver") in UNTUNABLE_DRIVERS:
         raise LookupError(
-            f"the training loader of run {entry.label} is a {info['driver']} DataLoader, which "
-            "tune cannot build afresh (it builds torch DataLoaders over the run's dataset): "
-            "follow the report's advice, or pass a torch DataLoader over the same dataset: "
+            f"the training loader of run {entry.label} is {MADE_BY[info['driver']]}, which "
+            "tune cannot build afresh (it builds torch DataLoaders over a dataset of yours): "
+            "follow the report's advice, or pass a torch DataLoader over your dataset: "
             "%traceml tune --loader NAME"
         )
     if loader is None:
