@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
+from traceml_nb.analysis.steps import select_rows
 from traceml_nb.engine.instrument import flop_count
 from traceml_nb.session import Session
 from traceml_nb.views.diagnosis_words import diagnosis_words, sentence
@@ -212,6 +213,12 @@ def test_lightning_counts_its_steps_times_validation_and_shows_the_sanity_check_
     unavailable = [f for f in res.summary.unavailable if f.endswith("_ms_median")]
     assert unavailable == [] and res.summary.forward_ms_median > 0
     assert res.summary.backward_ms_median > 0
+    # ...and its way from the closure's start to the model is the copy's, not the update's
+    # too: each timed step's parts fit in it
+    steps = select_rows(run.record.snapshot())
+    timed = steps.phase_ms
+    parts = steps.wait_ms[timed.index] + timed.values.sum(axis=1)
+    assert len(parts) and (parts <= steps.wall_ms[timed.index]).all()
     [phase] = res.summary.phases
     assert phase.before_training_batches == 2  # the sanity check, apart
     assert phase.before_training_s == pytest.approx(spent["sanity"], rel=0.5, abs=0.02)

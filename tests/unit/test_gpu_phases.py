@@ -61,6 +61,9 @@ class QueuedSGD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
         self.timeline.launch(OPTIMIZER_MS)
         for group in self.param_groups:
             for p in group["params"]:
@@ -103,6 +106,33 @@ def test_each_phase_gets_the_gpu_time_it_queued(host_ms: float) -> None:
     # GPU phases only where the host phases were timed, and beside them
     assert not (timed & ~np.isfinite(host).all(axis=1)).any()
     assert timeline.syncs == 1  # no synchronisation per step: the one at the run's end
+
+
+def test_a_closures_copy_of_the_batch_is_the_copys_gpu_time_not_the_updates() -> None:
+    """``optimizer.step(closure)`` whose closure copies the batch before the model (skorch's
+    ``to_tensor``): on the GPU too the copy is from the batch's arrival to the forward, the
+    optimizer the update alone (it read the copy's 2 ms as well), and the events go back."""
+    timeline = FakeTimeline()
+    model = Model(timeline)
+    opt = QueuedSGD(model.parameters(), timeline)
+    backends = Backends(event_factory=timeline.event, stream_getter=timeline.current_stream)
+    with traceml_nb.Run("closure", sample=False, backends=backends) as run:
+        for (x,) in DataLoader(TensorDataset(torch.randn(160, 4)), batch_size=4):
+
+            def closure(x=x):
+                timeline.launch(COPY_MS)  # what ``x.cuda()`` queues, inside the closure
+                opt.zero_grad()
+                model(x).sum().backward()
+
+            opt.step(closure)
+            timeline.host(30.0)
+    cols = run.record.steps.snapshot()
+    gpu = cols.gpu_phases.dense(len(cols))
+    timed = np.isfinite(gpu).all(axis=1)
+    assert timed.sum() >= 10
+    truth = [COPY_MS, FORWARD_MS, BACKWARD_MS, OPTIMIZER_MS]
+    assert gpu[timed] == pytest.approx(np.tile(truth, (timed.sum(), 1)))
+    assert timeline.unread_rerecords == 0
 
 
 def test_the_phases_events_go_back_to_the_pool() -> None:

@@ -40,10 +40,14 @@ FETCH, EXHAUSTED, OPTIMIZER_STEP, MARKER, EPOCH_STARTED, ITERATOR_STARTED, PHASE
 )
 
 #: What a :class:`Phase` spanned (its ``phase`` field): the model's forward (the outermost
-#: modules' calls), the autograd backward, the optimizer's ``step()``; and ``SETUP``, the phase
+#: modules' calls), the autograd backward, the optimizer's ``step()``; ``SETUP``, the phase
 #: instruments put in place at a sampled step's model call, before its forward is timed: it
-#: ends the input copy and is no phase of the step (its time is in the rest).
-FORWARD, BACKWARD, OPTIMIZER, SETUP = range(4)
+#: ends the input copy and is no phase of the step (its time is in the rest); and
+#: ``BEFORE_CLOSURE``, an optimizer's step from its start to its closure's first phase
+#: (``optimizer.step(closure)``): the closure's way to the model where no forward ran since the
+#: batch came (Lightning's ``training_step`` before its model call, skorch's copy of the
+#: batch), which is the input copy's, else the update's.
+FORWARD, BACKWARD, OPTIMIZER, SETUP, BEFORE_CLOSURE = range(5)
 #: Each of those by its name (the analysis's).
 PHASE_NAMES = ("forward", "backward", "optimizer")
 
@@ -170,12 +174,13 @@ Announcer = Callable[[Any, "tuple[int, str | None] | None"], IteratorStarted]
 class Phase(_Event):
     """A part of a step the phase instruments saw from its start to its end
     (:mod:`traceml_nb.engine.instrument.step_phases`): logged when it ends, so a phase nested
-    in another (a forward recomputed inside the backward, an optimizer's closure) is part of
-    the outer one and logs nothing of its own."""
+    in another (a forward recomputed inside the backward) is part of the outer one and logs
+    nothing of its own; an optimizer's step is logged in pieces around its closure's phases
+    (:class:`~traceml_nb.engine.instrument.phase_clock.PhaseClock`)."""
 
     __slots__ = ()
     _fields = ("phase", "t_start_ns", "t_end_ns", "gpu_start", "gpu_end")
-    phase: int = _field(1, "FORWARD, BACKWARD, OPTIMIZER, or SETUP")
+    phase: int = _field(1, "FORWARD, BACKWARD, OPTIMIZER, SETUP or BEFORE_CLOSURE")
     t_start_ns: int = _field(2, "when it started")
     t_end_ns: int = _field(3, "when it ended")
     gpu_start: EventLike | None = _field(

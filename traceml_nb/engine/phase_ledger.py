@@ -17,8 +17,9 @@ others are let go of.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from .events import FORWARD, SETUP, EventLike, Phase, Sampling
+from .events import BEFORE_CLOSURE, FORWARD, OPTIMIZER, SETUP, EventLike, Phase, Sampling
 from .step_table import PHASE_WIDTH
 
 #: A step's mark: the totals when it began, the times the instruments had been turned off and
@@ -63,14 +64,29 @@ class PhaseLedger:
         return (*self.totals, self._offs, self._gpu_seq) if self.sampling else ()
 
     def phase(self, ev: Phase) -> None:
+        """Add a phase to the totals. The input copy runs from the last fetch's return to the
+        next forward (or ``SETUP``), less the phases timed in between (an update of the last
+        accumulation cycle made once the next batch has come); an optimizer's step before its
+        closure's first phase is in the copy where no forward ran since that fetch (the
+        closure's way to the model), else the update's."""
         _, phase, t_start, t_end, gpu_start, gpu_end = ev
         totals = self.totals
-        if phase in (FORWARD, SETUP) and self.copy_from >= 0:
+        copying = self.copy_from >= 0
+        if phase == BEFORE_CLOSURE:
+            if copying:  # (its events are let go of: the GPU copy runs on through it)
+                self._gpu_phase(phase, gpu_start, gpu_end)
+                return
+            phase = OPTIMIZER
+        if copying:
             totals[0] += max(0, t_start - self.copy_from)
-            self.copy_from = -1
+            self.copy_from = -1 if phase in (FORWARD, SETUP) else t_end
         if phase == SETUP:
             return  # our instruments' time: no phase of the step
         totals[phase + 1] += t_end - t_start
+        self._gpu_phase(phase, gpu_start, gpu_end)
+
+    def _gpu_phase(self, phase: int, gpu_start: Any, gpu_end: Any) -> None:
+        """Keep a phase's CUDA events (None: off CUDA, or the event failed) for its step."""
         if gpu_start is not None or gpu_end is not None:
             self._gpu.append((self._gpu_seq, phase, gpu_start, gpu_end))
             self._gpu_seq += 1

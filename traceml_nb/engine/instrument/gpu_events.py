@@ -39,12 +39,13 @@ Any object with ``record(stream)``, ``query()``, ``elapsed_time(other)`` and
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..events import FORWARD, EventLike
+from ..events import BEFORE_CLOSURE, FORWARD, EventLike
 from ..step_table import PHASE_WIDTH, StepTable
 
 #: The stream is looked up again at every this many fetches of an iterator (a power of two:
@@ -200,13 +201,25 @@ class GpuStallTimer:
 
     def _resolve_phases(self, row: int, arrival: EventLike, phases: Any) -> None:
         """The GPU time of each of the step's phases, ms (the copy: from ``arrival`` to the first
-        forward's start; NaN without a forward); their events go back to the pool."""
+        forward's start, less the phases logged before it, as the host's: an optimizer's step
+        before its closure, ``BEFORE_CLOSURE``, stays in it; NaN without a forward); their
+        events go back to the pool."""
         times = [0.0] * PHASE_WIDTH
         try:
-            starts = [start for phase, start, _ in phases if phase == FORWARD]
-            times[0] = max(0.0, arrival.elapsed_time(starts[0])) if starts else float("nan")
+            copy = math.nan  # (no forward)
+            between = 0.0  # the phases' time from the arrival to the first forward
             for phase, start, end in phases:
-                times[phase + 1] += max(0.0, start.elapsed_time(end))
+                if phase == BEFORE_CLOSURE:
+                    continue
+                spent = max(0.0, start.elapsed_time(end))
+                times[phase + 1] += spent
+                if not math.isnan(copy):
+                    continue
+                if phase == FORWARD:
+                    copy = max(0.0, arrival.elapsed_time(start) - between)
+                elif arrival.elapsed_time(start) >= 0:
+                    between += spent
+            times[0] = copy
         except Exception:  # as above: the row keeps no GPU phases, the events are not reused
             self.errors += 1
             return

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..events import OPTIMIZER, PHASE, SETUP, EventLike
+from ..events import BEFORE_CLOSURE, OPTIMIZER, PHASE, SETUP, EventLike
 from .compilation import compiling_check
 
 
@@ -23,10 +23,10 @@ class PhaseClock:
 
     A forward or backward that starts directly inside an optimizer's step is its closure's
     (``optimizer.step(closure)``: LBFGS, PyTorch Lightning's every step): the step's time so far
-    is logged as an optimizer phase, the closure's phase is logged as its own, and the step's
-    time goes on from its end; so the optimizer phase is the update alone, as without a
-    closure. Any other phase inside another is the outer one's (a forward recomputed by
-    activation checkpointing is backward)."""
+    is logged (the first time in a step as ``BEFORE_CLOSURE``, which the ledger tells apart),
+    the closure's phase is logged as its own, and the step's time goes on from its end; so the
+    optimizer phase is the update alone, as without a closure. Any other phase inside another
+    is the outer one's (a forward recomputed by activation checkpointing is backward)."""
 
     def __init__(
         self,
@@ -53,6 +53,8 @@ class PhaseClock:
         self.inside: set[tuple[int, int]] = set()
         #: the depth of the open closure's phase inside an optimizer's step, 0 when none
         self.closure_depth = 0
+        #: the open optimizer's step has not called its closure yet
+        self.before_closure = False
 
     def start(self, phase: int) -> None:
         if self.compiling() or threading.get_ident() != self.thread:
@@ -60,13 +62,16 @@ class PhaseClock:
         if self.depth:
             self.depth += 1
             if self.phase == OPTIMIZER and phase != OPTIMIZER:
-                self._log_open()  # the step so far; its closure's phase opens
+                # the step so far; its closure's phase opens
+                self._log_open(BEFORE_CLOSURE if self.before_closure else OPTIMIZER)
+                self.before_closure = False
                 self.closure_depth = self.depth
                 self._open(phase)
             else:
                 self.inside.add((self.phase, phase))
             return
         self.depth = 1
+        self.before_closure = phase == OPTIMIZER
         self._open(phase)
 
     def end(self) -> None:
@@ -74,11 +79,11 @@ class PhaseClock:
             return
         self.depth -= 1
         if not self.depth:
-            self._log_open()
+            self._log_open(self.phase)
             self.phase = -1
             self.gpu_start = None
         elif self.depth == self.closure_depth - 1:
-            self._log_open()  # the closure's phase; the optimizer's step goes on
+            self._log_open(self.phase)  # the closure's phase; the optimizer's step goes on
             self.closure_depth = 0
             self._open(OPTIMIZER)
 
@@ -96,6 +101,7 @@ class PhaseClock:
         self.phase = -1
         self.gpu_start = None
         self.closure_depth = 0
+        self.before_closure = False
 
     def _open(self, phase: int) -> None:
         self.phase = phase
@@ -103,11 +109,11 @@ class PhaseClock:
             self.gpu_start = self.gpu_mark()
         self.t_start = self.clock()
 
-    def _log_open(self) -> None:
-        """Log the open phase, from its start to now."""
+    def _log_open(self, phase: int) -> None:
+        """Log the open phase's time, from its start to now, as ``phase``."""
         t_end = self.clock()
         gpu_end = self.gpu_mark() if self.gpu_mark is not None else None
-        self._log((PHASE, self.phase, self.t_start, t_end, self.gpu_start, gpu_end))
+        self._log((PHASE, phase, self.t_start, t_end, self.gpu_start, gpu_end))
 
     def _log(self, event: tuple[Any, ...]) -> None:
         log = self.log
