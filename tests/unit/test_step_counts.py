@@ -226,6 +226,32 @@ def test_two_new_loaders_each_epoch_drawn_together_keep_their_steps():
     assert (summary.total_steps, summary.phases) == (120, [])
 
 
+def test_an_inference_over_two_loaders_drawn_together_has_steady_steps():
+    """``zip`` of two DataLoaders with no optimizer (images and masks, under no_grad): each
+    step draws the other loader's batch, no evaluation set apart from a training that is not
+    there (every step was left out as interleaved: "insufficient data, 0 steady steps");
+    an evaluation drawn inside a training step still is."""
+    model, _ = model_and_opt()
+    images, masks = DataLoader(Counted(n=160), batch_size=4), DataLoader(Counted(n=160), 4)
+    with traceml_nb.Run("zip inference", sample=False) as run, torch.no_grad():
+        for (x, _), (x2, _) in zip(images, masks, strict=True):
+            model(torch.cat([x, x2]))
+    res = result_of(run)
+    assert res.summary.total_steps == 40 and res.summary.steady_steps >= 30
+    assert res.diagnosis.verdict != "insufficient-data"
+    model, opt = model_and_opt()
+    train, evaluation = DataLoader(Counted(n=160), batch_size=4), DataLoader(Counted(n=64), 16)
+    with traceml_nb.Run("evaluation inside", sample=False) as run:
+        for i, (x, y) in enumerate(train):
+            if i % 10 == 5:
+                with torch.no_grad():
+                    for x_eval, _ in evaluation:
+                        model(x_eval)
+            train_step(model, opt, x, y)
+    summary = result_of(run).summary
+    assert summary.total_steps == 40 and summary.interleaved_steps == 4
+
+
 @pytest.mark.parametrize("autograd", ["off", "on, eval mode"])
 def test_an_evaluation_over_the_training_set_with_a_new_loader_leaves_no_epoch(autograd):
     """An evaluation over the training dataset with a DataLoader built for it, run inside a

@@ -447,7 +447,8 @@ class StepSegmenter:
                 wait, inside = st.at_optimizer
             elif host_phases is not None and not any(host_phases[1:]):
                 unused = self._phases.totals[1] > 0  # (a model seen: its forward is timed)
-        if inside and any(not self._by_slot[slot].info.is_training for slot in inside):
+        # (no optimizer step yet, an inference over zip(a, b): no training to set apart from)
+        if inside and self._trained and any(not self._by_slot[s].info.is_training for s in inside):
             flags |= FLAG_INTERLEAVED
         if not truncated:  # a row that only fetched, or one of work: its phases tell, or its rest
             st.closed(end - began - wait, flags, host_phases)
