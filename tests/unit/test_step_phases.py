@@ -20,7 +20,7 @@ import traceml_nb
 from traceml_nb.analysis.step_anatomy import NO_PHASES, PARTS, PHASES, step_anatomy
 from traceml_nb.analysis.steps import StepSelection, select_rows
 from traceml_nb.analysis.thresholds import OPTIMIZER_SHARE_ADVICE
-from traceml_nb.engine.events import FORWARD, OPTIMIZER, PHASE, SAMPLING
+from traceml_nb.engine.events import BACKWARD, FORWARD, OPTIMIZER, PHASE, SAMPLING
 from traceml_nb.engine.instrument import step_phases
 from traceml_nb.engine.instrument.step_phases import StepPhases
 from traceml_nb.engine.record import FLAG_FLOP_COUNTED
@@ -194,7 +194,7 @@ def test_the_hooks_put_in_place_end_the_copy_and_count_in_no_phase() -> None:
     from traceml_nb.engine.phase_ledger import PhaseLedger
 
     ledger = PhaseLedger()
-    ledger.copy_from = 100  # a batch arrived
+    ledger.arrived(100)  # a batch arrived
     ledger.phase((PHASE, SETUP, 150, 180, None, None))
     ledger.phase((PHASE, FORWARD, 180, 300, None, None))
     assert ledger.totals == [50, 120, 0, 0]
@@ -804,12 +804,13 @@ def test_a_closures_way_to_the_model_is_the_input_copy_and_not_the_update_too() 
 
 def test_the_ledger_keeps_an_optimizers_way_to_its_closure_in_the_copy_where_no_forward_ran():
     """...and leaves out of the copy an update made between a batch's arrival and its forward
-    (gradient accumulation that steps the last cycle's update once the next batch has come)."""
+    (gradient accumulation that steps the last cycle's update once the next batch has come);
+    no copy where no forward came (a compiled model's, unseen)."""
     from traceml_nb.engine.events import BEFORE_CLOSURE
     from traceml_nb.engine.phase_ledger import PhaseLedger
 
     ledger = PhaseLedger()
-    ledger.copy_from = 100  # a batch arrived
+    ledger.arrived(100)  # a batch arrived
     ledger.phase((PHASE, BEFORE_CLOSURE, 150, 180, None, None))  # step(closure) at 150
     ledger.phase((PHASE, FORWARD, 180, 300, None, None))
     ledger.phase((PHASE, OPTIMIZER, 300, 310, None, None))  # the update, after the closure
@@ -817,10 +818,15 @@ def test_the_ledger_keeps_an_optimizers_way_to_its_closure_in_the_copy_where_no_
     # a forward ran since the batch came (no fetch before this step): the update's
     ledger.phase((PHASE, BEFORE_CLOSURE, 400, 420, None, None))
     assert ledger.totals == [80, 120, 0, 30]
-    ledger.copy_from = 500  # an update between a batch's arrival and its forward
+    ledger.arrived(500)  # an update between a batch's arrival and its forward
     ledger.phase((PHASE, OPTIMIZER, 520, 560, None, None))
     ledger.phase((PHASE, FORWARD, 570, 600, None, None))
     assert ledger.totals == [80 + 20 + 10, 150, 0, 70]
+    ledger.arrived(700)  # a compiled model's forward, unseen: no copy without a forward
+    ledger.phase((PHASE, BACKWARD, 750, 800, None, None))
+    ledger.arrived(900)
+    ledger.phase((PHASE, FORWARD, 930, 960, None, None))  # the phases before 900 left out
+    assert ledger.totals == [110 + 30, 180, 50, 70]
 
 
 def test_a_closure_passed_to_step_gets_the_anatomy_and_advice_of_a_step_without_one():
@@ -1029,10 +1035,10 @@ def test_an_input_copy_begins_at_a_fetch_seen_while_the_instruments_are_on(fetch
 
     ledger = PhaseLedger()
     if fetched == "before the sample":
-        ledger.copy_from = 1_000  # the segmenter sets it at every fetch
+        ledger.arrived(1_000)  # the segmenter tells it at every fetch
     ledger.turned((SAMPLING, True))
     if fetched == "in it":
-        ledger.copy_from = 1_000
+        ledger.arrived(1_000)
     ledger.phase((PHASE, FORWARD, 5_000, 9_000, None, None))
     assert ledger.totals[:2] == [4_000 if fetched == "in it" else 0, 4_000]
 

@@ -52,9 +52,11 @@ class PhaseLedger:
         #: has looked at every open step's mark at that step (:meth:`still_timed`)
         self.turned_off = False
         self._offs = 0  #: times they were turned off
-        #: the last fetch's return, until a forward starts after it (the segmenter sets it at
-        #: each fetch: the input copy runs from there to the next forward's start)
+        #: the last fetch's return, until a forward starts after it (:meth:`arrived`: the
+        #: input copy runs from there to the next forward's start), and the time of the phases
+        #: timed since, which the copy leaves out, ns
         self.copy_from = -1
+        self.copy_between = 0
         #: the phases' CUDA events no step claimed yet, ``(sequence number, *GpuPhase)``
         self._gpu: list[tuple[int, int, EventLike, EventLike]] = []
         self._gpu_seq = 0  #: GPU phases logged so far
@@ -63,12 +65,18 @@ class PhaseLedger:
         """The mark of a step that begins now."""
         return (*self.totals, self._offs, self._gpu_seq) if self.sampling else ()
 
+    def arrived(self, t_exit: int) -> None:
+        """A fetch returned its batch at ``t_exit``: the input copy runs from there."""
+        self.copy_from = t_exit
+        self.copy_between = 0
+
     def phase(self, ev: Phase) -> None:
         """Add a phase to the totals. The input copy runs from the last fetch's return to the
         next forward (or ``SETUP``), less the phases timed in between (an update of the last
-        accumulation cycle made once the next batch has come); an optimizer's step before its
-        closure's first phase is in the copy where no forward ran since that fetch (the
-        closure's way to the model), else the update's."""
+        accumulation cycle made once the next batch has come); none where no forward comes
+        (a compiled model's, unseen: the copy is unavailable then). An optimizer's step
+        before its closure's first phase is in the copy where no forward ran since that fetch
+        (the closure's way to the model), else the update's."""
         _, phase, t_start, t_end, gpu_start, gpu_end = ev
         totals = self.totals
         copying = self.copy_from >= 0
@@ -77,11 +85,14 @@ class PhaseLedger:
                 self._gpu_phase(phase, gpu_start, gpu_end)
                 return
             phase = OPTIMIZER
-        if copying:
-            totals[0] += max(0, t_start - self.copy_from)
-            self.copy_from = -1 if phase in (FORWARD, SETUP) else t_end
-        if phase == SETUP:
-            return  # our instruments' time: no phase of the step
+        if phase in (FORWARD, SETUP):
+            if copying:
+                totals[0] += max(0, t_start - self.copy_from - self.copy_between)
+                self.copy_from = -1
+            if phase == SETUP:
+                return  # our instruments' time: no phase of the step
+        elif copying:
+            self.copy_between += t_end - t_start
         totals[phase + 1] += t_end - t_start
         self._gpu_phase(phase, gpu_start, gpu_end)
 

@@ -287,7 +287,7 @@ class StepSegmenter:
         st.gpu_exit = gpu_exit
         ledger = self._phases
         st.phase_mark = ledger.mark() if ledger.sampling else ()
-        ledger.copy_from = t_exit  # the input copy runs until the next forward starts
+        ledger.arrived(t_exit)  # the input copy runs until the next forward starts
         open_steps[slot] = st
         self._current = st
         self._wait_total += wait

@@ -41,9 +41,9 @@ def loader_settings(it: Any, iterated_by: str | None = None) -> LoaderInfo:
     """The loader's settings as its iterator holds them (an iterator keeps no reference to its
     loader); the slot is assigned by the segmenter. A fastai DataLoader's iterators hold its
     stand-in for torch's (:func:`fastai_loader`): its batch size and dataset are read from it.
-    A loader over a dataset of Keras' own was made by Keras (:data:`KERAS_DATASETS`), one over
-    skorch's own that skorch iterates (``iterated_by``, :func:`driver_of`) by skorch of the
-    arrays given to ``fit`` ("skorch-arrays"); its driver is else what iterates it."""
+    A loader over a dataset of Keras' own was made by Keras (:data:`KERAS_DATASETS`); one over
+    skorch's own that skorch iterates (``iterated_by``, :func:`driver_of`) was made by skorch
+    of the arrays given to ``fit`` ("skorch-arrays"); any other's driver is what iterates it."""
     sampler = getattr(it, "_index_sampler", None)
     dataset = getattr(it, "_dataset", None)
     batch_size = getattr(sampler, "batch_size", None)
