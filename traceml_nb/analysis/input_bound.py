@@ -188,7 +188,11 @@ def _input_cause(f: Facts, d: Diagnosis, loader: LoaderInfo) -> None:
         changes = loader_changes(loader, workers=workers, gpu=gpu)
         d.advice.append(change_loader(changes, loader.driver))
         d.advice.extend(explain_changes(loader, changes, cpus, gpu))
-        if cpus is not None:
+        # only workers measured busy make the loading the CPUs' work: with none (the main
+        # process loads, its CPU the compute's too) or idle ones, it may wait on storage, which
+        # more workers than CPUs overlap (tune measures it)
+        busy = sat.facts["per_worker_pct"]
+        if cpus is not None and busy is not None and busy >= WORKER_BUSY_PCT:
             d.wont_help.append(
                 Finding("more-workers-than-cpus", {"workers": workers, "cpus": cpus})
             )

@@ -67,6 +67,8 @@ SYSTEM_SATURATED_PCT = 90.0
 #: A saturated machine (``SYSTEM_SATURATED_PCT`` or every core busy) makes the workers the
 #: bottleneck only when they use at least this much CPU each (percent of one core); below it
 #: they mostly wait (on storage, a remote source, a lock) while something else takes the CPU.
+#: Only workers measured this busy make "more workers than CPUs will not help" a fact: the
+#: loading is then the CPUs' work (with no workers, or idle ones, it may wait on storage).
 WORKER_BUSY_PCT = 50.0
 #: A DataLoader worker that waits for a CPU (ready to run, on the run queue) at least this share
 #: of the time (percent) is short of CPU, however busy the machine reads on average: other
