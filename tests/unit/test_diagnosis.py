@@ -927,6 +927,22 @@ def test_a_fastai_input_bound_run_is_advised_in_fastai_terms_without_the_tuner()
 
 
 @pytest.mark.parametrize(
+    ("driver", "setting"),
+    [(None, "num_workers"), ("transformers", "dataloader_num_workers"),
+     ("skorch", "iterator_train__num_workers")],
+)  # fmt: skip
+def test_no_workers_is_said_in_the_name_the_user_sets(driver, setting):
+    b = RecordBuilder()
+    b.loader(num_workers=0, batch_size=8, dataset_type="Pairs").driver = driver
+    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
+    b.samples("host", **{**IDLE_HOST, "workers": 0})
+    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    assert evidence(d, "worker CPU") == (
+        f"no worker processes ({setting}=0): the main process loads the data"
+    )
+
+
+@pytest.mark.parametrize(
     "driver", [None, "fastai", "keras", "keras-pydataset", "skorch-arrays", "skorch"]
 )
 def test_tiny_steps_of_a_frameworks_own_loader_are_advised_larger_batches(driver):

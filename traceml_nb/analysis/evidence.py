@@ -229,7 +229,7 @@ def _system_cpu(s: Summary, m: Measurements) -> Evidence:
 def _worker_cpu(s: Summary, m: Measurements) -> Evidence:
     label = "worker CPU"
     if m.loader is not None and m.loader.num_workers == 0:
-        return Evidence(label, None, Finding("no-workers"))
+        return Evidence(label, None, Finding("no-workers", {"driver": m.loader.driver}))
     if s.workers_cpu_median_pct is None:
         return _unavailable(label, s.unavailable.get("workers_cpu_median_pct", ""))
     workers = m.host_readings["workers"].value

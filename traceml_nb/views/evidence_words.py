@@ -73,7 +73,10 @@ EVIDENCE_SENTENCES: dict[str, Callable[[Facts], str]] = {
         f"{f['count']} a step ({f['batches']} batches of {f['batch_size']} between two optimizer "
         "steps: gradient accumulation)"
     ),
-    "no-workers": lambda f: "no worker processes (num_workers=0): the main process loads the data",
+    "no-workers": lambda f: (
+        f"no worker processes ({setting_name('num_workers', f.get('driver'))}=0): the main "
+        "process loads the data"
+    ),
     "worker-cpu": lambda f: (
         f"median {fmt_pct(f['pct'])}"
         + (f" across {plural(f['workers'], 'worker')}" if f.get("workers") is not None else "")
