@@ -14,6 +14,7 @@ from functools import partial
 
 import pytest
 import torch
+from phase_checks import assert_parts_fit
 from torch.utils.data import Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -88,6 +89,7 @@ def test_fastai_own_optimizer_steps_are_the_steps_with_their_phases_and_flops():
     s = Session().result(run).summary
     assert s.total_steps == counted.steps == 40  # 640 // 32 a training epoch, twice
     assert s.optimizer_ms_median > 0 and s.forward_ms_median > 0 and s.backward_ms_median > 0
+    assert_parts_fit(run)
     assert s.flops_per_step == pytest.approx(MLP_FLOPS, rel=0.05)
     # the validation loader is a loader of its own, though fastai's iterators share a sampler
     train, valid = run.record.loaders

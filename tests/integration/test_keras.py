@@ -17,6 +17,8 @@ keras = pytest.importorskip("keras")
 if keras.backend.backend() != "torch":
     pytest.skip("Keras runs on another backend here", allow_module_level=True)
 
+from phase_checks import assert_parts_fit  # noqa: E402
+
 import traceml_nb  # noqa: E402
 from traceml_nb.analysis import analyze  # noqa: E402
 from traceml_nb.analysis.input_bound import CAUSE_KERAS_PYDATASET  # noqa: E402
@@ -74,6 +76,7 @@ def test_fit_on_arrays_counts_keras_steps_its_updates_and_flops() -> None:
     assert run.record.optimizer_steps == count.train
     assert summary.flops_per_step == DENSE_FLOPS
     assert summary.optimizer_ms_median is not None and summary.optimizer_ms_median > 0
+    assert_parts_fit(run)
     validation = [p for p in summary.phases if p.batches == count.test]
     assert len(validation) == 1 and validation[0].name.startswith("eval (loaders ")
     assert {info.driver for info in run.record.loaders} == {"keras"}

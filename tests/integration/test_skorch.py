@@ -13,6 +13,8 @@ import torch
 
 skorch = pytest.importorskip("skorch")
 
+from phase_checks import assert_parts_fit  # noqa: E402
+
 import traceml_nb  # noqa: E402
 from traceml_nb.analysis import analyze  # noqa: E402
 from traceml_nb.session import Session  # noqa: E402
@@ -61,6 +63,7 @@ def test_fit_counts_skorchs_training_batches_and_its_validation_apart() -> None:
     count = _count(net)
     summary = analyze(run.record.snapshot(), run.capabilities).summary
     assert count.train == 48 and summary.total_steps == count.train
+    assert_parts_fit(run)  # skorch's closure: its way to the model is the copy's alone
     assert [p.batches for p in summary.phases] == [count.valid]
     # skorch's own Dataset of the arrays: the batches are skorch's to make, not the user's
     assert {info.driver for info in run.record.loaders} == {"skorch-arrays"}

@@ -11,10 +11,10 @@ import warnings
 
 import pytest
 import torch
+from phase_checks import assert_parts_fit
 from torch.utils.data import DataLoader, Dataset
 
 import traceml_nb
-from traceml_nb.analysis.steps import select_rows
 from traceml_nb.engine.instrument import flop_count
 from traceml_nb.session import Session
 from traceml_nb.views.diagnosis_words import diagnosis_words, sentence
@@ -93,6 +93,7 @@ def test_transformers_trainer_counts_its_own_steps_and_one_evaluation_phase(tmp_
         trainer.train()
     res = result_of(run)
     assert res.summary.total_steps == trainer.state.global_step == 40
+    assert_parts_fit(run)
     # the evaluations after steps 10, 20 and 30 ran inside a step; the one after the last
     # step ran after it
     assert res.summary.interleaved_steps == 3
@@ -215,10 +216,7 @@ def test_lightning_counts_its_steps_times_validation_and_shows_the_sanity_check_
     assert res.summary.backward_ms_median > 0
     # ...and its way from the closure's start to the model is the copy's, not the update's
     # too: each timed step's parts fit in it
-    steps = select_rows(run.record.snapshot())
-    timed = steps.phase_ms
-    parts = steps.wait_ms[timed.index] + timed.values.sum(axis=1)
-    assert len(parts) and (parts <= steps.wall_ms[timed.index]).all()
+    assert_parts_fit(run)
     [phase] = res.summary.phases
     assert phase.before_training_batches == 2  # the sanity check, apart
     assert phase.before_training_s == pytest.approx(spent["sanity"], rel=0.5, abs=0.02)
@@ -253,6 +251,7 @@ def test_accelerate_prepared_loader_counts_the_loops_steps():
             made += 1
     res = result_of(run)
     assert res.summary.total_steps == made == 50
+    assert_parts_fit(run)
     # each step waited for its batch's four 2 ms items (a sleep never ends early)
     assert res.summary.data_wait_ms_median >= 4 * ITEM_SLEEP_S * 1e3
     d = res.diagnosis
