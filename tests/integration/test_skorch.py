@@ -1,7 +1,8 @@
 """skorch's ``NeuralNet``, as its users write it: ``fit`` on arrays (skorch holds a fifth out
 for validation) and on a torch Dataset that loads slowly. The steps are skorch's training
 batches, its validation is an evaluation phase, and the advice names the arguments skorch takes
-for its training DataLoader (``iterator_train__num_workers``...)."""
+for its training DataLoader (``iterator_train__num_workers``...) and for its prediction's
+(``iterator_valid__``)."""
 
 from __future__ import annotations
 
@@ -99,5 +100,18 @@ def test_a_slow_dataset_is_advised_in_the_arguments_skorch_takes() -> None:
     # skorch's loader is gone after fit: tuned on one of the user's, pasted where skorch takes it
     loader = torch.utils.data.DataLoader(dataset, batch_size=32)
     tuned = session.tune(loader=loader, workers=[0, 2], budget_s=10, batches=8)
-    assert tuned.paste is not None and tuned.paste.startswith("NeuralNet(\u2026, ")
-    assert "iterator_train__num_workers=2, iterator_train__persistent_workers=True" in tuned.paste
+    # skorch builds its DataLoaders anew each epoch (``get_iterator``): no workers to keep
+    assert net.get_iterator(dataset, training=True) is not net.get_iterator(dataset, training=True)
+    assert "persistent_workers" not in text
+    assert tuned.paste == "NeuralNet(\u2026, iterator_train__num_workers=2)"
+    # a prediction's loader is set with iterator_valid__
+    with traceml_nb.Run("skorch-predict", sample=False) as predicting:
+        net.predict(dataset)
+    session.result(predicting)
+    text = str(predicting.result())
+    assert (
+        "Change the arguments of your skorch NeuralNet: iterator_valid__num_workers=0 → "
+        "iterator_valid__num_workers="
+    ) in text and "iterator_train__" not in text
+    tuned = session.tune(loader=loader, workers=[0, 2], budget_s=10, batches=8)
+    assert tuned.paste == "NeuralNet(\u2026, iterator_valid__num_workers=2)"

@@ -26,7 +26,7 @@ from traceml_nb.views.diagnosis_words import sentence
 SHARES = {"data_wait": 0.02, "copy": 0.01, "forward": 0.3, "backward": 0.5, "optimizer": 0.05}
 
 
-def _loader(pin_memory: bool, driver: str | None = None) -> LoaderInfo:
+def _loader(pin_memory: bool, driver: str | None = None, trains: bool = True) -> LoaderInfo:
     return LoaderInfo(
         slot=0,
         num_workers=2,
@@ -38,6 +38,7 @@ def _loader(pin_memory: bool, driver: str | None = None) -> LoaderInfo:
         dataset_len=1000,
         iterable=False,
         driver=driver,
+        optimizer_steps=10 if trains else 0,
     )
 
 
@@ -99,6 +100,10 @@ def test_a_long_copy_is_advised_where_the_batch_is_copied(driver, pageable, pinn
     else:
         assert [f.code for f in advised] == ["non-blocking-copies"]
         assert pinned in sentence(advised[0])
+    # a prediction's loader: skorch names its settings apart (iterator_valid__)
+    (predicting,) = anatomy_advice(long, _loader(False, driver=driver, trains=False), True)
+    valid = pageable.replace("iterator_train__", "iterator_valid__")
+    assert valid in sentence(predicting)
 
 
 @pytest.mark.parametrize(

@@ -879,13 +879,19 @@ def test_worker_target():
 
 
 def test_pin_memory_only_with_a_gpu():
-    cpu = [change_text(c.to_dict(), None) for c in loader_changes(loader(), workers=2, gpu=False)]
+    cpu = [
+        change_text(c.to_dict(), {"driver": None})
+        for c in loader_changes(loader(), workers=2, gpu=False)
+    ]
     assert cpu == [
         "num_workers=0 \u2192 num_workers=2",
         "persistent_workers=True",
         "prefetch_factor=4",
     ]
-    gpu = [change_text(c.to_dict(), None) for c in loader_changes(loader(), workers=2, gpu=True)]
+    gpu = [
+        change_text(c.to_dict(), {"driver": None})
+        for c in loader_changes(loader(), workers=2, gpu=True)
+    ]
     assert "pin_memory=True" in gpu
     assert loader_changes(loader(num_workers=0), workers=None, gpu=False) == []
     assert loader_changes(loader(num_workers=4, prefetch_factor=8), workers=None, gpu=False) == [
@@ -895,7 +901,7 @@ def test_pin_memory_only_with_a_gpu():
 
 def test_fastai_loaders_take_no_prefetch_factor_and_call_the_batch_size_bs():
     fastai = [
-        change_text(c.to_dict(), "fastai")
+        change_text(c.to_dict(), {"driver": "fastai"})
         for c in loader_changes(loader(driver="fastai"), workers=2, gpu=False)
     ]
     assert fastai == ["num_workers=0 \u2192 num_workers=2", "persistent_workers=True"]
@@ -1160,3 +1166,58 @@ def test_an_evaluation_restarting_its_workers_is_noted_past_both_constants():
     assert sentence(trainer).endswith(
         "dataloader_persistent_workers=True keeps the workers between passes."
     )
+    # skorch builds its loaders anew each epoch, whatever persistent_workers says: none kept
+    [skorch] = notes(driver="skorch", loaders=4)
+    assert sentence(skorch) == (
+        "eval (loader 1): its DataLoader started its 2 workers again for each of its 2 passes; "
+        "their first batches waited 0.5 s, 5% of the run, besides starting and stopping them "
+        "(in iter() and when an iterator is dropped, not timed). skorch builds its DataLoaders "
+        "anew for each epoch, so their workers cannot be kept: iterator_valid__num_workers=0 "
+        "leaves their start out where a batch is cheap to make in the main process."
+    )
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize(
+    ("driver", "where", "workers", "batch_size"),
+    [
+        (None, "Change the training DataLoader|Change the DataLoader", "num_workers",
+         "batch_size"),
+        ("transformers", "Change the Trainer's TrainingArguments", "dataloader_num_workers",
+         "per_device_train_batch_size|per_device_eval_batch_size"),
+        ("skorch", "Change the arguments of your skorch NeuralNet",
+         "iterator_train__num_workers|iterator_valid__num_workers", "batch_size"),
+        ("lightning", "Change the DataLoader that your LightningModule's (or DataModule's) "
+         "train_dataloader() returns|Change the DataLoader that your LightningModule's (or "
+         "DataModule's) val_dataloader(), test_dataloader() or predict_dataloader() returns",
+         "num_workers", "batch_size"),
+    ],
+)  # fmt: skip
+def test_a_loader_that_does_not_train_is_advised_by_its_own_names(
+    driver, where, workers, batch_size, training
+):
+    """An inference's or a prediction's loader (no optimizer step follows its batches) is set
+    where an evaluation's is: skorch's ``iterator_valid__`` prefix, the Trainer's
+    ``per_device_eval_batch_size``, Lightning's evaluation loaders; the loop that waits is
+    no training loop. Each "a|b" is the training loader's, then the other's. skorch builds
+    its loaders anew each epoch: persistent workers are never advised there."""
+
+    def pick(text: str) -> str:
+        both = text.split("|")
+        return both[0] if training or len(both) == 1 else both[1]
+
+    b = RecordBuilder()
+    b.loader(num_workers=0, batch_size=8, dataset_type="Pairs", training=training).driver = driver
+    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
+    b.samples("host", **{**IDLE_HOST, "workers": 0})
+    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    assert d.cause == CAUSE_TOO_FEW_WORKERS
+    loop = "the training loop" if training else "the loop"
+    assert said(d).title.startswith(f"Input-bound: {loop} waits for data")
+    name = pick(workers)
+    persistent = "" if driver == "skorch" else f", {name.replace('num', 'persistent')}=True"
+    prefetch = f"{name.replace('num_workers', 'prefetch_factor')}=4"
+    assert said(d).advice[0] == (f"{pick(where)}: {name}=0 → {name}=2{persistent}, {prefetch}")
+    assert f"while {loop} waits" in said(d).advice[1]
+    assert evidence(d, "DataLoader").endswith(f"{pick(batch_size)}=8")
+    assert ("persistent_workers" in evidence(d, "DataLoader")) is (driver != "skorch")

@@ -336,9 +336,17 @@ def test_the_line_to_paste_where_a_trainer_builds_the_loader():
         "TrainingArguments(\u2026, dataloader_num_workers=4, dataloader_pin_memory=True, "
         "dataloader_persistent_workers=True, dataloader_prefetch_factor=4)"
     )
+    # skorch builds its DataLoaders anew each epoch: no persistent workers to keep; a
+    # prediction's loader is set with iterator_valid__
     skorch = LoaderSpec("dataset", [("batch_size", "32")], driver="skorch")
-    assert paste_line(skorch, Candidate(2, 2)) == (
-        "NeuralNet(\u2026, iterator_train__num_workers=2, iterator_train__persistent_workers=True)"
+    assert paste_line(skorch, Candidate(2, 2, True)) == (
+        "NeuralNet(\u2026, iterator_train__num_workers=2, iterator_train__pin_memory=True)"
+    )
+    skorch.trains = False
+    assert paste_line(skorch, Candidate(2, 2)) == "NeuralNet(\u2026, iterator_valid__num_workers=2)"
+    evaluation = LoaderSpec("train", [], driver="transformers", trains=False)
+    assert paste_line(evaluation, Candidate(2, 2)) == (
+        "TrainingArguments(\u2026, dataloader_num_workers=2, dataloader_persistent_workers=True)"
     )
     for driver in ("lightning", "accelerate", "keras-fit", None):
         own = LoaderSpec("data", [("batch_size", "32")], driver=driver)

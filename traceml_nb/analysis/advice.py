@@ -6,6 +6,7 @@ DataLoaders, or what Keras' ``model.fit`` was given."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,6 +36,13 @@ SKORCH_ARGUMENTS = {
 }
 
 
+#: ...and those of the loaders it evaluates and predicts with (validation, ``predict``).
+SKORCH_VALID_ARGUMENTS = {
+    name: f"iterator_valid__{name}"
+    for name in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+}
+
+
 #: What skorch's ``NeuralNet`` iterates: a loader of the user's dataset, and one of skorch's own
 #: ``Dataset`` of the arrays given to ``fit``.
 SKORCH_DRIVERS = frozenset({"skorch", "skorch-arrays"})
@@ -47,10 +55,21 @@ SETTING_NAMES = {
     "fastai": {"batch_size": "bs"},
     **dict.fromkeys(SKORCH_DRIVERS, SKORCH_ARGUMENTS),
 }
+#: ...where a loader does not train (an evaluation's, a prediction's), where that name differs:
+#: the Trainer's ``per_device_eval_batch_size``, skorch's ``iterator_valid__`` prefix.
+EVALUATION_SETTING_NAMES = {
+    **SETTING_NAMES,
+    "transformers": {**TRAINING_ARGUMENTS, "batch_size": "per_device_eval_batch_size"},
+    **dict.fromkeys(SKORCH_DRIVERS, SKORCH_VALID_ARGUMENTS),
+}
 #: The DataLoader settings a driver's loaders do not take (fastai's ``DataLoader`` has no
-#: ``prefetch_factor``): neither advised nor shown among the loader's settings.
+#: ``prefetch_factor``), or take to no effect: neither advised nor shown among the loader's
+#: settings.
 NOT_TAKEN = {
     "fastai": frozenset({"prefetch_factor"}),
+    # skorch builds its DataLoaders anew for each epoch (``NeuralNet.get_iterator``): persistent
+    # workers end with their loader, at the epoch's end
+    **dict.fromkeys(SKORCH_DRIVERS, frozenset({"persistent_workers"})),
     # Keras hands a PyDataset's batches to a DataLoader of its own, of no workers: its
     # settings are none of the user's (the PyDataset's are not seen)
     "keras-pydataset": frozenset(
@@ -69,9 +88,17 @@ OWN_BATCHES = frozenset({"fastai", "keras", "keras-pydataset", "skorch-arrays"})
 UNTUNABLE_DRIVERS = OWN_BATCHES
 
 
-def setting_name(setting: str, driver: str | None) -> str:
-    """What a DataLoader setting is called where the user sets it."""
-    return SETTING_NAMES.get(driver or "", {}).get(setting, setting)
+def setting_name(setting: str, driver: str | None, trains: bool = True) -> str:
+    """What a DataLoader setting is called where the user sets it, for a loader that trains
+    or (``trains`` False) one that evaluates or predicts."""
+    names = SETTING_NAMES if trains else EVALUATION_SETTING_NAMES
+    return names.get(driver or "", {}).get(setting, setting)
+
+
+def setting_named_in(setting: str, role: Mapping[str, Any]) -> str:
+    """What a DataLoader setting is called for the loader whose :func:`role_of` facts
+    ``role`` holds (a loader that trains where they do not say)."""
+    return setting_name(setting, role.get("driver"), role.get("trains", True))
 
 
 def takes(driver: str | None, setting: str) -> bool:
@@ -161,10 +188,20 @@ def loader_changes(
     return changes
 
 
-def change_loader(changes: list[Change], driver: str | None = None) -> Finding:
-    """The one-line instruction shown first in the advice: these changes, made where ``driver``
-    (``LoaderInfo.driver``) builds the loader."""
-    return Finding("change-loader", {"changes": [c.to_dict() for c in changes], "driver": driver})
+def change_loader(changes: list[Change], loader: LoaderInfo) -> Finding:
+    """The one-line instruction shown first in the advice: these changes, made where the
+    loader's driver (``LoaderInfo.driver``) builds it, for a loader that trains or not."""
+    facts = {"changes": [c.to_dict() for c in changes], **role_of(loader)}
+    return Finding("change-loader", facts)
+
+
+def role_of(loader: LoaderInfo | None) -> dict[str, Any]:
+    """The facts the views name a loader's settings and its place by: what built it
+    (``driver``) and whether it trains (``trains``: False for an evaluation's or a
+    prediction's loader, whose settings some trainers name apart)."""
+    if loader is None:
+        return {"driver": None, "trains": True}
+    return {"driver": loader.driver, "trains": loader.is_training}
 
 
 def explain_changes(
@@ -177,7 +214,7 @@ def explain_changes(
             f"why-{change.setting}",
             {
                 **change.to_dict(),
-                "driver": loader.driver,
+                **role_of(loader),
                 "num_workers": loader.num_workers,
                 "cpus": cpus,
                 "gpu": gpu,

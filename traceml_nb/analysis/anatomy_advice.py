@@ -27,7 +27,7 @@ from typing import Any
 
 from ..engine.optimizer_info import OptimizerInfo
 from ..engine.record import LoaderInfo
-from .advice import KERAS_DRIVERS, SKORCH_DRIVERS, setting_name
+from .advice import KERAS_DRIVERS, SKORCH_DRIVERS, role_of, setting_name
 from .findings import Finding, Summary
 from .peak_flops import peak_for
 from .thresholds import (
@@ -59,20 +59,12 @@ def anatomy_advice(
     found = []
     copy = shares.get("copy")
     if gpu and copy is not None and copy >= COPY_SHARE_ADVICE:
-        driver = loader.driver if loader is not None else None
-        facts: dict[str, Any] = {
-            "copy_share": copy,
-            "copy_ms": summary.copy_ms_median,
-            "driver": driver,
-        }
+        role = role_of(loader)
+        facts: dict[str, Any] = {"copy_share": copy, "copy_ms": summary.copy_ms_median, **role}
         if loader is not None and not loader.pin_memory:
-            found.append(
-                Finding(
-                    "pin-memory-for-copies",
-                    {**facts, "setting": setting_name("pin_memory", driver)},
-                )
-            )
-        elif driver not in COPIES_AS_THEY_ARE:
+            setting = setting_name("pin_memory", role["driver"], role["trains"])
+            found.append(Finding("pin-memory-for-copies", {**facts, "setting": setting}))
+        elif role["driver"] not in COPIES_AS_THEY_ARE:
             found.append(Finding("non-blocking-copies", facts))
     mixed = (
         _mixed_precision(summary, loader.driver if loader is not None else None) if gpu else None

@@ -293,6 +293,7 @@ def _evaluation_restarts(f: Facts) -> list[Finding]:
                 "wait_s": phase.pass_start_wait_s,
                 "run_share": share,
                 "driver": phase.driver,
+                "trains": phase.trains,
                 "loaders": phase.loaders,
             }
             out.append(Finding("evaluation-restarts-workers", facts))

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .advice import loader_settings
+from .advice import loader_settings, role_of
 from .findings import UNAVAILABLE, Evidence, Finding, Summary
 from .summary import Measurements
 from .thresholds import STALL_FACTOR, STALL_MAX_SHARE
@@ -165,7 +165,7 @@ def collect(
     if loader is None:
         ev.append(Evidence("DataLoader", None, Finding("no-loader")))
     else:
-        facts = {"settings": loader_settings(loader), "driver": loader.driver}
+        facts = {"settings": loader_settings(loader), **role_of(loader)}
         ev.append(Evidence("DataLoader", float(loader.num_workers), Finding("loader", facts)))
     if m.cpus is None:
         ev.append(_unavailable("CPUs available", "the CPU count could not be read"))
@@ -229,7 +229,7 @@ def _system_cpu(s: Summary, m: Measurements) -> Evidence:
 def _worker_cpu(s: Summary, m: Measurements) -> Evidence:
     label = "worker CPU"
     if m.loader is not None and m.loader.num_workers == 0:
-        return Evidence(label, None, Finding("no-workers", {"driver": m.loader.driver}))
+        return Evidence(label, None, Finding("no-workers", role_of(m.loader)))
     if s.workers_cpu_median_pct is None:
         return _unavailable(label, s.unavailable.get("workers_cpu_median_pct", ""))
     workers = m.host_readings["workers"].value

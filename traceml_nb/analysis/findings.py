@@ -46,6 +46,9 @@ class PhaseSummary:
     pass_start_wait_s: float = 0.0
     driver: str | None = None  #: what iterates it (``LoaderInfo.driver``: "transformers"…)
     loaders: int = 1  #: the DataLoaders it iterated (one built anew for each evaluation)
+    #: its loader trains too (an evaluation over the training loader): its settings are named
+    #: as a training loader's (``advice.setting_name``)
+    trains: bool = False
 
 
 @dataclass

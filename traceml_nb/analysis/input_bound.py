@@ -16,6 +16,7 @@ from .advice import (
     explain_changes,
     loader_changes,
     more_workers,
+    role_of,
     takes,
     worker_target,
 )
@@ -126,7 +127,8 @@ def input_bound(f: Facts) -> Diagnosis:
     s, m, sig = f.summary, f.m, f.signal
     assert sig.share is not None
     loader = m.loader
-    title = Finding("input-bound", {"input_kind": sig.kind, "input_share": sig.share})
+    facts = {"input_kind": sig.kind, "input_share": sig.share, **role_of(loader)}
+    title = Finding("input-bound", facts)
     saving, saving_finding = f.saving_of_input()
     strong = sig.share >= STRONG_FACTOR * INPUT_BOUND_SHARE
     d = Diagnosis(
@@ -153,7 +155,7 @@ def _lead_with_changes(
 ) -> None:
     """Put the loader changes (if any) first in the advice, and their explanations last."""
     if changes:
-        d.advice.insert(0, change_loader(changes, loader.driver))
+        d.advice.insert(0, change_loader(changes, loader))
         d.advice.extend(explain_changes(loader, changes, cpus, gpu))
 
 
@@ -186,7 +188,7 @@ def _input_cause(f: Facts, d: Diagnosis, loader: LoaderInfo) -> None:
     if workers is not None and not idle_in_memory:
         d.cause = CAUSE_TOO_FEW_WORKERS
         changes = loader_changes(loader, workers=workers, gpu=gpu)
-        d.advice.append(change_loader(changes, loader.driver))
+        d.advice.append(change_loader(changes, loader))
         d.advice.extend(explain_changes(loader, changes, cpus, gpu))
         # only workers measured busy make the loading the CPUs' work: with none (the main
         # process loads, its CPU the compute's too) or idle ones, it may wait on storage, which
@@ -211,7 +213,7 @@ def _input_cause(f: Facts, d: Diagnosis, loader: LoaderInfo) -> None:
     if gpu and not loader.pin_memory:
         d.cause = CAUSE_PAGEABLE
         changes = loader_changes(loader, workers=None, gpu=gpu)
-        d.advice.append(change_loader(changes, loader.driver))
+        d.advice.append(change_loader(changes, loader))
         d.advice.extend(explain_changes(loader, changes, cpus, gpu))
         if sat.known:
             d.wont_help.append(Finding("more-cpu-not-saturated", sat.facts))

@@ -362,6 +362,7 @@ def phases(snapshot: RecordSnapshot, selection: StepSelection) -> list[PhaseSumm
                 pass_start_wait_s=float(wait[rows & pass_starts].sum()) / 1e9,
                 driver=group[0].driver,
                 loaders=len(group),
+                trains=trains,
             )
         )
     return out

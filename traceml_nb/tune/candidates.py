@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..analysis.advice import SKORCH_DRIVERS, setting_name
+from ..analysis.advice import SKORCH_DRIVERS, setting_name, takes
 from .constants import MAX_TUNE_WORKERS, PREFETCH_CHOICES, RAM_SHARE
 
 #: torch's ``prefetch_factor`` when a loader with workers is given none
@@ -143,6 +143,9 @@ class LoaderSpec:
     iterable: bool = False
     #: what built the loader: ``LoaderInfo.driver`` (None: the user's own DataLoader)
     driver: str | None = None
+    #: the loader trains (``LoaderInfo.is_training``); an evaluation's or a prediction's
+    #: settings are named apart by some trainers (``advice.setting_name``)
+    trains: bool = True
 
 
 #: Where a trainer builds the training DataLoader from arguments of its own
@@ -161,13 +164,13 @@ def paste_line(spec: LoaderSpec, candidate: Candidate, *, persistent: bool = Tru
         tuned.append(("num_workers", candidate.num_workers))
     if candidate.pin_memory:
         tuned.append(("pin_memory", True))
-    if candidate.num_workers and persistent:
+    if candidate.num_workers and persistent and takes(spec.driver, "persistent_workers"):
         tuned.append(("persistent_workers", True))
     if candidate.num_workers and candidate.prefetch_factor not in (None, TORCH_DEFAULT_PREFETCH):
         tuned.append(("prefetch_factor", candidate.prefetch_factor))
     call = ARGUMENTS_OF.get(spec.driver or "")
     if call is not None:
-        args = ["\u2026", *(f"{setting_name(k, spec.driver)}={v}" for k, v in tuned)]
+        args = ["\u2026", *(f"{setting_name(k, spec.driver, spec.trains)}={v}" for k, v in tuned)]
         return f"{call}({', '.join(args)})"
     args = [spec.dataset, *(f"{k}={v}" for k, v in spec.arguments)]
     return f"DataLoader({', '.join([*args, *(f'{k}={v}' for k, v in tuned)])})"

@@ -70,6 +70,7 @@ def tune_run(
         current=candidate_of(info) if info is not None else None,
         name_of=namer(namespace),
         driver=(info or {}).get("driver"),
+        trains=int((info or {}).get("optimizer_steps") or 0) > 0,
         run_id=entry.id,
         run_label=entry.label,
         unavailable=unavailable,

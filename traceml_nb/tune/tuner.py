@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..analysis.advice import setting_name
+from ..analysis.advice import setting_name, takes
 from .candidates import (
     Candidate,
     LoaderSpec,
@@ -104,6 +104,7 @@ def tune(
     ram_available: int | None = None,
     name_of: Callable[[Any], str | None] | None = None,
     driver: str | None = None,
+    trains: bool = True,
     run_id: int | None = None,
     run_label: str = "",
     unavailable: dict[str, str] | None = None,
@@ -114,8 +115,9 @@ def tune(
     less its data wait); without it candidates are ranked by their time between batches.
     ``run_step_ms``/``run_wait_ms``: the run's measured median step time and data wait, shown
     beside the prediction. ``workers``/``prefetch``: the choices to try (default: 0 up to the
-    CPUs; 2, 4, 8). ``batches``: at most this many batches read per candidate and round.
-    ``gpu``: whether the training uses a GPU (pinning is tried then; default: CUDA is
+    CPUs; 2, 4, 8). ``driver``/``trains``: what built the loader and whether it trains, to
+    name its settings as the user sets them (``advice.setting_name``). ``batches``: at most
+    this many batches read per candidate and round. ``gpu``: whether the training uses a GPU (pinning is tried then; default: CUDA is
     available). ``progress`` is called with the result so far as each candidate starts and
     ends. ``ram_available`` (bytes) replaces the RAM psutil reports, for the memory guard.
     """
@@ -130,6 +132,7 @@ def tune(
     cpus = cpus if cpus is not None else usable_cpus()
     source = LoaderSource(loader)
     spec: LoaderSpec = source.spec(name_of or (lambda obj: None), driver)
+    spec.trains = trains
     if source.iterable:
         prefetch = list(prefetch or ())[:1] or None
     result = TuneResult(
@@ -301,11 +304,12 @@ def _conclude(
     result.paste = paste_line(spec, chosen.candidate)
     if cheaper is not chosen and cheaper is not None and result.compute_ms is not None:
         result.notes.append(headroom_note(cheaper, chosen, result.measurements, result.compute_ms))
-    if chosen.candidate.num_workers and chosen.startup_s is not None:
+    keeps = takes(spec.driver, "persistent_workers")
+    if chosen.candidate.num_workers and chosen.startup_s is not None and keeps:
         result.persistent_saving_s = chosen.startup_s
+        persistent = setting_name("persistent_workers", spec.driver, spec.trains)
         result.notes.append(
-            f"{setting_name('persistent_workers', spec.driver)}=True: the workers start once "
-            "instead of at every epoch "
+            f"{persistent}=True: the workers start once instead of at every epoch "
             f"(their start-up, measured: {fmt_ms(chosen.startup_s * 1e3)})"
         )
     if result.current is not None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analysis.advice import SKORCH_DRIVERS, setting_name
+from ..analysis.advice import SKORCH_DRIVERS, setting_named_in, takes
 from ..analysis.findings import TEXT, Diagnosis, Finding
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_s, fmt_share, fmt_share_below
 from ..analysis.gpu_busy import GPM
@@ -38,6 +38,33 @@ WHERE: dict[str | None, str] = {
     "keras-fit": "Change the DataLoader you pass to model.fit()",
     **dict.fromkeys(SKORCH_DRIVERS, "Change the arguments of your skorch NeuralNet"),
 }
+#: ...where the loader does not train (an evaluation's, a prediction's): where that differs.
+WHERE_EVALUATING: dict[str | None, str] = {
+    **WHERE,
+    None: "Change the DataLoader",
+    "lightning": "Change the DataLoader that your LightningModule's (or DataModule's) "
+    "val_dataloader(), test_dataloader() or predict_dataloader() returns",
+    "keras": "Keras made this DataLoader of the arrays it was given, with num_workers=0: pass "
+    "it a torch DataLoader made with these arguments instead",
+    "keras-fit": "Change the DataLoader you pass to Keras",
+}
+
+
+def _where(role: Facts) -> str:
+    """Where the loader whose role (``advice.role_of``) the facts give is set."""
+    where = WHERE if role.get("trains", True) else WHERE_EVALUATING
+    return where.get(role.get("driver"), where[None])
+
+
+def _loop(role: Facts) -> str:
+    """What waits for the loader's batches: the training loop, or the loop."""
+    return "the training loop" if role.get("trains", True) else "the loop"
+
+
+#: What builds its DataLoaders itself, by driver, where a sentence names it.
+DRIVER_NAMES = dict.fromkeys(SKORCH_DRIVERS, "skorch")
+
+
 #: Where a larger batch goes, by what made the loader (``advice.OWN_BATCHES``).
 LARGER_BATCH_WHERE = {
     "fastai": "a larger bs where your fastai DataLoaders are made",
@@ -92,9 +119,10 @@ def _reasons(reasons: list[str], none: str) -> str:
     return ", ".join(reasons) or none
 
 
-def change_text(change: Facts, driver: str | None) -> str:
-    """``num_workers=0 → num_workers=2`` or ``pin_memory=True``, named where ``driver`` sets it."""
-    name = setting_name(change["setting"], driver)
+def change_text(change: Facts, role: Facts) -> str:
+    """``num_workers=0 → num_workers=2`` or ``pin_memory=True``, named where the loader whose
+    role (``advice.role_of``) the facts give is set."""
+    name = setting_named_in(change["setting"], role)
     if change.get("old") is None:
         return f"{name}={change['new']}"
     return f"{name}={change['old']} \u2192 {name}={change['new']}"
@@ -106,14 +134,14 @@ def _why_num_workers(f: Facts) -> str:
         who = "the main process loads every batch"
     else:
         who = f"{nw} worker{_s(nw)} cannot keep up"
-    waiter = "the GPU" if f.get("gpu") else "the training loop"
+    waiter = "the GPU" if f.get("gpu") else _loop(f)
     if cpus is None:
         cpu_text = ""
     elif int(str(new)) <= cpus:
         cpu_text = f" (one per CPU available: {cpus})"
     else:
         cpu_text = f" (more than the {cpus} CPUs: workers that wait need little CPU)"
-    name = setting_name("num_workers", f.get("driver"))
+    name = setting_named_in("num_workers", f)
     return (
         f"With {name}={nw}, {who} while {waiter} waits; {new} workers"
         f"{cpu_text} load batches in parallel with the compute."
@@ -139,7 +167,27 @@ def _stalls(f: Facts) -> str:
 
 
 def _persistent(f: dict[str, Any]) -> str:
-    return setting_name("persistent_workers", f.get("driver"))
+    return setting_named_in("persistent_workers", f)
+
+
+def _evaluation_restarts(f: Facts) -> str:
+    """An evaluation's workers started again for each pass: what they cost, and how to keep
+    them (or, where its loaders are built anew each epoch, to do without)."""
+    kept = takes(f.get("driver"), "persistent_workers")
+    setting = f" ({_persistent(f)}=False)" if kept else ""
+    head = (
+        f"{f['phase']}: its DataLoader started its {_workers(f['workers'])} again for each of "
+        f"its {f['passes']:,} passes{setting}; their first batches waited {fmt_s(f['wait_s'])}, "
+        f"{fmt_share(f['run_share'])} of the run, besides starting and stopping them (in iter() "
+        "and when an iterator is dropped, not timed). "
+    )
+    if kept:
+        return head + _keep_workers(f)
+    return head + (
+        f"{DRIVER_NAMES.get(f.get('driver') or '', 'It')} builds its DataLoaders anew for each epoch, "
+        f"so their workers cannot be kept: {setting_named_in('num_workers', f)}=0 leaves their "
+        "start out where a batch is cheap to make in the main process."
+    )
 
 
 def _keep_workers(f: dict[str, Any]) -> str:
@@ -179,7 +227,7 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         "Cannot judge: no DataLoader was iterated and no GPU utilisation was measured"
     ),
     "input-bound": lambda f: (
-        f"Input-bound: {'the GPU waits' if f['input_kind'] == 'gpu' else 'the training loop waits'}"
+        f"Input-bound: {'the GPU' if f['input_kind'] == 'gpu' else _loop(f)} waits"
         f" for data {fmt_share(f['input_share'])} of step time"
     ),
     "throttled": lambda f: (
@@ -272,21 +320,20 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         "steady steps, left out of the statistics)."
     ),
     "change-loader": lambda f: (
-        f"{WHERE.get(f.get('driver'), WHERE[None])}: "
-        + ", ".join(change_text(c, f.get("driver")) for c in f["changes"])
+        f"{_where(f)}: " + ", ".join(change_text(c, f) for c in f["changes"])
     ),
     "why-num_workers": _why_num_workers,
     "why-pin_memory": lambda f: (
-        f"{setting_name('pin_memory', f.get('driver'))}=True puts batches in page-locked memory, "
+        f"{setting_named_in('pin_memory', f)}=True puts batches in page-locked memory, "
         "so copying them to the GPU with .to(device, non_blocking=True) overlaps the compute."
     ),
     "why-persistent_workers": lambda f: (
-        f"{setting_name('persistent_workers', f.get('driver'))}=True keeps the workers alive "
+        f"{setting_named_in('persistent_workers', f)}=True keeps the workers alive "
         "between epochs instead of starting them again (each start costs the first-batch wait "
         "again)."
     ),
     "why-prefetch_factor": lambda f: (
-        f"{setting_name('prefetch_factor', f.get('driver'))}={f['new']} keeps {f['new']} batches "
+        f"{setting_named_in('prefetch_factor', f)}={f['new']} keeps {f['new']} batches "
         "per worker in flight, which absorbs slow samples."
     ),
     # what will not help
@@ -329,12 +376,7 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         "overstate what the GPU lost."
     ),
     "stalls": _stalls,
-    "evaluation-restarts-workers": lambda f: (
-        f"{f['phase']}: its DataLoader started its {_workers(f['workers'])} again for each of "
-        f"its {f['passes']:,} passes ({_persistent(f)}=False); their first batches waited "
-        f"{fmt_s(f['wait_s'])}, {fmt_share(f['run_share'])} of the run, besides starting and "
-        "stopping them (in iter() and when an iterator is dropped, not timed). " + _keep_workers(f)
-    ),
+    "evaluation-restarts-workers": _evaluation_restarts,
     "input-of-tiny-steps": lambda f: (
         f"The {_input_label(f['input_kind'])} is {fmt_share(f['input_share'])} of a very short "
         f"step ({fmt_ms(f['per_step_ms'])} per step, below the {fmt_ms(f['floor_ms'])} floor): "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..analysis.advice import setting_name
+from ..analysis.advice import setting_named_in
 from ..analysis.findings import UNAVAILABLE
 from ..analysis.formatting import fmt_mb, fmt_ms, fmt_pct, fmt_share, plural
 
@@ -65,7 +65,7 @@ EVIDENCE_SENTENCES: dict[str, Callable[[Facts], str]] = {
     "sm-activity": _sm_activity,
     "no-loader": lambda f: "no DataLoader seen",
     "loader": lambda f: (
-        ", ".join(f"{setting_name(k, f.get('driver'))}={v}" for k, v in f["settings"].items())
+        ", ".join(f"{setting_named_in(k, f)}={v}" for k, v in f["settings"].items())
         or "none of its settings are yours (made by what iterates it)"
     ),
     "count": lambda f: str(f["count"]),
@@ -74,7 +74,7 @@ EVIDENCE_SENTENCES: dict[str, Callable[[Facts], str]] = {
         "steps: gradient accumulation)"
     ),
     "no-workers": lambda f: (
-        f"no worker processes ({setting_name('num_workers', f.get('driver'))}=0): the main "
+        f"no worker processes ({setting_named_in('num_workers', f)}=0): the main "
         "process loads the data"
     ),
     "worker-cpu": lambda f: (
