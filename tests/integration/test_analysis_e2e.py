@@ -223,3 +223,42 @@ def test_a_tiny_model_on_an_in_memory_dataset_is_not_input_bound():
     a = analyze(run.record, run.capabilities, cpus_available=CPUS)
     assert a.summary.steady_steps >= 200
     assert a.diagnosis.verdict != "input-bound", a.diagnosis.title
+
+
+def test_workers_that_cannot_keep_up_read_the_run_s_pace_in_the_report_and_the_live_status():
+    """Three workers behind a loop that waits for them hand over their batches in turn: a round
+    is one long wait and fast steps, whose median is a fast step. The report's step time and
+    the live status's are over blocks of whole rounds: the run's pace (its loop's time over its
+    steps), as its steps per second say."""
+    from traceml_nb.views.live.handle import HandleView
+
+    class Slow(Dataset):
+        def __len__(self) -> int:
+            return 16 * 90
+
+        def __getitem__(self, i: int):
+            time.sleep(0.002)
+            return torch.randn(16), torch.randn(1)
+
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(Slow(), batch_size=16, num_workers=3)
+    marks = []
+    run = traceml_nb.Run("rounds", sample=False)
+    view = HandleView(run, display=False)
+    with run:
+        for x, y in loader:
+            marks.append(time.perf_counter())
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        marks.append(time.perf_counter())
+    s = analyze(run.record.snapshot(), run.capabilities).summary
+    skip = s.total_steps - s.steady_steps  # (the warm-up and the FLOP-counted step, first)
+    pace = (marks[-1] - marks[skip]) / (len(marks) - 1 - skip) * 1e3
+    assert s.step_block == 9
+    assert s.step_ms_median == pytest.approx(pace, rel=0.25)
+    assert s.step_ms_median == pytest.approx(1e3 / s.steps_per_s, rel=0.25)
+    live = view.status(final=True)
+    assert live.workers == 3 and live.step_ms == pytest.approx(pace, rel=0.35)

@@ -272,6 +272,12 @@ def test_the_handle_s_step_time_is_the_median_of_the_recent_steps():
     old = [1000.0] * 10
     recent = LiveStatus("tail", "running", 1.0, 60, recent_wall_ms=old + [2.0] * RECENT_STEPS)
     assert recent.step_ms == 2.0  # only the latest RECENT_STEPS
+    # three workers that cannot keep up: a round is one long wait and two fast steps; as the
+    # report's, the step time is over blocks of whole rounds (its pace), not a fast step
+    rounds = [0.4, 0.4, 34.0] * 20
+    assert LiveStatus("w", "running", 1.0, 60, recent_wall_ms=rounds).step_ms == 0.4
+    bursty = LiveStatus("w", "running", 1.0, 60, recent_wall_ms=rounds, workers=3)
+    assert bursty.step_ms == pytest.approx(34.8 / 3)
 
 
 def test_live_view_falls_back_to_the_handle_view_when_bokeh_view_cannot_load(monkeypatch, capsys):

@@ -138,6 +138,8 @@ def collect(
             "p10_ms": s.step_ms_p10,
             "p90_ms": s.step_ms_p90,
         }
+        if s.step_block > 1 and m.loader is not None:
+            facts.update(block=s.step_block, workers=m.loader.num_workers)
         ev.append(Evidence("step time", s.step_ms_median, Finding("step-time", facts)))
     wait_per_step = float(m.wait_ms.mean()) if m.steady else None
     ev.append(

@@ -61,12 +61,14 @@ class Summary:
     steady_steps: int  #: the steps the statistics are about
     elapsed_s: float  #: wall time of the run
     warmup_s: float  #: wall time of the warm-up steps
+    #: the steady steps' median, 10th and 90th percentiles, ms; with ``step_block`` over 1, of
+    #: the means of blocks of that many consecutive steps (:mod:`.step_blocks`)
     step_ms_median: float | None
     step_ms_p10: float | None
     step_ms_p90: float | None
     step_ms_mean: float | None
-    data_wait_ms_median: float | None
-    compute_ms_median: float | None
+    data_wait_ms_median: float | None  #: (over the same blocks)
+    compute_ms_median: float | None  #: the median of step less data wait (the same blocks)
     data_wait_share: float | None  #: sum(data wait) / sum(step time), steady steps
     first_fetch_ms: float | None  #: first batch of the run (worker start-up)
     batch_size: int | None  #: median batch size
@@ -87,6 +89,9 @@ class Summary:
     interleaved_steps: int = 0
     #: steps that ran under the profiler (``--profile``), left out of the statistics
     profiled_steps: int = 0
+    #: the consecutive steady steps the step time's statistics average first: 1 (the steps'
+    #: own), or whole rounds of the training loader's two or more workers (:mod:`.step_blocks`)
+    step_block: int = 1
     #: steal time: the share of the machine's CPU time the hypervisor gave to other guests
     #: while this virtual machine wanted to run, percent 0..100 of all its CPUs' time, mean
     #: over the steady steps (None where the kernel reports none: not Linux)

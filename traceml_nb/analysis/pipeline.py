@@ -20,6 +20,7 @@ from .profile_summary import (
     suggests_profile,
     summarize_profile,
 )
+from .step_blocks import block_means
 from .steps import StepSelection
 from .summary import measure, summarize
 from .warmup import WarmupSpec
@@ -29,7 +30,8 @@ from .warmup import WarmupSpec
 class Analysis:
     """The summary and the diagnosis of one run, with what they were computed from (not
     serialised): ``selection``, the run's steps (:class:`~.steps.StepSelection`), and
-    ``steady_step_ms``, the steady steps' times (ms, in step order) for comparisons."""
+    ``steady_step_ms``, the steady steps' times (ms, in step order; the means of blocks of
+    ``summary.step_block`` steps where that is more than 1) for comparisons."""
 
     summary: Summary
     diagnosis: Diagnosis
@@ -70,4 +72,5 @@ def analyze(
         diagnosis.profiled_cause = profile_cause(profile, diagnosis.verdict)
     elif profile is None and suggests_profile(summary, diagnosis.verdict, diagnosis.confidence):
         diagnosis.advice.append(Finding(PROFILE_SUGGESTION, {"steps": SUGGESTED_PROFILE_STEPS}))
-    return Analysis(summary, diagnosis, m.selection, m.wall_ms, profile)
+    steady = block_means(m.wall_ms, summary.step_block)
+    return Analysis(summary, diagnosis, m.selection, steady, profile)

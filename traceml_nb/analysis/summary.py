@@ -27,6 +27,7 @@ from .input_sizes import InputSizes, input_sizes
 from .peak_flops import utilisation
 from .samples import Reading, Window
 from .step_anatomy import MEDIAN_FIELDS, NO_COPY, step_anatomy
+from .step_blocks import block_means, block_steps
 from .steps import StepSelection, began_inside, phases, select_rows, training_loader
 from .warmup import WarmupSpec, detect_warmup
 
@@ -424,9 +425,12 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         medians["copy_ms_median"] = None
         unavailable["copy_ms_median"] = NO_COPY
         anatomy.shares.pop("copy", None)
+    # (with workers, over blocks of whole rounds of them: :mod:`.step_blocks`)
+    block = block_steps(m.loader.num_workers if m.loader is not None else 0, n)
+    walls, waits = block_means(wall, block), block_means(wait, block)
     median = p10 = p90 = mean = None
     if n:
-        median, p10, p90 = (float(v) for v in np.percentile(wall, [50, 10, 90]))
+        median, p10, p90 = (float(v) for v in np.percentile(walls, [50, 10, 90]))
         mean = float(wall.mean())
     loader_stats = has_loader and n > 0
     return Summary(
@@ -444,8 +448,9 @@ def summarize(snapshot: RecordSnapshot, m: Measurements) -> Summary:
         step_ms_p10=p10,
         step_ms_p90=p90,
         step_ms_mean=mean,
-        data_wait_ms_median=float(np.median(wait)) if loader_stats else None,
-        compute_ms_median=float(np.median(wall - wait)) if loader_stats else None,
+        step_block=block,
+        data_wait_ms_median=float(np.median(waits)) if loader_stats else None,
+        compute_ms_median=float(np.median(walls - waits)) if loader_stats else None,
         data_wait_share=_share(wait, wall) if loader_stats else None,
         first_fetch_ms=first_fetch,
         batch_size=batch_size,

@@ -24,6 +24,17 @@ MIN_STEADY_STEPS = 10
 #: Fewer steady steps than this lowers the confidence of any verdict by one level.
 CONFIDENT_STEPS = 30
 
+# --- the step time of a loader with workers (:mod:`.step_blocks`) -----------------------------
+#: Where the training loader has two workers or more, the step time's median, percentiles and
+#: the times a comparison judges are taken over the means of blocks of consecutive steady
+#: steps, each at least this many steps and a whole number of rounds of the workers (torch
+#: hands their batches over in turn: where they cannot keep up, a round is one long wait and
+#: fast steps, whose median is a fast step: 0.58 ms for steps of 11.5 ms on average with 3
+#: workers, `benchmarks/README.md`).
+STEP_BLOCK_STEPS = 8
+#: ...and short enough that the steady steps make at least this many blocks (down to one round).
+MIN_STEP_BLOCKS = 4
+
 # --- input-bound ------------------------------------------------------------------------------
 #: Input stall share (GPU input stall on CUDA, host data wait on CPU) at or above which the run
 #: is input-bound: roughly one step in seven spent waiting for data.

@@ -69,7 +69,9 @@ class RunEntry:
     elapsed_s: float
     summary: Summary
     diagnosis: Diagnosis
-    step_ms: list[float] = field(default_factory=list)  #: steady step times, ≤ MAX_STORED_STEPS
+    #: steady step times (the means of blocks of ``summary.step_block`` steps where that is
+    #: more than 1), ≤ MAX_STORED_STEPS
+    step_ms: list[float] = field(default_factory=list)
     loaders: list[dict[str, Any]] = field(default_factory=list)  #: LoaderInfo.to_dict() each
     named: bool = False  #: the user named the run (``--name``), so the name identifies the cell
     #: :func:`~.environment.capture_environment` of the run ({} when not captured)

@@ -22,6 +22,19 @@ def _reasons(reasons: list[str], none: str) -> str:
     return ", ".join(reasons) or none
 
 
+def _step_time(f: Facts) -> str:
+    """``median 11.5 ms (p10 …, p90 …)``; where the loader's workers hand over their batches
+    in turn, over blocks of whole rounds of them (``analysis.step_blocks``)."""
+    text = f"median {fmt_ms(f['median_ms'])} (p10 {fmt_ms(f['p10_ms'])}, p90 {fmt_ms(f['p90_ms'])})"
+    if f.get("block"):
+        text += (
+            f" of the means of blocks of {f['block']} steps: the {f['workers']} workers hand over"
+            " their batches in turn, so a step alone may be a round's long wait or one of its"
+            " fast steps"
+        )
+    return text
+
+
 def _input_share(f: Facts) -> str:
     """``44% of step time (13.2 ms per step)``; with stalls left out, both shares."""
     text = f"{fmt_share(f['share'])} of step time ({fmt_ms(f['per_step_ms'])} per step)"
@@ -57,9 +70,7 @@ EVIDENCE_SENTENCES: dict[str, Callable[[Facts], str]] = {
     "steady-steps": lambda f: (
         f"{f['steps']} ({f['warmup_steps']} warm-up step{_s(f['warmup_steps'])} excluded)"
     ),
-    "step-time": lambda f: (
-        f"median {fmt_ms(f['median_ms'])} (p10 {fmt_ms(f['p10_ms'])}, p90 {fmt_ms(f['p90_ms'])})"
-    ),
+    "step-time": _step_time,
     "input-share": _input_share,
     "gpu-utilisation": lambda f: f"median {fmt_pct(f['pct'])} during the steady steps",
     "sm-activity": _sm_activity,

@@ -73,6 +73,8 @@ def _ms_with_spread(s: Summary, v: float) -> str:
     if _finite(s.step_ms_p10) and _finite(s.step_ms_p90):
         assert s.step_ms_p10 is not None and s.step_ms_p90 is not None
         text += f" (p10 {fmt_ms(s.step_ms_p10)}, p90 {fmt_ms(s.step_ms_p90)})"
+    if s.step_block > 1:  # (the loader's workers' rounds: analysis.step_blocks)
+        text += f", over blocks of {s.step_block} steps"
     return text
 
 

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+import numpy as np
+
 from ...analysis.formatting import fmt_ms, fmt_s, fmt_share
+from ...analysis.step_blocks import block_means, block_steps
 from ...analysis.steps import StepRule, rule_of
 from ...engine.rank_record import RankRecord
 from ...engine.record import RecordSnapshot
@@ -45,13 +48,20 @@ class LiveStatus:
     #: 2)") and its figures (:func:`~.rank_figures.slowest_parts`); '' for the run's own steps
     rank: str = ""
     rank_figures: str = ""
+    #: the training loader's workers: from two on, the step time is over blocks of whole
+    #: rounds of them, as the report's (:mod:`traceml_nb.analysis.step_blocks`)
+    workers: int = 0
 
     @property
     def step_ms(self) -> float | None:
         """Median step time of the last ``RECENT_STEPS`` steps (the median the live view's
-        rank figures take, :func:`~.rank_figures.figures_of`)."""
+        rank figures take, :func:`~.rank_figures.figures_of`); with two workers or more, the
+        median of the means of blocks of whole rounds of them."""
         recent = self.recent_wall_ms[-RECENT_STEPS:]
-        return statistics.median(recent) if recent else None
+        if not recent:
+            return None
+        block = block_steps(self.workers, len(recent))
+        return statistics.median(block_means(np.asarray(recent), block).tolist())
 
     @property
     def data_wait_share(self) -> float | None:
@@ -102,6 +112,7 @@ class RecentSteps:
         self._recent: deque[tuple[float, float]] = deque(maxlen=keep)
         self._count = 0
         self._rereads = Rereads()
+        self.workers = 0  #: the workers of the loader whose steps these are (the most of them)
 
     def poll(self, *, final: bool = False) -> tuple[int, list[float], list[float]]:
         """``(steps, recent step ms, recent data wait ms)`` of the run's steps so far
@@ -122,6 +133,7 @@ class RecentSteps:
                 rule = shown  # (evaluations found since: read with the rule shown until then)
             self._read += len(snap.steps)
             rows = StepRows.of_rule(snap.steps, rule)
+            self.workers = _workers(snap, rule, self.workers)
             self._count += len(rows)
             for wall, wait in zip(
                 rows.wall_ns[-self.keep :], rows.wait_ns[-self.keep :], strict=True
@@ -129,6 +141,14 @@ class RecentSteps:
                 self._recent.append((wall / 1e6, wait / 1e6))
         recent = list(self._recent)
         return self._count, [r[0] for r in recent], [r[1] for r in recent]
+
+
+def _workers(snap: RecordSnapshot, rule: StepRule, known: int) -> int:
+    """The workers of the loader the steps are of (its rows', or inside them; else the
+    training loaders'), as the report reads them (``analysis.steps.training_loader``)."""
+    own = [info for info in snap.loaders if info.slot in rule.sources + rule.inner]
+    infos = own or [info for info in snap.loaders if info.is_training]
+    return max((info.num_workers for info in infos), default=known)
 
 
 def _reader_of(rec: RankRecord) -> SnapshotReader:
@@ -164,7 +184,10 @@ class HandleView:
         if followed is not None:
             return followed
         steps, walls, waits = self._steps.poll(final=final)
-        return LiveStatus(self.run.name, self.run.status, self.run.elapsed_s, steps, walls, waits)
+        run = self.run
+        status = LiveStatus(run.name, run.status, run.elapsed_s, steps, walls, waits)
+        status.workers = self._steps.workers
+        return status
 
     def _slowest_rank(self, final: bool) -> LiveStatus | None:
         ranks = list(getattr(self.run, "ranks", ()))
