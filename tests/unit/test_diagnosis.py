@@ -1221,3 +1221,23 @@ def test_a_loader_that_does_not_train_is_advised_by_its_own_names(
     assert f"while {loop} waits" in said(d).advice[1]
     assert evidence(d, "DataLoader").endswith(f"{pick(batch_size)}=8")
     assert ("persistent_workers" in evidence(d, "DataLoader")) is (driver != "skorch")
+
+
+@pytest.mark.parametrize("iterable", [True, False])
+def test_more_workers_for_an_iterable_dataset_say_what_each_worker_yields(iterable):
+    """Each worker iterates its own copy of an ``IterableDataset``: advised more workers, the
+    advice says that a stream not split by worker comes once a worker (a probe followed the
+    advice and trained on every sample twice); a map-style dataset's indices are split by
+    the DataLoader itself: nothing to say."""
+    b = RecordBuilder()
+    b.loader(num_workers=0, batch_size=8, dataset_type="Stream").iterable = iterable
+    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
+    b.samples("host", **{**IDLE_HOST, "workers": 0})
+    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    assert d.cause == CAUSE_TOO_FEW_WORKERS
+    note = (
+        "The dataset is an IterableDataset: each of the 2 workers iterates a copy of it, so "
+        "unless its __iter__ splits the stream by worker (torch.utils.data.get_worker_info()), "
+        "every sample comes 2 times."
+    )
+    assert (note in said(d).advice) is iterable

@@ -208,8 +208,10 @@ def explain_changes(
     loader: LoaderInfo, changes: list[Change], cpus: int | None, gpu: bool
 ) -> list[Finding]:
     """Why each change helps, one finding each (``why-num_workers``, ``why-pin_memory``, …),
-    with the loader's current workers, its driver, the CPUs and whether a GPU waits."""
-    return [
+    with the loader's current workers, its driver, the CPUs and whether a GPU waits; and, where
+    more workers are advised for an ``IterableDataset``, what each of them yields
+    (``iterable-sharding``)."""
+    found = [
         Finding(
             f"why-{change.setting}",
             {
@@ -222,3 +224,11 @@ def explain_changes(
         )
         for change in changes
     ]
+    more = [c.new for c in changes if c.setting == "num_workers" and c.new != c.old]
+    if loader.iterable and more and int(str(more[0])) > 1:
+        found.append(Finding(ITERABLE_SHARDING, {"workers": more[0]}))
+    return found
+
+
+#: The note beside more workers for an ``IterableDataset``: each worker iterates a copy of it.
+ITERABLE_SHARDING = "iterable-sharding"

@@ -323,6 +323,11 @@ SENTENCES: dict[str, Callable[[Facts], str]] = {
         f"{_where(f)}: " + ", ".join(change_text(c, f) for c in f["changes"])
     ),
     "why-num_workers": _why_num_workers,
+    "iterable-sharding": lambda f: (
+        f"The dataset is an IterableDataset: each of the {f['workers']} workers iterates a copy "
+        "of it, so unless its __iter__ splits the stream by worker "
+        f"(torch.utils.data.get_worker_info()), every sample comes {f['workers']} times."
+    ),
     "why-pin_memory": lambda f: (
         f"{setting_named_in('pin_memory', f)}=True puts batches in page-locked memory, "
         "so copying them to the GPU with .to(device, non_blocking=True) overlaps the compute."
