@@ -260,3 +260,42 @@ def test_accelerate_prepared_loader_counts_the_loops_steps():
     assert sentence(d.advice[0]).startswith(
         "Change the DataLoader you pass to Accelerator.prepare(): num_workers=0 \u2192 "
     )
+
+
+@pytest.mark.parametrize(("accumulation", "per_epoch"), [(2, 20), (4, 21), (1, 20)])
+def test_accelerate_with_gradient_accumulation_and_breaks_counts_the_batches_trained(
+    accumulation, per_epoch
+):
+    """accelerate's prepared loader fetches a batch ahead: an epoch's first row holds its
+    first fetch alone, and its last batch is trained on after the exhausting fetch. An epoch
+    left by a ``break`` (HF's no_trainer scripts at ``max_train_steps``, or a break out of
+    each epoch) has no such batch: its first row is no step (with accumulation the steps are
+    the batches; before, one step too many each epoch left so: 63 of 60)."""
+    accelerate = pytest.importorskip("accelerate")
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    data = torch.utils.data.TensorDataset(torch.randn(400, 16), torch.randn(400, 1))
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
+    model, opt, loader = accelerator.prepare(model, opt, DataLoader(data, batch_size=8))
+    made = updates = 0
+    with traceml_nb.Run("accelerate-breaks", sample=False) as run:
+        for _ in range(2):  # two epochs, each left at its per_epoch-th batch
+            for i, (x, y) in enumerate(loader):
+                if i == per_epoch:
+                    break
+                with accelerator.accumulate(model):
+                    accelerator.backward(((model(x) - y) ** 2).mean())
+                    opt.step()
+                    opt.zero_grad()
+                made += 1
+                updates += accelerator.sync_gradients
+        for x, y in loader:  # a last epoch left at max_train_steps, after the update
+            with accelerator.accumulate(model):
+                accelerator.backward(((model(x) - y) ** 2).mean())
+                opt.step()
+                opt.zero_grad()
+            made += 1
+            updates += accelerator.sync_gradients
+            if updates == 30:
+                break
+    assert result_of(run).summary.total_steps == made

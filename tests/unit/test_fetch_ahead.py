@@ -142,3 +142,49 @@ def test_the_runs_end_tells_the_rows_fewer_steps_after_them_left_untold():
     (info,) = _rows(rests, stepped, [None] * len(rests)).loaders
     assert (info.rows_without_step, info.rows_untold) == (SKIPPED, 0)
     assert info.fetches_ahead is False
+
+
+def _fetching_ahead(driver: str | None, used: list[int], batches: int = 12) -> RunRecord:
+    """A loop over a loader that fetches a batch ahead, as accelerate's prepared loader does,
+    accumulating two batches a step: each epoch's first fetch is followed at once by the next,
+    each batch is trained on after the fetch of the one after it (its last after the
+    exhausting fetch); epoch ``e`` trains on ``used[e]`` batches of ``batches`` (fewer: the
+    loop broke out of it, its batch fetched ahead never used)."""
+    loader = DataLoader(TensorDataset(torch.zeros(2 * batches, 2)), batch_size=2)
+    opt, t, log, trained = object(), 1_000, [], 0
+    for n_used in used:
+        it = iter(loader)
+        log.append((ev.EPOCH_STARTED, it, 2 * batches, driver, True, True))
+        fetched = min(n_used + 1, batches)
+        for n in range(1, fetched + 1):
+            log.append((ev.FETCH, it, n, t, t + WAIT_NS, 2, None, None))
+            t += WAIT_NS
+            if n == 1:
+                continue  # the first fetch hands over nothing yet: the next comes at once
+            t += STEP_WORK_NS  # the batch before, trained on
+            trained += 1
+            if trained % 2 == 0:
+                log.append((ev.OPTIMIZER_STEP, opt, t))
+        if n_used == batches:  # the epoch's end: the exhausting fetch, then its last batch
+            log.append((ev.EXHAUSTED, it, t, None))
+            t += 10 + STEP_WORK_NS
+            trained += 1
+            if trained % 2 == 0:
+                log.append((ev.OPTIMIZER_STEP, opt, t))
+    return processed(log, t)
+
+
+@pytest.mark.parametrize("driver", ["accelerate", None])
+def test_an_epoch_left_early_of_a_loader_that_fetches_ahead_has_no_step_for_its_first_row(
+    driver,
+):
+    """accelerate's prepared loader: an epoch run to its end has a row per batch (its first
+    row fetch-only, its last batch trained on after the exhausting fetch); an epoch left
+    early has one row more than the batches it trained on, its fetch-only first (``break`` at
+    ``max_train_steps``: 61 steps of 60). Only where the driver is known to fetch ahead: a
+    loop of one's own keeps every row it made."""
+    record = _fetching_ahead(driver, used=[12, 8, 6])
+    steps = len(select_rows(record.snapshot()))
+    trained = 12 + 8 + 6
+    assert steps == (trained if driver == "accelerate" else trained + 2)
+    assert len(record.loaders[0].ahead_rows) == (2 if driver == "accelerate" else 0)  # (left)

@@ -78,6 +78,8 @@ class StepRule:
     #: evaluation's, found so after they were written (``LoaderInfo.evaluation_rows``); a
     #: reader that took them for steps reads the rows again when these change
     evaluations: tuple[tuple[int, int, int], ...] = ()
+    #: ``(slot, row)``: that loader's row only fetched a batch ahead (``LoaderInfo.ahead_rows``)
+    fetched_ahead: tuple[tuple[int, int], ...] = ()
 
     def mask(self, cols: StepColumns) -> np.ndarray:
         """A boolean per row of ``cols``: is it a step."""
@@ -90,6 +92,10 @@ class StepRule:
             keep |= (source == SOURCE_OPTIMIZER) & ((flags & FLAG_NO_FETCH) != 0)
         if self.evaluations:
             keep &= ~self.evaluated_later(cols)
+        for slot, row in self.fetched_ahead:
+            at = row - cols.offset
+            if 0 <= at < len(keep) and source[at] == slot:
+                keep[at] = False
         return keep
 
     def evaluated_later(self, cols: StepColumns) -> np.ndarray:
@@ -126,6 +132,7 @@ def step_rule(loaders: Sequence[LoaderInfo], markers: int, optimizer_steps: int)
             evaluations=tuple(
                 (info.slot, first, end) for info in leaders for first, end in info.evaluation_rows
             ),
+            fetched_ahead=tuple((info.slot, row) for info in leaders for row in info.ahead_rows),
         )
     if optimizer_steps > 0:
         return StepRule("optimizer", (SOURCE_OPTIMIZER,))

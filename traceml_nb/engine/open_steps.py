@@ -30,6 +30,12 @@ FETCH_ONLY_SHARE = 0.25
 #: FLOP-counted step's 2.6 ms where a step's rest was 0.2 ms, the forward and backward of the
 #: four steps whose optimizer step GradScaler skipped read as batches fetched ahead.)
 STEPS_TO_TELL_ROWS = 3
+#: The drivers whose loaders always fetch one batch ahead (``LoaderInfo.driver``): accelerate's
+#: prepared loader fetches the next batch before it hands over the current one, so an epoch's
+#: first row holds its first fetch alone and its last batch is trained on after the
+#: exhausting fetch, outside the rows; an epoch left before it was exhausted (a ``break`` at
+#: ``max_train_steps``) has no such batch, and its first row is no step (61 steps of 60).
+FETCHES_AHEAD_DRIVERS = frozenset({"accelerate"})
 
 
 class LoaderSteps:
@@ -64,6 +70,8 @@ class LoaderSteps:
         "trained_in_train_mode",
         "epoch",
         "number",
+        "epoch_row",
+        "epoch_exhausted",
     )
 
     def __init__(self, slot: int, info: LoaderInfo) -> None:
@@ -111,6 +119,10 @@ class LoaderSteps:
         self.trained_in_train_mode = False
         #: what an epoch begun with the models in eval mode did (:meth:`epoch_over`)
         self.epoch: EpochWork | None = None
+        #: the step table's row of its epoch's first step, once written (-1: none), and
+        #: whether its iterator was exhausted (:meth:`epoch_left`)
+        self.epoch_row = -1
+        self.epoch_exhausted = False
 
     def closed(self, rest_ns: int, flags: int, phases: tuple[int, ...] | None) -> None:
         """A step closed with ``flags``, ``rest_ns`` of it outside ``next()``, with the phases
@@ -164,10 +176,21 @@ class LoaderSteps:
         on and the models in eval mode where the loader's training epochs begin in training
         mode (a loop that trains in eval mode tells nothing by it)."""
         self.epoch_over(first_row)
+        self.epoch_left()
+        self.epoch_exhausted = False
         self.epoch_credits = self.info.optimizer_steps
         self.epoch_in_eval_mode = self.model_evaluating
         if self.model_evaluating and not self.evaluating and self.trained_in_train_mode:
             self.epoch = EpochWork(first_row, self.info, len(self.rests_without_step))
+
+    def epoch_left(self) -> None:
+        """Its epoch is over (its next began, or the run ended): where its loader fetches
+        ahead (:data:`FETCHES_AHEAD_DRIVERS`) and it was left before it was exhausted, its
+        first row only fetched and is no step (``LoaderInfo.ahead_rows``)."""
+        ahead = self.info.driver in FETCHES_AHEAD_DRIVERS
+        if ahead and not self.epoch_exhausted and self.epoch_row >= 0:
+            self.info.ahead_rows.append(self.epoch_row)
+        self.epoch_row = -1
 
     def epoch_over(self, end_row: int) -> None:
         """Its epoch is over, its rows before the step table's ``end_row``: an evaluation's

@@ -156,6 +156,10 @@ class LoaderInfo:
     #: ``FLAG_EVALUATING`` when written are; and a look at one batch before the run's first
     #: optimizer step, no backward nor update in it (``model(next(iter(loader)))``)
     evaluation_rows: list[tuple[int, int]] = field(default_factory=list)
+    #: the first row of each of its epochs left before they were exhausted where it fetches a
+    #: batch ahead (accelerate's prepared loader): a row that only fetched, no step
+    #: (``open_steps.FETCHES_AHEAD_DRIVERS``)
+    ahead_rows: list[int] = field(default_factory=list)
     #: time away from training while this loader was iterated (not a training loader): from the
     #: first fetch of each run of its fetches to the next fetch of another loader or the next
     #: optimizer step, ns; and the part of it, and of its fetches, before the run's first

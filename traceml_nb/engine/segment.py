@@ -157,10 +157,8 @@ class StepSegmenter:
         }
 
     def feed(self, events: Iterable[Event | tuple[Any, ...]]) -> None:
-        """Apply ``events`` in order: typed events, or the tuples the tracer logged as they are
-        (the same items, in the order of their event's class). The rows made are written even
-        if an event raises (the events not reached stay in ``events``, an iterator, for the
-        caller)."""
+        """Apply ``events`` in order: typed events, or the tuples the tracer logged. The rows
+        made are written even if an event raises (the rest stay in ``events``, an iterator)."""
         handlers = self._handlers
         try:
             for event in events:
@@ -181,6 +179,7 @@ class StepSegmenter:
             for st in self._by_slot.values():
                 if st.epoch is not None and (completed or st.epoch.exhausted):
                     st.epoch_over(end_row)
+                st.epoch_left()
                 st.tell_rows_apart()
             self._fetched_again()
         finally:
@@ -334,6 +333,7 @@ class StepSegmenter:
             if known.per_batch and known.samples < 0:
                 known.loader.batch = -1  # the epoch's last batch, of a sampler without a length
             self._close(known.loader, t_enter, gpu_enter, truncated=False)
+            known.loader.epoch_exhausted = True
             if known.loader.epoch is not None:
                 known.loader.epoch.exhausted = True
         self._let_go(gpu_enter)  # the end of the step it closed, the start of none
@@ -457,6 +457,8 @@ class StepSegmenter:
         if not unused:
             row = (began - self._t0, end - began, wait, st.batch, st.slot, flags)
             self._queue.add((row, host_phases, st.elements))
+            if st.number == 1 and not truncated:  # (its epoch's first: see epoch_left)
+                st.epoch_row = self._queue.next_index - 1
             if peek and host_phases is not None and not any(host_phases[2:]):
                 at = self._queue.next_index
                 st.info.evaluation_rows.append((at - 1, at))

@@ -309,7 +309,8 @@ REBUILD_ROWS = 65_536
 SnapshotReader = Callable[[int], RecordSnapshot]
 
 #: A reader of the steps whose rule changed only by evaluations found once their epochs were
-#: over (``StepRule.evaluations``) reads the whole record again once its last such reading's
+#: over (``StepRule.evaluations``), or rows found to have only fetched ahead
+#: (``StepRule.fetched_ahead``), reads the whole record again once its last such reading's
 #: CPU time is at most this share of the time since: a fast loop that evaluates over its
 #: training loader after every epoch would have it bin every row at every tick (0.4 s at
 #: 1,000,000 rows). Meanwhile it shows those batches as steps, as before their epochs were
@@ -327,11 +328,15 @@ class Rereads:
 
     def due(self, shown: StepRule | None, new: StepRule, final: bool) -> bool:
         """Whether a reader that shows the steps by ``shown`` (None: none yet) reads the whole
-        record again now for ``new``: where the rule changed otherwise than by evaluations
-        found since, or in its ``final`` update, at once."""
+        record again now for ``new``: where the rule changed otherwise than by rows found since
+        to be no steps (evaluations', rows that only fetched ahead), or in its ``final``
+        update, at once."""
         if new == shown:
             return False
-        if final or shown is None or replace(new, evaluations=shown.evaluations) != shown:
+        if final or shown is None:
+            return True
+        found = replace(new, evaluations=shown.evaluations, fetched_ahead=shown.fetched_ahead)
+        if found != shown:  # (not only rows found since)
             return True
         return time.monotonic() - self.at >= self.cost_s / REREAD_MAX_DUTY
 
