@@ -183,6 +183,19 @@ def test_sm_activity_shows_the_gpm_figures_measured_beside_it():
     assert lines["SM activity (median)"] == f"unavailable ({t4})"
 
 
+@pytest.mark.parametrize(
+    ("precisions", "said"),
+    [({"fp32": 1.0}, ""), ({}, ""), ({"bf16": 1.0}, " in bf16"),
+     ({"fp16": 0.98, "fp32": 0.02}, " in fp16 98%, fp32 2%")],
+)  # fmt: skip
+def test_the_flops_say_the_precision_they_ran_in_where_it_is_not_fp32(precisions, said):
+    """On a CPU (no MFU line to say it) the FLOPs of a model run under autocast say their
+    precision; full precision goes without saying."""
+    summary = make_summary(flop_precisions=precisions)
+    lines = {m.label: m.text for m in metric_lines(summary, make_capabilities())}
+    assert lines["FLOPs per step"] == f"3.1 GFLOP{said} (counted on one step)"
+
+
 def test_a_measured_zero_is_shown_as_zero():
     summary = make_summary(data_wait_share=0.0)
     lines = {m.label: m.text for m in metric_lines(summary, make_capabilities())}

@@ -162,7 +162,16 @@ def _flops(s: Summary, v: float) -> str:
             "; without whatever FLOPs these operators did, which the counter has no formula "
             f"for: {', '.join(s.uncounted_ops)}"
         )
-    return f"{_at_least(s)}{_flop_amount(v)} ({how})"
+    ran_in = f" in {_precision_mix(s)}" if set(s.flop_precisions) - {"fp32"} else ""
+    return f"{_at_least(s)}{_flop_amount(v)}{ran_in} ({how})"
+
+
+def _precision_mix(s: Summary) -> str:
+    """``bf16``, or ``fp16 98%, fp32 2%``: the precisions the FLOPs were counted in."""
+    ranked = sorted(s.flop_precisions.items(), key=lambda kv: -kv[1])
+    if len(ranked) == 1:
+        return ranked[0][0]
+    return ", ".join(f"{k} {fmt_share(share)}" for k, share in ranked)
 
 
 def _outside(s: Summary) -> str:
@@ -201,10 +210,7 @@ def _mfu(s: Summary, v: float) -> str:
     """``23% (of a 65 TFLOP/s peak: fp16 98%, fp32 2%)``."""
     if not _finite(s.mfu_peak_tflops):
         return _at_least(s) + fmt_share(v)
-    ranked = sorted(s.flop_precisions.items(), key=lambda kv: -kv[1])
-    mix = ", ".join(f"{k} {fmt_share(share)}" for k, share in ranked)
-    if len(ranked) == 1:
-        mix = ranked[0][0]
+    mix = _precision_mix(s)
     return f"{_at_least(s)}{fmt_share(v)} (of a {s.mfu_peak_tflops:.3g} TFLOP/s peak: {mix})"
 
 
