@@ -827,6 +827,31 @@ def test_two_tasks_trained_in_turn_are_both_training_loaders():
     assert res.summary.total_steps == 2 * 2 * 32
 
 
+@pytest.mark.parametrize("how", ["break before the step", "break after the step"])
+def test_two_loaders_taking_turns_by_epoch_each_left_early_keep_their_steps(how):
+    """A curriculum: task A's loader for an epoch, then task B's, in turn, each left by a
+    ``break`` after 40 batches. The batch A was fetched and broken on is no step, and B's
+    first batch's optimizer step is B's (each switch read one step too many: 163 of 160)."""
+    model, opt = model_and_opt()
+    task_a = DataLoader(Counted(400), batch_size=4)
+    task_b = DataLoader(Counted(320), batch_size=4)
+    made = 0
+    with traceml_nb.Run(how, sample=False) as run:
+        for loader in (task_a, task_b, task_a, task_b):
+            for i, (x, y) in enumerate(loader):
+                if how == "break before the step" and i == 40:
+                    break
+                train_step(model, opt, x, y)
+                time.sleep(0.001)
+                made += 1
+                if how == "break after the step" and i == 39:
+                    break
+    res = result_of(run)
+    assert made == 160 and res.summary.total_steps == 160
+    assert res.summary.phases == [] and res.summary.interleaved_steps == 0
+    assert all(info.optimizer_steps > 0 for info in run.record.loaders)
+
+
 def test_a_model_whose_mode_cannot_be_read_leaves_the_loop_as_it_was(monkeypatch):
     # the models' training mode is read at each epoch's first batch, inside the user's next():
     # a failure there is the mode unknown, never the user's exception

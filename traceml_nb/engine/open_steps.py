@@ -394,3 +394,29 @@ def goes_on_from(
         if other.slot not in followed and (other.start < 0 or other in left):
             return left, other
     return left, None
+
+
+def left_for(st: LoaderSteps, loaders: Collection[LoaderSteps]) -> list[LoaderSteps]:
+    """At ``st``'s second fetch of an epoch: the training loaders it was left for, whose
+    steps the segmenter then closes. A loader whose step is open after two batches or more of
+    its epoch, opened before ``st``'s epoch began and credited an optimizer step since, was
+    left by a ``break`` for ``st`` (two training loaders taking turns by epoch: each switch
+    read one step too many, the left loader's batch fetched and broken on): that optimizer
+    step was ``st``'s first batch's, and is moved to its open step. Not an outer loader around
+    draws of ``st`` (its next batch comes before ``st``'s next update), nor a loader drawn
+    beside it (``zip``: fetched again since ``st``'s epoch began)."""
+    began = st.start
+    left = [
+        other
+        for other in loaders
+        if other is not st
+        and 0 <= other.start < began
+        and other.number > 1
+        and other.last_optimizer_ns > began
+        and other.info.is_training
+    ]
+    for other in left:
+        st.flags |= FLAG_OPTIMIZER_STEP
+        other.flags &= ~FLAG_OPTIMIZER_STEP
+        other.last_optimizer_ns = -1
+    return left

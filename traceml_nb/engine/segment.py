@@ -11,7 +11,8 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   (``FLAG_TRUNCATED``), and so does a loader's next epoch where the loop left its iterator
   after two batches or more (a ``break`` out of each epoch: its last batch fetched and,
   before the break, trained on or not; not ``next(iter(loader))`` every step), or a new loader
-  that goes on from its epochs (``LoaderInfo.follows``); a step closed so ends at its last
+  that goes on from its epochs (``LoaderInfo.follows``), or another training loader's epoch
+  it was left for (:func:`~.open_steps.left_for`); a step closed so ends at its last
   optimizer step, if it had one, and is no row where its batch was never used (timed, and no
   model, backward or update ran on it).
 * **Which loader trains.** An optimizer step is credited to the loader fetched last and to
@@ -28,23 +29,14 @@ Pure and torch-free: events in, rows and loader statistics written to the run re
   without ``torch.no_grad()``) that ends with no optimizer step is an evaluation's too, known
   only once it is over: its rows are noted then (``LoaderInfo.evaluation_rows``,
   :meth:`~.open_steps.LoaderSteps.epoch_over`), not flagged.
-* **Optimizer rows.** The intervals between the first optimizer's ``step()`` calls (several
-  optimizers, as in a GAN, make one step) are rows of their own, with the data wait and the
-  samples of the training fetches inside: the steps of a loop without a DataLoader, and of a
-  loop that fetches its next batch before it uses the current one (``fetches_ahead``: the
-  trainers of transformers and Lightning, accelerate's prepared loaders), whose loader rows are
-  one batch out of step with its training steps, or every batch of a gradient-accumulation
-  cycle (the Trainer: rows that only fetch, ``FETCH_ONLY_SHARE``), all their samples one row's.
-  They are written until the training loaders are known to fetch in step, and for the steps
-  made while no training loader's step is open, two or more in a row (``FLAG_NO_FETCH``,
-  :class:`~.optimizer_rows.StepsWithoutFetch`). **Markers**
-  (``traceml_nb.step()``) make rows of their own.
-* **Phases.** Each :class:`~traceml_nb.engine.events.Phase` (forward, backward, optimizer) is
-  added to the running totals when it ends; the input copy is the time from a fetch's return
-  to the first forward after it (or its hooks' ``SETUP``). A step begun while the instruments
-  were on (:class:`~traceml_nb.engine.events.Sampling`) gets what was added between its start
-  and its end, unless an optimizer step other than the one that turned them off ran in it
-  after they had been off (even if they were on again by then); the others get none.
+* **Optimizer rows.** The intervals between the lead optimizer's ``step()`` calls are rows of
+  their own (:mod:`.optimizer_rows`): the steps of a loop without a DataLoader, of one that
+  fetches its next batch before it uses the current one (``fetches_ahead``), or every batch of
+  a gradient-accumulation cycle (``FETCH_ONLY_SHARE``). **Markers** (``traceml_nb.step()``)
+  make rows of their own.
+* **Phases.** A step begun while the phase instruments were on gets the phases they timed
+  between its start and its end (:mod:`.phase_ledger`); the input copy runs from a fetch's
+  return to the first forward after it.
 
 Which of these rows are *the* steps of the run is one rule, :func:`traceml_nb.analysis.steps.choose_steps`.
 """
@@ -81,6 +73,7 @@ from .open_steps import (
     batch_extent,
     credited_loaders,
     goes_on_from,
+    left_for,
     optimizer_stepped,
 )
 from .optimizer_info import optimizer_info
@@ -243,6 +236,9 @@ class StepSegmenter:
             # look at the first batch before training: ``peek``)
             left = first and st.number > 1
             peek = first and st.number == 1 and not self._trained
+            if number == 2:  # (its step ends, unused, at this epoch's start)
+                for other in left_for(st, self._open.values()):
+                    self._close(other, st.start, None, truncated=True)
             self._close(st, t_enter, None if left else gpu_enter, truncated=left, peek=peek)
         elif first and not st.info.fetches:
             self._built_anew(st, t_enter)
