@@ -206,15 +206,20 @@ def machine_points(
     *,
     before: int | None = None,
     also: Sequence[RunEntry] = (),
+    made_before: bool = False,
 ) -> list[RunPoint]:
     """Every run of ``entry``'s hardware class the noise model may learn from: the store's
     (all names; older than store id ``before`` when given), this session's that are not
     stored and the runs ``also`` (the gate's candidates, stored after ``before``), ``entry``
     itself left out, and so are the ranks of ``torchrun`` jobs (a job's ranks differ by their
-    roles, not by noise: a job's noise is that of its slowest ranks). A store that cannot be
-    read adds nothing."""
+    roles, not by noise: a job's noise is that of its slowest ranks). ``made_before``: only
+    the runs made before ``entry`` (``%traceml compare`` of two earlier runs reads the noise
+    their report read, not one later runs widened). A store that cannot be read adds
+    nothing."""
     from .store import StoreError
 
+    if made_before and before is None and entry.stored_id is not None:
+        before = entry.stored_id
     hardware = hardware_class(entry.environment)
     points: list[tuple[RunPoint, Values | None]] = []
     # ``entry`` read back from the store is also this session's run of that id: left out too
@@ -239,6 +244,7 @@ def machine_points(
             or (e.stored_id is not None and e.stored_id in stored)
             or e.job_id is not None
             or hardware_class(e.environment) != hardware
+            or (made_before and e.started_at >= entry.started_at)
         ):
             continue
         point = RunPoint(e.configuration.key, float(median), is_busy(e.load))

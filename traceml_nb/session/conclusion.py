@@ -108,7 +108,8 @@ def compare_pair(
 ) -> Comparison:
     """``after`` against ``before`` (``%traceml compare``, :meth:`.Session.compare`), as the
     report of ``after`` judges it against its previous run: the noise of their configurations
-    as ``history``'s and ``target``'s runs show it, and what changed between them with the
+    as ``history``'s and ``target``'s runs made before ``after`` show it (as its report read
+    it), and what changed between them with the
     identifiers among the name's runs named apart (:func:`~.baselines.identifiers`)."""
     from ..analysis import compare as compare_runs
     from ..analysis.attribution import what_changed
@@ -116,10 +117,10 @@ def compare_pair(
     from .store import StoreError
 
     try:
-        points = machine_points(after, history, target)
+        points = machine_points(after, history, target, made_before=True)
         unsettled = identifiers(after.name, history, target)
     except StoreError:  # a store that cannot be read: this session's runs alone
-        points = machine_points(after, history, None)
+        points = machine_points(after, history, None, made_before=True)
         unsettled = identifiers(after.name, history, None)
     comparison = compare_runs(before, after, **judging(after, [before], points))
     found = what_changed(before, after, verdict=comparison.verdict, unsettled=unsettled)
