@@ -584,3 +584,57 @@ def test_a_shift_says_a_scripts_source_or_arguments_changed():
     assert changes_clause(what_changed(before, script_run(sha="b" * 16, args_sha="2" * 16))) == (
         "where the script's source changed, the script's arguments changed"
     )
+
+
+def _judged(session, step_ms: float, seed: int):
+    """A new run of the session's configuration, judged against its baseline as its report
+    judges it: ``(comparison, baseline)``."""
+    from traceml_nb.session.baselines import judging, machine_points
+
+    entry = session.history.add(make_run(step_ms=step_ms, seed=seed))
+    baseline = session.baseline_for(entry)
+    points = machine_points(entry, session.history, None)
+    return compare_with_baseline(baseline.runs, entry, **judging(entry, baseline.runs, points)), (
+        baseline
+    )
+
+
+def test_a_lasting_slowdown_no_setting_shows_is_slower_until_it_has_held_for_level_runs():
+    """Five runs, then the data 27% slower with nothing in the configuration to show it (a
+    probe: "slower" once, then "+22%, inconclusive", "+16%, inconclusive" as the slow runs
+    joined the fast ones' noise). Each slow run is judged against the runs before the shift,
+    with the noise of each level around its own mean, until ``LEVEL_RUNS`` slow runs make
+    the slow level the baseline; a further slowdown is judged against that level."""
+    from traceml_nb.analysis.formatting import plural
+    from traceml_nb.analysis.thresholds import LEVEL_RUNS
+    from traceml_nb.session.session import Session
+
+    session = Session(store=False)
+    fast = [17.0, 17.1, 16.9, 17.05, 16.95]
+    for i, median in enumerate(fast):
+        session.history.add(make_run(step_ms=median, seed=i))
+    sigmas = []
+    for n in range(LEVEL_RUNS):
+        c, baseline = _judged(session, 21.6 + 0.05 * n, seed=10 + n)
+        assert c.verdict == SLOWER, (n, c.judgement)
+        assert [r.id for r in baseline.runs] == [1, 2, 3, 4, 5]
+        sigmas.append(c.noise.sigma)  # the levels' scatter with the prior, not the shift
+        assert c.noise.sigma <= sigmas[0] * 1.05
+        if n:
+            assert baseline.note.startswith(f"the later {plural(n, 'run')} of this config")
+    c, baseline = _judged(session, 21.7, seed=20)  # the slow level is the baseline now
+    assert c.verdict != SLOWER and [r.id for r in baseline.runs] == [6, 7, 8]
+    c, _ = _judged(session, 26.3, seed=21)  # and a further +21% is slower than it
+    assert c.verdict == SLOWER
+
+
+def test_one_slow_run_among_identical_ones_stays_in_their_level():
+    """A run decided apart from its level with the next back at it is the machine's noise (a
+    busy moment its load did not show): it stays in the baseline and in the noise."""
+    from traceml_nb.analysis.levels import run_levels
+
+    medians = [17.0, 17.1, 16.9, 17.05, 21.5, 16.95, 17.02]
+    assert run_levels(medians, 17.0) == [0] * len(medians)
+    steady = [17.0, 17.1, 16.9, 17.05, 16.95]
+    assert run_levels([*steady, 21.5], 17.0)[-1] == -1  # the latest alone: pending
+    assert run_levels([*steady, 21.5, 21.6], 17.0)[-2:] == [1, 1]  # two in a row: a level

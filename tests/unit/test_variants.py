@@ -289,7 +289,9 @@ def test_the_titles_words_for_the_values_that_chose_the_runs():
 def test_the_noise_is_each_values_scatter_around_its_own_mean(tmp_path):
     """Three runs at 10 ms (``HIDDEN = 256``) and three at 20 ms (1024) are two kinds of run,
     not a configuration whose runs scatter by 37%: the noise is that of each kind, from the
-    session's history and from a store alike; unrecorded, the same runs read as scatter."""
+    session's history and from a store alike; unrecorded, the same runs taking turns read as
+    scatter (three of one kind, then three of the other, are two levels: :mod:`~traceml_nb.
+    analysis.levels`)."""
 
     def noise(earlier: list, judged, store: Store | None) -> Noise:
         history: History | None = History()
@@ -302,7 +304,8 @@ def test_the_noise_is_each_values_scatter_around_its_own_mean(tmp_path):
         return noise_for(judged, {judged.configuration.key}, points, 20.0)
 
     told = [given(m, i, HIDDEN=h) for i, (m, h) in enumerate(SIX)]
-    mixed = [given(m, i) for i, (m, _) in enumerate(SIX)]
+    taking_turns = [SIX[i] for i in (0, 3, 1, 4, 2, 5)]
+    mixed = [given(m, i) for i, (m, _) in enumerate(taking_turns)]
     judged = given(20.1, 9, HIDDEN=1024)
     from_history = noise(told, judged, None)
     from_store = noise(told, judged, Store(tmp_path / "told.sqlite"))

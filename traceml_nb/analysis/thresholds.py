@@ -191,6 +191,15 @@ MAX_STORED_STEPS = 4000
 #: The baseline of a run: this many earlier completed runs of its configuration (or of the
 #: configuration before it; unless a baseline is pinned).
 BASELINE_RUNS = 5
+#: A configuration's runs at one level of step time (:mod:`.levels`): a change no setting shows
+#: (a class edited in another cell, data on slower storage) moves its later runs to another
+#: level; this many runs at the new level make it the baseline (until then the level before it
+#: is, and a lasting slowdown is called slower again), and this many runs in a row decided
+#: apart from their level begin a new one (one alone is the machine's noise)...
+LEVEL_RUNS = 3
+LEVEL_CONFIRMATIONS = 2
+#: ...looked for among the configuration's latest this-many quiet runs.
+LEVEL_LOOKBACK = 60
 #: The CI gates' default slowdown to catch (``check``/``ab --max-slowdown``, a share of the
 #: step time): a regression is slower with confidence and by at least half of it (:mod:`.judge`).
 DEFAULT_MAX_SLOWDOWN = 0.10

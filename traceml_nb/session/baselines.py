@@ -25,8 +25,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from ..analysis.formatting import fmt_run_span, plural
+from ..analysis.levels import baseline_level, by_level, run_levels
 from ..analysis.noise import Noise, RunPoint, estimate_noise, is_busy
-from ..analysis.thresholds import BASELINE_RUNS
+from ..analysis.thresholds import BASELINE_RUNS, LEVEL_RUNS
 from ..analysis.variants import (
     Values,
     Variant,
@@ -65,14 +67,37 @@ class Baseline:
     split_by: tuple[str, ...] = ()
 
 
-def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int) -> list[RunEntry]:
+def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int, levels: bool = True) -> Baseline:
     """The last ``k`` of ``runs``: only quiet ones where there are any, unless ``entry`` itself
-    ran on a busy machine."""
+    ran on a busy machine; of those (with ``levels``: runs of one hardware class), the runs of
+    the level a new run is judged against (:func:`~traceml_nb.analysis.levels.baseline_level`:
+    a slowdown no setting shows is not mixed into the runs before it), the later runs left out
+    named in the note."""
     if not is_busy(entry.load):
         quiet = [r for r in runs if not is_busy(r.load)]
         if quiet:
             runs = quiet
-    return runs[-k:]
+    medians = [r.summary.step_ms_median for r in runs]
+    if not levels or not runs or not all(m is not None and m > 0 for m in medians):
+        return Baseline(runs[-k:])
+    levels = run_levels([float(m or 0.0) for m in medians], _step_ms(entry))
+    chosen = baseline_level(levels)
+    last = max(i for i, level in enumerate(levels) if level == chosen)
+    later = runs[last + 1 :]
+    note = ""
+    if later:
+        labels = [("@", r.stored_id) if r.origin == "store" else ("#", r.id) for r in later]
+        note = (
+            f"the later {plural(len(later), 'run')} of this configuration ({fmt_run_span(labels)}) "
+            "moved away from the baseline's step time with nothing in the configuration to "
+            f"show why; {LEVEL_RUNS} runs at one step time make them the baseline"
+        )
+    chosen_runs = [r for r, level in zip(runs, levels, strict=True) if level == chosen]
+    return Baseline(chosen_runs[-k:], note=note)
+
+
+def _step_ms(entry: RunEntry) -> float:
+    return float(entry.summary.step_ms_median or 0.0)
 
 
 def _same_key(
@@ -120,12 +145,14 @@ def _split(
     ]
     if same:
         runs, values, names = _by_values(entry, same)
-        return Baseline(_quiet_first(runs, entry, k), SAME, values=values, split_by=names)
+        chosen = _quiet_first(runs, entry, k, levels=not any_hardware)
+        return replace(chosen, kind=SAME, values=values, split_by=names)
     if not earlier:
         return Baseline([], SAME)
     before = keyed[-1][1]
     runs, values, names = _by_values(entry, [r for r, their in keyed if their == before])
-    return Baseline(_quiet_first(runs, entry, k), EARLIER, values=values, split_by=names)
+    chosen = _quiet_first(runs, entry, k, levels=not any_hardware)
+    return replace(chosen, kind=EARLIER, values=values, split_by=names)
 
 
 def _by_values(
@@ -195,7 +222,7 @@ def choose_baseline(
         and (hardware is None or hardware_class(e.environment) == hardware)
     ]
     found = _split(entry, earlier, any_hardware, k)
-    found.note = note
+    found.note = "; ".join(n for n in (note, found.note) if n)
     return found
 
 
@@ -235,7 +262,15 @@ def machine_points(
                 points.append((point, given.get(row.id) if row.name == entry.name else None))
         except StoreError:
             pass
-    for e in history.entries if history is not None else []:
+    entries = list(history.entries) if history is not None else []
+    if made_before:  # (the history's runs before it; one read back from the store: by time)
+        at = next((i for i, e in enumerate(entries) if e is entry), None)
+        entries = (
+            entries[:at]
+            if at is not None
+            else [e for e in entries if e.started_at < entry.started_at]
+        )
+    for e in entries:
         median = e.summary.step_ms_median
         if (
             e is entry
@@ -244,7 +279,6 @@ def machine_points(
             or (e.stored_id is not None and e.stored_id in stored)
             or e.job_id is not None
             or hardware_class(e.environment) != hardware
-            or (made_before and e.started_at >= entry.started_at)
         ):
             continue
         point = RunPoint(e.configuration.key, float(median), is_busy(e.load))
@@ -329,8 +363,12 @@ def noise_for(
     for p in points:  # a configuration's runs given other values scatter around their own mean
         if p.config in wanted and p.config is not None and not p.busy:
             groups.setdefault((p.config, p.variant), []).append(p.median_ms)
-    noise = estimate_noise(
-        list(groups.values()), step_ms, points, own_configs=sorted(wanted), across_sessions=across
-    )
+    # ...and so do its runs at each level of its step time (:mod:`~traceml_nb.analysis.levels`)
+    own = [
+        level
+        for runs in groups.values()
+        for level in by_level(runs, run_levels(runs, step_ms) if step_ms > 0 else [0] * len(runs))
+    ]
+    noise = estimate_noise(own, step_ms, points, own_configs=sorted(wanted), across_sessions=across)
     counted = {config for (config, _), runs in groups.items() if len(runs) >= 2}
     return replace(noise, own_configs=len(counted))  # configurations, not their variants
