@@ -222,3 +222,37 @@ def test_the_plain_values_the_cell_and_its_functions_read_are_kept_as_written():
 
     assert not Changes(values=["HIDDEN 512 \u2192 1024"], load="busier").only_load
     assert Changes(load="busier").only_load
+
+
+DATA = """
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.zeros(2)
+
+def pad(batch):
+    return torch.stack(batch)
+
+loader = torch.utils.data.DataLoader(
+    torch.utils.data.Subset(Slow(), [0, 1, 2]), batch_size=2, collate_fn=pad
+)
+"""
+
+
+def test_a_loader_built_in_another_cell_leads_to_its_dataset_and_collate_code():
+    """``for x in loader: ...`` runs the dataset's ``__getitem__`` and the collate function of
+    the cell that built ``loader``: an edit of either is a change of the code the cell runs
+    (a probe edited its Dataset class and read "same code, same settings"), looked through
+    a ``Subset``; torch's own classes are not followed."""
+    namespace = notebook(DATA)
+    cell = "for x in loader:\n    model(x)\n"
+    before = cell_definitions(cell, namespace)
+    assert before is not None and sorted(before) == ["Slow", "pad"]
+    run_cell(namespace, DATA.replace("torch.zeros(2)", "torch.ones(2)"))
+    after = cell_definitions(cell, namespace)
+    assert after is not None and [n for n in before if before[n] != after[n]] == ["Slow"]
+    plain = notebook("loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset("
+                     "torch.zeros(4, 2)), batch_size=2)\n")  # fmt: skip
+    assert cell_definitions(cell, plain) == {}

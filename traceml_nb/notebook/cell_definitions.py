@@ -8,9 +8,9 @@ changed names the one that did ("train changed (defined outside the cell)").
 
 Followed: a name the cell reads, and does not bind itself, whose object is a function or class
 defined in the notebook (``__module__ == "__main__"``), or an instance of such a class (``model =
-Net()`` in another cell: ``Net``); from a function, the globals its code loads; from a class,
-its methods' and its bases'. Not followed: modules, libraries, data. At most
-``MAX_DEFINITIONS``.
+Net()`` in another cell: ``Net``), or a DataLoader whose dataset, collate function or sampler is
+(:data:`LOADER_PARTS`); from a function, the globals its code loads; from a class, its methods'
+and its bases'. Not followed: modules, libraries, data. At most ``MAX_DEFINITIONS``.
 
 The plain **values** those names and globals hold are kept too (:func:`value_text`: numbers,
 booleans, ``None``, short tuples of them, torch dtypes and devices as written; strings only as
@@ -73,6 +73,10 @@ def cell_code(code: str, namespace: Mapping[str, Any]) -> CellCode | None:
         name, obj = queue.pop(0)
         target = _definition(obj)
         if target is None:
+            parts = list(_parts(obj))
+            if parts:  # a library's loader: what it runs of the notebook's code
+                queue.extend(parts)
+                continue
             text = value_text(obj)
             if text is not None and len(values) < MAX_DEFINITIONS:
                 values[name] = text
@@ -115,6 +119,28 @@ def _definition(obj: Any) -> Any:
         return None
     cls = type(obj)
     return cls if getattr(cls, "__module__", None) == "__main__" else None
+
+
+#: The attributes of a data loader (torch's, accelerate's) or of a dataset that views others
+#: (``Subset``, ``ConcatDataset``) followed into the notebook's code: a cell that iterates a
+#: ``loader`` built in another cell runs its dataset's ``__getitem__`` (an edit of that class
+#: read "same code" before), its collate function, its sampler.
+LOADER_PARTS = ("dataset", "datasets", "collate_fn", "worker_init_fn", "sampler", "batch_sampler")
+#: The packages whose loaders and dataset views are followed so.
+LOADER_PACKAGES = ("torch.utils.data", "accelerate")
+
+
+def _parts(obj: Any) -> Iterator[tuple[str, Any]]:
+    """The parts (:data:`LOADER_PARTS`) of a loader or dataset view of :data:`LOADER_PACKAGES`,
+    as ``(name, object)``; nothing for anything else."""
+    module = type(obj).__module__ or ""
+    if not module.startswith(LOADER_PACKAGES):
+        return
+    for attr in LOADER_PARTS:
+        value = getattr(obj, attr, None)
+        for part in value[:MAX_DEFINITIONS] if isinstance(value, list) else [value]:
+            if part is not None:
+                yield getattr(part, "__qualname__", attr), part
 
 
 def _functions(target: Any) -> Iterator[types.FunctionType]:

@@ -67,9 +67,9 @@ class Baseline:
     split_by: tuple[str, ...] = ()
 
 
-def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int, levels: bool = True) -> Baseline:
+def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int, by_levels: bool = True) -> Baseline:
     """The last ``k`` of ``runs``: only quiet ones where there are any, unless ``entry`` itself
-    ran on a busy machine; of those (with ``levels``: runs of one hardware class), the runs of
+    ran on a busy machine; of those (with ``by_levels``: runs of one hardware class), the runs of
     the level a new run is judged against (:func:`~traceml_nb.analysis.levels.baseline_level`:
     a slowdown no setting shows is not mixed into the runs before it), the later runs left out
     named in the note."""
@@ -78,7 +78,7 @@ def _quiet_first(runs: list[RunEntry], entry: RunEntry, k: int, levels: bool = T
         if quiet:
             runs = quiet
     medians = [r.summary.step_ms_median for r in runs]
-    if not levels or not runs or not all(m is not None and m > 0 for m in medians):
+    if not by_levels or not runs or not all(m is not None and m > 0 for m in medians):
         return Baseline(runs[-k:])
     levels = run_levels([float(m or 0.0) for m in medians], _step_ms(entry))
     chosen = baseline_level(levels)
@@ -145,13 +145,13 @@ def _split(
     ]
     if same:
         runs, values, names = _by_values(entry, same)
-        chosen = _quiet_first(runs, entry, k, levels=not any_hardware)
+        chosen = _quiet_first(runs, entry, k, by_levels=not any_hardware)
         return replace(chosen, kind=SAME, values=values, split_by=names)
     if not earlier:
         return Baseline([], SAME)
     before = keyed[-1][1]
     runs, values, names = _by_values(entry, [r for r, their in keyed if their == before])
-    chosen = _quiet_first(runs, entry, k, levels=not any_hardware)
+    chosen = _quiet_first(runs, entry, k, by_levels=not any_hardware)
     return replace(chosen, kind=EARLIER, values=values, split_by=names)
 
 
