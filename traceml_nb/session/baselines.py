@@ -11,12 +11,14 @@ A run's **baseline** (:func:`choose_baseline`) is, in order:
 
 Only completed runs with steady steps count, on the run's hardware class; a run that ran on a
 quiet machine is judged against quiet runs where there are any (busy runs do not make later
-baselines). Runs come from the store when the run's name is stable (:func:`stable_name`) and
-the store can be read, else from this session's history.
+baselines); of a configuration's runs, those of the level of step time a new run is judged
+against (:mod:`~traceml_nb.analysis.levels`: a shift no setting shows is not mixed into the runs
+before it until it has held). Runs come from the store when the run's name is stable
+(:func:`stable_name`) and the store can be read, else from this session's history.
 
-The **noise** (:func:`noise_for`) pools the compared configurations' own quiet runs and, as a
-prior, what the other configurations of the machine class have shown (:func:`machine_points`;
-:func:`traceml_nb.analysis.noise.estimate_noise`).
+The **noise** (:func:`noise_for`) pools the compared configurations' own quiet runs, each level
+of each around its own mean, and, as a prior, what the other configurations of the machine class
+have shown (:func:`machine_points`; :func:`traceml_nb.analysis.noise.estimate_noise`).
 """
 
 from __future__ import annotations
