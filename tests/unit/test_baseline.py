@@ -638,3 +638,16 @@ def test_one_slow_run_among_identical_ones_stays_in_their_level():
     steady = [17.0, 17.1, 16.9, 17.05, 16.95]
     assert run_levels([*steady, 21.5], 17.0)[-1] == -1  # the latest alone: pending
     assert run_levels([*steady, 21.5, 21.6], 17.0)[-2:] == [1, 1]  # two in a row: a level
+
+
+def test_a_shifts_load_clause_says_the_load_before_it_too():
+    """A shift beside a change of the machine's load names both loads: "+39% from @6, where
+    other processes used 19% of the CPUs" read as the machine's blame where the load before
+    the shift was the higher one."""
+    from traceml_nb.views.shift_lines import changes_clause
+
+    lighter = what_changed(make_run(load=0.6), make_run(load=0.19, seed=1))
+    assert changes_clause(lighter) == "where other processes used 19% of the CPUs (60% before)"
+    assert changes_clause(what_changed(make_run(load=0.2), make_run(load=0.21, seed=1))) == (
+        "with the same code, settings and environment"
+    )

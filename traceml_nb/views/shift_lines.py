@@ -48,12 +48,24 @@ def changes_clause(changes: Changes) -> str:
     if changes.environment:
         parts.append(" and ".join(_went(s) for s in changes.environment))
     if changes.load_share is not None and changes.load is not None:
-        parts.append(f"other processes used {fmt_share(changes.load_share)} of the CPUs")
+        used = fmt_share(changes.load_share)
+        parts.append(
+            f"other processes used {used} of the CPUs{_before(changes.baseline_load_share)}"
+        )
     if changes.steal_share is not None and changes.steal is not None:
-        parts.append(f"the hypervisor took {fmt_share(changes.steal_share)} of the CPUs")
+        took = fmt_share(changes.steal_share)
+        parts.append(
+            f"the hypervisor took {took} of the CPUs{_before(changes.baseline_steal_share)}"
+        )
     if not parts:
         return "with the same code, settings and environment"
     return "where " + ", ".join(parts)
+
+
+def _before(share: float | None) -> str:
+    """`` (60% before)``: the load before the shift, beside the load after it (a lower one
+    after read as the machine's blame)."""
+    return f" ({fmt_share(share)} before)" if share is not None else ""
 
 
 #: The lines name the batch sizes a history went through up to this many, else their range.
