@@ -278,24 +278,24 @@ def test_accelerate_with_gradient_accumulation_and_breaks_counts_the_batches_tra
     accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
     model, opt, loader = accelerator.prepare(model, opt, DataLoader(data, batch_size=8))
     made = updates = 0
+
+    def train(x, y) -> None:
+        nonlocal made, updates
+        with accelerator.accumulate(model):
+            accelerator.backward(((model(x) - y) ** 2).mean())
+            opt.step()
+            opt.zero_grad()
+        made += 1
+        updates += accelerator.sync_gradients
+
     with traceml_nb.Run("accelerate-breaks", sample=False) as run:
         for _ in range(2):  # two epochs, each left at its per_epoch-th batch
             for i, (x, y) in enumerate(loader):
                 if i == per_epoch:
                     break
-                with accelerator.accumulate(model):
-                    accelerator.backward(((model(x) - y) ** 2).mean())
-                    opt.step()
-                    opt.zero_grad()
-                made += 1
-                updates += accelerator.sync_gradients
+                train(x, y)
         for x, y in loader:  # a last epoch left at max_train_steps, after the update
-            with accelerator.accumulate(model):
-                accelerator.backward(((model(x) - y) ** 2).mean())
-                opt.step()
-                opt.zero_grad()
-            made += 1
-            updates += accelerator.sync_gradients
+            train(x, y)
             if updates == 30:
                 break
     assert result_of(run).summary.total_steps == made

@@ -867,6 +867,23 @@ def loader(**kw) -> LoaderInfo:
     return LoaderInfo(**{**base, **kw})
 
 
+def starved_run(
+    *,
+    driver: str | None = None,
+    iterable: bool = False,
+    training: bool = True,
+    dataset_type: str = "Pairs",
+) -> Analysis:
+    """A CPU run whose single loader, of no workers and ``driver``, waits 60% of each step
+    while the host is idle: input-bound for too few workers."""
+    b = RecordBuilder()
+    info = b.loader(num_workers=0, batch_size=8, dataset_type=dataset_type, training=training)
+    info.driver, info.iterable = driver, iterable
+    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
+    b.samples("host", **{**IDLE_HOST, "workers": 0})
+    return analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2)
+
+
 def test_worker_target():
     assert worker_target(2, gpu=True) == 2
     assert worker_target(4, gpu=False) == 4
@@ -912,11 +929,7 @@ def test_fastai_loaders_take_no_prefetch_factor_and_call_the_batch_size_bs():
 
 
 def test_a_fastai_input_bound_run_is_advised_in_fastai_terms_without_the_tuner():
-    b = RecordBuilder()
-    b.loader(num_workers=0, batch_size=8, dataset_type="Pairs").driver = "fastai"
-    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
-    b.samples("host", **{**IDLE_HOST, "workers": 0})
-    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    d = starved_run(driver="fastai").diagnosis
     assert d.cause == CAUSE_TOO_FEW_WORKERS
     assert said(d).advice == [
         "Change the arguments where your fastai DataLoaders are made (DataBlock.dataloaders, "
@@ -938,11 +951,7 @@ def test_a_fastai_input_bound_run_is_advised_in_fastai_terms_without_the_tuner()
      ("skorch", "iterator_train__num_workers")],
 )  # fmt: skip
 def test_no_workers_is_said_in_the_name_the_user_sets(driver, setting):
-    b = RecordBuilder()
-    b.loader(num_workers=0, batch_size=8, dataset_type="Pairs").driver = driver
-    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
-    b.samples("host", **{**IDLE_HOST, "workers": 0})
-    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    d = starved_run(driver=driver).diagnosis
     assert evidence(d, "worker CPU") == (
         f"no worker processes ({setting}=0): the main process loads the data"
     )
@@ -983,11 +992,7 @@ def test_tiny_steps_of_a_frameworks_own_loader_are_advised_larger_batches(driver
 def test_a_keras_input_bound_run_is_advised_where_its_dataloader_is_made(driver):
     """The DataLoader Keras made of arrays: give model.fit one of your own with these settings;
     the one the user gave model.fit: change it. Neither is offered to ``tune``."""
-    b = RecordBuilder()
-    b.loader(num_workers=0, batch_size=8, dataset_type="Pairs").driver = driver
-    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
-    b.samples("host", **{**IDLE_HOST, "workers": 0})
-    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    d = starved_run(driver=driver).diagnosis
     assert d.cause == CAUSE_TOO_FEW_WORKERS
     where = {
         "keras": "Keras made this DataLoader of what model.fit was given, with num_workers=0: "
@@ -1206,11 +1211,7 @@ def test_a_loader_that_does_not_train_is_advised_by_its_own_names(
         both = text.split("|")
         return both[0] if training or len(both) == 1 else both[1]
 
-    b = RecordBuilder()
-    b.loader(num_workers=0, batch_size=8, dataset_type="Pairs", training=training).driver = driver
-    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
-    b.samples("host", **{**IDLE_HOST, "workers": 0})
-    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    d = starved_run(driver=driver, training=training).diagnosis
     assert d.cause == CAUSE_TOO_FEW_WORKERS
     loop = "the training loop" if training else "the loop"
     assert said(d).title.startswith(f"Input-bound: {loop} waits for data")
@@ -1229,11 +1230,7 @@ def test_more_workers_for_an_iterable_dataset_say_what_each_worker_yields(iterab
     advice says that a stream not split by worker comes once a worker (a probe followed the
     advice and trained on every sample twice); a map-style dataset's indices are split by
     the DataLoader itself: nothing to say."""
-    b = RecordBuilder()
-    b.loader(num_workers=0, batch_size=8, dataset_type="Stream").iterable = iterable
-    b.steps(100, STEP_MS, STEP_MS * 0.6, batch=8)
-    b.samples("host", **{**IDLE_HOST, "workers": 0})
-    d = analyze(b.finish(), cpu_capabilities(host=True), warmup=0, cpus_available=2).diagnosis
+    d = starved_run(iterable=iterable, dataset_type="Stream").diagnosis
     assert d.cause == CAUSE_TOO_FEW_WORKERS
     note = (
         "The dataset is an IterableDataset: each of the 2 workers iterates a copy of it, so "
